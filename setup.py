@@ -1,0 +1,42 @@
+"""Build and install ringllm.
+
+The shared-memory ring is C (csrc/) compiled as a cffi extension in API mode, so the
+hot path is a direct C call with the GIL released around every blocking wait.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="ringllm",
+    version="0.1.0",
+    description="Colocated LLM serving over a shared-memory SPSC ring",
+    python_requires=">=3.10",
+    packages=find_packages(include=["engine", "engine.*", "shm_transport", "shm_transport.*",
+                                    "benchmarks", "benchmarks.*"]),
+    package_data={"benchmarks": ["*.md"]},
+    setup_requires=["cffi>=1.16"],
+    cffi_modules=["shm_transport/_build_ring.py:ffibuilder"],
+    install_requires=[
+        "torch==2.13.0",
+        "numpy",
+        "cffi>=1.16",
+        "posix_ipc>=1.1",
+        "msgspec>=0.18",
+        "pyzmq>=25",
+        "transformers>=4.45",
+        "tokenizers",
+        "safetensors",
+        "accelerate",
+        "gguf",
+        "aiohttp>=3.9",
+        "prometheus_client",
+        "tqdm",
+        "triton",
+        "uvloop",
+        "openai",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "pytest-asyncio"],
+        "bench": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},
+)
