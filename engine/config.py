@@ -1,0 +1,322 @@
+"""Engine arguments and the frozen configuration derived from them.
+
+``EngineArgs`` is the one schema shared by ``LLM``, ``AsyncLLM`` and the
+``ringllm serve`` flags (vLLM's field names). ``create_engine_config()`` is the
+only place a config is derived and validated: every bad value raises ValueError
+naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
+    return ValueError(f"{field_name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class CompilationConfig:
+    """mode 0 runs the model eagerly; mode >= 1 runs its forward through torch.compile."""
+
+    mode: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
+            raise _bad("compilation_config.mode", "an int in [0, 3]", self.mode)
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    tokenizer: Optional[str] = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    seed: Optional[int] = 0
+    max_model_len: Optional[int] = None
+    block_size: int = 16
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    load_format: str = "auto"
+    device: str = "auto"
+    kv_cache_memory: Optional[int] = None  # bytes for the KV cache on CPU
+    gpu_memory_utilization: float = 0.9
+    max_logprobs: int = 20
+    num_threads: Optional[int] = None  # torch threads in the process that runs the model
+    enforce_eager: bool = False
+    compilation_config: Optional[CompilationConfig | int | dict] = None
+    data_parallel_size: int = 1
+    data_parallel_rank: Optional[int] = None
+    data_parallel_external_lb: bool = False
+    transport: Literal["shm", "zmq"] = "shm"
+    ring_capacity: int = 1 << 22  # bytes per ring direction
+    skip_tokenizer_init: bool = False
+    disable_log_stats: bool = False
+    renderer_num_workers: int = 1
+    served_model_name: Optional[str] = None
+    hf_overrides: Optional[dict] = None
+
+    def create_engine_config(self) -> "EngineConfig":
+        return create_engine_config(self)
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    enable_log_requests: bool = False
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # what the user asked for (name or path)
+    model_path: str  # resolved local HF directory or .gguf file
+    tokenizer: str  # local directory (or .gguf file) holding the tokenizer
+    load_format: str  # resolved: safetensors | gguf | dummy
+    hf_config: Any  # transformers PretrainedConfig
+    architecture: str
+    dtype: str  # resolved: float32 | bfloat16 | float16
+    max_model_len: int
+    vocab_size: int
+    seed: Optional[int]
+    max_logprobs: int
+    served_model_name: str
+    skip_tokenizer_init: bool
+
+    @property
+    def gguf_file(self) -> Optional[str]:
+        return self.model_path if self.load_format == "gguf" else None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    enable_prefix_caching: bool
+    kv_cache_memory: int  # bytes (CPU); on CUDA the runner sizes by gpu_memory_utilization
+    gpu_memory_utilization: float
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    policy: str
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    data_parallel_size: int
+    data_parallel_rank: Optional[int]
+    data_parallel_external_lb: bool
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    compilation_config: CompilationConfig
+    device: str  # resolved: cpu | cuda
+    num_threads: int
+    transport: str
+    ring_capacity: int
+    disable_log_stats: bool
+    engine_args: EngineArgs = field(repr=False, compare=False, default=None)
+
+
+def _resolve_model(args: EngineArgs) -> tuple[str, str]:
+    """Return (local path, load format); never touches the network."""
+    model = args.model
+    if model in (None, "", DEFAULT_MODEL):
+        from engine.models.default_model import default_model_path
+
+        return default_model_path(), ("dummy" if args.load_format == "dummy" else "safetensors")
+    path = os.path.expanduser(model)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise ValueError(f"model: GGUF file {path!r} does not exist")
+        if args.load_format not in ("auto", "gguf"):
+            raise _bad("load_format", "'auto' or 'gguf' for a .gguf model", args.load_format)
+        return path, "gguf"
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"model: {model!r} is not a local directory or .gguf file "
+            "(ringllm never downloads from a model hub)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model: directory {path!r} has no config.json")
+    fmt = "safetensors" if args.load_format == "auto" else args.load_format
+    if fmt == "gguf":
+        raise _bad("load_format", "'auto', 'safetensors' or 'dummy' for an HF directory", fmt)
+    return path, fmt
+
+
+def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
+    from transformers import AutoConfig
+
+    if load_format == "gguf":
+        cfg = AutoConfig.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+    else:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    for key, value in (args.hf_overrides or {}).items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split()
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
+def _resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise _bad("device", "'auto', 'cpu' or 'cuda'", device)
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but torch sees no CUDA device")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:
+    if dtype not in _DTYPES:
+        raise _bad("dtype", f"one of {_DTYPES}", dtype)
+    if dtype != "auto":
+        return dtype
+    if device == "cuda":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if _cpu_has_bf16() else "float32"
+
+
+def _positive_int(name: str, value: Any, low: int = 1, high: Optional[int] = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise _bad(name, f"an int {rng}", value)
+    return value
+
+
+def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
+    if value is None:
+        cfg = CompilationConfig()
+    elif isinstance(value, CompilationConfig):
+        cfg = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        cfg = CompilationConfig(mode=value)
+    elif isinstance(value, dict):
+        cfg = CompilationConfig(**value)
+    else:
+        raise _bad("compilation_config", "an int, a dict or a CompilationConfig", value)
+    return CompilationConfig(mode=0) if enforce_eager else cfg
+
+
+def default_num_threads() -> int:
+    """torch threads for the model: one core is left to the frontend (see FACTS.md)."""
+    from engine import envs
+
+    return envs.RINGLLM_NUM_THREADS or max(1, (os.cpu_count() or 2) - 1)
+
+
+def create_engine_config(args: EngineArgs) -> EngineConfig:
+    if args.load_format not in _LOAD_FORMATS:
+        raise _bad("load_format", f"one of {_LOAD_FORMATS}", args.load_format)
+    if args.transport not in ("shm", "zmq"):
+        raise _bad("transport", "'shm' or 'zmq'", args.transport)
+    if args.scheduling_policy not in ("fcfs", "priority"):
+        raise _bad("scheduling_policy", "'fcfs' or 'priority'", args.scheduling_policy)
+    block_size = _positive_int("block_size", args.block_size, 1, 1024)
+    if block_size & (block_size - 1):
+        raise _bad("block_size", "a power of two in [1, 1024]", block_size)
+    dp = _positive_int("data_parallel_size", args.data_parallel_size, 1, 64)
+    if args.data_parallel_rank is not None:
+        _positive_int("data_parallel_rank", args.data_parallel_rank, 0, dp - 1)
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        raise _bad("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
+    _positive_int("max_logprobs", args.max_logprobs, 0)
+    _positive_int("renderer_num_workers", args.renderer_num_workers, 1)
+    ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
+    if ring_capacity & (ring_capacity - 1):
+        raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
+    compilation = _compilation(args.compilation_config, args.enforce_eager)
+
+    path, load_format = _resolve_model(args)
+    hf_config = _load_hf_config(path, load_format, args)
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(
+            f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+    device = _resolve_device(args.device)
+    dtype = _resolve_dtype(args.dtype, device, hf_config)
+    max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
+    max_model_len = max_pos if args.max_model_len is None else _positive_int(
+        "max_model_len", args.max_model_len, 1, max_pos)
+
+    max_num_seqs = _positive_int("max_num_seqs", args.max_num_seqs if args.max_num_seqs is not None else 256, 1, 4096)
+    if args.max_num_batched_tokens is None:
+        max_batched = 2048 if args.enable_chunked_prefill else max(max_model_len, 2048)
+    else:
+        max_batched = _positive_int("max_num_batched_tokens", args.max_num_batched_tokens, 1)
+    if not args.enable_chunked_prefill and max_batched < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens must be >= max_model_len={max_model_len} when chunked prefill is "
+            f"disabled, got {max_batched}")
+    if max_batched < max_num_seqs:
+        max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
+
+    kv_mem = args.kv_cache_memory if args.kv_cache_memory is not None else 2 << 30
+    _positive_int("kv_cache_memory", kv_mem, 1)
+    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
+    _positive_int("num_threads", num_threads, 1, 1024)
+
+    served = args.served_model_name or args.model or DEFAULT_MODEL
+    return EngineConfig(
+        model_config=ModelConfig(
+            model=args.model or DEFAULT_MODEL, model_path=path,
+            tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else path,
+            load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
+            max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
+            max_logprobs=args.max_logprobs, served_model_name=served,
+            skip_tokenizer_init=args.skip_tokenizer_init),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=bool(args.enable_prefix_caching),
+                                 kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
+                                         enable_chunked_prefill=bool(args.enable_chunked_prefill),
+                                         policy=args.scheduling_policy),
+        parallel_config=ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
+                                       data_parallel_external_lb=args.data_parallel_external_lb),
+        compilation_config=compilation, device=device, num_threads=num_threads,
+        transport=args.transport, ring_capacity=ring_capacity,
+        disable_log_stats=args.disable_log_stats, engine_args=args,
+    )
+
+
+def non_default_args(args: EngineArgs) -> dict[str, Any]:
+    """The fields a user set, for the one log line LLM prints at start-up."""
+    defaults = type(args)()
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+            if getattr(args, f.name) != getattr(defaults, f.name)}

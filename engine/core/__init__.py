@@ -1,0 +1,1 @@
+"""The EngineCore: scheduler, KV cache and the step loop (no transport, no tokenizer)."""

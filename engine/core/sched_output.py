@@ -1,0 +1,47 @@
+"""What the scheduler hands the model runner each step, and what comes back.
+
+Contract (stated once, here):
+- ``SchedulerOutput.requests[i]`` computes ``num_scheduled_tokens[i]`` tokens taken from
+  ``req.all_token_ids[req.num_computed_tokens : req.num_computed_tokens + n]`` at positions
+  starting at ``req.num_computed_tokens``; their KV goes into the slots given by
+  ``req.block_ids`` (block ``p // block_size``, offset ``p % block_size``). The scheduler has
+  allocated every block needed before returning.
+- A request is sampled this step iff its scheduled tokens reach the end of its known tokens
+  (``num_computed_tokens + n == num_tokens``): a final prefill chunk or a decode. Otherwise
+  (an intermediate prefill chunk) only its KV and, if asked, its prompt logprobs are produced.
+- The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
+  ``update_from_output`` (appends tokens, advances ``num_computed_tokens``, checks stops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.request import Request
+from engine.protocol import LogprobsLists
+
+
+@dataclass
+class SchedulerOutput:
+    requests: list[Request] = field(default_factory=list)  # batch order
+    num_scheduled_tokens: list[int] = field(default_factory=list)  # aligned with requests
+    total_num_scheduled_tokens: int = 0
+    # Requests that ended or were preempted since the previous step: the runner drops
+    # whatever per-request state it keeps for them (a preempted one comes back from scratch).
+    finished_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass
+class ModelRunnerOutput:
+    # One entry per sampled request (see the contract above), in batch order.
+    req_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    # Only for requests that asked for logprobs: one row (the sampled position).
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # Only for requests that asked for prompt_logprobs and ran prompt tokens this step:
+    # one row per prompt position p computed this step that has a next prompt token
+    # (the logprob of prompt token p + 1). Concatenated across chunks they give len(prompt) - 1 rows.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

@@ -1,0 +1,88 @@
+"""Messages between the frontend and the EngineCore.
+
+Everything here crosses a process boundary (the shm ring or the zmq baseline), so
+each type is a msgspec Struct, array_like (positional, no field names on the wire)
+and omit_defaults (a decode step sends only what changed). Nothing is pickled.
+The transport puts one byte of message kind in front (see ``MESSAGE_TYPES``).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional
+
+import msgspec
+
+from engine.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; ``str()`` gives the OpenAI/vLLM spelling."""
+
+    STOP = 0  # eos, stop token id or (in the frontend) stop string
+    LENGTH = 1  # max_tokens or max_model_len reached
+    ABORT = 2  # aborted by the client, or failed
+    ERROR = 3  # the request itself was invalid inside the core
+
+    def __str__(self) -> str:
+        return ("stop", "length", "abort", "error")[self.value]
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: Optional[int] = None
+    arrival_time: float = 0.0
+    priority: int = 0
+
+
+class LogprobsLists(msgspec.Struct, array_like=True):
+    """Logprobs of K positions. Row i: the chosen token first, then the top-N.
+
+    For sample logprobs the chosen token is the sampled one; for prompt logprobs
+    it is the actual next prompt token. ``ranks[i]`` is the chosen token's rank
+    (1 = most likely) in the full distribution.
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Optional[LogprobsLists] = None
+    new_prompt_logprobs: Optional[LogprobsLists] = None
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: Optional[int] = None  # the stop token id that ended the request
+    num_cached_tokens: int = 0
+    error: Optional[str] = None  # set with FinishReason.ERROR: why the core refused it
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache this step
+    prefix_cache_hits: int = 0  # of which found
+    num_preempted_reqs: int = 0
+    step_num_tokens: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = []
+    timestamp: float = 0.0  # time.monotonic() when published (transport latency metric)
+    scheduler_stats: Optional[SchedulerStats] = None
+    finished_requests: Optional[list[str]] = None
+
+
+class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
+    call_id: int
+    result: Any = None
+    error: Optional[str] = None
