@@ -86,3 +86,46 @@ class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
     call_id: int
     result: Any = None
     error: Optional[str] = None
+
+
+# --- Control messages of the EngineCore process (ADD is EngineCoreRequest, OUTPUTS is
+# EngineCoreOutputs, UTILITY_RESULT is UtilityResult). ---
+
+
+class AbortRequests(msgspec.Struct, array_like=True):
+    request_ids: list[str]
+
+
+class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Call an allow-listed EngineCore method; answered by a UtilityResult with the same call_id."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class Shutdown(msgspec.Struct, array_like=True):
+    """Finish the busy loop and exit cleanly."""
+
+
+class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The core's handshake, sent once the model is loaded and the KV cache allocated."""
+
+    engine_index: int
+    pid: int
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+
+
+class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The core failed (at start-up or in its loop) and is exiting; ``error`` carries the cause."""
+
+    error: str
+    engine_index: int = 0
+
+
+# The kind byte of a message on the wire is its index here: append only.
+MESSAGE_TYPES = (EngineCoreRequest, AbortRequests, UtilityCall, Shutdown,
+                 EngineReady, EngineCoreOutputs, UtilityResult, EngineDead)
