@@ -43,7 +43,8 @@ _FINISH_REASONS = {
 class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
-                 "block_ids", "num_cached_tokens", "stop_reason", "num_preemptions", "_max_tokens")
+                 "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
+                 "num_prompt_logprobs_sent", "_max_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
@@ -62,9 +63,14 @@ class Request:
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # the block table, in position order
+        # Prefix-cache digests of the full blocks of all_token_ids (see kv_cache.py), filled lazily.
+        self.block_hashes: list[bytes] = []
         self.num_cached_tokens = -1  # prefix-cache hits at first scheduling; -1 = not yet scheduled
         self.stop_reason: Optional[int] = None
         self.num_preemptions = 0
+        # Prompt-logprob rows already sent: a preempted request recomputes its prompt, and
+        # those rows must not be sent twice.
+        self.num_prompt_logprobs_sent = 0
         limit = sampling_params.max_tokens
         if max_model_len is not None:
             room = max_model_len - len(self.prompt_token_ids)

@@ -1,0 +1,214 @@
+"""Paged KV cache bookkeeping: which physical block holds which tokens of which request.
+
+The KV tensors live in the model runner (``num_blocks`` blocks of ``block_size`` slots per
+layer); this module only hands out block ids and writes them into ``Request.block_ids``.
+
+Ownership: a block belongs to every request whose block table lists it; ``ref_cnt`` counts
+them. A block with ``ref_cnt == 0`` sits on the free queue. With prefix caching, a *full*
+block whose KV has been computed is registered under a digest of its tokens chained with the
+digest of the block before it, so two requests with the same first ``k`` blocks of tokens share
+those ``k`` physical blocks. A freed block keeps its registration while it waits on the free
+queue, so a later request with the same prefix can revive it; it loses the registration only
+when it is handed out again (eviction, least recently freed first).
+
+The digest is blake2b, not Python's ``hash``: a crafted prompt must not be able to collide with
+another user's prefix and read its KV.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Optional
+
+from engine.core.request import Request
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: Optional[bytes] = None  # set while registered in the prefix cache
+        self.prev: Optional[KVCacheBlock] = None  # free-queue links (None when not free)
+        self.next: Optional[KVCacheBlock] = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks: O(1) pop from the head, push at either end, and
+    removal from the middle (a cache hit revives a free block wherever it sits)."""
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self._head = KVCacheBlock(-1)  # sentinels: no None checks on the hot path
+        self._tail = KVCacheBlock(-1)
+        self._head.next, self._tail.prev = self._tail, self._head
+        self.num_free = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next
+        if block is self._tail:
+            raise RuntimeError("no free KV cache block")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        block.prev.next, block.next.prev = block.next, block.prev
+        block.prev = block.next = None
+        self.num_free -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        self._link(block, self._tail.prev, self._tail)
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        self._link(block, self._head, self._head.next)
+
+    def _link(self, block: KVCacheBlock, before: KVCacheBlock, after: KVCacheBlock) -> None:
+        block.prev, block.next = before, after
+        before.next = after.prev = block
+        self.num_free += 1
+
+    def __iter__(self):
+        block = self._head.next
+        while block is not self._tail:
+            yield block
+            block = block.next
+
+
+def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
+    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+class KVCacheManager:
+    """Allocates blocks to requests, with optional prefix caching.
+
+    The digests of a request's full blocks live on the request (they depend only on its
+    tokens, so they survive preemption); here is only how many of its blocks are registered.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, KVCacheBlock] = {}
+        self._num_registered: dict[str, int] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.free_queue.num_free / self.num_blocks
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached full blocks that prefixes the request's tokens, and the
+        number of tokens they hold. At least one token is always left to compute, since the
+        model must run on the last token to sample the next one. Nothing is reserved yet."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed
+        hashes = self._block_hashes(request, request.num_tokens)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] = ()) -> bool:
+        """Make room for ``num_new_tokens`` more tokens after the computed ones (plus the cache
+        hits in ``new_computed_blocks``, which are appended first). False, changing nothing,
+        when the free blocks do not suffice."""
+        block_ids = request.block_ids
+        num_hit = len(new_computed_blocks)
+        total = request.num_computed_tokens + num_hit * self.block_size + num_new_tokens
+        needed = -(-total // self.block_size) - len(block_ids) - num_hit
+        if needed <= 0 and not num_hit:
+            return True  # the common decode step: the last block still has room
+        revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if needed > self.free_queue.num_free - revived:
+            return False
+        for block in new_computed_blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+            block_ids.append(block.block_id)
+        if num_hit:
+            self._num_registered[request.request_id] = len(block_ids)
+        for _ in range(needed):
+            block_ids.append(self._pop_free().block_id)
+        return True
+
+    def cache_blocks(self, request: Request) -> None:
+        """Register the request's full blocks whose KV is now computed."""
+        if not self.enable_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        req_id = request.request_id
+        start = self._num_registered.get(req_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, num_full * self.block_size)
+        cached = self.cached
+        for i in range(start, num_full):
+            block = self.blocks[request.block_ids[i]]
+            # A concurrent request may have registered the same tokens first: keep that block.
+            if block.block_hash is None and hashes[i] not in cached:
+                block.block_hash = hashes[i]
+                cached[hashes[i]] = block
+        self._num_registered[req_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks (registering its computed full blocks first). Blocks go
+        back in reverse so a request's tail, the part least likely shared, is evicted first;
+        unregistered blocks go to the front, to be reused before any cached one."""
+        self.cache_blocks(request)
+        blocks = self.blocks
+        for block_id in reversed(request.block_ids):
+            block = blocks[block_id]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
+        request.block_ids.clear()
+        self._num_registered.pop(request.request_id, None)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block. Refused (False) while any block is in use, as in vLLM: a
+        running request would go on registering blocks computed before the reset."""
+        if self.free_queue.num_free != self.num_blocks:
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
+    def _pop_free(self) -> KVCacheBlock:
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:  # evict: its old contents are about to be overwritten
+            del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_cnt = 1
+        return block
+
+    def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+        """Digests of the full blocks among the first ``num_tokens`` tokens, extended lazily."""
+        hashes = request.block_hashes
+        bs = self.block_size
+        tokens = request.all_token_ids
+        for i in range(len(hashes), num_tokens // bs):
+            hashes.append(hash_block(hashes[-1] if hashes else b"", tokens[i * bs:(i + 1) * bs]))
+        return hashes

@@ -1,0 +1,286 @@
+"""Continuous batching: which requests run this step, and how many tokens each computes.
+
+There are no prefill and decode phases. Every request only has tokens it knows
+(``num_tokens``) and tokens whose KV is computed (``num_computed_tokens``); a step gives each
+scheduled request some of the difference, within a budget of ``max_num_batched_tokens`` per
+step and ``max_num_seqs`` running requests. A decode is the case where the difference is one
+token; a long prompt is computed in chunks over several steps (chunked prefill), side by side
+with other requests' decodes.
+
+Running requests are served first, in order. When one cannot get a KV block, the lowest
+ranked running request (the newest under FCFS; the least important, then newest, under
+priority) is preempted: its blocks are freed and it goes back to the front of the waiting
+queue to be recomputed later (with prefix caching most of its blocks are usually still there).
+Waiting requests are admitted only in steps that preempted nothing.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from typing import Iterable, Iterator, Optional
+
+from engine.config import SchedulerConfig
+from engine.core.kv_cache import KVCacheManager
+from engine.core.request import Request, RequestStatus
+from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.protocol import EngineCoreOutput, LogprobsLists, SchedulerStats
+
+
+class FCFSQueue:
+    """Arrival order; a preempted request goes back to the front."""
+
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def add(self, req: Request) -> None:
+        self._q.append(req)
+
+    def add_preempted(self, req: Request) -> None:
+        self._q.appendleft(req)
+
+    def peek(self) -> Request:
+        return self._q[0]
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def remove(self, req: Request) -> None:
+        self._q.remove(req)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
+
+
+class PriorityQueue:
+    """Lowest ``priority`` value first, then earliest arrival; a preempted request keeps its
+    place because its arrival time does not change."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = itertools.count()
+
+    def add(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival_time, next(self._seq), req))
+
+    add_preempted = add
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [item for item in self._heap if item[3] is not req]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (item[3] for item in self._heap)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.priority = config.policy == "priority"
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.waiting = PriorityQueue() if self.priority else FCFSQueue()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        # Finished or preempted since the last batch handed to the runner.
+        self.finished_req_ids: set[str] = set()
+        # Counters for SchedulerStats: this step's, and totals since start.
+        self._step_queries = self._step_hits = self._step_preempted = self._step_tokens = 0
+        self.total_queries = self.total_hits = self.total_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.add(request)
+        self.requests[request.request_id] = request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
+        budget = self.max_num_batched_tokens
+        batch: list[Request] = []
+        num_tokens: list[int] = []
+        self._step_queries = self._step_hits = self._step_preempted = 0
+
+        # 1) Running requests, in order; preempt from the bottom when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv_cache.allocate_slots(req, n):
+                victim = self._pick_victim()
+                if victim in batch:  # only under priority: undo its place in this batch
+                    j = batch.index(victim)
+                    budget += num_tokens.pop(j)
+                    del batch[j]
+                if self.running.index(victim) < i:
+                    i -= 1
+                self.running.remove(victim)
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:
+                batch.append(req)
+                num_tokens.append(n)
+                budget -= n
+                i += 1
+
+        # 2) Waiting requests, first to last, while budget, sequences and blocks allow.
+        while (self.waiting and budget > 0 and not self._step_preempted
+               and len(self.running) < self.max_num_seqs):
+            req = self.waiting.peek()
+            hits, num_hit_tokens = self.kv_cache.get_computed_blocks(req)
+            n = req.num_tokens - num_hit_tokens
+            if n > budget:
+                if not self.chunked_prefill:
+                    break
+                n = budget
+            if not self.kv_cache.allocate_slots(req, n, hits):
+                break
+            self.waiting.pop()
+            req.num_computed_tokens = num_hit_tokens
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit_tokens
+            self._step_queries += req.num_tokens
+            self._step_hits += num_hit_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            batch.append(req)
+            num_tokens.append(n)
+            budget -= n
+
+        self.total_queries += self._step_queries
+        self.total_hits += self._step_hits
+        out = SchedulerOutput(batch, num_tokens, self.max_num_batched_tokens - budget)
+        self._step_tokens = out.total_num_scheduled_tokens
+        if batch:  # a runner that is not called cannot drop state; keep the ids for later
+            out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+        return out
+
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance the scheduled requests by what the runner computed and sampled; returns one
+        output per request with a new token or new prompt logprobs."""
+        outputs: list[EngineCoreOutput] = []
+        sampled_ids, sampled_tokens = result.req_ids, result.sampled_token_ids
+        logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
+        caching = self.kv_cache.enable_caching
+        finished = False
+        j = 0
+        for req, n in zip(sched.requests, sched.num_scheduled_tokens):
+            start = req.num_computed_tokens
+            req.num_computed_tokens = start + n
+            plp = self._new_prompt_logprobs(req, start, prompt_logprobs) if prompt_logprobs else None
+            if req.num_computed_tokens < req.num_tokens:  # an intermediate prefill chunk
+                if caching:
+                    self.kv_cache.cache_blocks(req)
+                if plp is not None:
+                    outputs.append(EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp))
+                continue
+            req_id = req.request_id
+            if sampled_ids[j] != req_id:
+                raise RuntimeError(f"runner output out of batch order: {sampled_ids[j]!r} for {req_id!r}")
+            token = sampled_tokens[j]
+            j += 1
+            req.output_token_ids.append(token)
+            req.all_token_ids.append(token)
+            if caching:
+                self.kv_cache.cache_blocks(req)
+            out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,
+                                   num_cached_tokens=req.num_cached_tokens)
+            if self._check_stop(req, token):
+                out.finish_reason = req.status.finish_reason
+                out.stop_reason = req.stop_reason
+                self._free(req)
+                finished = True
+            outputs.append(out)
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside (abort); unknown or finished ids are ignored."""
+        ended = []
+        for req_id in request_ids:
+            req = self.requests.get(req_id)
+            if req is None:
+                continue
+            if req.status is RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+            ended.append(req)
+        return ended
+
+    def make_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
+            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
+            step_num_tokens=self._step_tokens)
+
+    def _check_stop(self, req: Request, token: int) -> bool:
+        """Stop tokens (once min_tokens are out), then length. Sets status and stop_reason."""
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if token == req.eos_token_id and not params.ignore_eos:
+                req.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token in params.stop_token_ids:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = token
+                return True
+        max_tokens = req.max_tokens
+        if (max_tokens is not None and req.num_output_tokens >= max_tokens) or req.num_tokens >= self.max_model_len:
+            req.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def _new_prompt_logprobs(self, req: Request, start: int,
+                             prompt_logprobs: dict[str, LogprobsLists]) -> Optional[LogprobsLists]:
+        """This step's prompt-logprob rows, minus any already sent before a preemption."""
+        rows = prompt_logprobs.get(req.request_id)
+        if rows is None:
+            return None
+        skip = max(0, req.num_prompt_logprobs_sent - start)
+        if skip:
+            rows = LogprobsLists(rows.token_ids[skip:], rows.logprobs[skip:], rows.ranks[skip:])
+        if not rows.ranks:
+            return None
+        req.num_prompt_logprobs_sent = start + skip + len(rows.ranks)
+        return rows
+
+    def _pick_victim(self) -> Request:
+        if self.priority:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.add_preempted(req)
+        self.finished_req_ids.add(req.request_id)
+        self._step_preempted += 1
+        self.total_preemptions += 1
+
+    def _free(self, req: Request) -> None:
+        self.kv_cache.free(req)
+        del self.requests[req.request_id]
+        self.finished_req_ids.add(req.request_id)
