@@ -60,12 +60,13 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             self.stop_token_ids = []
         if self.top_k == -1:
             self.top_k = 0
-        self._verify()
+        self.verify()
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the other knobs cannot change the argmax.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
-    def _verify(self) -> None:
+    def verify(self) -> None:
+        """Raise ValueError naming the first field out of range (also run on construction and decode)."""
         def bad(field: str, allowed: str, value) -> ValueError:
             return ValueError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
 
@@ -77,7 +78,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             raise bad("frequency_penalty", "in [-2, 2]", self.frequency_penalty)
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
-        if self.temperature < 0.0:
+        if not self.temperature >= 0.0:  # also refuses NaN
             raise bad("temperature", "non-negative", self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]", self.top_p)

@@ -1,0 +1,36 @@
+"""ringllm's public API, with vLLM's names: code written for vLLM ports by changing one import.
+
+``OMP_WAIT_POLICY=PASSIVE`` is set (unless the user chose a policy) before anything here can
+import torch: OpenMP threads that spin while waiting make a decode step many times slower
+whenever another process takes a core (FACTS.md, "CPU threads").
+"""
+import logging
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from engine import envs  # noqa: E402
+from engine.config import AsyncEngineArgs, EngineArgs  # noqa: E402
+from engine.frontend.input_processor import TextPrompt, TokensPrompt  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+
+
+def _configure_logging() -> None:
+    """One handler for ringllm's loggers (as vLLM does), unless the application set its own."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    for name in ("engine", "shm_transport"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(envs.RINGLLM_LOGGING_LEVEL)
+
+
+_configure_logging()
+
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutputKind", "EngineArgs", "AsyncEngineArgs",
+           "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt"]

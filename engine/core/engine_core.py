@@ -1,0 +1,124 @@
+"""The EngineCore: a model runner, a KV cache and a scheduler, driven one step at a time.
+
+It knows nothing of tokenizers or transports: requests come in as ``EngineCoreRequest``
+(token ids), results go out as ``EngineCoreOutputs`` (token ids). The same object runs
+in the caller's process (``InprocClient``) or behind the ring in its own process.
+
+A request the core cannot serve (empty prompt, too long, bad parameters, duplicate id)
+must not raise into the caller, who may be a busy loop serving everyone else: it is
+answered with a finished output carrying ``FinishReason.ERROR`` and the reason.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Optional
+
+from engine.config import EngineConfig
+from engine.core.kv_cache import KVCacheManager
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+from engine.core.sched_output import ModelRunnerOutput
+from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+
+logger = logging.getLogger(__name__)
+
+_NOTHING_RUN = ModelRunnerOutput()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
+        from engine.worker.model_runner import ModelRunner
+
+        self.config = config
+        self.engine_index = engine_index
+        self.max_model_len = config.model_config.max_model_len
+        self.vocab_size = config.model_config.vocab_size
+        self.max_logprobs = config.model_config.max_logprobs
+        self.model_runner = ModelRunner(config)
+        self.num_kv_blocks = self.model_runner.initialize_kv_cache()
+        block_size = config.cache_config.block_size
+        if self.num_kv_blocks * block_size < self.max_model_len:
+            raise ValueError(
+                f"kv_cache_memory: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
+                f"fewer than one request of max_model_len={self.max_model_len} needs; "
+                "raise kv_cache_memory or lower max_model_len")
+        kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len)
+        self.log_stats = not config.disable_log_stats
+        self._refused: list[EngineCoreOutput] = []  # answered by the next step
+        logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
+                    self.num_kv_blocks, block_size, self.max_model_len)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        error = self._check(request)
+        if error is not None:
+            self._refused.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR,
+                                                  error=error))
+            return
+        self.scheduler.add_request(Request.from_engine_core_request(request, self.max_model_len))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._refused)
+
+    def step(self) -> EngineCoreOutputs:
+        # 1) schedule: pick the batch and allocate its KV blocks
+        sched = self.scheduler.schedule()
+        # 2) run the model and sample (nothing to run: nothing scheduled)
+        result = self.model_runner.execute_model(sched) if sched.requests else _NOTHING_RUN
+        # 3) append tokens, check stops, free finished requests
+        outputs = self.scheduler.update_from_output(sched, result)
+        # 4) package with this step's refusals and stats
+        return self._package(outputs)
+
+    # Utility methods (callable through the client, by name).
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache.reset_prefix_cache()
+
+    def get_stats(self) -> dict[str, Any]:
+        """Totals since start, for tests and the CLI (per-step figures go out with each step)."""
+        s = self.scheduler
+        return {"num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
+                "kv_cache_usage": s.kv_cache.usage, "num_kv_blocks": self.num_kv_blocks,
+                "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
+                "num_preemptions": s.total_preemptions}
+
+    def shutdown(self) -> None:
+        self.model_runner = None
+
+    def _package(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        if self._refused:
+            outputs = self._refused + outputs
+            self._refused = []
+        stats = self.scheduler.make_stats() if self.log_stats else None
+        return EngineCoreOutputs(self.engine_index, outputs, time.monotonic(), stats)
+
+    def _check(self, request: EngineCoreRequest) -> Optional[str]:
+        """Why the core cannot serve ``request``, or None. The frontend checks the same things
+        with friendlier messages; this guards everything else that can reach the core."""
+        prompt = request.prompt_token_ids
+        params = request.sampling_params
+        if request.request_id in self.scheduler.requests:
+            return f"request id {request.request_id!r} is already in use"
+        if not prompt:
+            return "the prompt is empty (it must contain at least one token)"
+        if len(prompt) > self.max_model_len:
+            return (f"the prompt (length {len(prompt)}) is longer than the maximum model length "
+                    f"max_model_len={self.max_model_len}")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            return f"prompt token ids must be in [0, {self.vocab_size}), got {min(prompt)}..{max(prompt)}"
+        try:
+            params.verify()
+        except ValueError as e:
+            return str(e)
+        if params.n != 1:
+            return f"SamplingParams.n must be 1 inside the core (the frontend fans out n={params.n})"
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                return f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, got {value}"
+        return None

@@ -1,0 +1,1 @@
+"""The frontend: prompts to token ids (input_processor), token ids to RequestOutputs (output_processor)."""

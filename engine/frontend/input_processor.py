@@ -1,0 +1,169 @@
+"""Prompts in, ``EngineCoreRequest``s out: tokenize, validate, finish the sampling params.
+
+Everything the core would refuse is refused here first, with a ValueError that names the
+problem, so a bad request fails in the caller's hands and never reaches the engine.
+The caller's SamplingParams object is never modified: filled-in params are a copy.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional, Sequence, TypedDict, Union
+
+import msgspec
+
+from engine.config import EngineConfig
+from engine.protocol import EngineCoreRequest
+from engine.sampling_params import SamplingParams
+
+
+class TextPrompt(TypedDict, total=False):
+    prompt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    prompt_token_ids: list[int]
+    prompt: str  # optional: the text the ids came from, echoed in RequestOutput.prompt
+
+
+PromptType = Union[str, TextPrompt, TokensPrompt, Sequence[int]]
+
+ChatMessage = dict[str, Any]
+
+
+def get_tokenizer(config: EngineConfig):
+    """The model's Hugging Face tokenizer, or None with skip_tokenizer_init. Only fast
+    (tokenizers-backed) tokenizers are accepted: streaming detokenization relies on them."""
+    model_config = config.model_config
+    if model_config.skip_tokenizer_init:
+        return None
+    from transformers import AutoTokenizer
+
+    path = model_config.tokenizer
+    try:
+        if path.endswith(".gguf"):
+            tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {e}") from e
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ValueError(f"tokenizer: {path!r} has no fast (tokenizers) tokenizer, which ringllm needs")
+    return tokenizer
+
+
+def _generation_config(config: EngineConfig) -> dict[str, Any]:
+    """The model's generation_config.json, if it has one (a .gguf model has none)."""
+    path = os.path.join(config.model_config.model_path, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        return msgspec.json.decode(f.read())
+
+
+# generation_config.json keys that become default SamplingParams (as vLLM's generation_config="auto").
+_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, tokenizer) -> None:
+        model_config = config.model_config
+        self.tokenizer = tokenizer
+        self.max_model_len = model_config.max_model_len
+        self.vocab_size = model_config.vocab_size
+        self.max_logprobs = model_config.max_logprobs
+        eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
+        self.eos_token_id: Optional[int] = eos[0] if isinstance(eos, list) else eos
+        generation = _generation_config(config)
+        eos_ids = generation.get("eos_token_id")
+        eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
+        # Further eos ids act as stop token ids (vLLM: stop_reason is the id).
+        self.extra_eos_ids = [i for i in eos_ids if i != self.eos_token_id]
+        self.default_params = {param: generation[key] for key, param in _GENERATION_DEFAULTS.items()
+                               if generation.get(key) is not None}
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation-config defaults applied."""
+        return SamplingParams(**self.default_params)
+
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                arrival_time: Optional[float] = None, priority: int = 0,
+                add_special_tokens: bool = True) -> tuple[EngineCoreRequest, Optional[str]]:
+        """The request for the core, and the prompt text to echo in outputs."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        text, token_ids = self._tokenize(prompt, add_special_tokens)
+        self._validate(token_ids, params)
+        request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
+                                    time.monotonic() if arrival_time is None else arrival_time, priority)
+        return request, text
+
+    def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None) -> str:
+        """The conversation as prompt text, through the tokenizer's chat template."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer, but the engine was built with skip_tokenizer_init=True")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools, tokenize=False,
+                **(chat_template_kwargs or {}))
+        except Exception as e:  # jinja and template errors: the caller's input is at fault
+            raise ValueError(f"messages: the chat template failed: {e}") from e
+
+    def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("prompt: a dict prompt needs 'prompt' (text) or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init=True); "
+                                 "pass {'prompt_token_ids': [...]}")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, (list, tuple)):
+            return None, self._token_ids(prompt)
+        raise TypeError("prompt must be a str, a list of token ids, {'prompt': str} or "
+                        f"{{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+
+    @staticmethod
+    def _token_ids(ids: Any) -> list[int]:
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TypeError("prompt_token_ids must be a list of ints")
+        return list(ids)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("prompt: the prompt is empty; it must have at least one token")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"prompt: the prompt (length {len(token_ids)}) is longer than the maximum "
+                             f"model length max_model_len={self.max_model_len}")
+        low, high = min(token_ids), max(token_ids)
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(f"prompt: token id {low if low < 0 else high} is out of the vocabulary "
+                             f"[0, {self.vocab_size})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, "
+                                 f"got {value}")
+        if params.stop and (self.tokenizer is None or not params.detokenize):
+            raise ValueError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer")
+
+    def _finish_params(self, params: SamplingParams) -> SamplingParams:
+        stop_ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids += [i for i in self.extra_eos_ids if i not in stop_ids]
+        all_stop = set(stop_ids)
+        if not params.ignore_eos and self.eos_token_id is not None:
+            all_stop.add(self.eos_token_id)
+        return msgspec.structs.replace(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop))

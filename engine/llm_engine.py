@@ -1,0 +1,94 @@
+"""LLMEngine: the synchronous, step-by-step engine under ``LLM`` (vLLM's v1 LLMEngine).
+
+Input processing (tokenize, validate) and output processing (detokenize, stop strings,
+output kinds) run here, in the caller's process; the EngineCore sits behind an
+``EngineCoreClient``. The caller drives it: ``add_request`` any number of times, then
+``step()`` while ``has_unfinished_requests()``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Optional, Union
+
+import msgspec
+
+from engine.client import EngineCoreClient
+from engine.config import EngineArgs, EngineConfig
+from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
+from engine.frontend.output_processor import OutputProcessor, ParentRequest
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, multiprocess_mode: bool = False) -> None:
+        self.config = config
+        self.tokenizer = get_tokenizer(config)
+        self.input_processor = InputProcessor(config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
+        return cls(engine_args.create_engine_config(), multiprocess_mode=enable_multiprocessing)
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, enable_multiprocessing: bool = False) -> "LLMEngine":
+        return cls(config, multiprocess_mode=enable_multiprocessing)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    add_special_tokens: bool = True) -> str:
+        """Queue a request; a bad prompt or bad params raise ValueError/TypeError here and
+        nothing is queued. With ``params.n > 1`` the core runs n child requests."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if request_id in self.output_processor.parent_requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request, text = self.input_processor.process(request_id, prompt, params, arrival_time, priority,
+                                                     add_special_tokens)
+        if params.n == 1:
+            self.output_processor.add_request(request, text)
+            self.engine_core.add_request(request)
+            return request_id
+        parent = ParentRequest(request_id, request.sampling_params)
+        for index in range(params.n):
+            child_id, child_params = parent.child(index)
+            child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
+            self.output_processor.add_request(child, text, parent, index)
+            self.engine_core.add_request(child)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        # 1) one step of the core (in-process) or the next outputs it sent
+        outputs = self.engine_core.get_output()
+        # 2) detokenize, apply stop strings and output kinds
+        processed = self.output_processor.process_outputs(outputs.outputs)
+        # 3) stop in the core what a stop string finished here
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.call_utility("reset_prefix_cache")
+
+    def get_stats(self) -> dict[str, Any]:
+        """Engine totals: running and waiting requests, KV usage, prefix-cache queries and hits."""
+        return self.engine_core.call_utility("get_stats")
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()
