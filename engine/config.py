@@ -72,6 +72,12 @@ class EngineArgs:
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
 
+    @classmethod
+    def from_cli_args(cls, args: Any) -> "EngineArgs":
+        """From an argparse namespace holding one attribute per field, as the flags that
+        ``engine.entrypoints.cli_args.add_engine_args`` generates from this dataclass."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
 
 @dataclass
 class AsyncEngineArgs(EngineArgs):
