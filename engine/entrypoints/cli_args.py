@@ -1,0 +1,140 @@
+"""Command-line flags generated from the ``EngineArgs`` dataclass, plus the server's own.
+
+Every EngineArgs field becomes ``--field-name`` with its type, default and allowed values
+read from the dataclass, so the CLI cannot drift from the Python API: a new field is a new
+flag (the one thing to add by hand is its help line below, which a test checks).
+``AsyncEngineArgs.from_cli_args`` reads the parsed namespace back into the dataclass.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any, Literal, Union
+
+from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
+from engine.entrypoints.openai.server import ServerSettings
+
+ENGINE_ARG_HELP = {
+    "model": "Model to serve: a local HF directory or a .gguf file (default: the embedded "
+             "SmolLM2-135M-Instruct; nothing is ever downloaded).",
+    "tokenizer": "Tokenizer directory, if not the model's own.",
+    "trust_remote_code": "Allow custom code shipped with a model's config.",
+    "dtype": "Model dtype: auto (bfloat16 on CPUs with AVX-512 BF16, else float32), float32, "
+             "bfloat16 or float16.",
+    "seed": "Random seed of the engine (per-request seeds are set in the request).",
+    "max_model_len": "Context length (prompt + output); default: the model's max_position_embeddings.",
+    "block_size": "Tokens per KV-cache block (a power of two).",
+    "max_num_seqs": "Most sequences in one step (default 256).",
+    "max_num_batched_tokens": "Token budget of one step (default 2048 with chunked prefill).",
+    "enable_prefix_caching": "Reuse KV blocks of shared prompt prefixes.",
+    "enable_chunked_prefill": "Split long prefills across steps and mix them with decodes.",
+    "scheduling_policy": "fcfs, or priority (lower value first, then arrival).",
+    "load_format": "auto, safetensors, gguf, or dummy (random weights: overhead tests).",
+    "device": "auto (cuda when available), cpu or cuda.",
+    "kv_cache_memory": "Bytes for the KV cache on CPU (default 2 GiB).",
+    "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA), in (0, 1].",
+    "max_logprobs": "Most logprobs a request may ask for.",
+    "num_threads": "torch threads in the EngineCore process (default: all cores but one).",
+    "enforce_eager": "Never run the model through torch.compile.",
+    "compilation_config": "torch.compile mode as an int (0 = eager) or a JSON object.",
+    "data_parallel_size": "Number of EngineCore processes, requests balanced over them.",
+    "data_parallel_rank": "This frontend's rank, with --data-parallel-external-lb.",
+    "data_parallel_external_lb": "Serve one data-parallel rank behind an external load balancer.",
+    "transport": "Frontend <-> EngineCore transport: shm (shared-memory rings) or zmq (baseline).",
+    "ring_capacity": "Bytes per ring direction (a power of two).",
+    "skip_tokenizer_init": "Do not load a tokenizer (token-id prompts only).",
+    "disable_log_stats": "Do not collect per-step scheduler stats.",
+    "renderer_num_workers": "Threads that tokenize prompts (1: on the event loop).",
+    "served_model_name": "The model name clients send and see (default: --model).",
+    "hf_overrides": "JSON object of HF config fields to override.",
+    "enable_log_requests": "Log every request as it is added and aborted.",
+}
+
+
+def _json_or_int(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"expected an int or a JSON object, got {text!r}") from None
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _flag_kwargs(hint: Any) -> dict[str, Any]:
+    """argparse keywords for a field's type: bools get --x/--no-x, Literals their choices."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is Union and len(args) == 1:
+        hint = args[0]  # Optional[X] -> X
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) is Literal:
+        return {"choices": list(typing.get_args(hint))}
+    if hint in (int, float, str):
+        return {"type": hint}
+    if hint is dict:
+        return {"type": _json_object, "metavar": "JSON"}
+    return {"type": _json_or_int, "metavar": "INT|JSON"}  # compilation_config
+
+
+def add_engine_args(parser: argparse.ArgumentParser, cls: type[EngineArgs] = AsyncEngineArgs) -> None:
+    group = parser.add_argument_group("engine arguments (the EngineArgs fields)")
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint, default = hints[field.name], field.default
+        # A None default means "derived", which the help line explains.
+        shown = "" if default is None or "default" in ENGINE_ARG_HELP[field.name] else " (default: %(default)s)"
+        group.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, default=default,
+                           help=ENGINE_ARG_HELP[field.name] + shown, **_flag_kwargs(hint))
+
+
+def engine_args_from(args: argparse.Namespace, cls: type[EngineArgs] = AsyncEngineArgs) -> EngineArgs:
+    """The dataclass from parsed flags; a positional MODEL, when given, wins over --model."""
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
+    return cls.from_cli_args(args)
+
+
+def add_model_positional(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                        help=f"Model to serve (same as --model; default: {DEFAULT_MODEL}, embedded).")
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    d = ServerSettings()
+    group = parser.add_argument_group("server arguments")
+    group.add_argument("--host", default=d.host, help="Address to bind (default: %(default)s, this host only).")
+    group.add_argument("--port", type=int, default=d.port, help="Port (default: %(default)s).")
+    group.add_argument("--api-key", default=d.api_key,
+                       help="Require 'Authorization: Bearer KEY' on /v1 requests (default: no key).")
+    group.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
+                       help="Most requests waiting for their first token; more get 503 with Retry-After "
+                            "(default: unbounded).")
+    group.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="SECONDS",
+                       help="Abort a request still running after this long (default: no timeout).")
+    group.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
+                       help="Larger request bodies get 413 (default: %(default)s).")
+    group.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="SECONDS",
+                       help="On SIGTERM, how long in-flight requests may finish before they are aborted "
+                            "(default: %(default)s).")
+
+
+def server_settings_from(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key,
+                          max_request_body_bytes=args.max_request_body_bytes,
+                          max_waiting_requests=args.max_waiting_requests,
+                          request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout)
+

@@ -1,0 +1,330 @@
+"""OpenAI request and response bodies, as msgspec Structs that read as the API spec.
+
+Requests are decoded straight into these types, so a wrong type or an out-of-range value
+is refused by the decoder with the field's JSON path, which becomes the error's ``param``.
+The sampling fields both generation endpoints accept are declared once (``_SamplingFields``)
+and mapped onto ``SamplingParams`` in one place. Unknown fields are ignored, as OpenAI does.
+"""
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Annotated, Any, Literal, Optional, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+TokenIds = list[NonNegativeInt]
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[dict[str, str]] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> "ErrorResponse":
+        return ErrorResponse(ErrorInfo(self.message, self.type, self.param, self.code))
+
+
+class ErrorInfo(Struct):
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorResponse(Struct):
+    error: ErrorInfo
+
+
+_PARAM_RE = re.compile(r"at `\$\.(\w+)|field `(\w+)`|SamplingParams\.(\w+)|^(\w+):")
+
+
+def param_named_in(message: str) -> Optional[str]:
+    """The request field an error message is about: a msgspec path (``at `$.top_p```), a missing
+    field, ``SamplingParams.<field>``, or the ``field: ...`` prefix the input processor uses."""
+    match = _PARAM_RE.search(message)
+    return next((g for g in match.groups() if g), None) if match else None
+
+
+def decode_request(body: bytes, type_: type) -> Any:
+    """Decode a JSON body into ``type_``; any problem is a 400 naming the offending field."""
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise OpenAIError(400, f"invalid request: {exc}", param=param_named_in(str(exc)),
+                          code="invalid_value") from None
+    except msgspec.DecodeError as exc:
+        raise OpenAIError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
+
+
+class StreamOptions(Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _SamplingFields(Struct, kw_only=True):
+    """What /v1/completions and /v1/chat/completions share: OpenAI's fields plus vLLM's extras."""
+
+    model: Optional[str] = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: Annotated[int, Meta(ge=-1)] = -1
+    min_p: Probability = 0.0
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: Optional[TokenIds] = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0
+    ignore_eos: bool = False
+    min_tokens: NonNegativeInt = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+
+    def _sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                         prompt_logprobs: Optional[int]) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens, max_tokens=max_tokens, logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens,
+                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+        except ValueError as exc:  # "SamplingParams.<field> must be ..."
+            raise OpenAIError(400, str(exc), param=param_named_in(str(exc)), code="invalid_value") from None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    # str, a batch of str, one prompt of token ids, or a batch of token-id prompts.
+    prompt: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
+    max_tokens: Optional[PositiveInt] = 16
+    echo: bool = False
+    logprobs: Optional[NonNegativeInt] = None
+    suffix: Optional[str] = None
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The batch of prompts, each a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]
+        if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
+            return list(p)
+        raise OpenAIError(400, "prompt must be a string, a list of strings, a list of token ids or a "
+                          "list of non-empty token-id lists", param="prompt", code="invalid_value")
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.suffix:
+            raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
+        return self._sampling_params(self.max_tokens, self.logprobs,
+                                     self.logprobs if self.echo and self.logprobs is not None else None)
+
+
+class ContentPart(Struct, kw_only=True):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: Optional[str] = None
+
+    def for_template(self, index: int) -> dict[str, str]:
+        """The plain ``{"role", "content"}`` dict chat templates expect; only text parts exist here."""
+        content = self.content
+        if isinstance(content, list):
+            if any(part.type != "text" or part.text is None for part in content):
+                raise OpenAIError(400, "only text content parts are supported",
+                                  param=f"messages.{index}.content", code="invalid_value")
+            content = "".join(part.text for part in content)
+        message = {"role": self.role, "content": content or ""}
+        if self.name:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: Optional[PositiveInt] = None
+    max_completion_tokens: Optional[PositiveInt] = None
+    logprobs: bool = False
+    top_logprobs: Optional[NonNegativeInt] = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        """``max_tokens``: the request's own bound, or what is left of the context when it sets none."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
+        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None, None)
+
+    @property
+    def requested_max_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class TokenizeRequest(Struct, kw_only=True):
+    """Either a ``prompt`` or chat ``messages`` (rendered with the chat template)."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(Struct, kw_only=True):
+    tokens: TokenIds
+    model: Optional[str] = None
+
+
+# ---- responses ----
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(Struct):
+    text_offset: list[int] = []
+    token_logprobs: list[Optional[float]] = []
+    tokens: list[str] = []
+    top_logprobs: list[Optional[dict[str, float]]] = []
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class CompletionResponse(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Optional[UsageInfo] = None
+
+
+class ChatLogProb(Struct):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatLogProbsContent(Struct):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+    top_logprobs: list[ChatLogProb] = []
+
+
+class ChatLogProbs(Struct):
+    content: Optional[list[ChatLogProbsContent]] = None
+
+
+class ChatResponseMessage(Struct):
+    role: str
+    content: str
+
+
+class ChatChoice(Struct):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class ChatCompletionResponse(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    object: str = "chat.completion"
+    usage: Optional[UsageInfo] = None
+
+
+class DeltaMessage(Struct, omit_defaults=True):
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(Struct):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class ChatCompletionChunk(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    object: str = "chat.completion.chunk"
+    usage: Optional[UsageInfo] = None
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    max_model_len: int
+    object: str = "model"
+    owned_by: str = "ringllm"
+    root: Optional[str] = None
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class TokenizeResponse(Struct):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(Struct):
+    prompt: str

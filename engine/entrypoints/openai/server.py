@@ -1,0 +1,210 @@
+"""The OpenAI-compatible HTTP server: app factory, route table, middlewares, and ``run_server``.
+
+``build_app`` is the one way to make the app: ``ringllm serve`` runs it and the tests start
+that same command. The engine lives exactly as long as the app: ``app.cleanup_ctx`` enters
+the engine client (an async context manager yielding an ``AsyncLLM``) before the first
+request and leaves it, shutting the core down, after the last one. Handlers here are one
+line each; the work is in the ``serving_*`` modules.
+
+Middlewares, outermost first: error shaping (every failure, aiohttp's own 404/405/413
+included, leaves in OpenAI's ``{"error": ...}`` shape, and each request is counted), the
+API key (``/v1`` only, compared in constant time), and the body-size limit (413 from the
+declared length, before anything is read; aiohttp's ``client_max_size`` catches bodies
+that declare none).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncContextManager, Optional
+
+import uvloop
+from aiohttp import web
+
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.protocol import OpenAIError
+from engine.entrypoints.openai.serving_chat import OpenAIServingChat
+from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from engine.entrypoints.openai.serving_engine import ServingLimits, json_response, to_openai_error
+from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 8000
+    api_key: Optional[str] = None  # when set, /v1 requests need "Authorization: Bearer <key>"
+    max_request_body_bytes: int = 4 << 20
+    max_waiting_requests: Optional[int] = None  # None: unbounded; beyond it 503 + Retry-After
+    request_timeout_s: Optional[float] = None  # None: no per-request timeout
+    retry_after_s: int = 1
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
+
+    def __post_init__(self) -> None:
+        checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
+                  ("max_request_body_bytes", self.max_request_body_bytes >= 1, ">= 1"),
+                  ("max_waiting_requests", self.max_waiting_requests is None or self.max_waiting_requests >= 0,
+                   ">= 0"),
+                  ("request_timeout_s", self.request_timeout_s is None or self.request_timeout_s > 0, "> 0"),
+                  ("retry_after_s", self.retry_after_s >= 0, ">= 0"),
+                  ("drain_timeout_s", self.drain_timeout_s >= 0, ">= 0")]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+
+
+@dataclass
+class Serving:
+    completion: OpenAIServingCompletion
+    chat: OpenAIServingChat
+    misc: OpenAIServingMisc
+    metrics: ServerMetrics
+
+
+SETTINGS = web.AppKey("settings", ServerSettings)
+SERVING = web.AppKey("serving", Serving)
+
+
+# ---- routes: one line each ----
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVING].completion.create_completion(request)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVING].chat.create_chat_completion(request)
+
+
+async def models(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.show_models(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.health(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.metrics(request)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.tokenize(request)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.detokenize(request)
+
+
+async def version(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.show_version(request)
+
+
+ROUTES = [
+    web.post("/v1/completions", completions),
+    web.post("/v1/chat/completions", chat_completions),
+    web.get("/v1/models", models),
+    web.get("/health", health),
+    web.get("/metrics", metrics),
+    web.post("/tokenize", tokenize),
+    web.post("/detokenize", detokenize),
+    web.get("/version", version),
+]
+
+
+# ---- middlewares ----
+
+def _route_name(request: web.Request) -> str:
+    """The route's path pattern, so a scan of random URLs cannot blow up the metric's labels."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
+        status = exc.status
+        if exc.status < 400:
+            raise
+        return json_response(OpenAIError(exc.status, exc.reason, type="invalid_request_error",
+                                         code=exc.reason.lower().replace(" ", "_")).body(), exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = 499  # the client went away; nothing to answer
+        raise
+    except Exception as exc:
+        error = to_openai_error(exc)
+        status = error.status
+        return json_response(error.body(), error.status, error.headers)
+    finally:
+        serving = request.app.get(SERVING)
+        if serving is not None:
+            serving.metrics.http_requests.labels(_route_name(request), str(status)).inc()
+
+
+@web.middleware
+async def api_key_middleware(request: web.Request, handler) -> web.StreamResponse:
+    key = request.app[SETTINGS].api_key
+    if key is not None and request.path.startswith("/v1"):
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                              type="authentication_error", code="invalid_api_key")
+    return await handler(request)
+
+
+@web.middleware
+async def body_limit_middleware(request: web.Request, handler) -> web.StreamResponse:
+    limit = request.app[SETTINGS].max_request_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise OpenAIError(413, f"the request body ({request.content_length} bytes) is over the limit of "
+                          f"{limit} bytes", code="request_too_large")
+    return await handler(request)
+
+
+# ---- the factory ----
+
+def build_app(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> web.Application:
+    """The server app. ``engine_client`` is an async context manager yielding the engine, e.g.
+    ``build_async_engine_client_from_engine_args(args)``; the app enters it on startup and
+    leaves it on cleanup."""
+    app = web.Application(middlewares=[error_middleware, api_key_middleware, body_limit_middleware],
+                          client_max_size=settings.max_request_body_bytes)
+    app[SETTINGS] = settings
+    app.add_routes(ROUTES)
+
+    async def engine_lifetime(app: web.Application):
+        async with engine_client as engine:
+            app[SERVING] = await _make_serving(engine, settings)
+            logger.info("serving %s", ", ".join(app[SERVING].chat.model_names))
+            yield
+            logger.info("shutting the engine down")
+
+    app.cleanup_ctx.append(engine_lifetime)
+    return app
+
+
+async def _make_serving(engine: Any, settings: ServerSettings) -> Serving:
+    model_config = engine.model_config
+    names = [model_config.served_model_name]
+    metrics = ServerMetrics(names[0])
+    limits = ServingLimits(settings.max_waiting_requests, settings.request_timeout_s, settings.retry_after_s)
+    tokenizer = await engine.get_tokenizer()
+    shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics)
+    chat = OpenAIServingChat(*shared)
+    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics)
+
+
+def run_server(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> None:
+    """Serve until SIGINT/SIGTERM, then drain: stop accepting, let in-flight requests finish for
+    up to ``drain_timeout_s`` (the rest are cancelled, which aborts them), shut the engine down."""
+    web.run_app(build_app(engine_client, settings), host=settings.host, port=settings.port,
+                shutdown_timeout=settings.drain_timeout_s, handler_cancellation=True,
+                print=lambda message: logger.info("%s", message.strip()), loop=uvloop.new_event_loop())

@@ -1,0 +1,97 @@
+"""POST /v1/chat/completions: messages rendered through the model's chat template, then generated.
+
+The rendered prompt is tokenized here without special tokens: the template already wrote
+them as text, and a tokenizer that adds a BOS would otherwise add a second one. With no
+max_tokens the answer may run to the end of the context, as vLLM allows. Streams open
+with a role chunk per choice, but only once the engine has accepted the request, so a
+refused request still gets its 4xx instead of a stream.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Optional
+
+from aiohttp import web
+
+from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                                ChatCompletionResponse, ChatLogProb, ChatLogProbs,
+                                                ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
+                                                DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
+                                                random_id)
+from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response, merge_streams
+from engine.outputs import CompletionOutput, RequestOutput
+
+ROLE = "assistant"
+
+
+class OpenAIServingChat(OpenAIServing):
+    def render(self, body_messages, add_generation_prompt: bool = True,
+               chat_template_kwargs: Optional[dict] = None) -> tuple[str, list[int]]:
+        """The conversation as prompt text and its token ids (also used by /tokenize)."""
+        conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
+        try:
+            text = self.engine.input_processor.render_chat(conversation, add_generation_prompt=add_generation_prompt,
+                                                           chat_template_kwargs=chat_template_kwargs)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
+        return text, self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
+        body = decode_request(await request.read(), ChatCompletionRequest)
+        model = self.check_model(body.model)
+        params = body.to_sampling_params(body.requested_max_tokens)
+        text, token_ids = self.render(body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+        request_id, created = random_id("chatcmpl"), now()
+        with self.admit(1) as started:
+            stream = self.generate({"prompt_token_ids": token_ids, "prompt": text}, params, request_id, started)
+            if body.stream:
+                return await self.sse_response(request, self._chunks(body, model, request_id, created, stream))
+            final: Optional[RequestOutput] = None
+            async with asyncio.timeout_at(self.deadline()):
+                async for _, final in merge_streams([stream]):
+                    pass
+        choices = [ChatChoice(c.index, ChatResponseMessage(ROLE, c.text), self._logprobs(body, c),
+                              c.finish_reason, c.stop_reason) for c in final.outputs]
+        completion_tokens = sum(len(c.token_ids) for c in final.outputs)
+        usage = UsageInfo(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
+        return json_response(ChatCompletionResponse(request_id, created, model, choices, usage=usage))
+
+    async def _chunks(self, body: ChatCompletionRequest, model: str, request_id: str, created: int,
+                      stream: AsyncIterator[RequestOutput]) -> AsyncIterator[ChatCompletionChunk]:
+        usage = UsageInfo()
+        first = True
+        async for _, output in merge_streams([stream]):
+            if first:  # the engine accepted the request: open every choice with its role
+                first = False
+                usage.prompt_tokens = len(output.prompt_token_ids or ())
+                for index in range(body.n):
+                    yield ChatCompletionChunk(request_id, created, model,
+                                              [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))])
+            for c in output.outputs:
+                usage.completion_tokens += len(c.token_ids)
+                logprobs = self._logprobs(body, c)
+                if not c.text and logprobs is None and c.finish_reason is None:
+                    continue  # text held back (stop strings, partial UTF-8): nothing to say yet
+                delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
+                yield ChatCompletionChunk(request_id, created, model, [
+                    ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason)])
+        if body.include_usage:
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield ChatCompletionChunk(request_id, created, model, [], usage=usage)
+
+    @staticmethod
+    def _logprobs(body: ChatCompletionRequest, completion: CompletionOutput) -> Optional[ChatLogProbs]:
+        if not body.logprobs or completion.logprobs is None:
+            return None
+        top_n = body.top_logprobs or 0
+        content = []
+        for token_id, row in zip(completion.token_ids, completion.logprobs):
+            chosen = row.get(token_id) or next(iter(row.values()))
+            token = chosen.decoded_token or ""
+            top = sorted((lp for lp in row.values() if lp.rank is not None and lp.rank <= top_n),
+                         key=lambda lp: lp.rank)
+            content.append(ChatLogProbsContent(
+                token, chosen.logprob, list(token.encode()),
+                [ChatLogProb(lp.decoded_token or "", lp.logprob, list((lp.decoded_token or "").encode()))
+                 for lp in top]))
+        return ChatLogProbs(content)

@@ -1,0 +1,196 @@
+"""What both generation endpoints share: the model check, overload control, the engine call
+(with its abort and metrics), the request timeout, and Server-Sent Events framing.
+
+Cancellation is the one mechanism behind disconnects, timeouts and shutdown: aiohttp
+cancels the handler when its client goes away (``handler_cancellation``), a timeout cancels
+the work under it, and either way the engine stream is closed, which aborts its request
+in the core. Errors before the first byte of a stream get an ordinary HTTP status; after
+it, an ``{"error": ...}`` event followed by ``[DONE]``, so the client sees a clean end.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.protocol import OpenAIError, param_named_in
+from engine.exceptions import EngineDeadError, EngineGenerateError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_encode = msgspec.json.Encoder().encode
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    max_waiting_requests: Optional[int]  # None: unbounded
+    request_timeout_s: Optional[float]  # None: no timeout
+    retry_after_s: int
+
+
+def json_response(body: Any, status: int = 200, headers: Optional[dict[str, str]] = None) -> web.Response:
+    return web.Response(body=_encode(body), status=status, headers=headers, content_type="application/json")
+
+
+def to_openai_error(exc: BaseException) -> OpenAIError:
+    """The HTTP face of an exception raised while serving a request."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, (ValueError, TypeError)):  # the input processor names the field
+        return OpenAIError(400, str(exc), param=param_named_in(str(exc)), code="invalid_value")
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(500, str(exc), type="server_error", code="engine_dead")
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return OpenAIError(504, "the request took longer than the server's request timeout",
+                           type="server_error", code="timeout")
+    if isinstance(exc, EngineGenerateError):  # the core refused the request: its input is at fault
+        return OpenAIError(400, str(exc), param=param_named_in(str(exc).split(": ", 1)[-1]),
+                           code="invalid_value")
+    logger.exception("unexpected error while serving a request", exc_info=exc)
+    return OpenAIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
+                       code="internal_error")
+
+
+class OpenAIServing:
+    def __init__(self, engine: Any, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
+                 limits: ServingLimits, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_names = tuple(model_names)
+        self.max_model_len = max_model_len
+        self.limits = limits
+        self.metrics = metrics
+        # Engine requests accepted but without a first output yet (queued or in prefill).
+        self.num_waiting = 0
+
+    def check_model(self, model: Optional[str]) -> str:
+        """The name to answer with; an unknown model is a 404, as OpenAI answers it."""
+        if model is None:
+            return self.model_names[0]
+        if model not in self.model_names:
+            raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
+                              f"{', '.join(self.model_names)}", param="model", code="model_not_found")
+        return model
+
+    @contextlib.contextmanager
+    def admit(self, count: int) -> Iterator[Callable[[], None]]:
+        """Hold ``count`` waiting slots for one HTTP request, or refuse it with 503 + Retry-After.
+
+        Yields the callback that ``generate`` calls on each engine request's first output; slots
+        still held when the handler ends (errors, disconnects) are given back on exit. The check
+        and the reservation run without an await between them, so they cannot interleave.
+        """
+        limit = self.limits.max_waiting_requests
+        if limit is not None and self.num_waiting + count > limit:
+            self.metrics.rejected.labels(self.model_names[0]).inc()
+            raise OpenAIError(503, f"the server is overloaded ({self.num_waiting} requests waiting, "
+                              f"limit {limit}); retry later", type="server_error", code="overloaded",
+                              headers={"Retry-After": str(self.limits.retry_after_s)})
+        held = count
+        self.num_waiting += count
+
+        def started() -> None:
+            nonlocal held
+            held -= 1
+            self.num_waiting -= 1
+
+        try:
+            yield started
+        finally:
+            self.num_waiting -= held
+
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
+                       started: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one admitted request. Closing this stream early (cancel,
+        timeout, error) aborts the request in the core; a request refused by the core raises."""
+        first = True
+        async with contextlib.aclosing(self.engine.generate(prompt, params, request_id)) as outputs:
+            async for output in outputs:
+                if first:
+                    first = False
+                    started()
+                if output.finished:
+                    self.metrics.observe_finished(output)
+                yield output
+
+    def deadline(self) -> Optional[float]:
+        """When a request arriving now must be done (loop time, for ``asyncio.timeout_at``)."""
+        timeout = self.limits.request_timeout_s
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    async def sse_response(self, request: web.Request, events: AsyncIterator[Any]) -> web.StreamResponse:
+        """Stream ``events`` (msgspec structs) as ``data: {json}`` chunks, then ``data: [DONE]``.
+
+        The first event is awaited before the headers go out, so a request the engine refuses
+        outright still gets a 4xx/5xx status rather than a 200 stream holding an error.
+        """
+        deadline = self.deadline()
+        async with contextlib.aclosing(events):
+            async with asyncio.timeout_at(deadline):
+                first = await anext(events, None)
+            response = web.StreamResponse(headers=_SSE_HEADERS)
+            await response.prepare(request)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    if first is not None:
+                        await response.write(b"data: " + _encode(first) + b"\n\n")
+                    async for event in events:
+                        await response.write(b"data: " + _encode(event) + b"\n\n")
+            except (OpenAIError, EngineDeadError, EngineGenerateError, ValueError, TypeError, TimeoutError) as exc:
+                error = to_openai_error(exc)
+                logger.info("stream %s ended with an error: %s", request.path, error.message)
+                await response.write(b"data: " + _encode(error.body()) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+
+
+async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several streams as ``(stream index, item)`` in arrival order.
+
+    Each stream is drained by its own task; leaving early (error, cancellation) cancels them
+    all, which closes, and so aborts, every engine request still running.
+    """
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    queue.put_nowait((index, item, None))
+            queue.put_nowait((index, done, None))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((index, None, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

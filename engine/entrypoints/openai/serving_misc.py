@@ -1,0 +1,83 @@
+"""The small endpoints: /v1/models, /health, /metrics, /tokenize, /detokenize, /version.
+
+They share the chat endpoint's view of the model (names, tokenizer, chat rendering) so that
+/tokenize counts exactly the tokens a chat request would send to the engine.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+from aiohttp import web
+
+from engine.entrypoints.openai.metrics import CONTENT_TYPE
+from engine.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
+                                                OpenAIError, TokenizeRequest, TokenizeResponse,
+                                                decode_request, now)
+from engine.entrypoints.openai.serving_chat import OpenAIServingChat
+from engine.entrypoints.openai.serving_engine import json_response
+from engine.exceptions import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+
+def ringllm_version() -> str:
+    try:
+        return importlib.metadata.version("ringllm")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+class OpenAIServingMisc:
+    def __init__(self, chat: OpenAIServingChat) -> None:
+        self.chat = chat
+        self.engine = chat.engine
+        self.created = now()
+
+    async def show_models(self, request: web.Request) -> web.Response:
+        root = self.engine.model_config.model
+        return json_response(ModelList([ModelCard(name, self.created, self.chat.max_model_len, root=root)
+                                        for name in self.chat.model_names]))
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 while the engine can serve; 503 once it is dead (a load balancer's signal to stop)."""
+        try:
+            await self.engine.check_health()
+        except EngineDeadError as exc:
+            raise OpenAIError(503, str(exc), type="server_error", code="engine_dead") from None
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        metrics = self.chat.metrics
+        if not self.engine.errored:
+            try:
+                stats = await self.engine.engine_core.call_utility_async("get_stats")
+            except EngineDeadError:
+                stats = None  # died during the call: the counters are still worth serving
+            if stats is not None:
+                metrics.update_engine_state(stats, None)
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = decode_request(await request.read(), TokenizeRequest)
+        self.chat.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
+        if body.messages is not None:
+            _, tokens = self.chat.render(body.messages, body.add_generation_prompt)
+        else:
+            tokens = self.chat.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return json_response(TokenizeResponse(len(tokens), self.chat.max_model_len, tokens))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = decode_request(await request.read(), DetokenizeRequest)
+        self.chat.check_model(body.model)
+        vocab = len(self.chat.tokenizer)
+        bad = next((t for t in body.tokens if t >= vocab), None)
+        if bad is not None:
+            raise OpenAIError(400, f"token id {bad} is out of the vocabulary [0, {vocab})", param="tokens",
+                              code="invalid_value")
+        return json_response(DetokenizeResponse(self.chat.tokenizer.decode(body.tokens)))
+
+    async def show_version(self, request: web.Request) -> web.Response:
+        return json_response({"version": ringllm_version()})

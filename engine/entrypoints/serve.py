@@ -1,0 +1,34 @@
+"""``ringllm serve [MODEL]``: the OpenAI-compatible server on an AsyncLLM.
+
+Flags are the server's own plus every ``EngineArgs`` field (see cli_args), parsed into
+``AsyncEngineArgs.from_cli_args``, the same schema ``LLM`` takes. With no MODEL the embedded
+default model is served (converted once to the cache on first use).
+"""
+from __future__ import annotations
+
+import argparse
+
+from engine.async_llm import build_async_engine_client_from_engine_args
+from engine.config import AsyncEngineArgs
+from engine.entrypoints.cli_args import (add_engine_args, add_model_positional, add_server_args,
+                                         engine_args_from, server_settings_from)
+from engine.entrypoints.openai.server import run_server
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="Serve a model over an OpenAI-compatible HTTP API.",
+        description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible "
+                    "HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
+                    "/tokenize, /detokenize, /version. SIGTERM or Ctrl-C drains in-flight requests, then "
+                    "shuts the engine down.")
+    add_model_positional(parser)
+    add_server_args(parser)
+    add_engine_args(parser, AsyncEngineArgs)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    settings = server_settings_from(args)
+    engine_args = engine_args_from(args, AsyncEngineArgs)
+    run_server(build_async_engine_client_from_engine_args(engine_args), settings)
