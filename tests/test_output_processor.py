@@ -194,3 +194,13 @@ def test_duplicate_request_id_is_refused(processor, tokenizer):
     add(processor, tokenizer, "x")
     with pytest.raises(ValueError, match="already in use"):
         add(processor, tokenizer, "x")
+
+
+def test_prompt_ending_inside_a_character_does_not_repeat_the_prompt(processor, tokenizer):
+    ids = tokenizer.encode("wörld 你好")
+    cut = next(i for i in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:i]))
+    request = EngineCoreRequest("r", ids[:cut], SamplingParams(output_kind=RequestOutputKind.DELTA), EOS)
+    processor.add_request(request, None)
+    shown = "".join(texts(feed(processor, "r", ids[cut:], FinishReason.LENGTH)))
+    # The character begun in the prompt comes out whole with the first output token.
+    assert shown == tokenizer.decode(ids)[len(tokenizer.decode(ids[:cut]).rstrip("\ufffd")):]

@@ -29,8 +29,11 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(ids=prompt_token_ids[-_PROMPT_CONTEXT:],
-                                    skip_special_tokens=params.skip_special_tokens)
+        self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        # Primed by stepping, not with DecodeStream(ids=...): a prompt that ends inside a
+        # character would make the first step return the primed text again.
+        for token_id in prompt_token_ids[-_PROMPT_CONTEXT:]:
+            self._stream.step(tokenizer, token_id)
         self.output_text = ""
         self._num_tokens = 0
         self._stop = params.stop
