@@ -25,8 +25,9 @@ class SchedulerOutput:
     requests: list[Request] = field(default_factory=list)  # batch order
     num_scheduled_tokens: list[int] = field(default_factory=list)  # aligned with requests
     total_num_scheduled_tokens: int = 0
-    # Requests that ended or were preempted since the previous step: the runner drops
-    # whatever per-request state it keeps for them (a preempted one comes back from scratch).
+    # Requests that ended or were preempted since the previous batch: the runner drops
+    # whatever per-request state it keeps for them (a preempted one comes back from scratch)
+    # *before* setting up this batch, where the same id may already be back as a new request.
     finished_req_ids: set[str] = field(default_factory=set)
 
     @property
