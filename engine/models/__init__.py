@@ -1,0 +1,28 @@
+"""Architecture registry: the HF ``architectures`` name -> the ringllm model class.
+
+One decoder (``llama.LlamaForCausalLM``) covers the whole family; the three
+names differ only in config (Qwen2's qkv bias, Mistral's sliding window).
+"""
+from __future__ import annotations
+
+from typing import Type
+
+from engine.models.llama import LlamaForCausalLM
+
+_REGISTRY: dict[str, Type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_model_class(architecture: str) -> Type[LlamaForCausalLM]:
+    try:
+        return _REGISTRY[architecture]
+    except KeyError:
+        raise ValueError(f"model architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(_REGISTRY)}") from None

@@ -1,0 +1,124 @@
+"""Attention over the paged KV cache for one flattened batch of decodes and prefill chunks.
+
+Layout. Each layer's cache is one tensor ``[num_blocks, block_size, 2 * Hkv * d]``:
+a slot (block, offset) holds that token's K heads then V heads, exactly the tail
+of the fused qkv projection, so writing a step's K/V is a single ``index_copy_``
+of ``qkv[:, q_size:]`` into the flat ``[num_slots, 2 * Hkv * d]`` view.
+
+Batch order (built by the runner, see ``AttentionMetadata``): the decode tokens
+come first, then each prefill chunk as a contiguous run of rows.
+
+Decodes. All decodes attend in one batched SDPA call. Their blocks are gathered
+once per layer with one ``index_select`` over whole blocks (a ``[D, L]`` copy,
+L = the longest context rounded up to a block), and a boolean mask hides each
+row's padding. Grouped-query attention is folded into the query length: the G
+query heads sharing a KV head become G "queries" of that head, so K/V are read
+once per KV head and never repeated; the masks of those G rows are identical
+because they sit at the same position. Everything that does not depend on the
+layer (block table, masks) is built once per step and shared by all layers.
+
+Prefill chunks run one SDPA call each (a few per step): attending to the chunk
+itself when nothing precedes it, else to keys gathered from the cache with an
+explicit causal-with-offset mask.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first row of the chunk in the flattened batch
+    num_tokens: int
+    # Slots of positions [0, context_len + num_tokens) when earlier tokens are in the
+    # cache (chunked prefill, prefix-cache hit); None: the chunk attends to itself only.
+    kv_slots: Optional[torch.Tensor] = None
+    mask: Optional[torch.Tensor] = None  # [n, keys] bool, True = attend; None = plain causal
+    window_mask: Optional[torch.Tensor] = None  # the same for sliding-window layers
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step inputs shared by every layer; built by the model runner."""
+
+    slot_mapping: torch.Tensor  # [T] flat cache slot receiving each token's K/V
+    num_decodes: int = 0
+    decode_blocks: Optional[torch.Tensor] = None  # [D * nb] block ids, row-major, padded
+    decode_len: int = 0  # L = nb * block_size
+    decode_mask: Optional[torch.Tensor] = None  # [D, 1, 1, L] bool
+    decode_window_mask: Optional[torch.Tensor] = None
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def build_decode_masks(seq_lens: torch.Tensor, length: int,
+                       window: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Masks for decodes whose query sits at position seq_len - 1 and sees keys [0, seq_len)."""
+    keys = torch.arange(length, device=seq_lens.device)
+    mask = keys[None, :] < seq_lens[:, None]
+    win = None
+    if window is not None and int(seq_lens.max()) > window:
+        win = mask & (keys[None, :] >= (seq_lens[:, None] - window))
+    return mask[:, None, None, :], (None if win is None else win[:, None, None, :])
+
+
+def build_prefill_masks(context_len: int, num_tokens: int, window: Optional[int],
+                        device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Causal masks for a chunk at positions [context_len, context_len + n) over keys [0, context_len + n)."""
+    total = context_len + num_tokens
+    q_pos = torch.arange(context_len, total, device=device)[:, None]
+    k_pos = torch.arange(total, device=device)[None, :]
+    causal = k_pos <= q_pos
+    mask = causal if context_len else None  # plain causal SDPA covers the no-context case
+    win = None
+    if window is not None and total > window:
+        win = causal & (k_pos > q_pos - window)
+    return mask, win
+
+
+def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
+                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend; returns ``[T, num_heads * head_dim]``."""
+    num_tokens = qkv.shape[0]
+    q_size = num_heads * head_dim
+    kv_size = num_kv_heads * head_dim
+    flat = kv_cache.view(-1, 2 * kv_size)
+    flat.index_copy_(0, md.slot_mapping, qkv[:, q_size:])
+
+    num_decodes = md.num_decodes
+    if num_decodes == num_tokens and not md.prefills:
+        return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding)
+    out = qkv.new_empty(num_tokens, q_size)
+    if num_decodes:
+        out[:num_decodes] = _decode(qkv[:num_decodes], kv_cache, md, num_heads, num_kv_heads, head_dim,
+                                    scale, sliding)
+    for chunk in md.prefills:
+        rows = qkv[chunk.start:chunk.start + chunk.num_tokens]
+        n = chunk.num_tokens
+        q = rows[:, :q_size].view(n, num_heads, head_dim).transpose(0, 1)
+        if chunk.kv_slots is None:
+            k = rows[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)
+            v = rows[:, q_size + kv_size:].view(n, num_kv_heads, head_dim).transpose(0, 1)
+        else:
+            kv = flat.index_select(0, chunk.kv_slots).view(-1, 2, num_kv_heads, head_dim)
+            k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+        mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                           enable_gqa=num_heads != num_kv_heads)
+        out[chunk.start:chunk.start + n] = o.transpose(0, 1).reshape(n, q_size)
+    return out
+
+
+def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
+            num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+    d = qkv.shape[0]
+    group = num_heads // num_kv_heads
+    kv = kv_cache.index_select(0, md.decode_blocks).view(d, md.decode_len, 2, num_kv_heads, head_dim)
+    q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
+    mask = md.decode_window_mask if sliding and md.decode_window_mask is not None else md.decode_mask
+    o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
+                                       attn_mask=mask, scale=scale)
+    return o.view(d, num_heads * head_dim)

@@ -1,0 +1,225 @@
+"""One decoder for the Llama family (Llama/SmolLM, Qwen2, Mistral) over the paged KV cache.
+
+Built for a lean CPU decode step rather than for module reuse:
+- q/k/v and gate/up are fused into one matmul each, and only the rows that are
+  sampled (or need prompt logprobs) ever reach the LM head.
+- RoPE is a single in-place complex multiply. At load time the rows of each
+  q and k head are permuted so that HF's rotate-half pairs (i, i + d/2) become
+  adjacent (2i, 2i+1); q.k is unchanged by a permutation applied to both, and V
+  is untouched, so the output is the same as HF's while the rotation is one op.
+- Layers are plain attribute bundles called in a loop; no per-layer hooks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.attention import AttentionMetadata, paged_attention
+
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters(cfg: Any) -> dict:
+    """Merge transformers 5's ``rope_parameters`` with the older ``rope_theta``/``rope_scaling``."""
+    params = dict(getattr(cfg, "rope_scaling", None) or {})
+    params.update(getattr(cfg, "rope_parameters", None) or {})
+    params.setdefault("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0)
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if params["rope_type"] not in _ROPE_TYPES:
+        raise ValueError(f"rope type {params['rope_type']!r} is not supported; supported: {', '.join(_ROPE_TYPES)}")
+    return params
+
+
+def rope_inv_freq(head_dim: int, params: dict) -> torch.Tensor:
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if params["rope_type"] == "linear":
+        return inv_freq / params["factor"]
+    if params["rope_type"] == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def _pair_rotary_rows(w: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Reorder each head's rows from rotate-half order to adjacent (re, im) pairs."""
+    half = head_dim // 2
+    perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return w.reshape(num_heads, head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hidden: int, qkv_out: int, q_size: int, intermediate: int, qkv_bias: bool,
+                 sliding: bool, **factory: Any) -> None:
+        super().__init__()
+        self.input_norm = nn.Parameter(torch.ones(hidden, **factory), requires_grad=False)
+        self.qkv = nn.Parameter(torch.empty(qkv_out, hidden, **factory), requires_grad=False)
+        self.qkv_bias = nn.Parameter(torch.zeros(qkv_out, **factory), requires_grad=False) if qkv_bias else None
+        self.o_proj = nn.Parameter(torch.empty(hidden, q_size, **factory), requires_grad=False)
+        self.post_norm = nn.Parameter(torch.ones(hidden, **factory), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.empty(2 * intermediate, hidden, **factory), requires_grad=False)
+        self.down = nn.Parameter(torch.empty(hidden, intermediate, **factory), requires_grad=False)
+        self.sliding = sliding
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int) -> None:
+        super().__init__()
+        factory = dict(dtype=dtype, device=device)
+        self.dtype = dtype
+        self.hidden = cfg.hidden_size
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or self.hidden // self.num_heads
+        self.intermediate = cfg.intermediate_size
+        self.vocab_size = cfg.vocab_size
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.sliding_window = self._sliding_window(cfg)
+        layer_types = getattr(cfg, "layer_types", None) or []
+        qkv_bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        self.layers = nn.ModuleList(
+            DecoderLayer(self.hidden, self.q_size + 2 * self.kv_size, self.q_size, self.intermediate, qkv_bias,
+                         sliding=self.sliding_window is not None and (
+                             not layer_types or layer_types[i] == "sliding_attention"), **factory)
+            for i in range(cfg.num_hidden_layers))
+        self.embed = nn.Parameter(torch.empty(self.vocab_size, self.hidden, **factory), requires_grad=False)
+        self.norm = nn.Parameter(torch.ones(self.hidden, **factory), requires_grad=False)
+        self.lm_head = self.embed if self.tied else nn.Parameter(
+            torch.empty(self.vocab_size, self.hidden, **factory), requires_grad=False)
+        inv_freq = rope_inv_freq(self.head_dim, rope_parameters(cfg))
+        angles = torch.arange(max_model_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.register_buffer("rope_cis", torch.complex(angles.cos(), angles.sin()).to(device), persistent=False)
+
+    @staticmethod
+    def _sliding_window(cfg: Any) -> Optional[int]:
+        window = getattr(cfg, "sliding_window", None)
+        if not window:
+            return None
+        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+            return None
+        return int(window)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (len(self.layers), num_blocks, block_size, 2 * self.kv_size)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        """Hidden states before the final norm, one row per input token."""
+        num_tokens = input_ids.shape[0]
+        cis = self.rope_cis.index_select(0, positions).unsqueeze(1)
+        h = F.embedding(input_ids, self.embed)
+        rope_cols = self.q_size + self.kv_size
+        pairs = (num_tokens, self.num_heads + self.num_kv_heads, self.head_dim // 2, 2)
+        native_rope = self.dtype == torch.float32
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (self.hidden,), layer.input_norm, self.eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            if native_rope:
+                torch.view_as_complex(qkv[:, :rope_cols].view(pairs)).mul_(cis)
+            else:
+                qk = torch.view_as_complex(qkv[:, :rope_cols].float().view(pairs)) * cis
+                qkv[:, :rope_cols] = torch.view_as_real(qk).view(num_tokens, rope_cols)
+            attn = paged_attention(qkv, kv_caches[i], md, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.scale, layer.sliding)
+            h.add_(F.linear(attn, layer.o_proj))
+            x = F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps)
+            gate_up = F.linear(x, layer.gate_up)
+            act = F.silu(gate_up[:, :self.intermediate]).mul_(gate_up[:, self.intermediate:])
+            h.add_(F.linear(act, layer.down))
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the given rows of ``forward``'s output (the final norm is applied
+        here, so rows that are never sampled skip it along with the LM head)."""
+        return F.linear(F.rms_norm(hidden, (self.hidden,), self.norm, self.eps), self.lm_head).float()
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
+        pending: dict[str, torch.Tensor] = {}
+        missing = {n for n, _ in self.named_parameters()}
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.tied):
+                continue
+            target = self._simple_target(name)
+            if target is not None:
+                self._param(*target).copy_(tensor)
+                missing.discard(self._param_name(*target))
+                continue
+            pending[name] = tensor
+            self._fuse_ready(pending, missing)
+        if pending or missing:
+            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:8]}, "
+                             f"unexpected {sorted(pending)[:8]}")
+
+    def init_dummy(self, seed: int = 0) -> None:
+        """Random weights for load_format='dummy' (tests and overhead benchmarks)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if param.dim() == 1:
+                continue  # norms stay 1, biases 0
+            param.data.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+
+    _SIMPLE = {"embed_tokens.weight": ("embed", None), "norm.weight": ("norm", None),
+               "lm_head.weight": ("lm_head", None), "input_layernorm.weight": ("input_norm", 0),
+               "post_attention_layernorm.weight": ("post_norm", 0), "self_attn.o_proj.weight": ("o_proj", 0),
+               "mlp.down_proj.weight": ("down", 0)}
+    _FUSED = {"self_attn.q_proj": ("qkv", 0), "self_attn.k_proj": ("qkv", 1), "self_attn.v_proj": ("qkv", 2),
+              "mlp.gate_proj": ("gate_up", 0), "mlp.up_proj": ("gate_up", 1)}
+
+    def _simple_target(self, name: str) -> Optional[tuple[str, Optional[int]]]:
+        if name in self._SIMPLE:
+            return self._SIMPLE[name]
+        if name.startswith("layers."):
+            idx, rest = name[len("layers."):].split(".", 1)
+            if rest in self._SIMPLE:
+                return self._SIMPLE[rest][0], int(idx)
+        return None
+
+    def _param(self, attr: str, layer: Optional[int]) -> torch.Tensor:
+        return getattr(self if layer is None else self.layers[layer], attr)
+
+    @staticmethod
+    def _param_name(attr: str, layer: Optional[int]) -> str:
+        return attr if layer is None else f"layers.{layer}.{attr}"
+
+    def _fuse_ready(self, pending: dict[str, torch.Tensor], missing: set[str]) -> None:
+        """Copy a fused parameter once all of its parts for one layer have arrived."""
+        for name in list(pending):
+            if not name.startswith("layers.") or name not in pending:
+                continue
+            idx, rest = name[len("layers."):].split(".", 1)
+            base, kind = rest.rsplit(".", 1)
+            if base not in self._FUSED:
+                continue
+            fused, _ = self._FUSED[base]
+            parts = [p for p, (f, _) in self._FUSED.items() if f == fused]
+            keys = [f"layers.{idx}.{p}.{kind}" for p in parts]
+            if not all(k in pending for k in keys):
+                continue
+            tensors = [pending.pop(k) for k in keys]
+            if fused == "qkv":
+                tensors[0] = _pair_rotary_rows(tensors[0], self.num_heads, self.head_dim)
+                tensors[1] = _pair_rotary_rows(tensors[1], self.num_kv_heads, self.head_dim)
+            attr = fused if kind == "weight" else f"{fused}_bias"
+            layer = self.layers[int(idx)]
+            if getattr(layer, attr, None) is None:
+                raise ValueError(f"checkpoint has {keys[0]} but the config says the model has no such parameter")
+            getattr(layer, attr).copy_(torch.cat(tensors, dim=0))
+            missing.discard(f"layers.{idx}.{attr}")

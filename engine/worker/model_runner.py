@@ -1,0 +1,297 @@
+"""Runs one SchedulerOutput through the model and the sampler (contract: engine/core/sched_output.py).
+
+Each step flattens the batch into one token sequence, decodes first, then each
+prefill chunk (the order ``AttentionMetadata`` expects), runs the model once,
+and sends only the rows that are sampled (or need prompt logprobs) through the
+LM head. Everything the layers share (slots, block table, masks, RoPE angles)
+is computed once per step here, never per layer.
+
+Per-request state kept across steps (dropped when an id appears in
+``finished_req_ids``): the seeded generator and the prompt's token mask for the
+repetition penalty. A preempted request comes back without state; its generator
+is rebuilt and fast-forwarded one draw per token already sampled, so a seeded
+request yields the same tokens whether or not it was preempted.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.request import Request
+from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
+from engine.sampling_params import SamplingType
+from engine.worker.loader import load_model
+from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, to_logprobs_lists
+
+logger = logging.getLogger(__name__)
+
+
+class _RequestState:
+    __slots__ = ("generator", "prompt_mask")
+
+    def __init__(self) -> None:
+        self.generator: Optional[torch.Generator] = None
+        self.prompt_mask: Optional[torch.Tensor] = None
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    sampled: list[Request]  # in batch order
+    sample_rows: torch.Tensor  # row of each sampled request's last token
+    prompt_lp: list[tuple[Request, int, list[int]]]  # (request, first row, next prompt tokens)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc = config.model_config
+        torch.set_num_threads(config.num_threads)
+        if mc.seed is not None:
+            torch.manual_seed(mc.seed)  # unseeded random sampling repeats from run to run
+        self.device = torch.device(config.device)
+        self.block_size = config.cache_config.block_size
+        self.vocab_size = mc.vocab_size
+        self.model = load_model(config)
+        self.window = self.model.sliding_window
+        self.sampler = Sampler()
+        self.kv_caches: Optional[torch.Tensor] = None
+        self._states: dict[str, _RequestState] = {}
+        self._forward = self.model.forward
+        if config.compilation_config.mode >= 1:
+            # dynamic=True: one graph for every batch size and context length; without it
+            # each new shape would recompile (tens of seconds each on CPU).
+            self._forward = torch.compile(self.model.forward, dynamic=True)
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_cache_block_bytes(self) -> int:
+        shape = self.model.kv_cache_shape(1, self.block_size)
+        return math.prod(shape) * self.model.dtype.itemsize
+
+    def initialize_kv_cache(self) -> int:
+        """Allocate the paged cache; returns its number of blocks."""
+        per_block = self.kv_cache_block_bytes()
+        budget = (self.config.cache_config.kv_cache_memory if self.device.type == "cpu"
+                  else self._cuda_kv_budget())
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory: {budget} bytes cannot hold one KV block "
+                             f"({per_block} bytes for {self.block_size} tokens)")
+        # zeros, not empty: padded decode rows read unwritten slots, and 0 * NaN garbage would leak.
+        self.kv_caches = torch.zeros(self.model.kv_cache_shape(num_blocks, self.block_size),
+                                     dtype=self.model.dtype, device=self.device)
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
+                    num_blocks * per_block / 2**20)
+        return num_blocks
+
+    def _cuda_kv_budget(self) -> int:
+        """What gpu_memory_utilization leaves after the weights and a worst-case step."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        outside = total - free - torch.cuda.memory_reserved(self.device)
+        self._profile_run()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.empty_cache()
+        return int(total * self.config.cache_config.gpu_memory_utilization) - outside - peak
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        sc, max_len = self.config.scheduler_config, self.config.model_config.max_model_len
+        tokens = sc.max_num_batched_tokens
+        blocks = -(-min(tokens, max_len) // self.block_size)
+        self.kv_caches = torch.zeros(self.model.kv_cache_shape(blocks, self.block_size),
+                                     dtype=self.model.dtype, device=self.device)
+        chunks, start = [], 0
+        while start < tokens:
+            n = min(max_len, tokens - start)
+            chunks.append(PrefillChunk(start, n))
+            start += n
+        positions = torch.cat([torch.arange(c.num_tokens) for c in chunks]).to(self.device)
+        md = AttentionMetadata(slot_mapping=positions % (blocks * self.block_size), prefills=chunks)
+        hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
+        rows = hidden[:min(sc.max_num_seqs, tokens)]
+        self.model.compute_logits(rows).softmax(dim=-1)
+        self.kv_caches = None
+
+    # ------------------------------------------------------------------ step
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in so.finished_req_ids:
+            self._states.pop(req_id, None)
+        if not so.requests:
+            return ModelRunnerOutput()
+        batch = self._prepare(so)
+        hidden = self._forward(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        out = ModelRunnerOutput()
+        if batch.sampled:
+            logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+            result = self.sampler(logits, self._sampling_metadata(batch.sampled))
+            out.req_ids = [r.request_id for r in batch.sampled]
+            out.sampled_token_ids = result.sampled.tolist()
+            if result.logprobs is not None:
+                for j, req in enumerate(batch.sampled):
+                    num = req.sampling_params.logprobs
+                    if num is not None:
+                        out.logprobs[req.request_id] = to_logprobs_lists(
+                            result.logprob_token_ids[j:j + 1], result.logprobs[j:j + 1], result.ranks[j:j + 1], num)
+        for req, row, targets in batch.prompt_lp:
+            logits = self.model.compute_logits(hidden[row:row + len(targets)])
+            num = req.sampling_params.prompt_logprobs
+            ids, lps, ranks = gather_logprobs(torch.log_softmax(logits, dim=-1),
+                                              torch.tensor(targets, device=self.device), num)
+            out.prompt_logprobs[req.request_id] = to_logprobs_lists(ids, lps, ranks, num)
+        return out
+
+    def _prepare(self, so: SchedulerOutput) -> _Batch:
+        bs = self.block_size
+        reqs, counts = so.requests, so.num_scheduled_tokens
+        decodes = [i for i, n in enumerate(counts) if n == 1]
+        prefills = [i for i, n in enumerate(counts) if n != 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        first_row = [0] * len(reqs)
+        md = AttentionMetadata(slot_mapping=None, num_decodes=len(decodes))
+        if decodes:
+            seq_lens = []
+            for i in decodes:
+                r = reqs[i]
+                p = r.num_computed_tokens
+                first_row[i] = len(ids)
+                ids.append(r.all_token_ids[p])
+                pos.append(p)
+                slots.append(r.block_ids[p // bs] * bs + p % bs)
+                seq_lens.append(p + 1)
+            nb = -(-max(seq_lens) // bs)
+            table = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in decodes]
+            md.decode_blocks = torch.tensor(table, dtype=torch.long).view(-1).to(self.device)
+            md.decode_len = nb * bs
+            md.decode_mask, md.decode_window_mask = build_decode_masks(
+                torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
+        for i in prefills:
+            r, n = reqs[i], counts[i]
+            p0 = r.num_computed_tokens
+            first_row[i] = len(ids)
+            blocks = r.block_ids
+            ids.extend(r.all_token_ids[p0:p0 + n])
+            pos.extend(range(p0, p0 + n))
+            slots.extend(blocks[q // bs] * bs + q % bs for q in range(p0, p0 + n))
+            chunk = PrefillChunk(first_row[i], n)
+            chunk.mask, chunk.window_mask = build_prefill_masks(p0, n, self.window, self.device)
+            if p0:
+                table = torch.tensor(blocks[:-(-(p0 + n) // bs)], dtype=torch.long)
+                kv_pos = torch.arange(p0 + n)
+                chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
+            md.prefills.append(chunk)
+        md.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+
+        sampled, rows, prompt_lp = [], [], []
+        for i, r in enumerate(reqs):
+            n, p0 = counts[i], r.num_computed_tokens
+            if p0 + n == r.num_tokens:
+                sampled.append(r)
+                rows.append(first_row[i] + n - 1)
+            if r.sampling_params.prompt_logprobs is not None:
+                end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
+                if end > p0:
+                    prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
+        return _Batch(torch.tensor(ids, dtype=torch.long, device=self.device),
+                      torch.tensor(pos, dtype=torch.long, device=self.device), md, sampled,
+                      torch.tensor(rows, dtype=torch.long, device=self.device), prompt_lp)
+
+    # ------------------------------------------------------------------ sampling inputs
+    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
+        md = SamplingMetadata(len(reqs))
+        params = [r.sampling_params for r in reqs]
+        types = [p.sampling_type for p in params]
+        if any(t != SamplingType.GREEDY for t in types):
+            greedy = [t == SamplingType.GREEDY for t in types]
+            md.temperature = self._floats([1.0 if g else p.temperature for g, p in zip(greedy, params)])
+            if any(greedy):
+                md.greedy_rows = torch.tensor(greedy, device=self.device)
+            if any(p.top_k for p in params):
+                md.top_k = torch.tensor([p.top_k or self.vocab_size for p in params], device=self.device)
+            if any(p.top_p < 1.0 for p in params):
+                md.top_p = self._floats([p.top_p for p in params])
+            if any(p.min_p > 0.0 for p in params):
+                md.min_p = self._floats([p.min_p for p in params])
+            for row, (r, t) in enumerate(zip(reqs, types)):
+                if t == SamplingType.RANDOM_SEED:
+                    md.generators[row] = self._generator(r)
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        if logprobs:
+            md.max_num_logprobs = max(logprobs)
+        self._penalties(md, reqs)
+        self._min_tokens(md, reqs)
+        return md
+
+    def _floats(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
+
+    def _state(self, req: Request) -> _RequestState:
+        state = self._states.get(req.request_id)
+        if state is None:
+            state = self._states[req.request_id] = _RequestState()
+        return state
+
+    def _generator(self, req: Request) -> torch.Generator:
+        state = self._state(req)
+        if state.generator is None:
+            gen = torch.Generator(device=self.device).manual_seed(req.sampling_params.seed)
+            scratch = torch.empty(self.vocab_size, device=self.device)
+            for _ in range(req.num_output_tokens):  # replay the draws made before a preemption
+                scratch.exponential_(generator=gen)
+            state.generator = gen
+        return state.generator
+
+    def _penalties(self, md: SamplingMetadata, reqs: list[Request]) -> None:
+        rows = [j for j, r in enumerate(reqs) if _has_penalty(r.sampling_params)]
+        if not rows:
+            return
+        picked = [reqs[j] for j in rows]
+        md.penalty_rows = torch.tensor(rows, device=self.device)
+        md.presence = self._floats([r.sampling_params.presence_penalty for r in picked])
+        md.frequency = self._floats([r.sampling_params.frequency_penalty for r in picked])
+        md.repetition = self._floats([r.sampling_params.repetition_penalty for r in picked])
+        md.prompt_masks = torch.stack([self._prompt_mask(r) for r in picked])
+        width = max(1, max(r.num_output_tokens for r in picked))
+        md.output_tokens = torch.tensor(
+            [r.output_token_ids + [self.vocab_size] * (width - r.num_output_tokens) for r in picked],
+            dtype=torch.long, device=self.device)
+
+    def _prompt_mask(self, req: Request) -> torch.Tensor:
+        state = self._state(req)
+        if state.prompt_mask is None:
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            mask[torch.tensor(req.prompt_token_ids, device=self.device)] = True
+            state.prompt_mask = mask
+        return state.prompt_mask
+
+    def _min_tokens(self, md: SamplingMetadata, reqs: list[Request]) -> None:
+        rows, tokens = [], []
+        for j, r in enumerate(reqs):
+            p = r.sampling_params
+            if r.num_output_tokens >= p.min_tokens:
+                continue
+            stop = set(p.all_stop_token_ids) | set(p.stop_token_ids)
+            if not p.ignore_eos and r.eos_token_id is not None:
+                stop.add(r.eos_token_id)
+            stop = [t for t in stop if t < self.vocab_size]
+            rows.extend([j] * len(stop))
+            tokens.extend(stop)
+        if rows:
+            md.banned_rows = torch.tensor(rows, device=self.device)
+            md.banned_tokens = torch.tensor(tokens, device=self.device)
+
+
+def _has_penalty(p) -> bool:
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0

@@ -1,0 +1,151 @@
+"""Turn the logits of the sampled rows into tokens (and logprobs), with vLLM's semantics.
+
+Order, as in vLLM v1's sampler:
+1. raw logprobs (``log_softmax`` of the untouched logits) if any row asked for logprobs;
+2. min_tokens: stop tokens get -inf while a request is short of its min_tokens;
+3. penalties: repetition over prompt + output tokens (divide positive logits, multiply
+   negative ones), then frequency (times the output count) and presence (once per
+   output token seen) subtracted;
+4. greedy rows take the argmax here; the others are divided by their temperature,
+   filtered by min_p (relative to the top probability), then top-k and top-p;
+5. random rows draw with the exponential race ``argmax(p / q)``, q ~ Exp(1). A seeded
+   request draws its q from its own generator, one full-vocabulary draw per step, so
+   its tokens do not depend on what else is in the batch.
+
+Each stage runs only on the rows that use it, so the common all-greedy step is an argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from engine.protocol import LogprobsLists
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling inputs for R rows, built by the model runner."""
+
+    num_rows: int
+    temperature: Optional[torch.Tensor] = None  # [R] float32 (1.0 on greedy rows); None: all greedy
+    greedy_rows: Optional[torch.Tensor] = None  # [R] bool, when greedy and random rows mix
+    top_k: Optional[torch.Tensor] = None  # [R] long, vocab size where disabled
+    top_p: Optional[torch.Tensor] = None  # [R] float32, 1.0 where disabled
+    min_p: Optional[torch.Tensor] = None  # [R] float32, 0.0 where disabled
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> seeded generator
+    # Penalties: only rows in penalty_rows, in that order.
+    penalty_rows: Optional[torch.Tensor] = None
+    presence: Optional[torch.Tensor] = None
+    frequency: Optional[torch.Tensor] = None
+    repetition: Optional[torch.Tensor] = None
+    prompt_masks: Optional[torch.Tensor] = None  # [P, V] bool: token occurs in the prompt
+    output_tokens: Optional[torch.Tensor] = None  # [P, max_out] long, padded with V
+    # (row, token) pairs to forbid this step (min_tokens not yet reached).
+    banned_rows: Optional[torch.Tensor] = None
+    banned_tokens: Optional[torch.Tensor] = None
+    max_num_logprobs: Optional[int] = None  # None: no row wants logprobs
+
+
+@dataclass
+class SamplerOutput:
+    sampled: torch.Tensor  # [R] long
+    logprob_token_ids: Optional[torch.Tensor] = None  # [R, N + 1]: sampled token, then top-N
+    logprobs: Optional[torch.Tensor] = None  # [R, N + 1]
+    ranks: Optional[torch.Tensor] = None  # [R]: rank of the sampled token (1 = most likely)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None
+        if md.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if md.banned_rows is not None:
+            logits[md.banned_rows, md.banned_tokens] = float("-inf")
+        if md.penalty_rows is not None:
+            logits[md.penalty_rows] = apply_penalties(logits[md.penalty_rows], md)
+        sampled = self._sample(logits, md)
+        if raw_logprobs is None:
+            return SamplerOutput(sampled)
+        ids, lps, ranks = gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
+        return SamplerOutput(sampled, ids, lps, ranks)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if md.temperature is None:
+            return logits.argmax(dim=-1)
+        greedy = logits.argmax(dim=-1) if md.greedy_rows is not None else None
+        logits.div_(md.temperature.unsqueeze(1))
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        q = torch.empty_like(probs)
+        if len(md.generators) < probs.shape[0]:
+            q.exponential_()
+        for row, gen in md.generators.items():
+            q[row].exponential_(generator=gen)
+        sampled = probs.div_(q).argmax(dim=-1)
+        return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    vocab = logits.shape[1]
+    counts = torch.zeros(logits.shape[0], vocab + 1, dtype=logits.dtype, device=logits.device)
+    counts.scatter_add_(1, md.output_tokens, torch.ones_like(md.output_tokens, dtype=logits.dtype))
+    counts = counts[:, :vocab]
+    output_mask = counts > 0
+    seen = md.prompt_masks | output_mask
+    rep = torch.where(seen, md.repetition.unsqueeze(1), torch.ones_like(logits))
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    logits -= md.frequency.unsqueeze(1) * counts
+    logits -= md.presence.unsqueeze(1) * output_mask
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill_(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
+                      top_p: Optional[torch.Tensor]) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th all kept) and the smallest set whose
+    probability reaches p (the top token always kept); -inf elsewhere."""
+    if top_p is None:
+        # top-k alone needs only the k-th largest value per row, not a full sort.
+        enabled = top_k < logits.shape[1]
+        k_max = int(top_k[enabled].max()) if bool(enabled.any()) else 1
+        kth = logits.topk(k_max, dim=-1).values.gather(1, (top_k.clamp(max=k_max) - 1).unsqueeze(1))
+        kth.masked_fill_(~enabled.unsqueeze(1), float("-inf"))
+        return logits.masked_fill_(logits < kth, float("-inf"))
+    sorted_logits, order = logits.sort(dim=-1)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[1] - top_k).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
+    drop = cum <= (1 - top_p).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return logits.scatter_(1, order, sorted_logits)
+
+
+def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,
+                    num: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of [chosen, top-num] token ids and logprobs, and the chosen token's rank."""
+    chosen = chosen.unsqueeze(1)
+    chosen_lp = logprobs.gather(1, chosen)
+    ranks = (logprobs >= chosen_lp).sum(dim=-1)
+    if num:
+        top_lp, top_ids = logprobs.topk(num, dim=-1)
+        return torch.cat([chosen, top_ids], 1), torch.cat([chosen_lp, top_lp], 1), ranks
+    return chosen, chosen_lp, ranks
+
+
+def to_logprobs_lists(ids: torch.Tensor, lps: torch.Tensor, ranks: torch.Tensor, num: int) -> LogprobsLists:
+    """One request's rows, each trimmed to its own top-``num`` (the batch computed the max)."""
+    width = num + 1
+    return LogprobsLists([r[:width] for r in ids.tolist()], [r[:width] for r in lps.tolist()], ranks.tolist())
