@@ -1,0 +1,426 @@
+"""Channel: typed messages both ways between two processes, one shared-memory ring per direction.
+
+Contract (the engine builds on exactly this):
+
+- ``Channel.create`` (frontend) makes both rings and four eventfds; the child gets
+  ``peer_token()`` on its command line and ``peer_fds()`` through ``Popen(pass_fds=...)``, then
+  calls ``Channel.attach``. The frontend calls ``set_peer(pid)`` and ``close_peer_fds()``.
+- Each direction's end is used by one thread at a time (sending and receiving may be two
+  threads). ``close()`` and ``wakeup()`` may be called from any thread.
+- Sends apply backpressure and never drop: ``send`` blocks (spin, then futex) for space,
+  ``try_send`` returns False instead, ``send_async`` waits on an eventfd without blocking the
+  loop. A message larger than the ring goes out as fragments; if it cannot all go at once the
+  channel finishes it before anything else (``try_send`` answers False meanwhile).
+- Receives decode straight from shared memory into owned objects before the space is released.
+  ``recv_batch``/``poll`` return every message available; ``recv_batch`` returns ``[]`` when its
+  timeout passes or ``wakeup()`` is called, ``recv`` raises TimeoutError instead.
+- A dead peer raises PeerDied within ``liveness_interval`` (0.1 s) of any wait; a closed channel
+  raises ChannelClosed (after the peer's last messages have been read). Nothing hangs.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from . import channel_async
+from ._ring import lib
+from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
+from .ring import (CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer, attach_ring,
+                   check_capacity, new_ring, raise_status)
+from .token import PeerToken, RingSpec
+from .wakeup import PeerWatch, new_eventfd
+
+DEFAULT_CAPACITY = 1 << 22
+DEFAULT_SPIN_US = 10.0
+_MAX_SPIN_NS = 10 ** 15
+_DEAD = -100
+
+
+class _Resources:
+    """Everything a channel holds outside Python objects; released once, by close or GC."""
+
+    def __init__(self) -> None:
+        self.segments: list = []
+        self.fds: list[int] = []
+        self.peer: Optional[PeerWatch] = None
+        self.ends: list = []  # Producer, Consumer: closed (peer notified) before unmapping
+
+    def release(self) -> None:
+        for end in self.ends:
+            if end.segment.base is not None:
+                end.close()
+        for seg in self.segments:
+            seg.unmap()
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+        if self.peer is not None:
+            self.peer.close()
+
+
+class Channel(channel_async.AsyncChannelMixin):
+    """A bidirectional typed channel over two SPSC rings (see the module docstring)."""
+
+    def __init__(self, codec: Any, tx: Producer, rx: Consumer, res: _Resources,
+                 max_message_size: int, token: Optional[PeerToken] = None) -> None:
+        if not (hasattr(codec, "kind_and_body") and hasattr(codec, "decode_at")):
+            raise TypeError(f"codec must be a MsgspecCodec, got {type(codec).__name__}")
+        self._codec = codec
+        self._tx, self._rx = tx, rx
+        self._p, self._c = tx.handle, rx.handle
+        self._res = res
+        self._finalizer = weakref.finalize(self, res.release)
+        self._token = token
+        self.max_message_size = max_message_size
+        self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
+        self._spin_ns = int(DEFAULT_SPIN_US * 1000)
+        self.liveness_interval = 0.1
+        self._ready: collections.deque = collections.deque()
+        self._pending: Optional[tuple] = None  # (kind, body, done) of a half-sent fragmented message
+        self._closed = False
+        self._peer_dead = False
+        self._woken = False
+        self._rx_busy = self._tx_busy = False
+        self._release_lock = threading.Lock()
+        self._init_async()
+
+    # ------------------------------------------------------------------ lifetime
+    @classmethod
+    def create(cls, codec: Any, capacity: int = DEFAULT_CAPACITY, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+               recv_capacity: Optional[int] = None) -> "Channel":
+        """The creating (frontend) side: ``capacity`` bytes toward the peer, ``recv_capacity``
+        (default: the same) back. Capacities are powers of two, at least 4096."""
+        check_capacity(capacity)
+        recv_capacity = check_capacity(capacity if recv_capacity is None else recv_capacity, "recv_capacity")
+        if isinstance(max_message_size, bool) or not isinstance(max_message_size, int) or max_message_size < 1:
+            raise ValueError(f"max_message_size must be a positive int, got {max_message_size!r}")
+        res = _Resources()
+        try:
+            res.segments = [new_ring(capacity), new_ring(recv_capacity)]
+            res.fds = [new_eventfd() for _ in range(4)]
+        except BaseException:
+            res.release()
+            raise
+        tx_seg, rx_seg = res.segments
+        tx_data, tx_space, rx_data, rx_space = res.fds
+        tx = Producer(tx_seg, capacity, tx_data, tx_space)
+        rx = Consumer(rx_seg, recv_capacity, rx_data, rx_space, max_message_size)
+        res.ends = [tx, rx]
+        token = PeerToken(os.getpid(), max_message_size,
+                          tx=RingSpec(rx_seg.fd, recv_capacity, rx_data, rx_space),
+                          rx=RingSpec(tx_seg.fd, capacity, tx_data, tx_space))
+        return cls(codec, tx, rx, res, max_message_size, token)
+
+    @classmethod
+    def attach(cls, codec: Any, token: str, peer_pid: Optional[int] = None) -> "Channel":
+        """The child side: map the rings named by ``token`` (fds inherited through pass_fds)
+        and watch ``peer_pid`` (default: the creator named in the token)."""
+        tok = PeerToken.parse(token)
+        res = _Resources()
+        try:
+            if peer_pid is not None and peer_pid != tok.creator_pid:
+                raise PeerDied(f"the channel's creator (pid {tok.creator_pid}) is not the expected "
+                               f"peer {peer_pid}: it has probably exited already")
+            res.peer = PeerWatch(tok.creator_pid if peer_pid is None else peer_pid)
+            for spec in (tok.tx, tok.rx):
+                res.segments.append(attach_ring(spec.fd, spec.capacity))
+            for seg in res.segments:
+                seg.close_fd()  # mapped: the fd is no longer needed
+            res.fds = [tok.tx.data_efd, tok.tx.space_efd, tok.rx.data_efd, tok.rx.space_efd]
+            for fd in res.fds:
+                os.fstat(fd)
+        except OSError as e:
+            res.release()
+            raise TransportError(f"cannot attach channel: eventfd from the token is not open ({e}); "
+                                 "was it passed with pass_fds?") from e
+        except BaseException:
+            res.release()
+            raise
+        tx = Producer(res.segments[0], tok.tx.capacity, tok.tx.data_efd, tok.tx.space_efd)
+        rx = Consumer(res.segments[1], tok.rx.capacity, tok.rx.data_efd, tok.rx.space_efd,
+                      tok.max_message_size)
+        res.ends = [tx, rx]
+        ch = cls(codec, tx, rx, res, tok.max_message_size)
+        ch._peer_fds = []
+        return ch
+
+    @classmethod
+    def pair(cls, codec: Any, **kwargs: Any) -> tuple["Channel", "Channel"]:
+        """Both ends in this process (tests, tools): like create + attach, with dup'd fds."""
+        a = cls.create(codec, **kwargs)
+        try:
+            dups = {fd: os.dup(fd) for fd in a.peer_fds()}
+            tok = a._token
+            remap = lambda s: RingSpec(dups[s.fd], s.capacity, dups[s.data_efd], dups[s.space_efd])  # noqa: E731
+            text = PeerToken(tok.creator_pid, tok.max_message_size, remap(tok.tx), remap(tok.rx)).text()
+            try:
+                b = cls.attach(codec, text)
+            finally:
+                for fd in (dups[tok.tx.fd], dups[tok.rx.fd]):
+                    try:
+                        os.close(fd)  # attach closed them already; harmless if so
+                    except OSError:
+                        pass
+            a.close_peer_fds()
+        except BaseException:
+            a.close()
+            raise
+        return a, b
+
+    def peer_token(self) -> str:
+        if self._token is None:
+            raise RuntimeError("only the creating side has a peer token")
+        return self._token.text()
+
+    def peer_fds(self) -> list[int]:
+        """The fds the child must inherit: ``Popen(..., pass_fds=ch.peer_fds())``."""
+        return list(self._peer_fds)
+
+    def close_peer_fds(self) -> None:
+        """After the child is launched: drop our copies of its segment fds (we keep the mapping)."""
+        for seg in self._res.segments if self._res else ():
+            seg.close_fd()
+        self._peer_fds = []
+
+    def set_peer(self, pid: int) -> None:
+        """Watch ``pid``: waits raise PeerDied once it has exited."""
+        if self._res.peer is not None:
+            self._res.peer.close()
+        self._res.peer = PeerWatch(pid)
+        self._async_peer_changed()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def spin_us(self) -> float:
+        """Microseconds a waiting reader (or writer) spins before sleeping on the futex."""
+        return self._spin_ns / 1000
+
+    @spin_us.setter
+    def spin_us(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"spin_us must be >= 0, got {value}")
+        self._spin_ns = int(min(value * 1000, _MAX_SPIN_NS))
+
+    def close(self) -> None:
+        """Close both directions (idempotent, any thread). The peer reads what was already sent,
+        then gets ChannelClosed. Resources are freed once no thread is blocked in a wait."""
+        if self._closed:
+            return
+        self._closed = True
+        self._tx.close()  # marks both rings closed and wakes every sleeper, ours included
+        self._rx.close()
+        self._async_close()
+        self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        with self._release_lock:
+            if self._closed and not (self._rx_busy or self._tx_busy or self._async_attached()):
+                self._peer_fds = []
+                self._finalizer()
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def stats(self) -> dict:
+        """Counters of the C ends: sleeps, timeouts, wakes sent, ... (for tests and tuning)."""
+        self._check_open()
+        return {"tx": self._tx.stats(), "rx": self._rx.stats()}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+
+    def _peer_error(self) -> PeerDied:
+        peer = self._res.peer if self._res else None
+        return PeerDied(peer.describe() if peer else "peer died")
+
+    def _peer_alive(self) -> bool:
+        if self._peer_dead:
+            return False
+        peer = self._res.peer
+        if peer is not None and not peer.alive():
+            self._peer_dead = True
+        return not self._peer_dead
+
+    def _block(self, wait, handle, deadline: Optional[float], rx: bool) -> int:
+        """Sleep in slices until READY/CLOSED, the deadline, a wakeup (rx), or the peer's death."""
+        while True:
+            if self._closed:
+                raise ChannelClosed("channel is closed (by this process)")
+            if rx and self._woken:
+                self._woken = False
+                return lib.RING_WOKEN
+            if not self._peer_alive():
+                return _DEAD
+            left = self.liveness_interval
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    return lib.RING_TIMEOUT
+            rc = wait(handle, self._spin_ns, int(left * 1e9))
+            if rc == READY or rc == CLOSED:
+                return rc
+
+    # ------------------------------------------------------------------ sending
+    def _encode(self, msg: Any) -> tuple[int, bytes]:
+        kind, body = self._codec.kind_and_body(msg)
+        if len(body) + 1 > self.max_message_size:
+            raise MessageTooLarge(f"{type(msg).__name__} encodes to {len(body) + 1} bytes; "
+                                  f"max_message_size is {self.max_message_size}")
+        return kind, body
+
+    def _flush_pending(self) -> bool:
+        """Push on with a half-sent fragmented message; True when none is left."""
+        kind, body, done = self._pending
+        done = lib.ring_write(self._p, kind, body, len(body), done)
+        if done < 0:
+            raise_status(done, "send")
+        if done == len(body) + 1:
+            self._pending = None
+            return True
+        self._pending = (kind, body, done)
+        return False
+
+    def try_send(self, msg: Any) -> bool:
+        """Send without blocking; False (nothing sent) when the ring has no room now."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        kind, body = self._encode(msg)
+        if self._pending is not None and not self._flush_pending():
+            return False
+        done = lib.ring_write(self._p, kind, body, len(body), 0)
+        if done == len(body) + 1:
+            return True
+        if done < 0:
+            raise_status(done, "send")
+        if done == 0:
+            if not self._peer_alive():
+                raise self._peer_error()
+            return False
+        self._pending = (kind, body, done)  # a big message is under way: it will be finished first
+        return True
+
+    def send(self, msg: Any, timeout: Optional[float] = None) -> None:
+        """Send, waiting for space as long as needed (or ``timeout`` seconds: TimeoutError)."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        kind, body = self._encode(msg)
+        queued = self._pending is not None  # an earlier half-sent message goes first
+        if not queued:
+            done = lib.ring_write(self._p, kind, body, len(body), 0)
+            if done == len(body) + 1:
+                return
+            if done < 0:
+                raise_status(done, "send")
+            self._pending = (kind, body, done)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._tx_busy = True
+        try:
+            while True:
+                if self._flush_pending():
+                    if not queued:
+                        return
+                    queued = False
+                    self._pending = (kind, body, 0)
+                    continue
+                rc = self._block(lib.ring_wait_space, self._p, deadline, rx=False)
+                if rc == _DEAD:
+                    raise self._peer_error()
+                if rc == CLOSED:
+                    raise ChannelClosed("send: the peer closed the channel")
+                if rc == lib.RING_TIMEOUT:
+                    raise TimeoutError(f"send timed out after {timeout} s: the peer is not reading")
+        except BaseException:
+            pending = self._pending
+            if pending is not None and pending[1] is body and pending[2] == 0:
+                self._pending = None  # nothing of ours went out: the send simply did not happen
+            raise
+        finally:
+            self._tx_busy = False
+            if self._closed:
+                self._maybe_release()
+
+    # ------------------------------------------------------------------ receiving
+    def _drain(self, out: list, max_messages: Optional[int]) -> None:
+        ready = self._ready
+        while ready and (max_messages is None or len(out) < max_messages):
+            out.append(ready.popleft())
+        if ready:
+            return
+        while max_messages is None or len(out) < max_messages:
+            room = 1 << 30 if max_messages is None else max_messages - len(out)
+            try:
+                if not self._rx.drain(self._codec.decode_at, out, room):
+                    return
+            except TransportError:
+                self._ready.extend(out)  # keep what decoded; raise now, return them next call
+                out.clear()
+                raise
+
+    def poll(self, max_messages: Optional[int] = None) -> list:
+        """Every message available now (at most ``max_messages``); ``[]`` if none. Never blocks."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        out: list = []
+        self._drain(out, max_messages)
+        return out
+
+    def recv_batch(self, timeout: Optional[float] = None, max_messages: Optional[int] = None) -> list:
+        """Block until at least one message is there, then return all available (at most
+        ``max_messages``). Returns ``[]`` when ``timeout`` passes or ``wakeup()`` is called."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        out: list = []
+        self._drain(out, max_messages)
+        if out or timeout == 0:
+            return out
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._rx_busy = True
+        try:
+            while True:
+                rc = self._block(lib.ring_wait_data, self._c, deadline, rx=True)
+                self._drain(out, max_messages)
+                if out:
+                    return out
+                if rc == CLOSED:
+                    raise ChannelClosed("recv: the peer closed the channel")
+                if rc == _DEAD:
+                    raise self._peer_error()
+                if rc != READY:
+                    return out
+        finally:
+            self._rx_busy = False
+            if self._closed:
+                self._maybe_release()
+
+    def recv(self, timeout: Optional[float] = None) -> Any:
+        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
+        if self._ready:
+            return self._ready.popleft()
+        batch = self.recv_batch(timeout)
+        if not batch:
+            raise TimeoutError("recv timed out" if timeout is not None else "recv was woken up")
+        if len(batch) > 1:
+            self._ready.extend(batch[1:])
+        return batch[0]
+
+    def wakeup(self) -> None:
+        """Make a ``recv``/``recv_batch`` blocked in another thread return early (or the next
+        one, if none is blocked now)."""
+        if self._closed:
+            return
+        self._woken = True
+        lib.ring_kick(self._c)

@@ -1,0 +1,233 @@
+"""The asyncio half of Channel: eventfds and the peer's pidfd registered with ``loop.add_reader``.
+
+An asyncio reader that finds the ring empty optionally spins ``async_spin_us`` (GIL released),
+then *arms*: it sets ``consumer_waiting`` to "eventfd", fences, re-checks the ring and only then
+awaits a future that the eventfd's reader callback resolves. The producer writes the eventfd
+only when it sees the flag, so a busy stream costs no system call. Sending waits for space the
+same way (the space eventfd), so the event loop is never blocked on a futex.
+
+All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
+and resolve whichever future is waiting. Only one task may await a receive at a time; concurrent
+``send_async`` calls are serialised in call order by an ``asyncio.Lock``.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from ._ring import lib
+from .errors import ChannelClosed
+from .ring import READY, raise_status
+from .wakeup import clear_eventfd
+
+
+def _resolve(fut: Optional[asyncio.Future]) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)
+
+
+class AsyncChannelMixin:
+    """Mixed into Channel; uses its ``_c``, ``_p``, ``_rx``, ``_tx``, ``_drain`` and flags."""
+
+    def _init_async(self) -> None:
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_fds: list[int] = []
+        self._rx_fut: Optional[asyncio.Future] = None
+        self._tx_fut: Optional[asyncio.Future] = None
+        self._send_lock: Optional[asyncio.Lock] = None
+        self._async_spin_ns = 0
+
+    @property
+    def async_spin_us(self) -> float:
+        """Microseconds an asyncio reader/writer spins (blocking the loop) before arming the
+        eventfd. 0 by default: the loop should not burn a core it may need for other tasks."""
+        return self._async_spin_ns / 1000
+
+    @async_spin_us.setter
+    def async_spin_us(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"async_spin_us must be >= 0, got {value}")
+        self._async_spin_ns = int(value * 1000)
+
+    # ------------------------------------------------------------------ loop registration
+    def _attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is not None:
+            self._detach_loop()
+        self._loop = loop
+        self._send_lock = asyncio.Lock()
+        loop.add_reader(self._rx.data_efd, self._on_rx_event)
+        loop.add_reader(self._tx.space_efd, self._on_tx_event)
+        self._loop_fds = [self._rx.data_efd, self._tx.space_efd]
+        peer = self._res.peer
+        if peer is not None and peer.fd is not None and not self._peer_dead:
+            loop.add_reader(peer.fd, self._on_peer_event)
+            self._loop_fds.append(peer.fd)
+
+    def _detach_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        fds, self._loop_fds = self._loop_fds, []
+        if loop is not None and not loop.is_closed():
+            for fd in fds:
+                try:
+                    loop.remove_reader(fd)
+                except Exception:  # the loop is shutting down; the fds are closed next anyway
+                    pass
+        _resolve(self._rx_fut)
+        _resolve(self._tx_fut)
+
+    def _async_attached(self) -> bool:
+        return self._loop is not None
+
+    def _async_peer_changed(self) -> None:
+        if self._loop is not None:
+            self._detach_loop()  # re-registered, with the new pidfd, by the next async call
+
+    def _async_close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop or not loop.is_running():
+            self._detach_loop()
+            return
+
+        def detach_and_release() -> None:
+            self._detach_loop()
+            self._maybe_release()
+        try:
+            loop.call_soon_threadsafe(detach_and_release)
+        except RuntimeError:  # the loop closed meanwhile
+            self._loop = None
+
+    def _on_rx_event(self) -> None:
+        clear_eventfd(self._rx.data_efd)
+        _resolve(self._rx_fut)
+
+    def _on_tx_event(self) -> None:
+        clear_eventfd(self._tx.space_efd)
+        _resolve(self._tx_fut)
+
+    def _on_peer_event(self) -> None:
+        self._peer_dead = True
+        fd = self._res.peer.fd if self._res and self._res.peer else None
+        if self._loop is not None and fd in self._loop_fds:
+            self._loop.remove_reader(fd)  # stays readable forever: stop polling it
+            self._loop_fds.remove(fd)
+        _resolve(self._rx_fut)
+        _resolve(self._tx_fut)
+
+    def _loop_for_wait(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._attach_loop(loop)
+        return loop
+
+    async def _sleep_on(self, slot: str, deadline: Optional[float]) -> None:
+        loop = self._loop
+        fut = loop.create_future()
+        setattr(self, slot, fut)
+        timer = None if deadline is None else loop.call_at(deadline, _resolve, fut)
+        try:
+            await fut
+        finally:
+            setattr(self, slot, None)
+            if timer is not None:
+                timer.cancel()
+
+    # ------------------------------------------------------------------ receiving
+    async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
+        """Await at least one message, then return all available (at most ``max_messages``);
+        ``[]`` once ``timeout`` passes."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        out: list = []
+        self._drain(out, max_messages)
+        if out:
+            return out
+        loop = self._loop_for_wait()
+        if self._rx_fut is not None:
+            raise RuntimeError("another task is already awaiting a receive on this channel")
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            c = self._c
+            if self._async_spin_ns and lib.ring_wait_data(c, self._async_spin_ns, self._async_spin_ns) == READY:
+                pass
+            elif not lib.ring_arm_data(c):
+                try:
+                    if self._peer_dead or (deadline is not None and loop.time() >= deadline):
+                        pass
+                    else:
+                        await self._sleep_on("_rx_fut", deadline)
+                finally:
+                    if not self._closed:
+                        lib.ring_disarm_data(c)
+            if self._closed:
+                raise ChannelClosed("channel is closed (by this process)")
+            self._drain(out, max_messages)
+            if out:
+                return out
+            if lib.ring_is_closed(self._rx.segment.base):
+                raise ChannelClosed("recv: the peer closed the channel")
+            if not self._peer_alive():
+                raise self._peer_error()
+            if deadline is not None and loop.time() >= deadline:
+                return out
+
+    async def recv_async(self, timeout: Optional[float] = None) -> Any:
+        """The next message; TimeoutError if none came within ``timeout``."""
+        if self._ready:
+            return self._ready.popleft()
+        batch = await self.recv_batch_async(timeout=timeout)
+        if not batch:
+            raise TimeoutError("recv_async timed out")
+        if len(batch) > 1:
+            self._ready.extend(batch[1:])
+        return batch[0]
+
+    # ------------------------------------------------------------------ sending
+    async def send_async(self, msg: Any, timeout: Optional[float] = None) -> None:
+        """Send, awaiting space without blocking the loop (TimeoutError after ``timeout``)."""
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        kind, body = self._encode(msg)
+        mine: Optional[tuple] = (kind, body, 0)
+        lock = self._send_lock
+        if self._pending is None and (lock is None or not lock.locked()):
+            done = lib.ring_write(self._p, kind, body, len(body), 0)
+            if done == len(body) + 1:
+                return
+            if done < 0:
+                raise_status(done, "send")
+            if done:
+                self._pending, mine = (kind, body, done), None
+        loop = self._loop_for_wait()
+        deadline = None if timeout is None else loop.time() + timeout
+        async with self._send_lock:
+            try:
+                while True:
+                    if self._closed:
+                        raise ChannelClosed("channel is closed (by this process)")
+                    if self._pending is None:
+                        if mine is None:
+                            return
+                        self._pending, mine = mine, None
+                    if self._flush_pending():
+                        continue
+                    if not self._peer_alive():
+                        raise self._peer_error()
+                    if deadline is not None and loop.time() >= deadline:
+                        raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
+                    if not lib.ring_arm_space(self._p):
+                        try:
+                            await self._sleep_on("_tx_fut", deadline)
+                        finally:
+                            if not self._closed:
+                                lib.ring_disarm_space(self._p)
+            except BaseException:
+                pending = self._pending
+                if pending is not None and pending[1] is body and pending[2] == 0:
+                    self._pending = None  # ours never started: the send did not happen
+                raise

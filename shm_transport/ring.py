@@ -1,0 +1,240 @@
+"""One SPSC ring over one segment: the producer end and the consumer end (Python side of csrc/).
+
+``Producer`` writes whole messages (``write``; large ones as fragments) or claims space to fill
+in place (``claim`` + ``commit``). ``Consumer`` reads a batch of records (``read``), hands each
+message to a decode function while its bytes are still in shared memory, and only then releases
+the space (``release``). Fragments are reassembled here, up to ``max_message_size``.
+
+Each end belongs to one thread. Neither end blocks: waiting (spin, futex, eventfd) is
+``wait_*``/``arm_*`` here and policy (timeouts, liveness) lives in channel.py.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from ._ring import ffi, lib
+from .errors import ChannelClosed, CorruptRing, MessageTooLarge, TransportError
+from .segment import Segment
+
+HEADER_SIZE = lib.RING_HEADER_SIZE
+MIN_CAPACITY = lib.RING_MIN_CAPACITY
+MAX_CAPACITY = 1 << 32
+DEFAULT_MAX_MESSAGE_SIZE = 256 << 20
+BATCH_RECORDS = 1024
+
+READY, WOKEN, TIMEOUT = lib.RING_READY, lib.RING_WOKEN, lib.RING_TIMEOUT
+FULL, CLOSED, CORRUPT = lib.RING_FULL, lib.RING_CLOSED, lib.RING_E_CORRUPT
+_MSG, _FIRST, _MORE, _LAST = (lib.RING_REC_MSG, lib.RING_REC_FRAG_FIRST,
+                              lib.RING_REC_FRAG_MORE, lib.RING_REC_FRAG_LAST)
+
+
+def check_capacity(capacity: Any, what: str = "capacity") -> int:
+    """Validate a ring capacity: an int, a power of two, within [4 KiB, 4 GiB]."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"{what} must be an int, got {type(capacity).__name__}")
+    if capacity < MIN_CAPACITY or capacity > MAX_CAPACITY:
+        raise ValueError(f"{what} must be between {MIN_CAPACITY} and {MAX_CAPACITY} bytes, got {capacity}")
+    if capacity & (capacity - 1):
+        raise ValueError(f"{what} must be a power of two, got {capacity}")
+    return capacity
+
+
+def raise_status(rc: int, where: str) -> None:
+    """Turn a negative C status into the matching exception."""
+    if rc == CLOSED:
+        raise ChannelClosed(f"{where}: the peer closed the channel")
+    if rc == CORRUPT:
+        raise CorruptRing(f"{where}: the ring holds an impossible record or counter; it is unusable")
+    raise TransportError(f"{where}: ring error {rc}")
+
+
+class Producer:
+    """The writing end of a ring. ``data_efd`` is the consumer's eventfd (written to wake an
+    asyncio consumer), ``space_efd`` ours (written by the consumer when we wait for space)."""
+
+    def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1) -> None:
+        self.segment = segment
+        self.capacity = capacity
+        self.data_efd, self.space_efd = data_efd, space_efd
+        self.handle = ffi.gc(lib.ring_producer_new(segment.base, data_efd, space_efd),
+                             lib.ring_producer_free)
+
+    def write(self, data: bytes, prefix: int = -1, done: int = 0) -> int:
+        """Write ``prefix`` (a byte, or -1 for none) + ``data`` from byte ``done`` on; return the
+        new progress. A message that fits one record is all or nothing (progress 0 when full);
+        a larger one goes out as fragments as far as space allows."""
+        rc = lib.ring_write(self.handle, prefix, data, len(data), done)
+        if rc < 0:
+            raise_status(rc, "write")
+        return rc
+
+    def claim(self, length: int) -> memoryview:
+        """Reserve one record of ``length`` payload bytes and return it to fill in place.
+        Raises BufferError when the ring is full; nothing is visible until ``commit()``."""
+        out = ffi.new("char **")
+        rc = lib.ring_claim(self.handle, length, out)
+        if rc == FULL:
+            raise BufferError(f"ring full: no room for a {length}-byte record now")
+        if rc == lib.RING_E_TOO_BIG:
+            raise ValueError(f"a single record holds at most {self.capacity // 2 - 8} bytes, asked {length}")
+        if rc < 0:
+            raise_status(rc, "claim")
+        return memoryview(ffi.buffer(out[0], length))
+
+    def commit(self) -> None:
+        """Publish every claimed record (and wake the consumer if it sleeps)."""
+        lib.ring_commit(self.handle)
+
+    def free_bytes(self) -> int:
+        return lib.ring_free_bytes(self.handle)
+
+    def stats(self) -> dict:
+        out = ffi.new("uint64_t[4]")
+        lib.ring_producer_stats(self.handle, out)
+        return dict(sleeps=out[0], timeouts=out[1], wakes=out[2], full=out[3])
+
+    def close(self) -> None:
+        """Mark the ring closed and wake both sides."""
+        lib.ring_close(self.segment.base, self.data_efd, self.space_efd)
+
+
+class Consumer:
+    """The reading end of a ring. ``data_efd`` is ours (the producer writes it to wake an
+    asyncio reader), ``space_efd`` the producer's (written when it waits for space)."""
+
+    def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self.segment = segment
+        self.capacity = capacity
+        self.data_efd, self.space_efd = data_efd, space_efd
+        self.max_message_size = max_message_size
+        self.handle = ffi.gc(lib.ring_consumer_new(segment.base, data_efd, space_efd),
+                             lib.ring_consumer_free)
+        self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
+        self._data = memoryview(ffi.buffer(segment.base + HEADER_SIZE, capacity))
+        self._frag: Optional[bytearray] = None  # message being reassembled
+        self._frag_pos = 0
+        self._frag_skip = 0  # > 0: dropping an oversize message of this many bytes
+
+    def drain(self, decode: Callable[[Any, int, int], Any], out: list, max_messages: int = BATCH_RECORDS) -> int:
+        """Decode every available message (at most ``max_messages``) into ``out`` with
+        ``decode(buffer, offset, length)``, straight from shared memory, then release the space.
+        Returns the number of records consumed. A message that fails to decode does not stop
+        the others: they are appended, the space is released, and the first error is raised."""
+        n = lib.ring_read(self.handle, self._records, min(max_messages, BATCH_RECORDS))
+        if n <= 0:
+            if n < 0:
+                raise_status(n, "read")
+            return 0
+        vals = ffi.unpack(self._records, 2 * n)
+        data = self._data
+        error = None
+        try:
+            for i in range(0, 2 * n, 2):
+                off = vals[i]
+                word = vals[i + 1]
+                length = word & 0xFFFFFFFF
+                if word >> 32 == _MSG and self._frag is None and not self._frag_skip:
+                    try:
+                        out.append(decode(data, off, length))
+                    except Exception as e:  # a bad message; keep going, report it after release
+                        error = error or CorruptRing(f"a message failed to decode: {e}")
+                else:
+                    try:
+                        whole = self._fragment(word >> 32, off, length)
+                        if whole is not None:
+                            out.append(decode(whole, 0, len(whole)))
+                    except TransportError as e:
+                        error = error or e
+                    except Exception as e:
+                        error = error or CorruptRing(f"a message failed to decode: {e}")
+        finally:
+            lib.ring_release(self.handle)
+        if error is not None:
+            raise error
+        return n
+
+    def _fragment(self, rtype: int, off: int, length: int) -> Optional[memoryview]:
+        """Feed one record of a fragmented message; return the whole message when complete."""
+        data = self._data
+        if rtype == _FIRST:
+            if self._frag is not None or self._frag_skip:
+                self._frag, self._frag_skip = None, 0
+                raise CorruptRing("a new fragmented message began before the previous one ended")
+            if length < 8:
+                raise CorruptRing(f"first fragment of {length} bytes has no total length")
+            total = int.from_bytes(data[off:off + 8], "little")
+            chunk = length - 8
+            if total > self.max_message_size:
+                self._frag_skip = max(total - chunk, 1)
+                raise MessageTooLarge(f"received a {total}-byte message; max_message_size is "
+                                      f"{self.max_message_size}: dropped")
+            if chunk >= total:
+                raise CorruptRing(f"fragmented message of {total} bytes starts with {chunk} bytes")
+            self._frag = bytearray(total)
+            self._frag[0:chunk] = data[off + 8:off + length]
+            self._frag_pos = chunk
+            return None
+        if rtype not in (_MORE, _LAST, _MSG):
+            raise CorruptRing(f"unknown record type {rtype}")
+        if rtype == _MSG:
+            self._frag, self._frag_skip = None, 0
+            raise CorruptRing("a whole message arrived in the middle of a fragmented one")
+        last = rtype == _LAST
+        if self._frag_skip:
+            if last:
+                self._frag_skip = 0
+            return None
+        frag = self._frag
+        if frag is None:
+            raise CorruptRing("a fragment arrived without a first fragment")
+        pos = self._frag_pos
+        end = pos + length
+        if end > len(frag) or (last and end != len(frag)) or (not last and end == len(frag)):
+            self._frag = None
+            raise CorruptRing(f"fragments add up to {end} bytes, the message declared {len(frag)}")
+        frag[pos:end] = data[off:off + length]
+        self._frag_pos = end
+        if not last:
+            return None
+        self._frag = None
+        return memoryview(frag)
+
+    def read_raw(self, max_messages: int = BATCH_RECORDS) -> list[bytes]:
+        """Drain as owned ``bytes`` (no codec): for tests and tools."""
+        out: list = []
+        self.drain(lambda buf, off, n: bytes(buf[off:off + n]), out, max_messages)
+        return out
+
+    def used_bytes(self) -> int:
+        return lib.ring_used_bytes(self.handle)
+
+    def stats(self) -> dict:
+        out = ffi.new("uint64_t[4]")
+        lib.ring_consumer_stats(self.handle, out)
+        return dict(sleeps=out[0], timeouts=out[1], wakes=out[2], late=out[3])
+
+    def close(self) -> None:
+        """Mark the ring closed and wake both sides."""
+        lib.ring_close(self.segment.base, self.data_efd, self.space_efd)
+
+
+def new_ring(capacity: int) -> Segment:
+    """Create, size and initialise a segment holding an empty ring of ``capacity`` bytes."""
+    check_capacity(capacity)
+    seg = Segment.create(lib.ring_segment_size(capacity))
+    lib.ring_init(seg.base, capacity, os.getpid())
+    return seg
+
+
+def attach_ring(fd: int, capacity: int) -> Segment:
+    """Map a ring segment received from the peer and check its header."""
+    check_capacity(capacity)
+    seg = Segment.from_fd(fd, lib.ring_segment_size(capacity))
+    try:
+        seg.check(capacity)
+    except BaseException:
+        seg.unmap()
+        raise
+    return seg
