@@ -19,6 +19,7 @@ PROMPTS = [SHARED + "What is two plus two?", SHARED + "Name a color.", "Short on
 def make_llm(model_dir, **kwargs):
     kwargs.setdefault("dtype", "float32")
     kwargs.setdefault("max_model_len", 256)
+    kwargs.setdefault("kv_cache_memory", 32 << 20)  # the 2 GiB default costs seconds of page faults
     return LLM(model=model_dir, load_format="dummy", device="cpu", **kwargs)
 
 
@@ -213,7 +214,7 @@ def test_wrong_model_path_and_unsupported_architecture_fail_at_construction(tmp_
 
 def test_from_engine_args(model_dir):
     llm = LLM.from_engine_args(EngineArgs(model=model_dir, load_format="dummy", device="cpu",
-                                          max_model_len=64))
+                                          max_model_len=64, kv_cache_memory=1 << 20))
     assert len(llm.generate("Hi", GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
