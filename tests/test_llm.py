@@ -27,6 +27,14 @@ def token_ids(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def in_process():
+    """These tests drive the EngineCore in this process (test_llm_mp.py runs it in its own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RINGLLM_ENABLE_MULTIPROCESSING", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """The tiny model with an untied LM head. With tied embeddings and small random weights the
