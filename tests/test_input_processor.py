@@ -88,3 +88,10 @@ def test_chat_renders_the_template_with_a_generation_prompt(processor):
     assert "<|im_start|>user\nHi!<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="continue_final_message"):
         processor.render_chat([{"role": "user", "content": "Hi!"}], continue_final_message=True)
+
+
+def test_priority_needs_the_priority_policy(processor, tiny_model_dir):
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        processor.process("x", "hi", SamplingParams(), priority=1)
+    prioritized = make_processor(tiny_model_dir, scheduling_policy="priority")
+    assert prioritized.process("x", "hi", SamplingParams(), priority=-3)[0].priority == -3

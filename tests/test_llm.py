@@ -232,3 +232,9 @@ def test_default_model_answers_a_question():
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     assert "Paris" in out[0].outputs[0].text
+
+
+def test_priority_policy_serves_the_most_important_first(model_dir):
+    llm = make_llm(model_dir, scheduling_policy="priority", max_num_seqs=1)
+    outputs = llm.generate(["a", "b", "c"], GREEDY, priority=[2, 0, 1], use_tqdm=False)
+    assert sorted(range(3), key=lambda i: outputs[i].metrics.first_token_ts) == [1, 2, 0]

@@ -73,6 +73,7 @@ class InputProcessor:
         self.max_model_len = model_config.max_model_len
         self.vocab_size = model_config.vocab_size
         self.max_logprobs = model_config.max_logprobs
+        self.priority_scheduling = config.scheduler_config.policy == "priority"
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
         self.eos_token_id: Optional[int] = eos[0] if isinstance(eos, list) else eos
         generation = _generation_config(config)
@@ -95,6 +96,8 @@ class InputProcessor:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {priority!r}")
+        if priority and not self.priority_scheduling:
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')")
         text, token_ids = self._tokenize(prompt, add_special_tokens)
         self._validate(token_ids, params)
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
