@@ -1,0 +1,242 @@
+"""The OpenAI-compatible server, end to end: a real ``ringllm serve`` process on the tiny
+dummy-weight model, driven by the real ``openai`` package (and by raw HTTP where the wire
+format itself is under test). One server serves the whole module.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_sse, wait_for
+
+API_KEY = "sk-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+BODY_LIMIT = 64 << 10
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
+                      "--max-request-body-bytes", str(BODY_LIMIT)) as remote:
+        yield remote
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+
+
+def greedy(**kw):
+    return dict(model="tiny", temperature=0.0, **kw)
+
+
+# ---- completions ----
+
+def test_completion_reports_text_finish_reason_and_usage(server, client):
+    out = client.completions.create(prompt=PROMPT, max_tokens=7, extra_body={"ignore_eos": True}, **greedy())
+    prompt_tokens = server.post_json("/tokenize", {"prompt": PROMPT})[1]["count"]
+    assert out.object == "text_completion" and out.model == "tiny" and out.id.startswith("cmpl-")
+    assert len(out.choices) == 1 and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
+        (prompt_tokens, 7, prompt_tokens + 7)
+
+
+def test_streamed_completion_concatenates_to_the_whole_one(client):
+    whole = client.completions.create(prompt=PROMPT, max_tokens=12, **greedy()).choices[0]
+    chunks = list(client.completions.create(prompt=PROMPT, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}, **greedy()))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-2] if c.choices)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 12
+
+
+def test_batch_of_prompts_with_n_numbers_choices_prompt_major(client):
+    out = client.completions.create(prompt=[PROMPT, "Once upon a time"], n=2, max_tokens=4, seed=1,
+                                    model="tiny", temperature=1.0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert out.usage.completion_tokens == 16
+
+
+def test_token_id_prompt_with_echo_and_logprobs(server, client):
+    ids = server.post_json("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    out = client.completions.create(prompt=ids, echo=True, logprobs=2, max_tokens=3, **greedy())
+    choice = out.choices[0]
+    assert choice.text.startswith(PROMPT)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 3 == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first token
+    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:])
+    assert all(1 <= len(top) <= 3 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == choice.text
+
+
+def test_stop_string_cuts_the_text_before_it(client):
+    text = client.completions.create(prompt=PROMPT, max_tokens=24, **greedy(),
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    start = next(i for i in range(len(text) // 2, len(text) - 3) if text[i:i + 3].strip())
+    stop = text[start:start + 3]
+    out = client.completions.create(prompt=PROMPT, max_tokens=24, stop=[stop], **greedy(),
+                                    extra_body={"ignore_eos": True}).choices[0]
+    assert out.finish_reason == "stop" and out.text == text[:text.index(stop)]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        prompt=PROMPT, max_tokens=24, stop=[stop], stream=True, **greedy(), extra_body={"ignore_eos": True}))
+    assert streamed == out.text
+
+
+# ---- chat ----
+
+MESSAGES = [{"role": "user", "content": "Hello! Who are you?"}]
+
+
+def test_chat_completion_uses_the_tokenizer_chat_template(server, client):
+    out = client.chat.completions.create(messages=MESSAGES, max_tokens=6, **greedy())
+    rendered = server.post_json("/tokenize", {"messages": MESSAGES})[1]["count"]
+    assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+    assert out.usage.prompt_tokens == rendered > 10  # the ChatML template wraps the message
+    assert out.choices[0].finish_reason in ("length", "stop")
+
+
+def test_streamed_chat_opens_with_the_role_and_ends_with_finish_reason(server, client):
+    whole = client.chat.completions.create(messages=MESSAGES, max_completion_tokens=10, **greedy())
+    chunks = list(client.chat.completions.create(messages=MESSAGES, max_completion_tokens=10, stream=True,
+                                                 **greedy()))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].object == "chat.completion.chunk"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_n_and_logprobs(client):
+    out = client.chat.completions.create(messages=MESSAGES, n=3, max_tokens=5, logprobs=True, top_logprobs=2,
+                                         model="tiny", temperature=0.8, seed=7, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    for choice in out.choices:
+        content = choice.logprobs.content
+        assert len(content) == 5 and all(len(t.top_logprobs) <= 2 and t.logprob <= 0 for t in content)
+        assert "".join(t.token for t in content) == choice.message.content
+    assert out.usage.completion_tokens == 15
+
+
+# ---- the small endpoints ----
+
+def test_models_health_version_tokenize_detokenize(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert server.get("/health")[0] == 200
+    assert "version" in json.loads(server.get("/version")[1])
+    ids = server.post_json("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    assert server.post_json("/detokenize", {"tokens": ids})[1] == {"prompt": PROMPT}
+
+
+def test_metrics_count_requests_and_latencies(server, client):
+    client.completions.create(prompt=PROMPT, max_tokens=3, **greedy())
+    m = server.metrics()
+    assert m["ringllm:request_success_total"] >= 1 and m["ringllm:generation_tokens_total"] >= 3
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        assert m[f"ringllm:{name}_count"] >= 1
+    assert "ringllm:kv_cache_usage_perc" in m and "ringllm:num_requests_waiting" in m
+
+
+# ---- errors, in OpenAI's shape ----
+
+def _error(status_body):
+    status, body, _ = status_body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return status, body["error"]
+
+
+def test_invalid_json_and_invalid_fields_are_400_naming_the_field(server):
+    status, err = _error(server.post_json("/v1/completions", b"{not json", AUTH))
+    assert status == 400 and err["code"] == "invalid_json"
+    for payload, field in [({"model": "tiny", "prompt": "x", "temperature": 5}, "temperature"),
+                           ({"model": "tiny", "prompt": "x", "max_tokens": "many"}, "max_tokens"),
+                           ({"model": "tiny"}, "prompt"),
+                           ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
+                           ({"model": "tiny", "prompt": [1, [2]]}, "prompt"),
+                           ({"model": "tiny", "prompt": "x", "n": 0}, "n")]:
+        status, err = _error(server.post_json("/v1/completions", payload, AUTH))
+        assert (status, err["param"]) == (400, field), (payload, err)
+    status, err = _error(server.post_json("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]},
+                                          AUTH))
+    assert status == 400 and err["param"] == "messages"
+
+
+def test_prompt_longer_than_the_context_is_400(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(prompt=[5] * 4096, max_tokens=1, model="tiny")
+    assert info.value.body["param"] == "prompt"
+
+
+def test_missing_or_wrong_api_key_is_401(server):
+    bad = openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    status, err = _error(server.post_json("/v1/completions", {"prompt": "x"}))
+    assert status == 401 and err["type"] == "authentication_error"
+    assert server.get("/health")[0] == 200  # only /v1 is behind the key
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_body_over_the_limit_is_413_and_unknown_route_404(server):
+    status, err = _error(server.post_json("/v1/completions", {"prompt": "x" * BODY_LIMIT}, AUTH))
+    assert status == 413
+    status, err = _error(server.post_json("/v1/nothing-here", {}, AUTH))
+    assert status == 404
+
+
+# ---- disconnects and concurrency ----
+
+async def _stream_then_drop(url: str) -> None:
+    payload = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=payload, headers=AUTH) as resp:
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")
+            await resp.content.readuntil(b"\n\n")
+        # leaving the block closes the connection mid-stream
+
+
+async def _wait_then_drop(url: str) -> None:
+    payload = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1900, "ignore_eos": True}
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            async with asyncio.timeout(0.3):
+                await session.post(url + "/v1/completions", json=payload, headers=AUTH)
+
+
+@pytest.mark.parametrize("drop", [_stream_then_drop, _wait_then_drop], ids=["streaming", "non-streaming"])
+def test_client_disconnect_aborts_the_request_in_the_core(server, drop):
+    asyncio.run(drop(server.url))
+    # 1900 tokens would take seconds; an abort empties the core within a step or two.
+    assert wait_for(lambda: server.unfinished_in_core() == 0, timeout=1.0)
+
+
+def test_64_concurrent_streams_all_complete_well_formed(server):
+    async def one(session: aiohttp.ClientSession, i: int) -> list:
+        payload = {"model": "tiny", "prompt": f"{PROMPT} {i}", "max_tokens": 32, "ignore_eos": True,
+                   "stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(server.url + "/v1/completions", json=payload, headers=AUTH) as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+            return parse_sse(await resp.read())
+
+    async def all_streams() -> list:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            return await asyncio.gather(*(one(session, i) for i in range(64)))
+
+    for events in asyncio.run(all_streams()):
+        *chunks, usage = events
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 32
+        assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+        assert all(c["id"] == chunks[0]["id"] for c in chunks)
+    assert server.unfinished_in_core() == 0
