@@ -9,22 +9,47 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import msgspec
 from tqdm.auto import tqdm
 
-from engine.config import DEFAULT_MODEL, EngineArgs, non_default_args
+from engine import envs
+from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.outputs import Logprob, RequestOutput
+from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class BeamSearchSequence:
+    """One beam: prompt and generated tokens, the top logprobs at each generated position."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: Optional[str] = None
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]  # best first
+
+
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
+        if "swap_space" in kwargs:
+            kwargs.pop("swap_space")
+            warnings.warn("LLM(swap_space=...) is deprecated and ignored: preempted requests are "
+                          "recomputed, never swapped", DeprecationWarning, stacklevel=2)
+        compilation = kwargs.get("compilation_config")
+        if isinstance(compilation, int) and not isinstance(compilation, bool):
+            kwargs["compilation_config"] = CompilationConfig(mode=compilation)
         engine_args = EngineArgs(model=model, **kwargs)
         self._init(engine_args)
 
@@ -35,8 +60,19 @@ class LLM:
         return llm
 
     def _init(self, engine_args: EngineArgs) -> None:
+        if engine_args.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={engine_args.data_parallel_size}: LLM runs a single EngineCore; for "
+                "data parallelism use AsyncLLM or `ringllm serve --data-parallel-size N`, which start one "
+                "EngineCore process per rank and balance requests over them")
+        if engine_args.renderer_num_workers > 1:
+            warnings.warn("renderer_num_workers is ignored by LLM: it tokenizes in the caller's thread "
+                          "(AsyncLLM uses the thread pool)", UserWarning, stacklevel=3)
         logger.info("Non-default args: %s", non_default_args(engine_args))
-        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        # A core process by default (as vLLM's VLLM_ENABLE_V1_MULTIPROCESSING); freed on
+        # shutdown(), when the LLM is garbage collected, and at interpreter exit.
+        self.llm_engine = LLMEngine.from_engine_args(
+            engine_args, enable_multiprocessing=envs.RINGLLM_ENABLE_MULTIPROCESSING)
         self._counter = itertools.count()
 
     def get_tokenizer(self):
@@ -69,6 +105,51 @@ class LLM:
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
         return self._run(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
+        """vLLM's beam search, driven from here: each round asks the engine for one token with
+        the top ``2 * beam_width`` logprobs for every live beam, then keeps the best
+        ``beam_width`` per prompt by length-penalised cumulative logprob."""
+        tokenizer = self.get_tokenizer()
+        eos = self.llm_engine.input_processor.eos_token_id
+        width = params.beam_width
+
+        def score(beam: BeamSearchSequence) -> float:
+            length = len(beam.tokens) - (1 if beam.tokens[-1] == eos else 0)
+            return beam.cum_logprob / (length ** params.length_penalty)
+
+        live: list[list[BeamSearchSequence]] = []
+        for prompt in self._as_list(prompts):
+            if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+                tokens = list(prompt["prompt_token_ids"])
+            elif isinstance(prompt, (list, tuple)):
+                tokens = list(prompt)
+            else:
+                tokens = tokenizer.encode(prompt["prompt"] if isinstance(prompt, dict) else prompt)
+            live.append([BeamSearchSequence(tokens)])
+        completed: list[list[BeamSearchSequence]] = [[] for _ in live]
+        step = SamplingParams(logprobs=2 * width, max_tokens=1, temperature=params.temperature)
+        for _ in range(params.max_tokens):
+            beams = [beam for group in live for beam in group]
+            if not beams:
+                break
+            results = iter(self.generate([{"prompt_token_ids": b.tokens} for b in beams], step, use_tqdm=False))
+            for i, group in enumerate(live):
+                candidates = []
+                for beam in group:
+                    top = next(results).outputs[0].logprobs[0]
+                    for token_id, logprob in top.items():
+                        new = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [top],
+                                                 beam.cum_logprob + logprob.logprob)
+                        (completed[i] if token_id == eos and not params.ignore_eos else candidates).append(new)
+                live[i] = sorted(candidates, key=score, reverse=True)[:width]
+        outputs = []
+        for group, done in zip(live, completed):
+            best = sorted(done + group, key=score, reverse=True)[:width]
+            for beam in best:
+                beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
+            outputs.append(BeamSearchOutput(best))
+        return outputs
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
@@ -108,9 +189,9 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._counter))
+                request_ids.append(request_id)  # first: Ctrl-C inside add_request must abort it too
                 engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
                                    add_special_tokens=add_special_tokens)
-                request_ids.append(request_id)
             finished = self._run_engine(len(request_ids), use_tqdm)
         except BaseException:  # a bad prompt, Ctrl-C, an engine error: leave nothing queued
             engine.abort_request(request_ids)

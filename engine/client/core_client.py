@@ -17,10 +17,14 @@ from engine.protocol import EngineCoreOutputs, EngineCoreRequest
 class EngineCoreClient(ABC):
     @staticmethod
     def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig) -> "EngineCoreClient":
-        if multiprocess_mode or asyncio_mode:
-            raise NotImplementedError(
-                "the multi-process EngineCore clients (SyncMPClient, AsyncMPClient) are not available "
-                "yet; run the EngineCore in-process (multiprocess_mode=False)")
+        if asyncio_mode:  # AsyncLLM: always a core process (or several, data parallel)
+            from engine.client.dp_client import make_async_mp_client
+
+            return make_async_mp_client(config)
+        if multiprocess_mode:
+            from engine.client.mp_client import SyncMPClient
+
+            return SyncMPClient(config)
         return InprocClient(config)
 
     @abstractmethod

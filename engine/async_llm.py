@@ -1,0 +1,315 @@
+"""AsyncLLM: the asyncio entry point for serving (vLLM's v1 ``AsyncLLM``).
+
+Requests are tokenized here (optionally on a ``renderer_num_workers`` thread pool) and
+sent to the EngineCore process(es) through an ``AsyncMPClient``. One background task, the
+output handler, pulls the core's outputs, detokenizes them in slices of
+``RINGLLM_OUTPUT_PROC_CHUNK_SIZE`` (yielding to the loop between slices, so a step of 256
+requests never stalls the server for its whole length) and drops each request's output
+into that request's ``RequestOutputCollector``, which ``generate()`` awaits.
+
+Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
+are refused with it at once; a request the core refuses fails alone with
+``EngineGenerateError``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import AsyncGenerator, Iterable, Optional, Union
+
+import msgspec
+
+from engine import envs
+from engine.client import EngineCoreClient
+from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
+from engine.exceptions import EngineDeadError, EngineGenerateError
+from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
+from engine.frontend.output_processor import OutputProcessor, ParentRequest
+from engine.outputs import RequestOutput
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _merge(pending: RequestOutput, new: RequestOutput, aggregate: bool) -> None:
+    """Fold ``new`` into an output the consumer has not taken yet: DELTA appends each
+    completion's increments, the other kinds keep each completion's latest state."""
+    pending.finished |= new.finished
+    pending.metrics, pending.error = new.metrics, new.error or pending.error
+    if new.prompt_logprobs is not None:
+        pending.prompt_logprobs = ((pending.prompt_logprobs or []) + new.prompt_logprobs
+                                   if aggregate else new.prompt_logprobs)
+    for completion in new.outputs:
+        for i, old in enumerate(pending.outputs):
+            if old.index != completion.index:
+                continue
+            if aggregate:
+                old.text += completion.text
+                old.token_ids = old.token_ids + completion.token_ids
+                if completion.logprobs:
+                    old.logprobs = (old.logprobs or []) + completion.logprobs
+                old.cumulative_logprob = completion.cumulative_logprob
+                old.finish_reason, old.stop_reason = completion.finish_reason, completion.stop_reason
+            else:
+                pending.outputs[i] = completion
+            break
+        else:
+            pending.outputs.append(completion)
+
+
+class RequestOutputCollector:
+    """One request's mailbox between the output handler and its consumer.
+
+    ``put`` never blocks the handler: an output the consumer has not taken yet is merged
+    with the new one (deltas concatenated for DELTA, the latest state kept otherwise), so
+    a slow consumer loses nothing and holds at most one pending output. ``core_timestamp``
+    is when the core published the newest step folded in (the transport latency metric).
+    """
+
+    __slots__ = ("request_id", "aggregate", "output", "ready", "core_timestamp")
+
+    def __init__(self, request_id: str, output_kind: RequestOutputKind) -> None:
+        self.request_id = request_id
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.output: Union[RequestOutput, BaseException, None] = None
+        self.ready = asyncio.Event()
+        self.core_timestamp = 0.0
+
+    def put(self, output: Union[RequestOutput, BaseException], core_timestamp: float = 0.0) -> None:
+        self.core_timestamp = core_timestamp
+        if self.output is None or isinstance(output, BaseException):
+            self.output = output
+            self.ready.set()
+        elif isinstance(self.output, RequestOutput):
+            _merge(self.output, output, self.aggregate)
+
+    async def get(self) -> RequestOutput:
+        while self.output is None:
+            await self.ready.wait()
+        return self._take()
+
+    def get_nowait(self) -> Optional[RequestOutput]:
+        return None if self.output is None else self._take()
+
+    def _take(self) -> RequestOutput:
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+async def _output_handler(engine_core, output_processor: OutputProcessor,
+                          collectors: dict[str, RequestOutputCollector]) -> None:
+    """The one task that turns core outputs into RequestOutputs. A free function holding no
+    reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
+    chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
+    try:
+        while True:
+            # 1) the next OUTPUTS from any core
+            outputs = await engine_core.get_output_async()
+            items, timestamp = outputs.outputs, outputs.timestamp
+            for start in range(0, len(items), chunk):
+                if start:
+                    await asyncio.sleep(0)  # let consumers and new requests run between slices
+                # 2) detokenize, stop strings, output kinds
+                processed = output_processor.process_outputs(items[start:start + chunk])
+                # 3) hand each request its output
+                for output in processed.request_outputs:
+                    collector = collectors.get(output.request_id)
+                    if collector is not None:
+                        collector.put(output, timestamp)
+                        if output.finished:
+                            del collectors[output.request_id]
+                # 4) stop in the core what a stop string finished here
+                engine_core.abort_requests_nowait(processed.reqs_to_abort)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        error = e if isinstance(e, EngineDeadError) else EngineDeadError(f"output handler failed: {e!r}")
+        if not isinstance(e, EngineDeadError):
+            logger.exception("AsyncLLM output handler failed")
+        for collector in collectors.values():
+            collector.put(error)
+        collectors.clear()  # the task ends here; AsyncLLM.errored reports it from now on
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, *, log_requests: bool = False) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.log_requests = log_requests
+        self.tokenizer = get_tokenizer(config)
+        self.input_processor = InputProcessor(config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
+        self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
+        self.output_handler: Optional[asyncio.Task] = None
+        self.engine_core = EngineCoreClient.make_client(True, True, config)
+        try:
+            asyncio.get_running_loop()
+            self._run_output_handler()
+        except RuntimeError:
+            pass  # no loop yet: the handler starts with the first request
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
+        return cls(engine_args.create_engine_config(),
+                   log_requests=getattr(engine_args, "enable_log_requests", False))
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, *, log_requests: bool = False) -> "AsyncLLM":
+        return cls(config, log_requests=log_requests)
+
+    def _run_output_handler(self) -> None:
+        if self.output_handler is None:
+            self.output_handler = asyncio.get_running_loop().create_task(
+                _output_handler(self.engine_core, self.output_processor, self._collectors),
+                name="AsyncLLM.output_handler")
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def errored(self) -> bool:
+        return self.engine_core.dead_error is not None or not self.is_running
+
+    @property
+    def is_running(self) -> bool:
+        return self.output_handler is None or not self.output_handler.done()
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.errored
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        return self.engine_core.dead_error or EngineDeadError("the output handler has stopped")
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise self.dead_error
+
+    async def get_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer: the engine was built with skip_tokenizer_init=True")
+        return self.tokenizer
+
+    async def get_model_config(self):
+        return self.model_config
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_core.call_utility_async("reset_prefix_cache")
+
+    # -- requests --------------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                          arrival_time: Optional[float] = None, priority: int = 0) -> RequestOutputCollector:
+        """Tokenize, validate and send; returns the request's collector at once (the first
+        output comes later). Bad input raises ValueError/TypeError and nothing is sent."""
+        if self.errored:
+            raise self.dead_error
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if request_id in self._collectors:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._run_output_handler()
+        collector = RequestOutputCollector(request_id, getattr(params, "output_kind", None))
+        self._collectors[request_id] = collector  # reserve the id across the await below
+        try:
+            process = self.input_processor.process
+            if self._renderer is None:
+                request, text = process(request_id, prompt, params, arrival_time, priority)
+            else:
+                request, text = await asyncio.get_running_loop().run_in_executor(
+                    self._renderer, process, request_id, prompt, params, arrival_time, priority)
+            if params.n == 1:
+                children = [(request, None, 0)]
+            else:
+                parent = ParentRequest(request_id, request.sampling_params)
+                children = []
+                for index in range(params.n):
+                    child_id, child_params = parent.child(index)
+                    children.append((msgspec.structs.replace(request, request_id=child_id,
+                                                              sampling_params=child_params), parent, index))
+            for child, parent, index in children:
+                self.output_processor.add_request(child, text, parent, index)
+            for child, _, _ in children:
+                await self.engine_core.add_request_async(child)
+        except BaseException:
+            self._abort_now([request_id])
+            raise
+        if self.log_requests:
+            logger.info("Added request %s (%d prompt tokens, %s)", request_id,
+                        len(request.prompt_token_ids), params)
+        return collector
+
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,
+                       priority: int = 0, arrival_time: Optional[float] = None
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield the request's outputs until it finishes. Cancelling the consumer (or closing
+        the generator) aborts the request in the core."""
+        collector = None
+        try:
+            collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority)
+            finished = False
+            while not finished:
+                output = collector.get_nowait() or await collector.get()
+                if output.error is not None:
+                    raise EngineGenerateError(f"request {request_id!r} failed: {output.error}")
+                finished = output.finished
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            if collector is not None:
+                self._abort_now([request_id])
+                if self.log_requests:
+                    logger.info("Request %s aborted", request_id)
+            raise
+
+    def _abort_now(self, request_ids: Iterable[str]) -> None:
+        ids = list(request_ids)
+        for req_id in ids:
+            self._collectors.pop(req_id, None)
+        core_ids = self.output_processor.abort_requests(ids)
+        if core_ids and not self.errored:
+            self.engine_core.abort_requests_nowait(core_ids)
+
+    async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Abort requests; their generators end (a consumer waiting on one is not woken)."""
+        self._abort_now([request_id] if isinstance(request_id, str) else request_id)
+
+    # -- lifetime --------------------------------------------------------------------
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the handler, the core process(es) and the tokenizer pool; idempotent."""
+        handler = getattr(self, "output_handler", None)
+        if handler is not None and not handler.done():
+            try:
+                in_loop = asyncio.get_running_loop() is handler.get_loop()
+            except RuntimeError:
+                in_loop = False
+            if in_loop:
+                handler.cancel()
+            elif not handler.get_loop().is_closed():
+                handler.get_loop().call_soon_threadsafe(handler.cancel)
+        engine_core = getattr(self, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown(timeout)
+        renderer = getattr(self, "_renderer", None)
+        if renderer is not None:
+            renderer.shutdown(wait=False)
+
+    def __del__(self) -> None:
+        self.shutdown()
+
+
+@asynccontextmanager
+async def build_async_engine_client_from_engine_args(engine_args: AsyncEngineArgs
+                                                     ) -> AsyncGenerator[AsyncLLM, None]:
+    """The AsyncLLM a server runs on, shut down whatever way the server exits."""
+    engine = None
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args)
+        yield engine
+    finally:
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,80 @@
+"""Data parallel: one frontend, several EngineCore processes, one ring pair each.
+
+``DPLBAsyncMPClient`` balances requests over N cores by outstanding work and routes each
+abort to the rank that owns the request. ``DPAsyncMPClient`` serves a single rank behind an
+external load balancer (``data_parallel_external_lb``): one core, tagged with its rank.
+``make_async_mp_client`` makes the choice once, at start-up.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from engine.client.mp_client import AsyncMPClient
+from engine.protocol import AbortRequests, EngineCoreOutputs, EngineCoreRequest
+
+
+class DPAsyncMPClient(AsyncMPClient):
+    """This frontend serves rank ``data_parallel_rank`` only; a balancer in front spreads load."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config, [config.parallel_config.data_parallel_rank or 0])
+
+
+class DPLBAsyncMPClient(AsyncMPClient):
+    """Picks, for each new request, the core with the fewest unfinished requests (ties
+    rotate), and remembers the owner until the request finishes or is aborted.
+
+    A request counts from the moment it is sent until its final output arrives, so a burst
+    of adds spreads evenly even before any core has answered.
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config, list(range(config.parallel_config.data_parallel_size)))
+        self._owner: dict[str, int] = {}  # request id -> index into self._cores
+        self._load = [0] * len(self._cores)
+        self._rotate = itertools.cycle(range(len(self._cores)))
+
+    def _pick(self) -> int:
+        start = next(self._rotate)
+        n = len(self._load)
+        return min(((start + i) % n for i in range(n)), key=self._load.__getitem__)
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        rank = self._pick()
+        self._owner[request.request_id] = rank
+        self._load[rank] += 1
+        await self._send(self._cores[rank], request)
+
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        if self._dead is not None:
+            return
+        by_rank: dict[int, list[str]] = {}
+        for req_id in request_ids:
+            rank = self._owner.pop(req_id, None)
+            if rank is not None:
+                self._load[rank] -= 1
+                by_rank.setdefault(rank, []).append(req_id)
+        for rank, ids in by_rank.items():
+            self._send_nowait(self._cores[rank], AbortRequests(ids))
+
+    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                rank = self._owner.pop(out.request_id, None)
+                if rank is not None:
+                    self._load[rank] -= 1
+
+    @property
+    def outstanding(self) -> list[int]:
+        """Unfinished requests per rank, as the balancer sees them."""
+        return list(self._load)
+
+
+def make_async_mp_client(config: Any) -> AsyncMPClient:
+    parallel = config.parallel_config
+    if parallel.data_parallel_size == 1:
+        return AsyncMPClient(config)
+    if parallel.data_parallel_external_lb:
+        return DPAsyncMPClient(config)
+    return DPLBAsyncMPClient(config)

@@ -1,0 +1,401 @@
+"""Clients of an EngineCore in another process: ``SyncMPClient`` (LLM) and ``AsyncMPClient``
+(AsyncLLM), both over one channel per core (the shm ring by default, zmq as baseline).
+
+Who gives way (DESIGN.md): the core never blocks on a full output ring, so the frontend
+may block on a full request ring, but only while still taking outputs: the sync client
+drains outputs between send attempts and the async client waits for space on the event
+loop, whose reader tasks keep pulling outputs meanwhile.
+
+Liveness: every wait is bounded by the peer's pidfd (the sync channel checks it on each
+wait timeout; the async client registers it with ``loop.add_reader``), so a core killed
+with ``kill -9`` turns into ``EngineDeadError`` within a second, never a hang.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Optional
+
+from engine import envs
+from engine.client.core_client import EngineCoreClient
+from engine.core.engine_core_proc import (CoreLaunchSpec, channel_class, command_line,
+                                          engine_args_dict, make_codec)
+from engine.exceptions import EngineDeadError, EngineStartupError
+from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
+                             EngineReady, Shutdown, UtilityCall, UtilityResult)
+from shm_transport import TransportError
+
+logger = logging.getLogger(__name__)
+
+
+def describe_exit(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+class CoreProcess:
+    """One EngineCore process and the frontend end of its channel.
+
+    Launched with ``subprocess`` (never multiprocessing: the user's ``__main__`` is not
+    re-imported, no resource tracker starts) and given its fds explicitly. Whatever fails
+    after the launch, ``close`` leaves no child, fd or segment behind.
+    """
+
+    def __init__(self, config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.ready: Optional[EngineReady] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd: Optional[int] = None
+        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
+        try:
+            args = engine_args_dict(config.engine_args)
+            if config.parallel_config.data_parallel_size > 1:
+                args["data_parallel_rank"] = engine_index
+            spec = CoreLaunchSpec(
+                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
+                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
+                engine_args=args)
+            # The OpenMP settings go in the environment too, so they hold even if something
+            # imports torch before the core's own start-up code runs (FACTS.md: threads).
+            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
+                                         pass_fds=self.channel.peer_fds(), env=env,
+                                         stdin=subprocess.DEVNULL)
+            self.channel.set_peer(self.proc.pid)
+            self.channel.close_peer_fds()
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except BaseException:
+            self.close(timeout=0)
+            raise
+
+    @property
+    def name(self) -> str:
+        return f"EngineCore_{self.engine_index} (pid {self.proc.pid if self.proc else '?'})"
+
+    def wait_ready(self, timeout: float) -> EngineReady:
+        """Block until READY; a core that fails or dies first raises EngineStartupError
+        carrying its cause (its traceback, or how it exited)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineStartupError(f"{self.name} sent no READY within {timeout:.0f} s")
+                for msg in self.channel.recv_batch(timeout=min(left, 1.0)):
+                    if isinstance(msg, EngineReady):
+                        self.ready = msg
+                        return msg
+                    if isinstance(msg, EngineDead):
+                        raise EngineStartupError(f"{self.name} failed to start: {msg.error}")
+        except TransportError:
+            raise EngineStartupError(f"{self.name} {self.exit_status()} before it was ready") from None
+
+    def exit_status(self, wait: float = 1.0) -> str:
+        try:
+            return describe_exit(self.proc.wait(wait))
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+
+    def close(self, timeout: float) -> None:
+        """Ask the core to exit, wait up to ``timeout``, then kill it; free fds and rings."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.channel.try_send(Shutdown())
+            except TransportError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.channel.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def launch_cores(config: Any, engine_indices: list[int]) -> list[CoreProcess]:
+    """Start the cores together (each imports torch and loads the model), then wait for all."""
+    cores: list[CoreProcess] = []
+    try:
+        for i in engine_indices:
+            cores.append(CoreProcess(config, i))
+        for core in cores:
+            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
+        return cores
+    except BaseException:
+        close_cores(cores, timeout=0)
+        raise
+
+
+def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
+    for core in cores:
+        core.close(timeout)
+
+
+class SyncMPClient(EngineCoreClient):
+    """For ``LLM``/``LLMEngine``: one thread, blocking (futex) reads with liveness checks."""
+
+    def __init__(self, config: Any) -> None:
+        self._cores = launch_cores(config, [0])
+        self._core = self._cores[0]
+        self._finalizer = weakref.finalize(self, close_cores, self._cores)
+        self._outputs: deque[EngineCoreOutputs] = deque()
+        self._results: dict[int, UtilityResult] = {}
+        self._call_ids = itertools.count()
+        self._dead: Optional[EngineDeadError] = None
+
+    @property
+    def ready(self) -> EngineReady:
+        return self._core.ready
+
+    def _receive(self, timeout: Optional[float]) -> None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            batch = self._core.channel.recv_batch(timeout=timeout)
+        except TransportError:
+            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
+            raise self._dead from None
+        for msg in batch:
+            if isinstance(msg, EngineCoreOutputs):
+                self._outputs.append(msg)
+            elif isinstance(msg, UtilityResult):
+                self._results[msg.call_id] = msg
+            elif isinstance(msg, EngineDead):
+                self._dead = EngineDeadError(msg.error)
+                raise self._dead
+
+    def _send(self, msg: Any) -> None:
+        if self._dead is not None:
+            raise self._dead
+        channel = self._core.channel
+        try:
+            # A full request ring: keep taking outputs while the core catches up.
+            while not channel.try_send(msg):
+                self._receive(timeout=0.001)
+        except TransportError:
+            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
+            raise self._dead from None
+
+    def get_output(self) -> EngineCoreOutputs:
+        while not self._outputs:
+            self._receive(timeout=None)
+        return self._outputs.popleft()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and self._dead is None:
+            self._send(AbortRequests(list(request_ids)))
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        call_id = next(self._call_ids)
+        self._send(UtilityCall(call_id, method, list(args)))
+        while call_id not in self._results:
+            self._receive(timeout=None)
+        return _utility_value(self._results.pop(call_id))
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _utility_value(result: UtilityResult) -> Any:
+    if result.error is not None:
+        raise RuntimeError(f"EngineCore utility call failed: {result.error}")
+    return result.result
+
+
+class AsyncMPClient:
+    """For ``AsyncLLM``: each core's channel is read by a task woken through an eventfd
+    (``loop.add_reader``), and each core's pidfd is watched on the loop too.
+
+    The tasks start on first use inside a running loop, so the client can be built before
+    the loop exists. Outputs of all cores arrive in one queue, in each core's order. Its
+    interface is the async half of vLLM's client (``*_async``), hence no EngineCoreClient base.
+    """
+
+    def __init__(self, config: Any, engine_indices: Optional[list[int]] = None) -> None:
+        self._cores = launch_cores(config, engine_indices or [0])
+        self._finalizer = weakref.finalize(self, _close_async, self._cores)
+        self._queue: Optional[asyncio.Queue] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._readers: list[asyncio.Task] = []
+        self._futures: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._pending: dict[int, deque] = {}  # per core: (message, future) waiting for ring space
+        self._dead: Optional[EngineDeadError] = None
+        self._closing = False
+
+    @property
+    def ready(self) -> EngineReady:
+        return self._cores[0].ready
+
+    @property
+    def dead_error(self) -> Optional[EngineDeadError]:
+        return self._dead
+
+    def _ensure_started(self) -> None:
+        if self._queue is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        for core in self._cores:
+            self._pending[core.engine_index] = deque()
+            self._loop.add_reader(core.pidfd, self._on_core_exit, core)
+            self._readers.append(self._loop.create_task(self._read(core), name=f"read-{core.name}"))
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_async, self._cores, self._loop, self._readers)
+
+    async def _read(self, core: CoreProcess) -> None:
+        try:
+            while True:
+                self._dispatch(core, await core.channel.recv_batch_async())
+        except TransportError:
+            self._on_core_exit(core)
+
+    def _dispatch(self, core: CoreProcess, batch: list) -> None:
+        for msg in batch:
+            if isinstance(msg, EngineCoreOutputs):
+                self._on_outputs(msg)
+                self._queue.put_nowait(msg)
+            elif isinstance(msg, UtilityResult):
+                fut = self._futures.pop(msg.call_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif isinstance(msg, EngineDead):
+                self._fail(EngineDeadError(f"{core.name}: {msg.error}"))
+
+    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
+        """Called for each OUTPUTS message as it arrives (the DP client counts finished work)."""
+
+    def _on_core_exit(self, core: CoreProcess) -> None:
+        if self._closing or self._dead is not None:
+            return
+        try:  # the core may have said why before it exited: read that first
+            self._dispatch(core, core.channel.poll())
+        except TransportError:
+            pass
+        self._fail(EngineDeadError(f"{core.name} {core.exit_status(wait=0.1)}"))
+
+    def _fail(self, error: EngineDeadError) -> None:
+        if self._dead is not None:
+            return
+        self._dead = error
+        logger.error("%s", error)
+        waiting = list(self._futures.values())
+        for pending in self._pending.values():
+            waiting.extend(fut for _, fut in pending)
+            pending.clear()
+        self._futures.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # nobody may be awaiting (an abort): no "never retrieved" warning
+        self._queue.put_nowait(error)
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._ensure_started()
+        out = await self._queue.get()
+        if isinstance(out, EngineDeadError):
+            self._queue.put_nowait(out)  # every later caller sees it too
+            raise out
+        return out
+
+    def _send_nowait(self, core: CoreProcess, msg: Any) -> Optional[asyncio.Future]:
+        """Send in order without blocking: at once when the ring has room and nothing waits
+        before it; otherwise queued behind the others for a task that waits for space on the
+        loop. Returns None when sent, else a future done when it is sent."""
+        self._ensure_started()
+        if self._dead is not None:
+            raise self._dead
+        pending = self._pending[core.engine_index]
+        if not pending:
+            try:
+                if core.channel.try_send(msg):
+                    return None
+            except TransportError:
+                self._on_core_exit(core)
+                raise self._dead from None
+        fut = self._loop.create_future()
+        pending.append((msg, fut))
+        if len(pending) == 1:
+            self._loop.create_task(self._flush(core, pending))
+        return fut
+
+    async def _flush(self, core: CoreProcess, pending: deque) -> None:
+        try:
+            while pending:
+                msg, fut = pending[0]
+                await core.channel.send_async(msg)
+                pending.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+        except TransportError:
+            self._on_core_exit(core)
+
+    async def _send(self, core: CoreProcess, msg: Any) -> None:
+        fut = self._send_nowait(core, msg)
+        if fut is not None:
+            await fut
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        await self._send(self._cores[0], request)
+
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        """Abort without awaiting: usable from cancellation handlers; ordered after every
+        earlier send, so an id aborted here can be reused at once."""
+        if request_ids and self._dead is None:
+            self._send_nowait(self._cores[0], AbortRequests(list(request_ids)))
+
+    async def call_utility_async(self, method: str, *args: Any, engine_index: int = 0) -> Any:
+        self._ensure_started()
+        call_id = next(self._call_ids)
+        fut = self._futures[call_id] = self._loop.create_future()
+        core = next(c for c in self._cores if c.engine_index == engine_index)
+        await self._send(core, UtilityCall(call_id, method, list(args)))
+        return _utility_value(await fut)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the cores; later calls (and requests still waiting) get EngineDeadError."""
+        self._closing = True
+        if self._dead is None:
+            self._dead = EngineDeadError("the engine was shut down")
+            if self._queue is not None and _in_loop(self._loop):
+                self._queue.put_nowait(self._dead)
+        self._finalizer.detach()
+        _close_async(self._cores, self._loop, self._readers, timeout)
+
+
+def _in_loop(loop: Optional[asyncio.AbstractEventLoop]) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _close_async(cores: list[CoreProcess], loop: Optional[asyncio.AbstractEventLoop] = None,
+                 readers: Optional[list] = None, timeout: float = 5.0) -> None:
+    """Stop the reader tasks and pidfd watches (only from the loop's own thread, or once the
+    loop has stopped: neither is thread-safe), then close the cores."""
+    if loop is not None and not loop.is_closed():
+        if _in_loop(loop) or not loop.is_running():
+            for task in readers or ():
+                task.cancel()
+            for core in cores:
+                if core.pidfd is not None:
+                    loop.remove_reader(core.pidfd)
+    close_cores(cores, timeout)

@@ -1,0 +1,259 @@
+"""The EngineCore in its own process: ``python -m engine.core.engine_core_proc TOKEN SPEC``.
+
+Started by ``engine.client.mp_client`` with ``subprocess`` rather than multiprocessing, so
+the user's ``__main__`` is never re-imported and the ring's file descriptors arrive through
+``pass_fds``. ``SPEC`` is a JSON ``CoreLaunchSpec``. torch is imported only after the
+thread count and ``OMP_WAIT_POLICY`` are set (FACTS.md: an OpenMP thread that spins while
+its partner core runs the frontend makes a decode step many times slower).
+
+This module's top level imports no torch: the frontend imports it for the spec.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
+                             EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
+                             UtilityCall, UtilityResult)
+
+logger = logging.getLogger(__name__)
+
+# EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
+UTILITY_METHODS = frozenset({
+    "get_stats", "reset_prefix_cache", "is_sleeping", "num_unfinished_requests",
+    "has_unfinished_requests", "get_supported_tasks", "ping",
+})
+
+# How long the loop waits for a request when it holds outputs the full ring refused:
+# short enough to retry promptly, long enough not to spin a core the frontend needs.
+_HELD_RETRY_S = 0.0005
+
+
+class CoreLaunchSpec(msgspec.Struct):
+    transport: str  # "shm" | "zmq"
+    engine_index: int
+    num_threads: int
+    parent_pid: int
+    # SIGKILL on parent death; only when launched from the main thread, because the
+    # signal follows the launching *thread*, which may end long before the frontend.
+    pdeathsig: bool
+    engine_args: dict[str, Any]  # EngineArgs fields; the core derives its own config
+
+
+def make_codec():
+    from shm_transport import MsgspecCodec
+
+    return MsgspecCodec(list(MESSAGE_TYPES))
+
+
+def channel_class(transport: str):
+    if transport == "zmq":
+        from shm_transport.zmq_channel import ZmqChannel
+
+        return ZmqChannel
+    from shm_transport import Channel
+
+    return Channel
+
+
+def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
+    return [sys.executable, "-m", "engine.core.engine_core_proc", token, msgspec.json.encode(spec).decode()]
+
+
+def engine_args_dict(args: Any) -> dict[str, Any]:
+    """The EngineArgs fields of ``args`` as JSON-able values (an AsyncEngineArgs carries
+    frontend-only extras; a CompilationConfig travels as its dict)."""
+    from engine.config import EngineArgs
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
+
+
+def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
+    into.new_token_ids.extend(new.new_token_ids)
+    for name in ("new_logprobs", "new_prompt_logprobs"):
+        a, b = getattr(into, name), getattr(new, name)
+        if a is None:
+            setattr(into, name, b)
+        elif b is not None:
+            setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
+                                              a.ranks + b.ranks))
+    into.finish_reason, into.stop_reason, into.error = new.finish_reason, new.stop_reason, new.error
+
+
+def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
+    """Fold a later step into outputs not yet published: one entry per request, so what the
+    core holds while the frontend is slow stays bounded by the number of live requests."""
+    index = {o.request_id: o for o in into.outputs}
+    for out in new.outputs:
+        held = index.get(out.request_id)
+        if held is None or held.finished:
+            into.outputs.append(out)
+            index[out.request_id] = out
+        else:
+            _merge_output(held, out)
+    into.scheduler_stats = new.scheduler_stats or into.scheduler_stats
+    if new.finished_requests:
+        into.finished_requests = (into.finished_requests or []) + new.finished_requests
+
+
+class EngineCoreProc:
+    """The busy loop around one EngineCore and the core end of one channel.
+
+    Contract: every message for the frontend goes through ``_outbox``, in order; the loop
+    only ever *tries* to publish, so a full output ring never stops it from draining
+    requests and stepping. Consecutive outputs waiting in the outbox merge into one.
+    """
+
+    def __init__(self, core: Any, channel: Any, engine_index: int) -> None:
+        self.core = core
+        self.channel = channel
+        self.engine_index = engine_index
+        self._outbox: deque = deque()
+        self._running = True
+
+    def run_busy_loop(self) -> None:
+        while self._running:
+            # 1) take every request that has arrived; block only when there is nothing to do
+            if self.core.has_unfinished_requests():
+                msgs = self.channel.poll()
+            else:
+                msgs = self.channel.recv_batch(timeout=_HELD_RETRY_S if self._outbox else None)
+            for msg in msgs:
+                self._handle(msg)
+            # 2) step and publish (never blocking on a full output ring)
+            if self._running and self.core.has_unfinished_requests():
+                outputs = self.core.step()
+                if outputs.outputs or outputs.finished_requests:
+                    self._publish(outputs)
+            self._flush()
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, EngineCoreRequest):
+            self.core.add_request(msg)
+        elif isinstance(msg, AbortRequests):
+            self.core.abort_requests(msg.request_ids)
+        elif isinstance(msg, UtilityCall):
+            self._outbox.append(self._call_utility(msg))
+        elif isinstance(msg, Shutdown):
+            self._running = False
+        else:
+            raise TypeError(f"EngineCore got an unexpected message {type(msg).__name__}")
+
+    def _call_utility(self, call: UtilityCall) -> UtilityResult:
+        if call.method not in UTILITY_METHODS or not hasattr(self.core, call.method):
+            return UtilityResult(call.call_id, error=f"utility method {call.method!r} is not allowed")
+        try:
+            return UtilityResult(call.call_id, result=getattr(self.core, call.method)(*call.args))
+        except Exception as e:  # the caller gets the error; the engine keeps serving
+            return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}")
+
+    def _publish(self, outputs: EngineCoreOutputs) -> None:
+        outputs.engine_index = self.engine_index
+        if self._outbox and isinstance(self._outbox[-1], EngineCoreOutputs):
+            merge_outputs(self._outbox[-1], outputs)
+        else:
+            self._outbox.append(outputs)
+
+    def _flush(self) -> None:
+        while self._outbox:
+            msg = self._outbox[0]
+            if isinstance(msg, EngineCoreOutputs):
+                msg.timestamp = time.monotonic()  # for the frontend's publish-to-receive latency
+            if not self.channel.try_send(msg):
+                return
+            self._outbox.popleft()
+
+
+def _exit_when_parent_dies(parent_pid: int) -> None:
+    """Exit within moments of the frontend's death, even in the middle of a step."""
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(1)
+    if os.getppid() != parent_pid:  # it died before the pidfd was opened
+        os._exit(1)
+    select.select([pidfd], [], [])
+    os._exit(1)
+
+
+def _setup_process(spec: CoreLaunchSpec) -> None:
+    if spec.pdeathsig:
+        from shm_transport import set_parent_death_signal
+
+        set_parent_death_signal(signal.SIGKILL)
+    threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True,
+                     name="parent-watch").start()
+    # Ctrl-C in the terminal reaches the whole process group: the frontend turns it into
+    # aborts of its requests, and the core must survive to serve the next ones.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ["OMP_NUM_THREADS"] = str(spec.num_threads)
+    import torch  # first import of torch in this process, after the two settings above
+
+    torch.set_num_threads(spec.num_threads)
+
+
+def _start_core(spec: CoreLaunchSpec) -> Any:
+    from engine.config import EngineArgs, create_engine_config
+    from engine.core.engine_core import EngineCore
+
+    config = create_engine_config(EngineArgs(**spec.engine_args))
+    return config, EngineCore(config)
+
+
+def _send_dead(channel: Any, engine_index: int, error: str) -> None:
+    try:
+        channel.send(EngineDead(error, engine_index), timeout=1.0)
+    except Exception:  # the frontend is gone or not reading: nothing more to tell it
+        pass
+
+
+def main(argv: list[str]) -> int:
+    from shm_transport import TransportError
+
+    token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
+    _setup_process(spec)
+    from engine import envs
+
+    logging.basicConfig(level=envs.RINGLLM_LOGGING_LEVEL,
+                        format=f"(EngineCore_{spec.engine_index} pid={os.getpid()}) %(levelname)s %(name)s: %(message)s")
+    channel = channel_class(spec.transport).attach(make_codec(), token, peer_pid=spec.parent_pid)
+    try:
+        try:
+            config, core = _start_core(spec)
+        except Exception:
+            _send_dead(channel, spec.engine_index, f"EngineCore failed to start:\n{traceback.format_exc()}")
+            return 1
+        channel.send(EngineReady(
+            engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
+            block_size=config.cache_config.block_size, max_model_len=config.model_config.max_model_len,
+            vocab_size=config.model_config.vocab_size), timeout=10.0)
+        try:
+            EngineCoreProc(core, channel, spec.engine_index).run_busy_loop()
+        except TransportError:
+            return 1  # the frontend is gone or closed the channel: nobody left to tell
+        except Exception:
+            logger.exception("EngineCore %d died", spec.engine_index)
+            _send_dead(channel, spec.engine_index, traceback.format_exc())
+            return 1
+        return 0
+    finally:
+        channel.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

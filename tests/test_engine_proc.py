@@ -1,0 +1,209 @@
+"""The EngineCore process: handshake, start-up failures, liveness both ways, idle cost,
+utility allow-list, and the merge of outputs a full ring held back.
+
+Real processes over real rings (and the zmq baseline). The helpers at the top are shared
+with test_llm_mp.py and test_async_llm.py: starting a core imports torch, so engines are
+built once per module and leaks are checked when the module's engines are gone.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from engine.config import EngineArgs
+from engine.core.engine_core_proc import merge_outputs
+from engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
+                             LogprobsLists)
+from engine.sampling_params import SamplingParams
+
+# Dummy weights on a tiny Llama: a step costs about a millisecond, so these tests measure
+# the process and transport machinery, not the model. Rings at their smallest by default.
+TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20,
+            num_threads=1, ring_capacity=4096, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from engine.models.default_model import write_tiny_model
+
+    return write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+def tiny_config(model: str, **overrides):
+    return EngineArgs(model=model, **{**TINY, **overrides}).create_engine_config()
+
+
+def child_pids() -> set[int]:
+    pids: set[int] = set()
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return pids
+
+
+def pid_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts: it no longer runs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(cond, timeout: float, interval: float = 0.01) -> float:
+    """Seconds until ``cond()`` held; fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind():
+    """Set up before, and torn down after, every engine of the module: then no child
+    process and no new /dev/shm entry may remain."""
+    shm_before = set(os.listdir("/dev/shm"))
+    children_before = child_pids()
+    yield
+    wait_until(lambda: child_pids() <= children_before, timeout=5)
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def request(request_id: str, max_tokens: int = 8, prompt=(1, 2, 3, 4)) -> EngineCoreRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return EngineCoreRequest(request_id, list(prompt), params, eos_token_id=2)
+
+
+@pytest.fixture(scope="module", params=["shm", "zmq"])
+def client(request, tiny_model):
+    from engine.client.mp_client import SyncMPClient
+
+    c = SyncMPClient(tiny_config(tiny_model, transport=request.param))
+    yield c
+    c.shutdown()
+
+
+def run_to_completion(client, ids: set[str]) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    done: set[str] = set()
+    while done != ids:
+        for out in client.get_output().outputs:
+            if out.request_id in ids:  # skip the tail of an earlier test's aborted request
+                tokens[out.request_id] += out.new_token_ids
+                if out.finished:
+                    done.add(out.request_id)
+    return tokens
+
+
+def test_handshake_reports_kv_cache_and_model_limits(client):
+    ready = client.ready
+    assert ready.num_kv_blocks > 0 and ready.block_size == 16
+    assert ready.max_model_len == 256 and ready.vocab_size == 49152
+    assert ready.pid == client._core.proc.pid
+
+
+def test_requests_run_to_completion_through_the_core(client):
+    for i in range(3):
+        client.add_request(request(f"r{i}", max_tokens=5 + i))
+    tokens = run_to_completion(client, {"r0", "r1", "r2"})
+    assert [len(tokens[f"r{i}"]) for i in range(3)] == [5, 6, 7]
+    assert client.call_utility("get_stats")["num_running_reqs"] == 0
+
+
+def test_abort_stops_the_request_in_the_core(client):
+    client.add_request(request("long", max_tokens=200))
+    client.get_output()  # it is running
+    client.abort_requests(["long"])
+    stats = client.call_utility("get_stats")
+    assert stats["num_running_reqs"] == 0 and stats["num_waiting_reqs"] == 0
+
+
+def test_utility_calls_only_reach_allow_listed_methods(client):
+    assert client.call_utility("reset_prefix_cache") in (True, False)
+    for method in ("shutdown", "add_request", "__init__", "step"):
+        with pytest.raises(RuntimeError, match="not allowed"):
+            client.call_utility(method)
+
+
+def test_idle_core_uses_no_cpu(client):
+    pid = client.ready.pid
+
+    def cpu_seconds() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    time.sleep(0.2)  # let it fall asleep after the previous test
+    before = cpu_seconds()
+    time.sleep(1.0)
+    assert cpu_seconds() - before < 0.05
+
+
+def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model):
+    from engine.client.mp_client import SyncMPClient
+    from engine.exceptions import EngineStartupError
+
+    before = child_pids()
+    # Valid for the frontend, but the core cannot fit one request in this KV cache.
+    with pytest.raises(EngineStartupError, match="kv_cache_memory"):
+        SyncMPClient(tiny_config(tiny_model, kv_cache_memory=4096))
+    assert child_pids() <= before
+
+
+_FRONTEND = textwrap.dedent("""
+    import sys, time
+    from engine.client.mp_client import SyncMPClient
+    from engine.config import EngineArgs
+    from engine.protocol import EngineCoreRequest
+    from engine.sampling_params import SamplingParams
+    cfg = EngineArgs(model=sys.argv[1], transport=sys.argv[2], **eval(sys.argv[3])).create_engine_config()
+    client = SyncMPClient(cfg)
+    client.add_request(EngineCoreRequest("r", [1, 2, 3], SamplingParams(max_tokens=250, ignore_eos=True)))
+    client.get_output()
+    print(client.ready.pid, flush=True)
+    while True:  # mid-generate when it is killed
+        client.get_output()
+""")
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_core_exits_within_1s_when_the_frontend_is_killed(tiny_model, transport):
+    frontend = subprocess.Popen([sys.executable, "-c", _FRONTEND, tiny_model, transport, repr(TINY)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        core_pid = int(frontend.stdout.readline())
+        os.kill(frontend.pid, signal.SIGKILL)
+        frontend.wait()
+        assert wait_until(lambda: pid_gone(core_pid), timeout=1.0) < 1.0
+    finally:
+        frontend.kill()
+        frontend.wait()
+        frontend.stdout.close()
+
+
+def _out(req_id, tokens, finish=None, logprob_rows=0):
+    lp = LogprobsLists([[t] for t in tokens][:logprob_rows], [[-1.0]] * logprob_rows, [1] * logprob_rows)
+    return EngineCoreOutput(req_id, list(tokens), new_logprobs=lp if logprob_rows else None,
+                            finish_reason=finish)
+
+
+def test_held_outputs_merge_into_one_entry_per_request():
+    held = EngineCoreOutputs(outputs=[_out("a", [1], logprob_rows=1), _out("b", [5], FinishReason.LENGTH)])
+    merge_outputs(held, EngineCoreOutputs(outputs=[_out("a", [2], logprob_rows=1), _out("c", [9])]))
+    merge_outputs(held, EngineCoreOutputs(outputs=[_out("a", [3], FinishReason.STOP, logprob_rows=1),
+                                                   _out("b", [7])]))  # "b" again: a reused id
+    by_id = [(o.request_id, o.new_token_ids, o.finish_reason) for o in held.outputs]
+    assert by_id == [("a", [1, 2, 3], FinishReason.STOP), ("b", [5], FinishReason.LENGTH),
+                     ("c", [9], None), ("b", [7], None)]
+    assert held.outputs[0].new_logprobs.token_ids == [[1], [2], [3]]

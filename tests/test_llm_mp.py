@@ -1,0 +1,136 @@
+"""LLM with its EngineCore in another process (the default), on the ring and on zmq:
+same results as in-process, backpressure with tiny rings, Ctrl-C, kill -9, clean-up, and
+the keyword normalisation LLM does before it builds the engine."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.client import InprocClient
+from engine.client.mp_client import SyncMPClient
+from engine.config import CompilationConfig
+from engine.exceptions import EngineDeadError
+from engine.sampling_params import BeamSearchParams
+from test_engine_proc import TINY, nothing_left_behind, pid_gone, tiny_model, wait_until  # noqa: F401
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+PROMPTS = ["Hello, my name is", "The future of AI is", [1, 2, 3], {"prompt": "A story:"}]
+
+
+@pytest.fixture(scope="module", params=["shm", "zmq"])
+def llm(request, tiny_model):
+    llm = LLM(model=tiny_model, transport=request.param, **TINY)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inproc_outputs(tiny_model):
+    os.environ["RINGLLM_ENABLE_MULTIPROCESSING"] = "0"
+    try:
+        llm = LLM(model=tiny_model, **TINY)
+    finally:
+        del os.environ["RINGLLM_ENABLE_MULTIPROCESSING"]
+    assert isinstance(llm.llm_engine.engine_core, InprocClient)
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.shutdown()
+    return outputs
+
+
+def test_multiprocess_by_default_with_the_same_outputs_as_in_process(llm, inproc_outputs):
+    assert isinstance(llm.llm_engine.engine_core, SyncMPClient)
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in inproc_outputs]
+    assert [o.outputs[0].text for o in outputs] == [o.outputs[0].text for o in inproc_outputs]
+
+
+def test_2000_prompts_through_tiny_rings_complete_in_order(llm):
+    prompts = [f"prompt {i}" for i in range(2000)]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    assert [o.prompt for o in outputs] == prompts
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outputs)
+
+
+def test_ctrl_c_during_generate_raises_promptly_and_aborts_in_core(llm):
+    fired = []
+
+    def interrupt() -> None:
+        fired.append(time.monotonic())
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    timer = threading.Timer(0.3, interrupt)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([f"long {i}" for i in range(200)], SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
+                     use_tqdm=False)
+    assert time.monotonic() - fired[0] < 1.0
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert len(llm.generate("still serving", GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 10
+
+
+def test_beam_search_keeps_the_best_beams(llm):
+    outputs = llm.beam_search([{"prompt": "Once upon a time"}], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
+    sequences = outputs[0].sequences
+    assert len(sequences) == 3
+    scores = [s.cum_logprob for s in sequences]
+    assert scores == sorted(scores, reverse=True)
+    assert len({tuple(s.tokens) for s in sequences}) == 3
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_kill9_of_core_mid_generate_raises_engine_dead_within_1s(tiny_model, transport):
+    llm = LLM(model=tiny_model, transport=transport, **TINY)
+    pid = llm.llm_engine.engine_core.ready.pid
+    killed = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Timer(0.3, kill).start()
+    with pytest.raises(EngineDeadError, match="SIGKILL"):
+        llm.generate([f"long {i}" for i in range(200)], SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
+                     use_tqdm=False)
+    assert time.monotonic() - killed[0] < 1.0
+    with pytest.raises(EngineDeadError):
+        llm.generate("after", GREEDY, use_tqdm=False)
+    llm.shutdown()
+
+
+def test_keyword_normalisation_and_del_frees_the_core(tiny_model):
+    with pytest.warns(DeprecationWarning, match="swap_space"), pytest.warns(UserWarning, match="renderer_num_workers"):
+        llm = LLM(model=tiny_model, swap_space=4, renderer_num_workers=2, compilation_config=0, **TINY)
+    assert llm.llm_engine.config.compilation_config == CompilationConfig(mode=0)
+    pid = llm.llm_engine.engine_core.ready.pid
+    del llm
+    gc.collect()
+    wait_until(lambda: pid_gone(pid), timeout=5)
+
+
+def test_data_parallel_is_refused_with_the_route_to_use(tiny_model):
+    with pytest.raises(ValueError, match="data-parallel-size"):
+        LLM(model=tiny_model, data_parallel_size=2, **TINY)
+
+
+def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model, tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent(f"""
+        from engine import LLM, SamplingParams
+        llm = LLM(model={tiny_model!r}, **{TINY!r})
+        out = llm.generate(["hi"], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0), use_tqdm=False)
+        print(len(out[0].outputs[0].token_ids))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3"]
