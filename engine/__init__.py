@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine import envs  # noqa: E402
+from engine.async_llm import AsyncLLM  # noqa: E402
 from engine.config import AsyncEngineArgs, EngineArgs  # noqa: E402
 from engine.frontend.input_processor import TextPrompt, TokensPrompt  # noqa: E402
 from engine.llm import LLM  # noqa: E402
@@ -32,5 +33,5 @@ def _configure_logging() -> None:
 
 _configure_logging()
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutputKind", "EngineArgs", "AsyncEngineArgs",
+__all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "RequestOutputKind", "EngineArgs", "AsyncEngineArgs",
            "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt"]
