@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import AsyncGenerator, Iterable, Optional, Union
@@ -102,7 +104,7 @@ class RequestOutputCollector:
 
 
 async def _output_handler(engine_core, output_processor: OutputProcessor,
-                          collectors: dict[str, RequestOutputCollector]) -> None:
+                          collectors: dict[str, RequestOutputCollector], latencies: deque) -> None:
     """The one task that turns core outputs into RequestOutputs. A free function holding no
     reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
     chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
@@ -111,6 +113,7 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
             # 1) the next OUTPUTS from any core
             outputs = await engine_core.get_output_async()
             items, timestamp = outputs.outputs, outputs.timestamp
+            latencies.append(time.monotonic() - timestamp)
             for start in range(0, len(items), chunk):
                 if start:
                     await asyncio.sleep(0)  # let consumers and new requests run between slices
@@ -145,6 +148,7 @@ class AsyncLLM:
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._collectors: dict[str, RequestOutputCollector] = {}
+        self._transport_latencies: deque[float] = deque(maxlen=100_000)
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
         self.output_handler: Optional[asyncio.Task] = None
@@ -167,7 +171,8 @@ class AsyncLLM:
     def _run_output_handler(self) -> None:
         if self.output_handler is None:
             self.output_handler = asyncio.get_running_loop().create_task(
-                _output_handler(self.engine_core, self.output_processor, self._collectors),
+                _output_handler(self.engine_core, self.output_processor, self._collectors,
+                                self._transport_latencies),
                 name="AsyncLLM.output_handler")
 
     # -- state -----------------------------------------------------------------------
@@ -198,6 +203,13 @@ class AsyncLLM:
 
     async def get_model_config(self):
         return self.model_config
+
+    def take_transport_latencies(self) -> list[float]:
+        """Seconds from the core publishing each OUTPUTS message to the output handler taking
+        it, for every message since the previous call (the ring's own latency, for /metrics)."""
+        samples = list(self._transport_latencies)
+        self._transport_latencies.clear()
+        return samples
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")

@@ -56,6 +56,8 @@ async def test_delta_concatenates_to_cumulative_and_final_only_yields_once(engin
     final = await collect(engine, prompt, greedy(max_tokens=12, output_kind=RequestOutputKind.FINAL_ONLY),
                           "final")
     assert engine.output_handler is not None and engine.is_running
+    latencies = engine.take_transport_latencies()
+    assert latencies and all(0 < t < 1 for t in latencies) and not engine.take_transport_latencies()
     assert len(final) == 1 and final[0].finished
     last = cumulative[-1].outputs[0]
     assert len(last.token_ids) == 12 and last.finish_reason == "length"
