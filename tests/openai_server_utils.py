@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 TINY_SERVE_ARGS = ["--load-format", "dummy", "--dtype", "float32", "--num-threads", "1",
                    "--kv-cache-memory", str(64 << 20), "--seed", "0"]
 START_TIMEOUT_S = 180.0
+RINGLLM = [sys.executable, "-c", "import sys; from engine.entrypoints.cli import main; sys.exit(main())"]
 
 
 def free_port() -> int:
@@ -55,11 +56,11 @@ def descendants(pid: int) -> set[int]:
 
 
 class RemoteServer:
-    def __init__(self, model: str, *args: str, env: Optional[dict] = None) -> None:
+    def __init__(self, *serve_args: str, env: Optional[dict] = None) -> None:
+        """``serve_args``: what follows ``ringllm serve`` (the model first, or none for the default)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-c", "import sys; from engine.entrypoints.cli import main; sys.exit(main())",
-                     "serve", model, "--port", str(self.port), *args]
+        self.argv = [*RINGLLM, "serve", *serve_args, "--port", str(self.port)]
         self.env = dict(os.environ, **(env or {}))
         self.proc: Optional[subprocess.Popen] = None
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 
 import aiohttp
 import openai
 import pytest
 
-from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_sse, wait_for
+from openai_server_utils import RINGLLM, TINY_SERVE_ARGS, RemoteServer, parse_sse, wait_for
 
 API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -240,3 +241,29 @@ def test_64_concurrent_streams_all_complete_well_formed(server):
         assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
         assert all(c["id"] == chunks[0]["id"] for c in chunks)
     assert server.unfinished_in_core() == 0
+
+
+# ---- the command-line clients ----
+
+def test_ringllm_complete_quick_prints_a_completion(server):
+    out = subprocess.run([*RINGLLM, "complete", "--url", server.base_url, "--api-key", API_KEY, "--max-tokens", "4",
+                          "--quick", PROMPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+def test_ringllm_chat_keeps_a_conversation_over_stdin(server):
+    out = subprocess.run([*RINGLLM, "chat", "--url", server.base_url, "--api-key", API_KEY, "--max-tokens", "4",
+                          "--system-prompt", "Be brief."], input="Hello\nAnd then?\n", capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("> ") == 3  # two turns answered, then the prompt that read end-of-input
+
+
+@pytest.mark.model
+def test_default_model_answers_a_chat_question():
+    with RemoteServer("--max-model-len", "512") as remote:  # no MODEL: the embedded default model
+        client = openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
+        out = client.chat.completions.create(model=client.models.list().data[0].id, temperature=0.0, max_tokens=20,
+                                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in out.choices[0].message.content

@@ -8,7 +8,7 @@ the engine when /metrics is scraped, so they are never older than the scrape.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -21,7 +21,6 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
                     10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                   0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-_TRANSPORT_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
 
 
 class ServerMetrics:
@@ -48,9 +47,6 @@ class ServerMetrics:
                              registry=reg)
         self.kv_usage = Gauge("ringllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)", m,
                               registry=reg)
-        self.transport = Histogram("ringllm:transport_latency_seconds", "Core publishes a step's outputs "
-                                   "-> the frontend receives them (the ring's own latency)", m,
-                                   buckets=_TRANSPORT_BUCKETS, registry=reg)
 
     def observe_finished(self, output: RequestOutput) -> None:
         m = self._model
@@ -67,15 +63,13 @@ class ServerMetrics:
             self.itl.labels(m).observe((stats.last_token_ts - stats.first_token_ts)
                                        / (stats.num_generation_tokens - 1))
 
-    def update_engine_state(self, stats: dict[str, Any], transport_latencies: Optional[list[float]]) -> None:
-        """``stats``: the core's totals (``get_stats``); ``transport_latencies``: samples since the last
-        scrape, in seconds."""
+    def update_engine_state(self, per_core: list[dict[str, Any]]) -> None:
+        """``per_core``: each EngineCore's own counts (its ``get_stats`` utility); data-parallel
+        ranks are summed, and their KV usage averaged."""
         m = self._model
-        self.running.labels(m).set(stats.get("num_running_reqs", 0))
-        self.waiting.labels(m).set(stats.get("num_waiting_reqs", 0))
-        self.kv_usage.labels(m).set(stats.get("kv_cache_usage", 0.0))
-        for latency in transport_latencies or ():
-            self.transport.labels(m).observe(latency)
+        self.running.labels(m).set(sum(s["num_running_reqs"] for s in per_core))
+        self.waiting.labels(m).set(sum(s["num_waiting_reqs"] for s in per_core))
+        self.kv_usage.labels(m).set(sum(s["kv_cache_usage"] for s in per_core) / len(per_core))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -147,7 +147,9 @@ class OpenAIServing:
                         await response.write(b"data: " + _encode(first) + b"\n\n")
                     async for event in events:
                         await response.write(b"data: " + _encode(event) + b"\n\n")
-            except (OpenAIError, EngineDeadError, EngineGenerateError, ValueError, TypeError, TimeoutError) as exc:
+            except ConnectionResetError:  # the client is gone: nobody to tell
+                raise
+            except Exception as exc:
                 error = to_openai_error(exc)
                 logger.info("stream %s ended with an error: %s", request.path, error.message)
                 await response.write(b"data: " + _encode(error.body()) + b"\n\n")

@@ -5,6 +5,7 @@ They share the chat endpoint's view of the model (names, tokenizer, chat renderi
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import logging
 
@@ -33,6 +34,12 @@ class OpenAIServingMisc:
         self.chat = chat
         self.engine = chat.engine
         self.created = now()
+        parallel = self.engine.config.parallel_config
+        # The ranks this frontend talks to (as make_async_mp_client chose): all of them, or only
+        # its own behind an external balancer.
+        external = parallel.data_parallel_size > 1 and parallel.data_parallel_external_lb
+        self.engine_indices = ([parallel.data_parallel_rank or 0] if external
+                               else list(range(parallel.data_parallel_size)))
 
     async def show_models(self, request: web.Request) -> web.Response:
         root = self.engine.model_config.model
@@ -50,12 +57,14 @@ class OpenAIServingMisc:
     async def metrics(self, request: web.Request) -> web.Response:
         metrics = self.chat.metrics
         if not self.engine.errored:
+            core = self.engine.engine_core
             try:
-                stats = await self.engine.engine_core.call_utility_async("get_stats")
+                stats = await asyncio.gather(*(core.call_utility_async("get_stats", engine_index=i)
+                                               for i in self.engine_indices))
             except EngineDeadError:
                 stats = None  # died during the call: the counters are still worth serving
-            if stats is not None:
-                metrics.update_engine_state(stats, None)
+            if stats:
+                metrics.update_engine_state(stats)
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
