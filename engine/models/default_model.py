@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import importlib.util
 import os
 import shutil
@@ -84,6 +85,8 @@ def _cached_dir(name: str, build: Callable[[str], None]) -> str:
     with _file_lock(os.path.join(cache, f".{name}.lock")):
         if os.path.isdir(final):  # another process converted it while we waited
             return final
+        for stale in glob.glob(os.path.join(cache, f".{name}.tmp-*")):  # left by a killed converter
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache)
         try:
             build(tmp)

@@ -1,0 +1,75 @@
+"""Weights loading and the embedded default model's one-time conversion."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.models.default_model import default_gguf_path, default_model_path
+from runner_utils import generate, make_request, make_runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_dummy_weights_are_deterministic_per_seed(tiny_model_dir):
+    a, b, c = (make_runner(tiny_model_dir, load_format="dummy", seed=s) for s in (0, 0, 1))
+    wa, wb, wc = (r.model.layers[0].qkv for r in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_tiny_model_dir_has_config_and_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    cfg = json.load(open(os.path.join(tiny_model_dir, "config.json")))
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["architectures"]) == (2, 64, ["LlamaForCausalLM"])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert tok.eos_token_id == 2 and tok.decode(tok.encode("Hello world")) == "Hello world"
+
+
+_RACER = """
+import os, sys, time
+from engine.models.default_model import _cached_dir
+
+def build(dst):
+    with open(os.path.join(sys.argv[1], "builds"), "a") as f:
+        f.write("x")
+    time.sleep(1.0)  # a slow conversion, so the other process arrives mid-way
+    open(os.path.join(dst, "weights"), "w").write("complete")
+
+print(_cached_dir("model", build))
+"""
+
+
+def test_racing_processes_convert_once_and_agree(tmp_path):
+    """Two processes ask for the same conversion at once: one converts, both get the same
+    complete directory, and no temp directory is left behind."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, RINGLLM_CACHE=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert paths == {str(cache / "model")}
+    assert (tmp_path / "builds").read_text() == "x"
+    assert (cache / "model" / "weights").read_text() == "complete"
+    assert sorted(os.listdir(cache)) == [".model.lock", "model"]
+
+
+@pytest.mark.model
+def test_gguf_file_loads_dequantized_like_the_converted_default(tmp_path):
+    """A .gguf file is dequantized on load; it must equal the cached float32 conversion."""
+    gguf = default_gguf_path()
+    from_gguf = make_runner(gguf, hf_overrides={"architectures": ["LlamaForCausalLM"]}, max_model_len=256)
+    from_dir = make_runner(default_model_path(), max_model_len=256)
+    for name in ("embed", "layers.3.qkv", "layers.29.down"):
+        assert torch.equal(from_gguf.model.get_parameter(name), from_dir.model.get_parameter(name))
+    outs = []
+    for runner in (from_gguf, from_dir):
+        req = make_request("g", [1, 9690, 198, 19556, 905], max_tokens=6)
+        generate(runner, [req], 6)
+        outs.append(req.output_token_ids)
+    assert outs[0] == outs[1]
