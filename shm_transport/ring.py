@@ -235,6 +235,7 @@ def attach_ring(fd: int, capacity: int) -> Segment:
     try:
         seg.check(capacity)
     except BaseException:
+        seg.fd = None  # the caller's fd: not ours to close
         seg.unmap()
         raise
     return seg

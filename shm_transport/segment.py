@@ -91,7 +91,7 @@ class Segment:
         if not stat.S_ISREG(st.st_mode):
             raise CorruptRing(f"fd {fd} is not a shared-memory segment (mode {stat.filemode(st.st_mode)})")
         if st.st_size < size:
-            raise CorruptRing(f"segment fd {fd} holds {st.st_size} bytes, the token says {size}: "
+            raise CorruptRing(f"segment fd {fd} holds {st.st_size} bytes, the token's capacity needs {size}: "
                               "not this channel's segment")
         return cls(fd, size)
 

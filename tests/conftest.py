@@ -14,3 +14,78 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from engine.models.default_model import write_tiny_model
 
     return write_tiny_model(str(tmp_path_factory.mktemp("tiny-model")))
+
+
+# ---------------------------------------------------------------- nothing left behind (transport)
+# After every test: no /dev/shm entry of ours and no child process that the test started. The
+# pytest process is made a child subreaper, so orphaned grandchildren (e.g. an EngineCore whose
+# parent was killed) are re-parented to it and caught here too.
+import os  # noqa: E402
+import time  # noqa: E402
+
+_SHM_PREFIX = "ringllm-"
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(_SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def _live_children() -> dict[int, str]:
+    """Direct children of this process that are not zombies (zombies are reaped on the way)."""
+    me, out = os.getpid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state, ppid = stat.rpartition(")")[2].split()[:2]
+        if int(ppid) != me:
+            continue
+        pid = int(entry)
+        if state == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            out[pid] = "?"
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _adopt_orphans():
+    from shm_transport import set_child_subreaper
+
+    set_child_subreaper(True)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(_adopt_orphans):
+    shm_before, children_before = _shm_entries(), set(_live_children())
+    yield
+    deadline = time.monotonic() + 5.0  # let children that are already shutting down finish
+    while True:
+        left = {p: c for p, c in _live_children().items() if p not in children_before}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    shm_left = _shm_entries() - shm_before
+    assert not shm_left, f"/dev/shm entries left behind: {sorted(shm_left)}"
+    assert not left, f"child processes left behind (killed now): {left}"
