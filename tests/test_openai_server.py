@@ -142,6 +142,7 @@ def test_metrics_count_requests_and_latencies(server, client):
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
         assert m[f"ringllm:{name}_count"] >= 1
     assert "ringllm:kv_cache_usage_perc" in m and "ringllm:num_requests_waiting" in m
+    assert m["ringllm:transport_latency_seconds_count"] >= 3  # one sample per step's outputs
 
 
 # ---- errors, in OpenAI's shape ----

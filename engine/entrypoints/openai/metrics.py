@@ -1,10 +1,11 @@
 """Prometheus metrics of one server, in a registry of its own.
 
-A private ``CollectorRegistry`` (not prometheus_client's global one) lets several apps live
-in one process, as tests build them, without duplicate-metric errors. Latencies come from
+A private ``CollectorRegistry`` (not prometheus_client's global one): /metrics shows exactly
+this server's metrics, and a second app in one process gets no duplicate-metric error. Latencies come from
 the engine's per-request timings (``RequestOutput.metrics``), so a non-streaming request
 is measured as precisely as a streaming one. Gauges of the core's state are refreshed from
-the engine when /metrics is scraped, so they are never older than the scrape.
+the engine when /metrics is scraped, so they are never older than the scrape; so is the
+transport latency, whose samples AsyncLLM keeps until they are taken.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
                     10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                   0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_TRANSPORT_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1)
 
 
 class ServerMetrics:
@@ -47,6 +49,9 @@ class ServerMetrics:
                              registry=reg)
         self.kv_usage = Gauge("ringllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)", m,
                               registry=reg)
+        self.transport = Histogram("ringllm:transport_latency_seconds", "EngineCore publishes a step's "
+                                   "outputs -> the frontend takes them (the ring's own latency)", m,
+                                   buckets=_TRANSPORT_BUCKETS, registry=reg)
 
     def observe_finished(self, output: RequestOutput) -> None:
         m = self._model
@@ -62,6 +67,12 @@ class ServerMetrics:
         if stats.num_generation_tokens > 1:
             self.itl.labels(m).observe((stats.last_token_ts - stats.first_token_ts)
                                        / (stats.num_generation_tokens - 1))
+
+    def observe_transport(self, latencies: list[float]) -> None:
+        """Publish-to-receive samples of every OUTPUTS message since the last scrape."""
+        histogram = self.transport.labels(self._model)
+        for latency in latencies:
+            histogram.observe(latency)
 
     def update_engine_state(self, per_core: list[dict[str, Any]]) -> None:
         """``per_core``: each EngineCore's own counts (its ``get_stats`` utility); data-parallel

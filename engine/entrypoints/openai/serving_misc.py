@@ -56,6 +56,7 @@ class OpenAIServingMisc:
 
     async def metrics(self, request: web.Request) -> web.Response:
         metrics = self.chat.metrics
+        metrics.observe_transport(self.engine.take_transport_latencies())
         if not self.engine.errored:
             core = self.engine.engine_core
             try:
