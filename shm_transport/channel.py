@@ -20,6 +20,7 @@ Contract (the engine builds on exactly this):
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import Any, Optional
 
 from . import channel_async
 from ._ring import lib
-from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
+from .errors import ChannelClosed, MessageTooLarge, PeerDied, SegmentError, TransportError
 from .ring import (CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer, attach_ring,
                    check_capacity, new_ring, raise_status)
 from .token import PeerToken, RingSpec
@@ -133,13 +134,13 @@ class Channel(channel_async.AsyncChannelMixin):
                 res.segments.append(attach_ring(spec.fd, spec.capacity))
             for seg in res.segments:
                 seg.close_fd()  # mapped: the fd is no longer needed
-            res.fds = [tok.tx.data_efd, tok.tx.space_efd, tok.rx.data_efd, tok.rx.space_efd]
-            for fd in res.fds:
-                os.fstat(fd)
-        except OSError as e:
-            res.release()
-            raise TransportError(f"cannot attach channel: eventfd from the token is not open ({e}); "
-                                 "was it passed with pass_fds?") from e
+            for fd in (tok.tx.data_efd, tok.tx.space_efd, tok.rx.data_efd, tok.rx.space_efd):
+                try:
+                    os.fstat(fd)
+                except OSError:
+                    raise SegmentError(errno.EBADF, f"eventfd {fd} from the peer token is not open "
+                                       "(was it passed with pass_fds?)") from None
+                res.fds.append(fd)
         except BaseException:
             res.release()
             raise

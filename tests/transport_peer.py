@@ -188,6 +188,9 @@ def main() -> None:
             except PeerDied as e:
                 print(f"PeerDied: {e}", flush=True)
                 sys.exit(3)
+        elif mode == "sleep":  # report readiness, then never read
+            ch.send(Ctl("ready", n=os.getpid()))
+            time.sleep(60)
         elif mode == "middle":  # a parent of its own: start a grandchild in "block" mode
             grand = spawn_grandchild(args[0] == "1")
             ch.send(Ctl("grandchild", n=grand.pid))
