@@ -193,6 +193,20 @@ def test_unknown_model_is_404(client):
 def test_body_over_the_limit_is_413_and_unknown_route_404(server):
     status, err = _error(server.post_json("/v1/completions", {"prompt": "x" * BODY_LIMIT}, AUTH))
     assert status == 413
+
+    async def chunked() -> tuple[int, dict]:  # no Content-Length: the limit applies while reading
+        async def body():
+            yield b'{"prompt": "'
+            for _ in range(BODY_LIMIT // 1024):
+                yield b"x" * 1024
+            yield b'"}'
+
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.url + "/v1/completions", data=body(), headers=AUTH) as resp:
+                return resp.status, await resp.json()
+
+    status, body = asyncio.run(chunked())
+    assert status == 413 and set(body["error"]) == {"message", "type", "param", "code"}
     status, err = _error(server.post_json("/v1/nothing-here", {}, AUTH))
     assert status == 404
 

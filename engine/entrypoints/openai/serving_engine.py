@@ -51,7 +51,7 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(400, str(exc), param=param_named_in(str(exc)), code="invalid_value")
     if isinstance(exc, EngineDeadError):
         return OpenAIError(500, str(exc), type="server_error", code="engine_dead")
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+    if isinstance(exc, TimeoutError):
         return OpenAIError(504, "the request took longer than the server's request timeout",
                            type="server_error", code="timeout")
     if isinstance(exc, EngineGenerateError):  # the core refused the request: its input is at fault
