@@ -35,13 +35,15 @@ class PeerWatch:
             self.fd: Optional[int] = os.pidfd_open(pid)
         except ProcessLookupError:
             raise PeerDied(f"peer process {pid} does not exist (it has already exited)") from None
-        self._poll = select.poll()
-        self._poll.register(self.fd, select.POLLIN)
 
     def alive(self) -> bool:
-        if self.fd is None:
+        """Safe from any thread (a poll object per call: they may not be shared)."""
+        fd = self.fd
+        if fd is None:
             return False
-        return not self._poll.poll(0)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
 
     def describe(self) -> str:
         """How the peer ended, as far as we can tell without reaping it."""
@@ -65,7 +67,6 @@ class PeerWatch:
     def close(self) -> None:
         if self.fd is not None:
             fd, self.fd = self.fd, None
-            self._poll.unregister(fd)
             os.close(fd)
 
 

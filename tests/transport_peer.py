@@ -79,10 +79,12 @@ class Checker:
     def __init__(self) -> None:
         self.next = 0
         self.errors: list[str] = []
+        self.other: list = []  # control messages that arrived in the same batches
 
     def check(self, msgs: list) -> None:
         for m in msgs:
             if type(m) is not Data:
+                self.other.append(m)
                 continue
             if m.seq != self.next:
                 self.errors.append(f"expected seq {self.next}, got {m.seq}")
@@ -94,7 +96,6 @@ class Checker:
 def stress_sync(ch: Channel, n: int, seed_out: int, seed_in: int, capacity: int) -> dict:
     """Send n messages (one thread) while checking n incoming ones (another): futex reader."""
     out_stream, checker = Stream(seed_out, capacity), Checker()
-    in_count = [0]
 
     def receive() -> None:
         while checker.next < n:
@@ -109,8 +110,7 @@ def stress_sync(ch: Channel, n: int, seed_out: int, seed_in: int, capacity: int)
     for seq in range(n):
         ch.send(out_stream.message(seq), timeout=30)
     t.join()
-    in_count[0] = checker.next
-    return {"received": checker.next, "errors": checker.errors[:5]}
+    return {"received": checker.next, "errors": checker.errors[:5], "other": checker.other}
 
 
 async def stress_async(ch: Channel, n: int, seed_out: int, seed_in: int, capacity: int) -> dict:
@@ -134,7 +134,7 @@ async def stress_async(ch: Channel, n: int, seed_out: int, seed_in: int, capacit
                 await asyncio.sleep(0)  # let the reader run on a ring that never fills
 
     await asyncio.gather(receive(), send())
-    return {"received": checker.next, "errors": checker.errors[:5]}
+    return {"received": checker.next, "errors": checker.errors[:5], "other": checker.other}
 
 
 def jitter(rng: random.Random) -> None:
@@ -146,6 +146,26 @@ def jitter(rng: random.Random) -> None:
         end = time.perf_counter() + r * 40e-6
         while time.perf_counter() < end:
             pass
+
+
+def jitter_exchange(ch: Channel, n: int, rng: random.Random, send_first: bool) -> list:
+    """n messages one way, then n the other, both sides jittering before every send and every
+    receive, so that each side keeps finding the ring now empty, now full, and falls asleep."""
+    got: list = []
+
+    def send() -> None:
+        for seq in range(n):
+            jitter(rng)
+            ch.send(Data(seq, 0, b"j" * (seq % 64 * 10)), timeout=30)
+
+    def recv() -> None:
+        while len(got) < n:
+            jitter(rng)
+            got.extend(ch.recv_batch(timeout=30, max_messages=1))
+
+    for step in ((send, recv) if send_first else (recv, send)):
+        step()
+    return got
 
 
 # ---------------------------------------------------------------- modes
@@ -166,19 +186,13 @@ def main() -> None:
                 res = asyncio.run(stress_async(ch, n, seed_out, seed_in, capacity))
             else:
                 res = stress_sync(ch, n, seed_out, seed_in, capacity)
+            res.pop("other")
             ch.send(Ctl("result", text=json.dumps(res)))
             ch.recv(timeout=30)  # wait for the parent's goodbye before closing
         elif mode == "jitter":
             n, seed = int(args[0]), int(args[1])
             ch.spin_us, ch.liveness_interval = 0, 2.0
-            rng = random.Random(seed)
-            got = 0
-            while got < n:  # a slow, jittery consumer: the parent's producer keeps hitting a full ring
-                got += len(ch.recv_batch(timeout=30, max_messages=1))
-                jitter(rng)
-            for seq in range(n):  # a jittery producer: the parent's consumer keeps falling asleep
-                jitter(rng)
-                ch.send(Data(seq, 0, b"j" * (seq % 64)), timeout=30)
+            jitter_exchange(ch, n, random.Random(seed), send_first=False)
             ch.send(Ctl("stats", text=json.dumps(ch.stats())))
             ch.recv(timeout=30)
         elif mode == "block":  # report readiness, then wait for a message that never comes
