@@ -94,6 +94,20 @@ def test_greedy_batch_matches_transformers(family, chunk):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_tracks_float32(family, dtype):
+    """Half precision (native, or float32 GEMMs over half-rounded weights on CPUs without
+    native support) stays within half-precision error of transformers in float32."""
+    path, hf = family
+    runner = make_runner(path, dtype=dtype, block_size=4)
+    assert runner.kv_caches.dtype == getattr(torch, dtype)
+    req = make_request("h", PROMPTS[0], prompt_logprobs=0)
+    out = step(runner, [req], 8)
+    out2 = step(runner, [req])
+    got = [row[0] for o in (out, out2) for row in o.prompt_logprobs["h"].logprobs]
+    assert got == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0]), abs=0.1)
+
+
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not supported.*LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM"):
         get_model_class("GPT2LMHeadModel")
