@@ -12,6 +12,7 @@ at once rather than waiting forever on a peer that will never answer.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -57,6 +58,9 @@ class ZmqChannel:
         self._peer_pid: Optional[int] = None
         self._atx: Optional[zmq.asyncio.Socket] = None
         self._arx: Optional[zmq.asyncio.Socket] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # watching the pidfd
+        self._waits: set[asyncio.Future] = set()
+        self._peer_dead = False
         self._closed = False
 
     # -- lifetime (same surface as Channel) --------------------------------------------
@@ -91,6 +95,8 @@ class ZmqChannel:
         if self._closed:
             return
         self._closed = True
+        if self._loop is not None and not self._peer_dead and not self._loop.is_closed():
+            self._loop.remove_reader(self._pidfd)
         for sock in (self._atx, self._arx, self._tx, self._rx):
             if sock is not None:
                 sock.close(linger=0)
@@ -172,14 +178,38 @@ class ZmqChannel:
         if self._arx is None:
             self._atx = zmq.asyncio.Socket.from_socket(self._tx)
             self._arx = zmq.asyncio.Socket.from_socket(self._rx)
+            if self._pidfd is not None:
+                self._loop = asyncio.get_running_loop()
+                self._loop.add_reader(self._pidfd, self._on_peer_exit)
         return self._atx, self._arx
 
+    def _on_peer_exit(self) -> None:
+        self._peer_dead = True
+        self._loop.remove_reader(self._pidfd)  # readable from now on: stop polling it
+        for fut in list(self._waits):
+            fut.cancel()
+
+    async def _await(self, fut: asyncio.Future) -> Any:
+        """Await a zmq.asyncio send or recv; PeerDied if the peer exits meanwhile."""
+        if self._peer_dead:
+            fut.cancel()
+            raise PeerDied(f"peer process {self._peer_pid} died")
+        self._waits.add(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._peer_dead:
+                raise PeerDied(f"peer process {self._peer_pid} died") from None
+            raise
+        finally:
+            self._waits.discard(fut)
+
     async def send_async(self, msg: Any) -> None:
-        await self._async_sockets()[0].send(self._encode(msg), copy=False)
+        await self._await(self._async_sockets()[0].send(self._encode(msg), copy=False))
 
     async def recv_batch_async(self, max_messages: Optional[int] = None) -> list:
-        first = self._codec.decode(await self._async_sockets()[1].recv())
+        first = self._codec.decode(await self._await(self._async_sockets()[1].recv()))
         return [first] + self.poll(None if max_messages is None else max_messages - 1)
 
     async def recv_async(self) -> Any:
-        return self._codec.decode(await self._async_sockets()[1].recv())
+        return self._codec.decode(await self._await(self._async_sockets()[1].recv()))

@@ -15,134 +15,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import signal
-import subprocess
-import threading
-import time
 import weakref
 from collections import deque
 from typing import Any, Optional
 
-from engine import envs
 from engine.client.core_client import EngineCoreClient
-from engine.core.engine_core_proc import (CoreLaunchSpec, channel_class, command_line,
-                                          engine_args_dict, make_codec)
-from engine.exceptions import EngineDeadError, EngineStartupError
+from engine.core.engine_core_proc import CoreProcess, close_cores, launch_cores
+from engine.exceptions import EngineDeadError
 from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
-                             EngineReady, Shutdown, UtilityCall, UtilityResult)
+                             EngineReady, UtilityCall, UtilityResult)
 from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
-
-
-def describe_exit(returncode: Optional[int]) -> str:
-    if returncode is None:
-        return "is still running"
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"exited with code {returncode}"
-
-
-class CoreProcess:
-    """One EngineCore process and the frontend end of its channel.
-
-    Launched with ``subprocess`` (never multiprocessing: the user's ``__main__`` is not
-    re-imported, no resource tracker starts) and given its fds explicitly. Whatever fails
-    after the launch, ``close`` leaves no child, fd or segment behind.
-    """
-
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        self.engine_index = engine_index
-        self.ready: Optional[EngineReady] = None
-        self.proc: Optional[subprocess.Popen] = None
-        self.pidfd: Optional[int] = None
-        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
-        try:
-            args = engine_args_dict(config.engine_args)
-            if config.parallel_config.data_parallel_size > 1:
-                args["data_parallel_rank"] = engine_index
-            spec = CoreLaunchSpec(
-                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
-                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                engine_args=args)
-            # The OpenMP settings go in the environment too, so they hold even if something
-            # imports torch before the core's own start-up code runs (FACTS.md: threads).
-            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
-            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
-                                         pass_fds=self.channel.peer_fds(), env=env,
-                                         stdin=subprocess.DEVNULL)
-            self.channel.set_peer(self.proc.pid)
-            self.channel.close_peer_fds()
-            self.pidfd = os.pidfd_open(self.proc.pid)
-        except BaseException:
-            self.close(timeout=0)
-            raise
-
-    @property
-    def name(self) -> str:
-        return f"EngineCore_{self.engine_index} (pid {self.proc.pid if self.proc else '?'})"
-
-    def wait_ready(self, timeout: float) -> EngineReady:
-        """Block until READY; a core that fails or dies first raises EngineStartupError
-        carrying its cause (its traceback, or how it exited)."""
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise EngineStartupError(f"{self.name} sent no READY within {timeout:.0f} s")
-                for msg in self.channel.recv_batch(timeout=min(left, 1.0)):
-                    if isinstance(msg, EngineReady):
-                        self.ready = msg
-                        return msg
-                    if isinstance(msg, EngineDead):
-                        raise EngineStartupError(f"{self.name} failed to start: {msg.error}")
-        except TransportError:
-            raise EngineStartupError(f"{self.name} {self.exit_status()} before it was ready") from None
-
-    def exit_status(self, wait: float = 1.0) -> str:
-        try:
-            return describe_exit(self.proc.wait(wait))
-        except subprocess.TimeoutExpired:
-            return "stopped answering"
-
-    def close(self, timeout: float) -> None:
-        """Ask the core to exit, wait up to ``timeout``, then kill it; free fds and rings."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.channel.try_send(Shutdown())
-            except TransportError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.channel.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-def launch_cores(config: Any, engine_indices: list[int]) -> list[CoreProcess]:
-    """Start the cores together (each imports torch and loads the model), then wait for all."""
-    cores: list[CoreProcess] = []
-    try:
-        for i in engine_indices:
-            cores.append(CoreProcess(config, i))
-        for core in cores:
-            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
-        return cores
-    except BaseException:
-        close_cores(cores, timeout=0)
-        raise
-
-
-def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
-    for core in cores:
-        core.close(timeout)
 
 
 class SyncMPClient(EngineCoreClient):
@@ -220,20 +104,25 @@ def _utility_value(result: UtilityResult) -> Any:
 
 
 class AsyncMPClient:
-    """For ``AsyncLLM``: each core's channel is read by a task woken through an eventfd
-    (``loop.add_reader``), and each core's pidfd is watched on the loop too.
+    """For ``AsyncLLM``: the core's channel is read on the event loop, woken through an
+    eventfd (``loop.add_reader``); each core's pidfd is watched on the loop too.
 
-    The tasks start on first use inside a running loop, so the client can be built before
-    the loop exists. Outputs of all cores arrive in one queue, in each core's order. Its
-    interface is the async half of vLLM's client (``*_async``), hence no EngineCoreClient base.
+    With one core, whoever awaits ``get_output_async`` (the output handler) reads the channel
+    itself: no task or queue between the eventfd and the handler. A utility call made while
+    nobody reads does the reading; one reader at a time, the others wait for its batch. With
+    several cores (data parallel) one task per core reads. Work starts on first use inside a
+    running loop, so the client can be built before the loop exists. Its interface is the
+    async half of vLLM's client (``*_async``), hence no EngineCoreClient base.
     """
 
     def __init__(self, config: Any, engine_indices: Optional[list[int]] = None) -> None:
         self._cores = launch_cores(config, engine_indices or [0])
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
-        self._queue: Optional[asyncio.Queue] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._readers: list[asyncio.Task] = []
+        self._outputs: deque[EngineCoreOutputs] = deque()
+        self._reading = False  # a coroutine is awaiting the (single) core's channel
+        self._waiters: list[asyncio.Future] = []  # woken after each batch read
+        self._readers: list[asyncio.Task] = []  # data parallel: one per core
         self._futures: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._pending: dict[int, deque] = {}  # per core: (message, future) waiting for ring space
@@ -249,29 +138,57 @@ class AsyncMPClient:
         return self._dead
 
     def _ensure_started(self) -> None:
-        if self._queue is not None:
+        if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._queue = asyncio.Queue()
         for core in self._cores:
             self._pending[core.engine_index] = deque()
             self._loop.add_reader(core.pidfd, self._on_core_exit, core)
-            self._readers.append(self._loop.create_task(self._read(core), name=f"read-{core.name}"))
+            if len(self._cores) > 1:
+                self._readers.append(self._loop.create_task(self._read_forever(core), name=f"read-{core.name}"))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_async, self._cores, self._loop, self._readers)
 
-    async def _read(self, core: CoreProcess) -> None:
+    async def _read_forever(self, core: CoreProcess) -> None:
+        while self._dead is None:
+            await self._read_batch(core)
+
+    async def _read_batch(self, core: CoreProcess) -> None:
         try:
-            while True:
-                self._dispatch(core, await core.channel.recv_batch_async())
+            self._dispatch(core, await core.channel.recv_batch_async())
         except TransportError:
             self._on_core_exit(core)
+        finally:
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _until(self, done) -> None:
+        """Return once ``done()`` holds, reading the channel when nobody else is."""
+        self._ensure_started()
+        while not done():
+            if self._dead is not None:
+                raise self._dead
+            if self._readers or self._reading:
+                fut = self._loop.create_future()
+                self._waiters.append(fut)
+                await fut
+                continue
+            self._reading = True
+            try:
+                await self._read_batch(self._cores[0])
+            finally:
+                self._reading = False
 
     def _dispatch(self, core: CoreProcess, batch: list) -> None:
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
                 self._on_outputs(msg)
-                self._queue.put_nowait(msg)
+                self._outputs.append(msg)
             elif isinstance(msg, UtilityResult):
                 fut = self._futures.pop(msg.call_id, None)
                 if fut is not None and not fut.done():
@@ -295,7 +212,8 @@ class AsyncMPClient:
         if self._dead is not None:
             return
         self._dead = error
-        logger.error("%s", error)
+        if not self._closing:
+            logger.error("%s", error)
         waiting = list(self._futures.values())
         for pending in self._pending.values():
             waiting.extend(fut for _, fut in pending)
@@ -305,15 +223,13 @@ class AsyncMPClient:
             if not fut.done():
                 fut.set_exception(error)
                 fut.exception()  # nobody may be awaiting (an abort): no "never retrieved" warning
-        self._queue.put_nowait(error)
+        self._wake_waiters()
 
     async def get_output_async(self) -> EngineCoreOutputs:
-        self._ensure_started()
-        out = await self._queue.get()
-        if isinstance(out, EngineDeadError):
-            self._queue.put_nowait(out)  # every later caller sees it too
-            raise out
-        return out
+        """The next OUTPUTS of any core, in each core's order; EngineDeadError once the
+        engine is dead (after the outputs that arrived before)."""
+        await self._until(lambda: self._outputs)
+        return self._outputs.popleft()
 
     def _send_nowait(self, core: CoreProcess, msg: Any) -> Optional[asyncio.Future]:
         """Send in order without blocking: at once when the ring has room and nothing waits
@@ -367,15 +283,16 @@ class AsyncMPClient:
         fut = self._futures[call_id] = self._loop.create_future()
         core = next(c for c in self._cores if c.engine_index == engine_index)
         await self._send(core, UtilityCall(call_id, method, list(args)))
-        return _utility_value(await fut)
+        await self._until(fut.done)
+        return _utility_value(fut.result())
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the cores; later calls (and requests still waiting) get EngineDeadError."""
         self._closing = True
-        if self._dead is None:
+        if _in_loop(self._loop):
+            self._fail(EngineDeadError("the engine was shut down"))
+        elif self._dead is None:
             self._dead = EngineDeadError("the engine was shut down")
-            if self._queue is not None and _in_loop(self._loop):
-                self._queue.put_nowait(self._dead)
         self._finalizer.detach()
         _close_async(self._cores, self._loop, self._readers, timeout)
 

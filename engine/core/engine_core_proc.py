@@ -1,12 +1,13 @@
-"""The EngineCore in its own process: ``python -m engine.core.engine_core_proc TOKEN SPEC``.
+"""The EngineCore in its own process: launched by the frontend (``CoreProcess``) as
+``python -m engine.core.engine_core_proc TOKEN SPEC``, where it runs ``EngineCoreProc``.
 
-Started by ``engine.client.mp_client`` with ``subprocess`` rather than multiprocessing, so
-the user's ``__main__`` is never re-imported and the ring's file descriptors arrive through
-``pass_fds``. ``SPEC`` is a JSON ``CoreLaunchSpec``. torch is imported only after the
-thread count and ``OMP_WAIT_POLICY`` are set (FACTS.md: an OpenMP thread that spins while
-its partner core runs the frontend makes a decode step many times slower).
+``subprocess`` rather than multiprocessing: the user's ``__main__`` is never re-imported
+and the ring's file descriptors arrive through ``pass_fds``. ``SPEC`` is a JSON
+``CoreLaunchSpec``. torch is imported only after the thread count and ``OMP_WAIT_POLICY``
+are set (FACTS.md: an OpenMP thread that spins while its partner core runs the frontend
+makes a decode step many times slower).
 
-This module's top level imports no torch: the frontend imports it for the spec.
+This module's top level imports no torch: the frontend side lives here too.
 """
 from __future__ import annotations
 
@@ -15,18 +16,22 @@ import logging
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections import deque
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 
+from engine import envs
+from engine.exceptions import EngineStartupError
 from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
                              EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
                              UtilityCall, UtilityResult)
+from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,115 @@ def engine_args_dict(args: Any) -> dict[str, Any]:
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
     return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
+
+
+def describe_exit(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+class CoreProcess:
+    """One EngineCore process and the frontend end of its channel.
+
+    Launched with ``subprocess`` (never multiprocessing: the user's ``__main__`` is not
+    re-imported, no resource tracker starts) and given its fds explicitly. Whatever fails
+    after the launch, ``close`` leaves no child, fd or segment behind.
+    """
+
+    def __init__(self, config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.ready: Optional[EngineReady] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd: Optional[int] = None
+        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
+        try:
+            args = engine_args_dict(config.engine_args)
+            if config.parallel_config.data_parallel_size > 1:
+                args["data_parallel_rank"] = engine_index
+            spec = CoreLaunchSpec(
+                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
+                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
+                engine_args=args)
+            # The OpenMP settings go in the environment too, so they hold even if something
+            # imports torch before the core's own start-up code runs (FACTS.md: threads).
+            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
+                                         pass_fds=self.channel.peer_fds(), env=env,
+                                         stdin=subprocess.DEVNULL)
+            self.channel.set_peer(self.proc.pid)
+            self.channel.close_peer_fds()
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except BaseException:
+            self.close(timeout=0)
+            raise
+
+    @property
+    def name(self) -> str:
+        return f"EngineCore_{self.engine_index} (pid {self.proc.pid if self.proc else '?'})"
+
+    def wait_ready(self, timeout: float) -> EngineReady:
+        """Block until READY; a core that fails or dies first raises EngineStartupError
+        carrying its cause (its traceback, or how it exited)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineStartupError(f"{self.name} sent no READY within {timeout:.0f} s")
+                for msg in self.channel.recv_batch(timeout=min(left, 1.0)):
+                    if isinstance(msg, EngineReady):
+                        self.ready = msg
+                        return msg
+                    if isinstance(msg, EngineDead):
+                        raise EngineStartupError(f"{self.name} failed to start: {msg.error}")
+        except TransportError:
+            raise EngineStartupError(f"{self.name} {self.exit_status()} before it was ready") from None
+
+    def exit_status(self, wait: float = 1.0) -> str:
+        try:
+            return describe_exit(self.proc.wait(wait))
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+
+    def close(self, timeout: float) -> None:
+        """Ask the core to exit, wait up to ``timeout``, then kill it; free fds and rings."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.channel.try_send(Shutdown())
+            except TransportError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.channel.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def launch_cores(config: Any, engine_indices: list[int]) -> list[CoreProcess]:
+    """Start the cores together (each imports torch and loads the model), then wait for all."""
+    cores: list[CoreProcess] = []
+    try:
+        for i in engine_indices:
+            cores.append(CoreProcess(config, i))
+        for core in cores:
+            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
+        return cores
+    except BaseException:
+        close_cores(cores, timeout=0)
+        raise
+
+
+def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
+    for core in cores:
+        core.close(timeout)
 
 
 def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
@@ -223,12 +337,8 @@ def _send_dead(channel: Any, engine_index: int, error: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from shm_transport import TransportError
-
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
     _setup_process(spec)
-    from engine import envs
-
     logging.basicConfig(level=envs.RINGLLM_LOGGING_LEVEL,
                         format=f"(EngineCore_{spec.engine_index} pid={os.getpid()}) %(levelname)s %(name)s: %(message)s")
     channel = channel_class(spec.transport).attach(make_codec(), token, peer_pid=spec.parent_pid)
