@@ -14,6 +14,10 @@ Built for a lean CPU decode step rather than for module reuse:
   rounded to the model dtype and stored as float32, so the GEMMs use MKL's fp32
   kernels on exactly the bf16 values; activations between blocks and the KV
   cache stay in the model dtype.
+- Weight layout (CPU, float32 GEMMs): q/k/v and gate/up, the two tall matrices, are
+  stored input-major ([in, out]) and multiplied as ``x @ W``; at batch 1 MKL's GEMV is
+  1.4-1.6x faster that way, and no slower at batch 64. A small-batch copy of the LM
+  head is kept the same way (2x faster at 1-2 rows, slower from 4 rows up).
 """
 from __future__ import annotations
 
@@ -78,16 +82,23 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device, fill: Optional
     return nn.Parameter(t, requires_grad=False)
 
 
+def _proj(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
+    if not in_major:
+        return F.linear(x, w, bias)
+    return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, hidden: int, qkv_out: int, q_size: int, intermediate: int, qkv_bias: bool,
-                 sliding: bool, act: dict, mm: dict) -> None:
+                 sliding: bool, in_major: bool, act: dict, mm: dict) -> None:
         super().__init__()
+        tall = (lambda out, inp: (inp, out)) if in_major else (lambda out, inp: (out, inp))
         self.input_norm = _param(hidden, fill=1.0, **act)
-        self.qkv = _param(qkv_out, hidden, **mm)
+        self.qkv = _param(*tall(qkv_out, hidden), **mm)
         self.qkv_bias = _param(qkv_out, fill=0.0, **mm) if qkv_bias else None
         self.o_proj = _param(hidden, q_size, **mm)
         self.post_norm = _param(hidden, fill=1.0, **act)
-        self.gate_up = _param(2 * intermediate, hidden, **mm)
+        self.gate_up = _param(*tall(2 * intermediate, hidden), **mm)
         self.down = _param(hidden, intermediate, **mm)
         self.sliding = sliding
 
@@ -99,6 +110,7 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.mm_dtype = matmul_dtype(dtype, device)
         act, mm = dict(dtype=dtype, device=device), dict(dtype=self.mm_dtype, device=device)
+        self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32
         self.hidden = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
@@ -116,11 +128,13 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(self.hidden, self.q_size + 2 * self.kv_size, self.q_size, self.intermediate, qkv_bias,
                          sliding=self.sliding_window is not None and (
-                             not layer_types or layer_types[i] == "sliding_attention"), act=act, mm=mm)
+                             not layer_types or layer_types[i] == "sliding_attention"),
+                         in_major=self.in_major, act=act, mm=mm)
             for i in range(cfg.num_hidden_layers))
         self.embed = _param(self.vocab_size, self.hidden, **mm)
         self.norm = _param(self.hidden, fill=1.0, **act)
         self.lm_head = self.embed if self.tied else _param(self.vocab_size, self.hidden, **mm)
+        self.lm_head_t: Optional[torch.Tensor] = None  # [hidden, vocab] for 1-2 rows; set after loading
         inv_freq = rope_inv_freq(self.head_dim, rope_parameters(cfg))
         angles = torch.arange(max_model_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("rope_cis", torch.complex(angles.cos(), angles.sin()).to(device), persistent=False)
@@ -149,7 +163,7 @@ class LlamaForCausalLM(nn.Module):
         pairs = (num_tokens, self.num_heads + self.num_kv_heads, self.head_dim // 2, 2)
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(h, (self.hidden,), layer.input_norm, self.eps)
-            qkv = F.linear(x.to(mm_dtype), layer.qkv, layer.qkv_bias)
+            qkv = _proj(x.to(mm_dtype), layer.qkv, layer.qkv_bias, self.in_major)
             if qkv.dtype == torch.float32:
                 torch.view_as_complex(qkv[:, :rope_cols].view(pairs)).mul_(cis)
                 qkv = qkv.to(dtype)
@@ -160,7 +174,7 @@ class LlamaForCausalLM(nn.Module):
                                    self.scale, layer.sliding)
             h.add_(F.linear(attn.to(mm_dtype), layer.o_proj))
             x = F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps)
-            gate_up = F.linear(x.to(mm_dtype), layer.gate_up)
+            gate_up = _proj(x.to(mm_dtype), layer.gate_up, None, self.in_major)
             act = F.silu(gate_up[:, :self.intermediate]).mul_(gate_up[:, self.intermediate:])
             h.add_(F.linear(act, layer.down))
         return h
@@ -168,8 +182,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head)."""
-        x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps)
-        return F.linear(x.to(self.mm_dtype), self.lm_head).float()
+        x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps).to(self.mm_dtype)
+        if self.lm_head_t is not None and x.shape[0] <= 2:
+            return torch.mm(x, self.lm_head_t)
+        return F.linear(x, self.lm_head).float()
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -191,14 +207,25 @@ class LlamaForCausalLM(nn.Module):
         if pending or missing:
             raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:8]}, "
                              f"unexpected {sorted(pending)[:8]}")
+        self._post_load()
 
+    @torch.no_grad()
     def init_dummy(self, seed: int = 0) -> None:
-        """Random weights for load_format='dummy' (tests and overhead benchmarks)."""
+        """Random weights for load_format='dummy' (tests and overhead benchmarks); the same
+        values whatever the storage layout."""
         gen = torch.Generator().manual_seed(seed)
         for name, param in self.named_parameters():
             if param.dim() == 1:
                 continue  # norms stay 1, biases 0
-            param.copy_((torch.randn(param.shape, generator=gen) * 0.02).to(self.dtype))
+            flipped = self.in_major and name.endswith((".qkv", ".gate_up"))
+            shape = param.shape[::-1] if flipped else param.shape
+            w = (torch.randn(shape, generator=gen) * 0.02).to(self.dtype)
+            param.copy_(w.t() if flipped else w)
+        self._post_load()
+
+    def _post_load(self) -> None:
+        if self.in_major:
+            self.lm_head_t = self.lm_head.t().contiguous()
 
     _SIMPLE = {"embed_tokens.weight": ("embed", None), "norm.weight": ("norm", None),
                "lm_head.weight": ("lm_head", None), "input_layernorm.weight": ("input_norm", 0),
@@ -245,5 +272,8 @@ class LlamaForCausalLM(nn.Module):
             layer = self.layers[int(idx)]
             if getattr(layer, attr, None) is None:
                 raise ValueError(f"checkpoint has {keys[0]} but the config says the model has no such parameter")
-            getattr(layer, attr).copy_(torch.cat(tensors, dim=0).to(self.dtype))
+            fused_tensor = torch.cat(tensors, dim=0).to(self.dtype)
+            if kind == "weight" and self.in_major:
+                fused_tensor = fused_tensor.t()
+            getattr(layer, attr).copy_(fused_tensor)
             missing.discard(f"layers.{idx}.{attr}")
