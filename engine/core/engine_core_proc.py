@@ -12,6 +12,7 @@ This module's top level imports no torch: the frontend side lives here too.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import select
@@ -348,6 +349,8 @@ def main(argv: list[str]) -> int:
         except Exception:
             _send_dead(channel, spec.engine_index, f"EngineCore failed to start:\n{traceback.format_exc()}")
             return 1
+        gc.collect()  # the model and libraries stay for good: keep them out of every collection
+        gc.freeze()
         channel.send(EngineReady(
             engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
             block_size=config.cache_config.block_size, max_model_len=config.model_config.max_model_len,
