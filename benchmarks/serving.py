@@ -1,0 +1,220 @@
+"""Serving scenario (issue 5): an aiohttp load generator against running ``ringllm serve``s.
+
+    python -m benchmarks.serving [--rounds 3] [--tiny] [--levels 1 8 32 64]
+    (or: ringllm bench serving)
+
+One server per transport (``shm`` ring, ``zmq`` baseline), both up for the whole run, on the
+default model (``--tiny``: the tiny dummy-weight model, where the model costs almost nothing
+and the transport's share of the latency shows). At each concurrency level, that many clients
+keep one streaming completion each in flight (closed loop: a client sends its next request
+when its last one ends), ``--requests-per-client`` each, ``--output-tokens`` long with
+ignore_eos, greedy, on seeded prompts of ~30 tokens. Measured per run: requests/s, output
+tokens/s, time to first token and inter-token latency (the gaps between streamed chunks),
+p50 and p99. Transports alternate within each round (harness.Bench).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+import aiohttp
+
+from benchmarks.harness import OUT_DIR, Bench, Column
+
+LEVELS = (1, 8, 32, 64)
+TRANSPORTS = ("shm", "zmq")
+# Prompts are drawn from these words, about 30 tokens each, with a fresh seed for every run, so
+# no prompt repeats and prefix caching does not flatter the time to first token.
+_WORDS = ("river mountain engine quiet yellow garden window silver market rocket planet story "
+          "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
+          "harbor meadow pencil lantern violin orchard glacier compass").split()
+
+
+def make_prompts(count: int, seed: int, words: int = 24) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(words)) for _ in range(count)]
+
+
+@dataclass
+class RequestStats:
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+
+async def stream_completion(session: aiohttp.ClientSession, url: str, model: str, prompt: str,
+                            max_tokens: int) -> RequestStats:
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    stats = RequestStats()
+    start = last = time.perf_counter()
+    async with session.post(url + "/v1/completions", json=payload) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for line in resp.content:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            now = time.perf_counter()
+            if event["choices"]:
+                if stats.ttft == 0.0:
+                    stats.ttft = now - start
+                else:
+                    stats.gaps.append(now - last)
+                last = now
+            if event.get("usage"):
+                stats.output_tokens = event["usage"]["completion_tokens"]
+    stats.latency = time.perf_counter() - start
+    return stats
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def run_level(url: str, model: str, concurrency: int, requests_per_client: int, max_tokens: int,
+                    seed: int) -> dict:
+    prompts = make_prompts(concurrency * requests_per_client, seed)
+    results: list[RequestStats] = []
+
+    async def client(session: aiohttp.ClientSession, mine: list[str]) -> None:
+        for prompt in mine:
+            results.append(await stream_completion(session, url, model, prompt, max_tokens))
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(session, prompts[i::concurrency]) for i in range(concurrency)))
+        duration = time.perf_counter() - start
+    ttfts = [r.ttft * 1e3 for r in results]
+    gaps = [g * 1e3 for r in results for g in r.gaps]
+    return {"requests_per_s": len(results) / duration,
+            "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99)}
+
+
+class Server:
+    """``ringllm serve`` in a child process on a free loopback port, stopped with SIGTERM."""
+
+    def __init__(self, serve_args: list[str], log_path: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        with open(log_path, "w") as log_file:
+            self.proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.cli", "serve", *serve_args,
+                                          "--port", str(self.port)], stdout=log_file, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"the server did not become healthy in {timeout} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def model_under_test(tiny: bool, tmp: str) -> tuple[list[str], str, str]:
+    """(serve arguments, served name, description for the tables)."""
+    if not tiny:
+        return [], "default", "SmolLM2-135M-Instruct (embedded default, dtype auto)"
+    from engine.models.default_model import write_tiny_model
+
+    path = write_tiny_model(os.path.join(tmp, "tiny"))
+    return ([path, "--load-format", "dummy", "--dtype", "float32"], "tiny",
+            "tiny Llama, dummy weights (2 layers, hidden 64), float32")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="Sweep the tiny dummy-weight model instead.")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="Concurrency levels.")
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ringllm-serving-") as tmp:
+        model_args, name, description = model_under_test(args.tiny, tmp)
+        bench = Bench("serving-tiny" if args.tiny else "serving", model=description)
+        bench.notes.append(f"{args.requests_per_client} streaming requests per client, {args.output_tokens} "
+                           "output tokens each (ignore_eos, greedy); load generator on the same machine")
+        servers = {t: Server([*model_args, "--transport", t, "--served-model-name", name],
+                             os.path.join(OUT_DIR, f"{bench.name}-server-{t}.log")) for t in args.transports}
+        seeds = itertools.count(args.seed * 1_000_000)
+        try:
+            for server in servers.values():
+                server.wait_ready()
+                asyncio.run(run_level(server.url, name, 2, 1, 8, next(seeds)))  # warm-up: first-request costs
+            for level in args.levels:
+                for t, server in servers.items():
+                    bench.add(f"c={level}", t, lambda url=server.url, level=level: asyncio.run(
+                        run_level(url, name, level, args.requests_per_client, args.output_tokens, next(seeds))))
+            bench.run(rounds=args.rounds)
+        finally:
+            for server in servers.values():
+                server.stop()
+    baseline = "zmq" if "zmq" in args.transports and len(args.transports) > 1 else None
+    for level in args.levels:
+        s = f"c={level}"
+        columns = [Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
+                   Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
+                   Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"), Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
+                   Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
+        if baseline:
+            columns.append(Column("tok/s vs zmq", s, "output_tokens_per_s", ratio_to=baseline))
+        print(f"\n{bench.table(f'{level} concurrent streams', columns)}")
+    print()
+    for note in bench.notes:
+        print(f"- {note}")
+    top, one = f"c={max(args.levels)}", f"c={min(args.levels)}"
+    plots = [Column(f"{top}: output tok/s", top, "output_tokens_per_s", higher_is_better=True),
+             Column(f"{top}: TTFT p50 ms", top, "ttft_p50_ms"), Column(f"{one}: ITL p50 ms", one, "itl_p50_ms"),
+             Column(f"{top}: ITL p50 ms", top, "itl_p50_ms")]
+    for path in bench.save(plots=plots):
+        print(f"wrote {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    main()
