@@ -71,26 +71,32 @@ class RequestOutputCollector:
     is when the core published the newest step folded in (the transport latency metric).
     """
 
-    __slots__ = ("request_id", "aggregate", "output", "ready", "core_timestamp")
+    __slots__ = ("request_id", "aggregate", "output", "waiter", "core_timestamp")
 
     def __init__(self, request_id: str, output_kind: RequestOutputKind) -> None:
         self.request_id = request_id
         self.aggregate = output_kind == RequestOutputKind.DELTA
         self.output: Union[RequestOutput, BaseException, None] = None
-        self.ready = asyncio.Event()
+        self.waiter: Optional[asyncio.Future] = None  # the consumer, while it awaits
         self.core_timestamp = 0.0
 
     def put(self, output: Union[RequestOutput, BaseException], core_timestamp: float = 0.0) -> None:
         self.core_timestamp = core_timestamp
         if self.output is None or isinstance(output, BaseException):
             self.output = output
-            self.ready.set()
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         elif isinstance(self.output, RequestOutput):
             _merge(self.output, output, self.aggregate)
 
     async def get(self) -> RequestOutput:
-        while self.output is None:
-            await self.ready.wait()
+        while self.output is None:  # a bare future: one consumer, woken once per output
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
         return self._take()
 
     def get_nowait(self) -> Optional[RequestOutput]:
@@ -98,7 +104,6 @@ class RequestOutputCollector:
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
-        self.ready.clear()
         if isinstance(output, BaseException):
             raise output
         return output
@@ -301,14 +306,15 @@ class AsyncLLM:
         """Stop the handler, the core process(es) and the tokenizer pool; idempotent."""
         handler = getattr(self, "output_handler", None)
         if handler is not None and not handler.done():
+            loop = handler.get_loop()
             try:
-                in_loop = asyncio.get_running_loop() is handler.get_loop()
+                in_loop = asyncio.get_running_loop() is loop
             except RuntimeError:
                 in_loop = False
-            if in_loop:
+            if in_loop or not loop.is_running():
                 handler.cancel()
-            elif not handler.get_loop().is_closed():
-                handler.get_loop().call_soon_threadsafe(handler.cancel)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(handler.cancel)
         engine_core = getattr(self, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown(timeout)
