@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import time
 from collections import deque
@@ -69,12 +70,17 @@ class RequestOutputCollector:
     with the new one (deltas concatenated for DELTA, the latest state kept otherwise), so
     a slow consumer loses nothing and holds at most one pending output. ``core_timestamp``
     is when the core published the newest step folded in (the transport latency metric).
+
+    ``internal_id`` is the id the core and the output processor know the request by: the
+    caller's id plus a sequence number, so an id reused right after an abort can never
+    receive the old request's outputs still on their way.
     """
 
-    __slots__ = ("request_id", "aggregate", "output", "waiter", "core_timestamp")
+    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp")
 
-    def __init__(self, request_id: str, output_kind: RequestOutputKind) -> None:
+    def __init__(self, request_id: str, internal_id: str, output_kind: RequestOutputKind) -> None:
         self.request_id = request_id
+        self.internal_id = internal_id
         self.aggregate = output_kind == RequestOutputKind.DELTA
         self.output: Union[RequestOutput, BaseException, None] = None
         self.waiter: Optional[asyncio.Future] = None  # the consumer, while it awaits
@@ -110,7 +116,8 @@ class RequestOutputCollector:
 
 
 async def _output_handler(engine_core, output_processor: OutputProcessor,
-                          collectors: dict[str, RequestOutputCollector], latencies: deque) -> None:
+                          collectors: dict[str, RequestOutputCollector],
+                          requests: dict[str, RequestOutputCollector], latencies: deque) -> None:
     """The one task that turns core outputs into RequestOutputs. A free function holding no
     reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
     chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
@@ -129,9 +136,12 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
                 for output in processed.request_outputs:
                     collector = collectors.get(output.request_id)
                     if collector is not None:
+                        output.request_id = collector.request_id
                         collector.put(output, timestamp)
                         if output.finished:
-                            del collectors[output.request_id]
+                            del collectors[collector.internal_id]
+                            if requests.get(collector.request_id) is collector:
+                                del requests[collector.request_id]
                 # 4) stop in the core what a stop string finished here
                 engine_core.abort_requests_nowait(processed.reqs_to_abort)
     except asyncio.CancelledError:
@@ -143,6 +153,7 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
         for collector in collectors.values():
             collector.put(error)
         collectors.clear()  # the task ends here; AsyncLLM.errored reports it from now on
+        requests.clear()
 
 
 class AsyncLLM:
@@ -153,7 +164,9 @@ class AsyncLLM:
         self.tokenizer = get_tokenizer(config)
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
+        self._collectors: dict[str, RequestOutputCollector] = {}  # by internal id
+        self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
@@ -183,7 +196,7 @@ class AsyncLLM:
         if self.output_handler is None:
             self.output_handler = asyncio.get_running_loop().create_task(
                 _output_handler(self.engine_core, self.output_processor, self._collectors,
-                                self._transport_latencies),
+                                self._requests, self._transport_latencies),
                 name="AsyncLLM.output_handler")
 
     # -- state -----------------------------------------------------------------------
@@ -234,22 +247,23 @@ class AsyncLLM:
             raise self.dead_error
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        if request_id in self._collectors:
+        if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._run_output_handler()
-        collector = RequestOutputCollector(request_id, getattr(params, "output_kind", None))
-        self._collectors[request_id] = collector  # reserve the id across the await below
+        internal_id = f"{request_id}-{next(self._internal_ids)}"
+        collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None))
+        self._requests[request_id] = self._collectors[internal_id] = collector  # reserved across awaits
         try:
             process = self.input_processor.process
             if self._renderer is None:
-                request, text = process(request_id, prompt, params, arrival_time, priority)
+                request, text = process(internal_id, prompt, params, arrival_time, priority)
             else:
                 request, text = await asyncio.get_running_loop().run_in_executor(
-                    self._renderer, process, request_id, prompt, params, arrival_time, priority)
+                    self._renderer, process, internal_id, prompt, params, arrival_time, priority)
             if params.n == 1:
                 children = [(request, None, 0)]
             else:
-                parent = ParentRequest(request_id, request.sampling_params)
+                parent = ParentRequest(internal_id, request.sampling_params)
                 children = []
                 for index in range(params.n):
                     child_id, child_params = parent.child(index)
@@ -290,10 +304,13 @@ class AsyncLLM:
             raise
 
     def _abort_now(self, request_ids: Iterable[str]) -> None:
-        ids = list(request_ids)
-        for req_id in ids:
-            self._collectors.pop(req_id, None)
-        core_ids = self.output_processor.abort_requests(ids)
+        internal_ids = []
+        for req_id in request_ids:
+            collector = self._requests.pop(req_id, None)
+            if collector is not None:
+                self._collectors.pop(collector.internal_id, None)
+                internal_ids.append(collector.internal_id)
+        core_ids = self.output_processor.abort_requests(internal_ids)
         if core_ids and not self.errored:
             self.engine_core.abort_requests_nowait(core_ids)
 
