@@ -11,6 +11,8 @@ import msgspec
 
 from engine.config import EngineArgs
 from engine.entrypoints.cli_args import add_engine_args, engine_args_from
+from engine.exceptions import EngineStartupError
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 
@@ -35,6 +37,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    try:
+        outputs, elapsed = _generate(args)
+    except (ValueError, EngineStartupError) as exc:  # a bad flag value or a model that cannot load
+        sys.exit(f"ringllm generate: error: {exc}")
+    generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    for prompt, out in zip(args.prompts, outputs):
+        sys.stdout.write(f"--- {prompt!r}\n{out.outputs[0].text}\n")
+    prompt_tokens = sum(len(out.prompt_token_ids or ()) for out in outputs)
+    sys.stdout.write(f"--- {len(outputs)} prompt(s), {prompt_tokens} prompt tokens, {generated} generated tokens "
+                     f"in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s\n")
+
+
+def _generate(args: argparse.Namespace) -> tuple[list[RequestOutput], float]:
     from engine.llm import LLM
 
     llm = LLM.from_engine_args(engine_args_from(args, EngineArgs))
@@ -48,12 +63,6 @@ def run(args: argparse.Namespace) -> None:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
         else:
             outputs = llm.generate(args.prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+        return outputs, time.perf_counter() - start
     finally:
         llm.shutdown()
-    generated = sum(len(c.token_ids) for out in outputs for c in out.outputs)
-    for prompt, out in zip(args.prompts, outputs):
-        sys.stdout.write(f"--- {prompt!r}\n{out.outputs[0].text}\n")
-    prompt_tokens = sum(len(out.prompt_token_ids or ()) for out in outputs)
-    sys.stdout.write(f"--- {len(outputs)} prompt(s), {prompt_tokens} prompt tokens, {generated} generated tokens "
-                     f"in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s\n")

@@ -7,12 +7,14 @@ default model is served (converted once to the cache on first use).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs
 from engine.entrypoints.cli_args import (add_engine_args, add_model_positional, add_server_args,
                                          engine_args_from, server_settings_from)
 from engine.entrypoints.openai.server import run_server
+from engine.exceptions import EngineStartupError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    settings = server_settings_from(args)
-    engine_args = engine_args_from(args, AsyncEngineArgs)
-    run_server(build_async_engine_client_from_engine_args(engine_args), settings)
+    """Serve until SIGTERM/SIGINT. A configuration the engine refuses (bad model path, invalid
+    field) or a core that cannot start ends the command with that one message, no traceback."""
+    try:
+        settings = server_settings_from(args)
+        engine_args = engine_args_from(args, AsyncEngineArgs)
+        run_server(build_async_engine_client_from_engine_args(engine_args), settings)
+    except (ValueError, EngineStartupError) as exc:
+        sys.exit(f"ringllm serve: error: {exc}")
