@@ -19,7 +19,7 @@ from engine.client.dp_client import DPLBAsyncMPClient
 from engine.config import AsyncEngineArgs
 from engine.exceptions import EngineDeadError
 from engine.sampling_params import RequestOutputKind, SamplingParams
-from test_engine_proc import TINY, nothing_left_behind, tiny_model  # noqa: F401 (fixtures)
+from test_engine_proc import TINY, nothing_left_behind  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,8 +33,8 @@ def args(model: str, **overrides) -> AsyncEngineArgs:
 
 
 @pytest.fixture(scope="module", params=["shm", "zmq"])
-def engine(request, tiny_model):
-    llm = AsyncLLM.from_engine_args(args(tiny_model, transport=request.param))
+def engine(request, tiny_model_dir):
+    llm = AsyncLLM.from_engine_args(args(tiny_model_dir, transport=request.param))
     assert llm.output_handler is None  # no loop yet: starts with the first request
     yield llm
     llm.shutdown()
@@ -120,8 +120,8 @@ async def test_bad_request_fails_alone(engine):
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
-async def test_kill9_of_core_fails_every_stream_within_1s(tiny_model, transport):
-    async with build_async_engine_client_from_engine_args(args(tiny_model, transport=transport)) as llm:
+async def test_kill9_of_core_fails_every_stream_within_1s(tiny_model_dir, transport):
+    async with build_async_engine_client_from_engine_args(args(tiny_model_dir, transport=transport)) as llm:
         assert llm.output_handler is not None  # built inside the loop: started at once
         started = [asyncio.Event() for _ in range(8)]
 
@@ -143,8 +143,8 @@ async def test_kill9_of_core_fails_every_stream_within_1s(tiny_model, transport)
             await llm.check_health()
 
 
-async def test_data_parallel_spreads_requests_and_routes_aborts(tiny_model):
-    dp_args = args(tiny_model, data_parallel_size=2, renderer_num_workers=2)
+async def test_data_parallel_spreads_requests_and_routes_aborts(tiny_model_dir):
+    dp_args = args(tiny_model_dir, data_parallel_size=2, renderer_num_workers=2)
     async with build_async_engine_client_from_engine_args(dp_args) as llm:
         client = llm.engine_core
         assert isinstance(client, DPLBAsyncMPClient)

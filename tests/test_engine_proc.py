@@ -3,7 +3,8 @@ utility allow-list, and the merge of outputs a full ring held back.
 
 Real processes over real rings (and the zmq baseline). The helpers at the top are shared
 with test_llm_mp.py and test_async_llm.py: starting a core imports torch, so engines are
-built once per module and leaks are checked when the module's engines are gone.
+built once per module, and leaks are checked again once the module's engines are gone
+(conftest.py checks after each test, before module fixtures are torn down).
 """
 from __future__ import annotations
 
@@ -26,13 +27,6 @@ from engine.sampling_params import SamplingParams
 # the process and transport machinery, not the model. Rings at their smallest by default.
 TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20,
             num_threads=1, ring_capacity=4096, seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    from engine.models.default_model import write_tiny_model
-
-    return write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
 
 
 def tiny_config(model: str, **overrides):
@@ -86,10 +80,10 @@ def request(request_id: str, max_tokens: int = 8, prompt=(1, 2, 3, 4)) -> Engine
 
 
 @pytest.fixture(scope="module", params=["shm", "zmq"])
-def client(request, tiny_model):
+def client(request, tiny_model_dir):
     from engine.client.mp_client import SyncMPClient
 
-    c = SyncMPClient(tiny_config(tiny_model, transport=request.param))
+    c = SyncMPClient(tiny_config(tiny_model_dir, transport=request.param))
     yield c
     c.shutdown()
 
@@ -150,14 +144,14 @@ def test_idle_core_uses_no_cpu(client):
     assert cpu_seconds() - before < 0.05
 
 
-def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model):
+def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model_dir):
     from engine.client.mp_client import SyncMPClient
     from engine.exceptions import EngineStartupError
 
     before = child_pids()
     # Valid for the frontend, but the core cannot fit one request in this KV cache.
     with pytest.raises(EngineStartupError, match="kv_cache_memory"):
-        SyncMPClient(tiny_config(tiny_model, kv_cache_memory=4096))
+        SyncMPClient(tiny_config(tiny_model_dir, kv_cache_memory=4096))
     assert child_pids() <= before
 
 
@@ -177,9 +171,9 @@ _FRONTEND = textwrap.dedent("""
 """)
 
 
-def test_core_exits_within_1s_when_the_frontend_is_killed(tiny_model):
+def test_core_exits_within_1s_when_the_frontend_is_killed(tiny_model_dir):
     # The exit does not depend on the transport (PR_SET_PDEATHSIG and a parent pidfd watch).
-    frontend = subprocess.Popen([sys.executable, "-c", _FRONTEND, tiny_model, "shm", repr(TINY)],
+    frontend = subprocess.Popen([sys.executable, "-c", _FRONTEND, tiny_model_dir, "shm", repr(TINY)],
                                 stdout=subprocess.PIPE, text=True)
     try:
         core_pid = int(frontend.stdout.readline())
