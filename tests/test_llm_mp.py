@@ -108,7 +108,8 @@ def test_kill9_of_core_mid_generate_raises_engine_dead_within_1s(tiny_model_dir,
     llm.shutdown()
 
 
-def test_keyword_normalisation_and_del_frees_the_core(tiny_model_dir):
+def test_keyword_normalisation_and_del_frees_the_core_and_its_fds(tiny_model_dir):
+    fds = set(os.listdir("/proc/self/fd"))
     with pytest.warns(DeprecationWarning, match="swap_space"), pytest.warns(UserWarning, match="renderer_num_workers"):
         llm = LLM(model=tiny_model_dir, swap_space=4, renderer_num_workers=2, compilation_config=0, **TINY)
     assert llm.llm_engine.config.compilation_config == CompilationConfig(mode=0)
@@ -116,6 +117,16 @@ def test_keyword_normalisation_and_del_frees_the_core(tiny_model_dir):
     del llm
     gc.collect()
     wait_until(lambda: pid_gone(pid), timeout=5)
+    assert set(os.listdir("/proc/self/fd")) <= fds
+
+
+@pytest.mark.model
+def test_default_model_over_zmq_answers_a_question():
+    llm = LLM(transport="zmq", max_model_len=512)
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    llm.shutdown()
+    assert "Paris" in out[0].outputs[0].text
 
 
 @pytest.mark.slow
