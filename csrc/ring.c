@@ -533,6 +533,21 @@ void ring_kick(ring_consumer *c)
     ring_wake_word(&c->hdr->data_seq, RING_WAIT_FUTEX | RING_WAIT_EVENTFD, c->data_efd);
 }
 
+int ring_next(ring_consumer *c, uint64_t *records, int max_records, int64_t spin_ns, int64_t timeout_ns)
+{
+    /* One call for the steady state of a reader: give back what the previous call handed out
+     * (the caller has decoded it by now), read a batch, and if there is none, wait for one. */
+    int n, rc;
+    ring_release(c);
+    n = ring_read(c, records, max_records);
+    if (n != 0 || (spin_ns <= 0 && timeout_ns <= 0))
+        return n;
+    rc = ring_wait_data(c, spin_ns, timeout_ns);
+    if (rc == RING_READY)
+        return ring_read(c, records, max_records);
+    return rc == RING_CLOSED ? RING_CLOSED : 0;
+}
+
 uint64_t ring_used_bytes(ring_consumer *c)
 {
     /* Acquire: a snapshot for callers and tests. */

@@ -165,6 +165,7 @@ ring_consumer *ring_consumer_new(void *base, int data_efd, int space_efd);
 void ring_consumer_free(ring_consumer *c);
 int ring_read(ring_consumer *c, uint64_t *records, int max_records);
 void ring_release(ring_consumer *c);
+int ring_next(ring_consumer *c, uint64_t *records, int max_records, int64_t spin_ns, int64_t timeout_ns);
 int ring_wait_data(ring_consumer *c, int64_t spin_ns, int64_t timeout_ns);
 int ring_arm_data(ring_consumer *c);
 void ring_disarm_data(ring_consumer *c);

@@ -30,10 +30,12 @@ from typing import Any, Optional
 from . import channel_async
 from ._ring import lib
 from .errors import ChannelClosed, MessageTooLarge, PeerDied, SegmentError, TransportError
-from .ring import (CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer, attach_ring,
-                   check_capacity, new_ring, raise_status)
+from .ring import (BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer,
+                   attach_ring, check_capacity, new_ring, raise_status)
 from .token import PeerToken, RingSpec
 from .wakeup import PeerWatch, new_eventfd
+
+_ring_write = lib.ring_write
 
 DEFAULT_CAPACITY = 1 << 22
 DEFAULT_SPIN_US = 10.0
@@ -71,7 +73,7 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def __init__(self, codec: Any, tx: Producer, rx: Consumer, res: _Resources,
                  max_message_size: int, token: Optional[PeerToken] = None) -> None:
-        if not (hasattr(codec, "kind_and_body") and hasattr(codec, "decode_at")):
+        if not all(hasattr(codec, a) for a in ("kind_and_body", "kind_of", "encode_body", "decoders")):
             raise TypeError(f"codec must be a MsgspecCodec, got {type(codec).__name__}")
         self._codec = codec
         self._tx, self._rx = tx, rx
@@ -87,6 +89,10 @@ class Channel(channel_async.AsyncChannelMixin):
         self._pending: Optional[tuple] = None  # (kind, body, done) of a half-sent fragmented message
         self._closed = False
         self._peer_dead = False
+        self._peer_checked = 0.0
+        self._kind_of = codec.kind_of
+        self._encode_body = codec.encode_body
+        self._decoders = codec.decoders
         self._woken = False
         self._rx_busy = self._tx_busy = False
         self._release_lock = threading.Lock()
@@ -249,36 +255,46 @@ class Channel(channel_async.AsyncChannelMixin):
         return PeerDied(peer.describe() if peer else "peer died")
 
     def _peer_alive(self) -> bool:
+        """False once the peer has exited. Polls its pidfd at most every 20 ms."""
         if self._peer_dead:
             return False
         peer = self._res.peer
-        if peer is not None and not peer.alive():
+        if peer is None:
+            return True
+        now = time.monotonic()
+        if now - self._peer_checked < 0.02:
+            return True
+        self._peer_checked = now
+        if not peer.alive():
             self._peer_dead = True
         return not self._peer_dead
 
-    def _block(self, wait, handle, deadline: Optional[float], rx: bool) -> int:
-        """Sleep in slices until READY/CLOSED, the deadline, a wakeup (rx), or the peer's death."""
+    def _wait_space(self, deadline: Optional[float]) -> int:
+        """Wait (spin, then futex) in slices of ``liveness_interval`` until the reader frees
+        space (READY) or the ring closes (CLOSED); between slices, notice the deadline
+        (TIMEOUT) or the peer's death (_DEAD)."""
         while True:
             if self._closed:
                 raise ChannelClosed("channel is closed (by this process)")
-            if rx and self._woken:
-                self._woken = False
-                return lib.RING_WOKEN
-            if not self._peer_alive():
+            if self._peer_dead:
                 return _DEAD
             left = self.liveness_interval
             if deadline is not None:
                 left = min(left, deadline - time.monotonic())
                 if left <= 0:
                     return lib.RING_TIMEOUT
-            rc = wait(handle, self._spin_ns, int(left * 1e9))
+            rc = lib.ring_wait_space(self._p, self._spin_ns, int(left * 1e9))
             if rc == READY or rc == CLOSED:
                 return rc
+            self._peer_alive()  # an empty slice: is the peer still there?
 
     # ------------------------------------------------------------------ sending
     def _encode(self, msg: Any) -> tuple[int, bytes]:
-        kind, body = self._codec.kind_and_body(msg)
-        if len(body) + 1 > self.max_message_size:
+        kind = self._kind_of.get(type(msg))
+        if kind is None:
+            kind, body = self._codec.kind_and_body(msg)  # raises the TypeError naming the type
+        body = self._encode_body(msg)
+        if len(body) >= self.max_message_size:
             raise MessageTooLarge(f"{type(msg).__name__} encodes to {len(body) + 1} bytes; "
                                   f"max_message_size is {self.max_message_size}")
         return kind, body
@@ -286,7 +302,7 @@ class Channel(channel_async.AsyncChannelMixin):
     def _flush_pending(self) -> bool:
         """Push on with a half-sent fragmented message; True when none is left."""
         kind, body, done = self._pending
-        done = lib.ring_write(self._p, kind, body, len(body), done)
+        done = _ring_write(self._p, kind, body, len(body), done)
         if done < 0:
             raise_status(done, "send")
         if done == len(body) + 1:
@@ -302,7 +318,7 @@ class Channel(channel_async.AsyncChannelMixin):
         kind, body = self._encode(msg)
         if self._pending is not None and not self._flush_pending():
             return False
-        done = lib.ring_write(self._p, kind, body, len(body), 0)
+        done = _ring_write(self._p, kind, body, len(body), 0)
         if done == len(body) + 1:
             return True
         if done < 0:
@@ -319,14 +335,18 @@ class Channel(channel_async.AsyncChannelMixin):
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
         kind, body = self._encode(msg)
-        queued = self._pending is not None  # an earlier half-sent message goes first
-        if not queued:
-            done = lib.ring_write(self._p, kind, body, len(body), 0)
+        if self._pending is None:
+            done = _ring_write(self._p, kind, body, len(body), 0)
             if done == len(body) + 1:
                 return
             if done < 0:
                 raise_status(done, "send")
             self._pending = (kind, body, done)
+            self._send_slow(kind, body, False, timeout)
+        else:
+            self._send_slow(kind, body, True, timeout)  # an earlier half-sent message goes first
+
+    def _send_slow(self, kind: int, body: bytes, queued: bool, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._tx_busy = True
         try:
@@ -337,7 +357,7 @@ class Channel(channel_async.AsyncChannelMixin):
                     queued = False
                     self._pending = (kind, body, 0)
                     continue
-                rc = self._block(lib.ring_wait_space, self._p, deadline, rx=False)
+                rc = self._wait_space(deadline)
                 if rc == _DEAD:
                     raise self._peer_error()
                 if rc == CLOSED:
@@ -355,28 +375,44 @@ class Channel(channel_async.AsyncChannelMixin):
                 self._maybe_release()
 
     # ------------------------------------------------------------------ receiving
+    def _drain_ring(self, out: list, room: int, spin_ns: int = 0, timeout_ns: int = 0) -> int:
+        """One batch from the ring into ``out`` (waiting up to ``timeout_ns`` for it): the
+        number of records consumed, or CLOSED."""
+        try:
+            return self._rx.drain(self._decoders, out, room, spin_ns, timeout_ns)
+        except TransportError:
+            self._ready.extend(out)  # keep what decoded; raise now, return them next call
+            out.clear()
+            raise
+
     def _drain(self, out: list, max_messages: Optional[int]) -> None:
+        """Everything available now (at most ``max_messages``), without waiting."""
         ready = self._ready
         while ready and (max_messages is None or len(out) < max_messages):
             out.append(ready.popleft())
         if ready:
             return
-        while max_messages is None or len(out) < max_messages:
-            room = 1 << 30 if max_messages is None else max_messages - len(out)
-            try:
-                if not self._rx.drain(self._codec.decode_at, out, room):
-                    return
-            except TransportError:
-                self._ready.extend(out)  # keep what decoded; raise now, return them next call
-                out.clear()
-                raise
+        for _ in range(16):  # a producer as fast as we are must not keep us here forever
+            room = BATCH_RECORDS if max_messages is None else min(max_messages - len(out), BATCH_RECORDS)
+            if room <= 0 or self._drain_ring(out, room) < room:
+                return
+
+    def _peer_closed_error(self) -> ChannelClosed:
+        if self._closed:
+            return ChannelClosed("channel is closed (by this process)")
+        return ChannelClosed("recv: the peer closed the channel")
 
     def poll(self, max_messages: Optional[int] = None) -> list:
-        """Every message available now (at most ``max_messages``); ``[]`` if none. Never blocks."""
+        """Every message available now (at most ``max_messages``); ``[]`` if none. Never blocks.
+        Raises ChannelClosed once the peer has closed and everything it sent has been read."""
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
         out: list = []
         self._drain(out, max_messages)
+        if not out and lib.ring_is_closed(self._rx.segment.base):
+            self._drain(out, max_messages)  # what was published just before the close
+            if not out:
+                raise self._peer_closed_error()
         return out
 
     def recv_batch(self, timeout: Optional[float] = None, max_messages: Optional[int] = None) -> list:
@@ -384,39 +420,66 @@ class Channel(channel_async.AsyncChannelMixin):
         ``max_messages``). Returns ``[]`` when ``timeout`` passes or ``wakeup()`` is called."""
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
+        if timeout == 0:
+            return self.poll(max_messages)
         out: list = []
         self._drain(out, max_messages)
-        if out or timeout == 0:
-            return out
+        if not out:
+            self._wait_recv(out, max_messages, timeout)
+        return out
+
+    def recv(self, timeout: Optional[float] = None) -> Any:
+        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
+        ready = self._ready
+        if ready:
+            return ready.popleft()
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        out = self.poll() if timeout == 0 else []
+        if not out:
+            self._wait_recv(out, None, timeout)
+            if not out:
+                raise TimeoutError("recv timed out" if timeout is not None else "recv was woken up")
+        if len(out) > 1:
+            ready.extend(out[1:])
+        return out[0]
+
+    def _wait_recv(self, out: list, max_messages: Optional[int], timeout: Optional[float]) -> None:
+        """Wait (spin, then futex) in slices of ``liveness_interval`` for at least one message;
+        between slices, notice a wakeup, the deadline, a close, or the peer's death."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
         self._rx_busy = True
         try:
             while True:
-                rc = self._block(lib.ring_wait_data, self._c, deadline, rx=True)
-                self._drain(out, max_messages)
+                if self._closed:
+                    raise ChannelClosed("channel is closed (by this process)")
+                if self._woken:
+                    self._woken = False
+                    return
+                left = self.liveness_interval
+                if deadline is not None:
+                    left = min(left, deadline - time.monotonic())
+                    if left <= 0:
+                        return
+                if self._peer_dead:
+                    left = 0
+                n = self._drain_ring(out, room, self._spin_ns, int(left * 1e9))
                 if out:
-                    return out
-                if rc == CLOSED:
-                    raise ChannelClosed("recv: the peer closed the channel")
-                if rc == _DEAD:
-                    raise self._peer_error()
-                if rc != READY:
-                    return out
+                    if n == room and max_messages is None:
+                        self._drain(out, None)  # there may be more
+                    return
+                if n == CLOSED:
+                    raise self._peer_closed_error()
+                if n == 0 and not self._peer_alive():
+                    self._drain(out, max_messages)
+                    if not out:
+                        raise self._peer_error()
+                    return
         finally:
             self._rx_busy = False
             if self._closed:
                 self._maybe_release()
-
-    def recv(self, timeout: Optional[float] = None) -> Any:
-        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
-        if self._ready:
-            return self._ready.popleft()
-        batch = self.recv_batch(timeout)
-        if not batch:
-            raise TimeoutError("recv timed out" if timeout is not None else "recv was woken up")
-        if len(batch) > 1:
-            self._ready.extend(batch[1:])
-        return batch[0]
 
     def wakeup(self) -> None:
         """Make a ``recv``/``recv_batch`` blocked in another thread return early (or the next

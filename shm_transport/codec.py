@@ -16,7 +16,8 @@ class MsgspecCodec:
     """Encode/decode msgspec Structs with a one-byte kind prefix.
 
     ``encode(msg) -> bytes`` and ``decode(buf) -> msg`` give the whole frame; the channel uses
-    ``kind_and_body`` and ``decode_at`` to skip the extra copy of the prefix. Decoding always
+    ``kind_of``/``encode_body`` and ``decoders`` directly, so the kind byte is written by the ring
+    and never concatenated in Python. Decoding always
     produces owned objects: types with ``msgspec.Raw`` or ``memoryview`` fields are refused,
     because those would keep pointing into shared memory after its space is released.
     """
@@ -37,18 +38,18 @@ class MsgspecCodec:
         if len(set(types)) != len(types):
             raise ValueError("MsgspecCodec types must be distinct")
         self.types = tuple(types)
-        self._kind = {t: i for i, t in enumerate(types)}
-        self._encoder = msgspec.msgpack.Encoder()
-        self.decoders = tuple(msgspec.msgpack.Decoder(t) for t in types)
+        self.kind_of = {t: i for i, t in enumerate(types)}  # type -> kind byte
+        self.encode_body = msgspec.msgpack.Encoder().encode  # msg -> msgpack body (no kind byte)
+        self.decoders = tuple(msgspec.msgpack.Decoder(t) for t in types)  # kind -> decoder
 
     def kind_and_body(self, msg: Any) -> tuple[int, bytes]:
         """The kind byte and msgpack body of ``msg``; TypeError for a type not in the codec."""
         try:
-            kind = self._kind[type(msg)]
+            kind = self.kind_of[type(msg)]
         except KeyError:
             raise TypeError(f"cannot send {type(msg).__name__}: not one of this codec's types "
                             f"({', '.join(t.__name__ for t in self.types)})") from None
-        return kind, self._encoder.encode(msg)
+        return kind, self.encode_body(msg)
 
     def encode(self, msg: Any) -> bytes:
         kind, body = self.kind_and_body(msg)

@@ -11,7 +11,7 @@ Each end belongs to one thread. Neither end blocks: waiting (spin, futex, eventf
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ._ring import ffi, lib
 from .errors import ChannelClosed, CorruptRing, MessageTooLarge, TransportError
@@ -22,11 +22,22 @@ MIN_CAPACITY = lib.RING_MIN_CAPACITY
 MAX_CAPACITY = 1 << 32
 DEFAULT_MAX_MESSAGE_SIZE = 256 << 20
 BATCH_RECORDS = 1024
+_ring_next = lib.ring_next
 
 READY, WOKEN, TIMEOUT = lib.RING_READY, lib.RING_WOKEN, lib.RING_TIMEOUT
 FULL, CLOSED, CORRUPT = lib.RING_FULL, lib.RING_CLOSED, lib.RING_E_CORRUPT
 _MSG, _FIRST, _MORE, _LAST = (lib.RING_REC_MSG, lib.RING_REC_FRAG_FIRST,
                               lib.RING_REC_FRAG_MORE, lib.RING_REC_FRAG_LAST)
+
+
+def _empty_frame():
+    raise CorruptRing("an empty message: no kind byte")
+
+
+def _decode_error(e: Exception) -> CorruptRing:
+    if isinstance(e, IndexError):
+        return CorruptRing(f"a message of unknown kind (not in this codec): {e}")
+    return CorruptRing(f"a message failed to decode: {e}")
 
 
 def check_capacity(capacity: Any, what: str = "capacity") -> int:
@@ -112,48 +123,85 @@ class Consumer:
         self.handle = ffi.gc(lib.ring_consumer_new(segment.base, data_efd, space_efd),
                              lib.ring_consumer_free)
         self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
+        self._release_now = capacity // 16  # a record this big is released at once, not lazily
         self._data = memoryview(ffi.buffer(segment.base + HEADER_SIZE, capacity))
         self._frag: Optional[bytearray] = None  # message being reassembled
         self._frag_pos = 0
         self._frag_skip = 0  # > 0: dropping an oversize message of this many bytes
 
-    def drain(self, decode: Callable[[Any, int, int], Any], out: list, max_messages: int = BATCH_RECORDS) -> int:
-        """Decode every available message (at most ``max_messages``) into ``out`` with
-        ``decode(buffer, offset, length)``, straight from shared memory, then release the space.
-        Returns the number of records consumed. A message that fails to decode does not stop
-        the others: they are appended, the space is released, and the first error is raised."""
-        n = lib.ring_read(self.handle, self._records, min(max_messages, BATCH_RECORDS))
+    def drain(self, decoders: Optional[tuple], out: list, max_messages: int = BATCH_RECORDS,
+              spin_ns: int = 0, timeout_ns: int = 0) -> int:
+        """Read the messages available (at most ``max_messages``; if there are none, wait up to
+        ``timeout_ns``, spinning the first ``spin_ns``) and decode them into ``out`` straight
+        from shared memory. Returns the number of records consumed, or CLOSED once the ring is
+        closed and empty.
+
+        ``decoders[kind]`` decodes a message whose first byte is ``kind`` (MsgspecCodec's
+        framing); with ``decoders=None`` each message is copied out as ``bytes``. The space is
+        released once decoded: at the start of the next call (one C call per batch in the steady
+        state), or at once for a large batch. A message that fails to decode does not stop the
+        others: they are appended, and then the first error is raised."""
+        records = self._records
+        n = _ring_next(self.handle, records, max_messages if max_messages < BATCH_RECORDS else BATCH_RECORDS,
+                       spin_ns, timeout_ns)
         if n <= 0:
-            if n < 0:
+            if n < 0 and n != CLOSED:
                 raise_status(n, "read")
-            return 0
-        vals = ffi.unpack(self._records, 2 * n)
+            return n
         data = self._data
+        if n == 1 and self._frag is None and not self._frag_skip:
+            off, word = records[0], records[1]
+            length = word & 0xFFFFFFFF
+            if word >> 32 == _MSG:
+                try:
+                    if decoders is None:
+                        out.append(bytes(data[off:off + length]))
+                    else:
+                        out.append(decoders[data[off]].decode(data[off + 1:off + length]) if length
+                                   else _empty_frame())
+                except Exception as e:
+                    raise _decode_error(e) from None
+                finally:
+                    if length > self._release_now:
+                        lib.ring_release(self.handle)
+                return 1
+        vals = ffi.unpack(records, 2 * n)
         error = None
+        plain = self._frag is None and not self._frag_skip
         try:
             for i in range(0, 2 * n, 2):
                 off = vals[i]
                 word = vals[i + 1]
                 length = word & 0xFFFFFFFF
-                if word >> 32 == _MSG and self._frag is None and not self._frag_skip:
+                if plain and word >> 32 == _MSG:
                     try:
-                        out.append(decode(data, off, length))
+                        if decoders is None:
+                            out.append(bytes(data[off:off + length]))
+                        else:
+                            out.append(decoders[data[off]].decode(data[off + 1:off + length]) if length
+                                       else _empty_frame())
                     except Exception as e:  # a bad message; keep going, report it after release
-                        error = error or CorruptRing(f"a message failed to decode: {e}")
-                else:
-                    try:
-                        whole = self._fragment(word >> 32, off, length)
-                        if whole is not None:
-                            out.append(decode(whole, 0, len(whole)))
-                    except TransportError as e:
-                        error = error or e
-                    except Exception as e:
-                        error = error or CorruptRing(f"a message failed to decode: {e}")
+                        error = error or _decode_error(e)
+                    continue
+                try:
+                    whole = self._fragment(word >> 32, off, length)
+                    if whole is not None:
+                        out.append(bytes(whole) if decoders is None else
+                                   decoders[whole[0]].decode(whole[1:]) if len(whole) else _empty_frame())
+                except TransportError as e:
+                    error = error or e
+                except Exception as e:
+                    error = error or _decode_error(e)
+                plain = self._frag is None and not self._frag_skip
         finally:
             lib.ring_release(self.handle)
         if error is not None:
             raise error
         return n
+
+    def release(self) -> None:
+        """Give back the space of everything read so far (``drain`` does it lazily)."""
+        lib.ring_release(self.handle)
 
     def _fragment(self, rtype: int, off: int, length: int) -> Optional[memoryview]:
         """Feed one record of a fragmented message; return the whole message when complete."""
@@ -204,7 +252,10 @@ class Consumer:
     def read_raw(self, max_messages: int = BATCH_RECORDS) -> list[bytes]:
         """Drain as owned ``bytes`` (no codec): for tests and tools."""
         out: list = []
-        self.drain(lambda buf, off, n: bytes(buf[off:off + n]), out, max_messages)
+        try:
+            self.drain(None, out, max_messages)
+        finally:
+            self.release()
         return out
 
     def used_bytes(self) -> int:
