@@ -165,6 +165,7 @@ class Bench:
 
     def _plot(self, columns: list[Column], path: str) -> str:
         import matplotlib
+        import matplotlib.ticker
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -176,6 +177,8 @@ class Bench:
             err = [[s.median - s.lo for s in stats], [s.hi - s.median for s in stats]]
             ax.barh(methods, meds, xerr=err, color="#4878a8", ecolor="#333333", capsize=2)
             ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_title(f"{c.header}\n({'higher' if c.higher_is_better else 'lower'} is better)", fontsize=9)
             ax.invert_yaxis()
             ax.tick_params(labelsize=8)

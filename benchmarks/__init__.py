@@ -1,0 +1,1 @@
+"""ringllm benchmarks: one harness (harness.py), one module per scenario."""

@@ -1,0 +1,1 @@
+"""Entry points: the `ringllm` command line (and, later, the OpenAI server)."""
