@@ -188,3 +188,23 @@ def test_default_model_batch_of_different_lengths_equal_or_near_tie(smollm):
         top = dict(zip(rows.token_ids[0][1:], rows.logprobs[0][1:]))
         assert want[k] in top, f"{r.request_id}: transformers' token {want[k]} not in our top-5 at {k}"
         assert abs(top[want[k]] - rows.logprobs[0][0]) < 0.02, f"{r.request_id}: not a near-tie at {k}"
+
+
+@pytest.mark.parametrize("family", ["qwen2"], indirect=True)  # compiling is slow: one family
+def test_compiled_forward_matches_eager_without_recompiling(family):
+    """compilation mode 1 runs the layers' dense blocks through torch.compile: same tokens as
+    eager, and new batch sizes and context lengths reuse the graphs instead of recompiling."""
+    from torch._dynamo.utils import counters
+
+    path, _ = family
+    eager, compiled = make_runner(path, block_size=4), make_runner(path, block_size=4, compilation_config=1)
+    outs = []
+    for runner in (eager, compiled):
+        reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
+        generate(runner, reqs[:2], 3, chunk=4)  # prefill chunks, a mixed batch, decodes
+        graphs = counters["stats"]["unique_graphs"]
+        generate(runner, reqs, 8, chunk=5)  # other token counts and context lengths
+        if runner is compiled:
+            assert counters["stats"]["unique_graphs"] == graphs
+        outs.append([r.output_token_ids for r in reqs])
+    assert outs[0] == outs[1]

@@ -111,6 +111,7 @@ class LlamaForCausalLM(nn.Module):
         self.mm_dtype = matmul_dtype(dtype, device)
         act, mm = dict(dtype=dtype, device=device), dict(dtype=self.mm_dtype, device=device)
         self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32
+        self.compiled = False
         self.hidden = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
@@ -155,29 +156,55 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
         """Hidden states before the final norm, one row per input token."""
-        num_tokens = input_ids.shape[0]
-        cis = self.rope_cis.index_select(0, positions).unsqueeze(1)
-        dtype, mm_dtype = self.dtype, self.mm_dtype
-        h = F.embedding(input_ids, self.embed).to(dtype)
-        rope_cols = self.q_size + self.kv_size
-        pairs = (num_tokens, self.num_heads + self.num_kv_heads, self.head_dim // 2, 2)
+        rope = self.rope_cis.index_select(0, positions).unsqueeze(1)
+        if self.compiled:
+            rope = torch.view_as_real(rope)  # inductor generates no code for complex ops
+        h = F.embedding(input_ids, self.embed).to(self.dtype)
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (self.hidden,), layer.input_norm, self.eps)
-            qkv = _proj(x.to(mm_dtype), layer.qkv, layer.qkv_bias, self.in_major)
-            if qkv.dtype == torch.float32:
-                torch.view_as_complex(qkv[:, :rope_cols].view(pairs)).mul_(cis)
-                qkv = qkv.to(dtype)
-            else:
-                qk = torch.view_as_complex(qkv[:, :rope_cols].float().view(pairs)) * cis
-                qkv[:, :rope_cols] = torch.view_as_real(qk).view(num_tokens, rope_cols)
+            qkv = self._attn_in(h, layer.input_norm, layer.qkv, layer.qkv_bias, rope)
             attn = paged_attention(qkv, kv_caches[i], md, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.scale, layer.sliding)
-            h.add_(F.linear(attn.to(mm_dtype), layer.o_proj))
-            x = F.rms_norm(h, (self.hidden,), layer.post_norm, self.eps)
-            gate_up = _proj(x.to(mm_dtype), layer.gate_up, None, self.in_major)
-            act = F.silu(gate_up[:, :self.intermediate]).mul_(gate_up[:, self.intermediate:])
-            h.add_(F.linear(act, layer.down))
+            h = self._attn_out_mlp(h, attn, layer.o_proj, layer.post_norm, layer.gate_up, layer.down)
         return h
+
+    def compile(self) -> None:
+        """Run the dense parts of every layer through torch.compile (compilation mode >= 1).
+
+        Attention stays eager: its Python loop over prefill chunks and its per-step metadata
+        would make a whole-forward graph recompile on every new batch. The two blocks around
+        it take the layer's weights as arguments, so one graph serves all layers, and
+        ``dynamic=True`` keeps one graph for every token count (plus one for a single token).
+        """
+        self.compiled = True
+        self._attn_in = torch.compile(self._attn_in, dynamic=True)
+        self._attn_out_mlp = torch.compile(self._attn_out_mlp, dynamic=True)
+
+    def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                 rope: torch.Tensor) -> torch.Tensor:
+        """Norm, fused q/k/v projection and RoPE on q and k (in place where eager allows)."""
+        num_tokens, cols = h.shape[0], self.q_size + self.kv_size
+        x = F.rms_norm(h, (self.hidden,), norm, self.eps)
+        qkv = _proj(x.to(self.mm_dtype), w, bias, self.in_major)
+        pairs = qkv[:, :cols].float().view(num_tokens, -1, self.head_dim // 2, 2)
+        if self.compiled:
+            c, s = rope[..., 0], rope[..., 1]
+            re, im = pairs[..., 0], pairs[..., 1]
+            rotated = torch.stack([re * c - im * s, im * c + re * s], -1).view(num_tokens, cols)
+            return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1).to(self.dtype)
+        if qkv.dtype == torch.float32:  # pairs is a view of qkv: rotate in place
+            torch.view_as_complex(pairs).mul_(rope)
+            return qkv.to(self.dtype)
+        qkv[:, :cols] = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(num_tokens, cols)
+        return qkv
+
+    def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, o_proj: torch.Tensor, norm: torch.Tensor,
+                      gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """Output projection and residual, then norm, SwiGLU MLP and residual."""
+        h = h + F.linear(attn.to(self.mm_dtype), o_proj)
+        x = F.rms_norm(h, (self.hidden,), norm, self.eps)
+        gu = _proj(x.to(self.mm_dtype), gate_up, None, self.in_major)
+        act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
+        return h + F.linear(act, down)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied

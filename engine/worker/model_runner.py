@@ -65,11 +65,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
         self._states: dict[str, _RequestState] = {}
-        self._forward = self.model.forward
         if config.compilation_config.mode >= 1:
-            # dynamic=True: one graph for every batch size and context length; without it
-            # each new shape would recompile (tens of seconds each on CPU).
-            self._forward = torch.compile(self.model.forward, dynamic=True)
+            self.model.compile()
 
     # ------------------------------------------------------------------ KV cache
     def kv_cache_block_bytes(self) -> int:
@@ -130,7 +127,7 @@ class ModelRunner:
         if not so.requests:
             return ModelRunnerOutput()
         batch = self._prepare(so)
-        hidden = self._forward(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         out = ModelRunnerOutput()
         if batch.sampled:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
