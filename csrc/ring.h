@@ -138,7 +138,9 @@ _Static_assert(__builtin_offsetof(struct ring_header, closed) == 5 * RING_LINE, 
 typedef struct ring_producer ring_producer;
 typedef struct ring_consumer ring_consumer;
 
-/* Segment. */
+/* Segment. ring_init writes an empty ring's header (creator); ring_check validates magic, version
+ * and capacity of a mapped segment (peer) and returns RING_OK or RING_E_*. ring_close marks the
+ * ring closed for good and wakes every sleeper on both sides (futex and eventfd). */
 uint64_t ring_segment_size(uint64_t capacity);
 int ring_capacity_ok(uint64_t capacity);
 void *ring_map(int fd, uint64_t size, int *err);
@@ -148,7 +150,22 @@ int ring_check(const void *base, uint64_t size, uint64_t capacity);
 int ring_is_closed(const void *base);
 void ring_close(void *base, int data_efd, int space_efd);
 
-/* Producer end. */
+/* Producer end (one thread). data_efd: the consumer's eventfd, written when it sleeps in
+ * asyncio; space_efd: ours, written by the consumer when we wait for space asynchronously.
+ *   ring_claim   reserve one record of `length` payload bytes (PAD first if it would wrap) and
+ *                point *payload at it; RING_FULL when there is no room now, RING_E_TOO_BIG
+ *                above capacity/2. Several claims may precede one commit.
+ *   ring_commit  publish everything claimed (release store of tail), then wake the consumer
+ *                only if it announced it sleeps (no system call otherwise).
+ *   ring_write   claim + copy + commit of the message prefix||data (prefix < 0: none), from
+ *                byte `done` on. Returns the new progress: == total when complete. A message
+ *                that fits one record is all or nothing; a larger one goes out as FRAG records,
+ *                as far as space allows, and the caller continues it later from the progress.
+ *   ring_wait_space  spin spin_ns, then sleep on the futex, until the consumer frees space
+ *                (RING_READY), the ring closes (RING_CLOSED), or timeout_ns (RING_TIMEOUT).
+ *                Also returns RING_WOKEN on EINTR or a spurious wake: the caller re-checks.
+ *   ring_arm_space / ring_disarm_space  the asyncio form: announce "wake me by eventfd", then
+ *                re-check; 1 means space (or a close) is already there and nothing is armed. */
 ring_producer *ring_producer_new(void *base, int data_efd, int space_efd);
 void ring_producer_free(ring_producer *p);
 int ring_claim(ring_producer *p, uint32_t length, char **payload);
@@ -158,9 +175,20 @@ int ring_wait_space(ring_producer *p, int64_t spin_ns, int64_t timeout_ns);
 int ring_arm_space(ring_producer *p);
 void ring_disarm_space(ring_producer *p);
 uint64_t ring_free_bytes(ring_producer *p);
-void ring_producer_stats(const ring_producer *p, uint64_t out[4]);
+void ring_producer_stats(const ring_producer *p, uint64_t out[4]); /* sleeps, timeouts, wakes, full */
 
-/* Consumer end. */
+/* Consumer end (one thread). data_efd: ours; space_efd: the producer's.
+ *   ring_read    validate and hand out up to max_records published records (PADs skipped):
+ *                records[2i] = payload offset in the data area, records[2i+1] = length |
+ *                type << 32. Returns the count, or RING_E_CORRUPT (sticky) for anything this
+ *                code never writes. The bytes stay ours until ring_release.
+ *   ring_release give back everything handed out (release store of head), then wake the
+ *                producer only if it announced it sleeps.
+ *   ring_next    the reader's steady state in one call: release, read, and if nothing was
+ *                there, wait (as ring_wait_data) and read again. 0 on timeout or wake-up,
+ *                RING_CLOSED once closed and drained.
+ *   ring_wait_data / ring_arm_data / ring_disarm_data  as for space, waiting for data.
+ *   ring_kick    wake our own sleeping reader (another thread) without publishing anything. */
 ring_consumer *ring_consumer_new(void *base, int data_efd, int space_efd);
 void ring_consumer_free(ring_consumer *c);
 int ring_read(ring_consumer *c, uint64_t *records, int max_records);
@@ -171,9 +199,9 @@ int ring_arm_data(ring_consumer *c);
 void ring_disarm_data(ring_consumer *c);
 void ring_kick(ring_consumer *c);
 uint64_t ring_used_bytes(ring_consumer *c);
-void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]);
+void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]); /* sleeps, timeouts, wakes, late */
 
-/* Process helpers (wake.c). */
+/* Process helpers (wake.c): prctl PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER; 0 or -errno. */
 int ring_set_pdeathsig(int sig);
 int ring_set_child_subreaper(int on);
 

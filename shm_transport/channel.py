@@ -32,7 +32,7 @@ from ._ring import lib
 from .errors import ChannelClosed, MessageTooLarge, PeerDied, SegmentError, TransportError
 from .ring import (BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer,
                    attach_ring, check_capacity, new_ring, raise_status)
-from .token import PeerToken, RingSpec
+from .peer_token import PeerToken, RingSpec
 from .wakeup import PeerWatch, new_eventfd
 
 _ring_write = lib.ring_write

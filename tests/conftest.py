@@ -1,6 +1,9 @@
 """Shared pytest fixtures and markers (several engineers append here: keep each part small)."""
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 
@@ -20,9 +23,6 @@ def tiny_model_dir(tmp_path_factory) -> str:
 # After every test: no /dev/shm entry of ours and no child process that the test started. The
 # pytest process is made a child subreaper, so orphaned grandchildren (e.g. an EngineCore whose
 # parent was killed) are re-parented to it and caught here too.
-import os  # noqa: E402
-import time  # noqa: E402
-
 _SHM_PREFIX = "ringllm-"
 
 
