@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 from dataclasses import dataclass
 from typing import Optional
 
@@ -82,9 +83,8 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {budget} bytes cannot hold one KV block "
                              f"({per_block} bytes for {self.block_size} tokens)")
-        # zeros, not empty: padded decode rows read unwritten slots, and 0 * NaN garbage would leak.
-        self.kv_caches = torch.zeros(self.model.kv_cache_shape(num_blocks, self.block_size),
-                                     dtype=self.model.dtype, device=self.device)
+        self.kv_caches = _zeros(self.model.kv_cache_shape(num_blocks, self.block_size), self.model.dtype,
+                                self.device)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
         return num_blocks
@@ -288,6 +288,17 @@ class ModelRunner:
         if rows:
             md.banned_rows = torch.tensor(rows, device=self.device)
             md.banned_tokens = torch.tensor(tokens, device=self.device)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed KV cache. Zeroed, not empty: padded decode rows read never-written slots, and
+    garbage there (NaN * a zero attention weight) would leak into the output. On CPU it is an
+    anonymous mmap, which the kernel guarantees to be zero and only commits page by page as
+    the cache fills: a 2 GiB cache costs no start-up time and no memory until it is used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = mmap.mmap(-1, max(1, math.prod(shape) * dtype.itemsize))
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
 def _has_penalty(p) -> bool:
