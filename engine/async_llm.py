@@ -128,8 +128,6 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
             items, timestamp = outputs.outputs, outputs.timestamp
             latencies.append(time.monotonic() - timestamp)
             for start in range(0, len(items), chunk):
-                if start:
-                    await asyncio.sleep(0)  # let consumers and new requests run between slices
                 # 2) detokenize, stop strings, output kinds
                 processed = output_processor.process_outputs(items[start:start + chunk])
                 # 3) hand each request its output
@@ -144,6 +142,9 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
                                 del requests[collector.request_id]
                 # 4) stop in the core what a stop string finished here
                 engine_core.abort_requests_nowait(processed.reqs_to_abort)
+                # 5) let this slice's consumers (and new requests) run, before the next slice
+                # and before this task goes back to waiting on the channel
+                await asyncio.sleep(0)
     except asyncio.CancelledError:
         raise
     except Exception as e:

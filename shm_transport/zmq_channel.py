@@ -91,15 +91,25 @@ class ZmqChannel:
         self._peer_pid = pid
         self._pidfd = os.pidfd_open(pid)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         if self._loop is not None and not self._peer_dead and not self._loop.is_closed():
             self._loop.remove_reader(self._pidfd)
-        for sock in (self._atx, self._arx, self._tx, self._rx):
-            if sock is not None:
-                sock.close(linger=0)
+        # The asyncio shadows first (closing one closes its socket and unhooks it from the
+        # loop). Like the ring, what was sent still reaches a live peer: a short linger.
+        for sock, linger in ((self._arx, 0), (self._rx, 0), (self._atx, 100), (self._tx, 100)):
+            if sock is not None and not sock.closed:
+                sock.close(linger=linger)
         self._ctx.term()
         if self._pidfd is not None:
             os.close(self._pidfd)
@@ -107,8 +117,7 @@ class ZmqChannel:
     # -- sync ------------------------------------------------------------------------
     def _wait(self, sock: zmq.Socket, event: int, timeout: Optional[float]) -> bool:
         """Wait for ``event`` on ``sock``; False on timeout, PeerDied when the peer exits."""
-        if self._closed:
-            raise ChannelClosed("channel is closed")
+        self._check_open()
         poller = zmq.Poller()
         poller.register(sock, event)
         if self._pidfd is not None:
@@ -125,6 +134,7 @@ class ZmqChannel:
                 return False
 
     def _encode(self, msg: Any) -> bytes:
+        self._check_open()
         frame = self._codec.encode(msg)
         if self._max_message_size and len(frame) > self._max_message_size:
             raise MessageTooLarge(f"message of {len(frame)} bytes exceeds max_message_size="
@@ -151,6 +161,7 @@ class ZmqChannel:
                     raise TimeoutError("send timed out: the peer is not reading")
 
     def poll(self, max_messages: Optional[int] = None) -> list:
+        self._check_open()
         out: list = []
         while max_messages is None or len(out) < max_messages:
             try:
@@ -173,8 +184,7 @@ class ZmqChannel:
 
     # -- asyncio (zmq.asyncio shadows of the same sockets) ---------------------------
     def _async_sockets(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
-        if self._closed:
-            raise ChannelClosed("channel is closed")
+        self._check_open()
         if self._arx is None:
             self._atx = zmq.asyncio.Socket.from_socket(self._tx)
             self._arx = zmq.asyncio.Socket.from_socket(self._rx)

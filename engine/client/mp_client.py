@@ -3,8 +3,8 @@
 
 Who gives way (DESIGN.md): the core never blocks on a full output ring, so the frontend
 may block on a full request ring, but only while still taking outputs: the sync client
-drains outputs between send attempts and the async client waits for space on the event
-loop, whose reader tasks keep pulling outputs meanwhile.
+drains outputs between send attempts and the async client waits for space in a task on
+the event loop, while the output handler keeps pulling outputs.
 
 Liveness: every wait is bounded by the peer's pidfd (the sync channel checks it on each
 wait timeout; the async client registers it with ``loop.add_reader``), so a core killed

@@ -37,10 +37,7 @@ from shm_transport import TransportError
 logger = logging.getLogger(__name__)
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({
-    "get_stats", "reset_prefix_cache", "is_sleeping", "num_unfinished_requests",
-    "has_unfinished_requests", "get_supported_tasks", "ping",
-})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "has_unfinished_requests"})
 
 # How long the loop waits for a request when it holds outputs the full ring refused:
 # short enough to retry promptly, long enough not to spin a core the frontend needs.
@@ -159,19 +156,27 @@ class CoreProcess:
         except subprocess.TimeoutExpired:
             return "stopped answering"
 
-    def close(self, timeout: float) -> None:
-        """Ask the core to exit, wait up to ``timeout``, then kill it; free fds and rings."""
+    def request_exit(self) -> None:
+        """SHUTDOWN, then close our end: the core reads what was sent, then sees the close,
+        so it exits promptly even if SHUTDOWN found the ring full."""
+        if self.channel.closed:
+            return
         if self.proc is not None and self.proc.poll() is None:
             try:
                 self.channel.try_send(Shutdown())
             except TransportError:
                 pass
+        self.channel.close()
+
+    def close(self, timeout: float) -> None:
+        """Stop the core (killed after ``timeout``) and free its fds and rings."""
+        self.request_exit()
+        if self.proc is not None:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.channel.close()
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
@@ -192,6 +197,8 @@ def launch_cores(config: Any, engine_indices: list[int]) -> list[CoreProcess]:
 
 
 def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
+    for core in cores:  # all told first, so data-parallel cores wind down together
+        core.request_exit()
     for core in cores:
         core.close(timeout)
 
@@ -369,4 +376,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the channel is closed and nothing else needs saving: skip torch's slow teardown
