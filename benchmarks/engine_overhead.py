@@ -5,10 +5,11 @@ process cost around a model that costs almost nothing.
     (or: ringllm bench engine-overhead)
 
 Streams: one AsyncLLM per transport (``shm`` ring, ``zmq`` baseline), both alive in this
-process, on a tiny Llama with dummy weights (2 layers, hidden 64; vocab 2048 so the LM head
-is cheap too, prompts given as token ids). For 1, 16, 64 and 256 concurrent streams, each
-stream issues greedy DELTA requests of ``--max-tokens`` back to back for ``--duration`` s.
-Measured per run: generated tokens/s; the latency from the core publishing a step to the
+process on one event loop (uvloop, as ``ringllm serve`` runs it; ``--asyncio-loop`` for the
+default loop), on a tiny Llama with dummy weights (2 layers, hidden 64; vocab 2048 so the LM
+head is cheap too, prompts given as token ids). For 1, 16, 64 and 256 concurrent streams,
+each stream issues greedy DELTA requests of ``--max-tokens`` back to back for ``--duration``
+s. Measured per run: generated tokens/s; the latency from the core publishing a step to the
 consumer holding its RequestOutput (p50, p99; the collector carries the core's publish
 time, on the same monotonic clock); the frontend's CPU time per generated token (this
 process's user+system time, zmq's I/O threads included). Transports interleave per round.
@@ -106,7 +107,8 @@ def main(argv=None) -> None:
     p.add_argument("--duration", type=float, default=2.0, help="seconds per streams run")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--streams", default=",".join(map(str, STREAMS)))
-    p.add_argument("--uvloop", action="store_true", help="run the frontends on uvloop")
+    p.add_argument("--asyncio-loop", action="store_true",
+                   help="run the frontends on asyncio's default loop instead of uvloop (the server's loop)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline LLM comparison")
     p.add_argument("--offline-model", default=None, help="HF directory (default: the embedded model)")
     p.add_argument("--quick", action="store_true", help="1 round, 1 s runs, no offline")
@@ -117,7 +119,7 @@ def main(argv=None) -> None:
     from engine import AsyncLLM
     from engine.models.default_model import write_tiny_model
 
-    loop = (__import__("uvloop").new_event_loop() if a.uvloop else asyncio.new_event_loop())
+    loop = asyncio.new_event_loop() if a.asyncio_loop else __import__("uvloop").new_event_loop()
     asyncio.set_event_loop(loop)
     model_dir = write_tiny_model(tempfile.mkdtemp(prefix="ringllm-bench-"), vocab_size=TINY_VOCAB)
     engines = {t: AsyncLLM.from_engine_args(tiny_engine_args(model_dir, t)) for t in TRANSPORTS}
@@ -125,7 +127,7 @@ def main(argv=None) -> None:
     streams = [int(s) for s in a.streams.split(",")]
     bench = Bench("engine_overhead", model=f"tiny Llama, dummy weights (2 layers, hidden 64, vocab {TINY_VOCAB})")
     bench.notes.append(f"{a.duration} s per run, DELTA greedy requests of {a.max_tokens} tokens, "
-                       f"{'uvloop' if a.uvloop else 'asyncio default loop'}")
+                       f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}")
     try:
         for t, llm in engines.items():  # warm both paths before anything is timed
             loop.run_until_complete(run_streams(llm, 4, 0.3, a.max_tokens, ids))
