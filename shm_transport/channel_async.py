@@ -146,17 +146,17 @@ class AsyncChannelMixin:
             raise ChannelClosed("channel is closed (by this process)")
         out: list = []
         self._drain(out, max_messages)
+        room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
+        if not out and self._async_spin_ns:
+            self._drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
         if out:
             return out
         loop = self._loop_for_wait()
         if self._rx_fut is not None:
             raise RuntimeError("another task is already awaiting a receive on this channel")
         deadline = None if timeout is None else loop.time() + timeout
-        room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
         while True:
-            if self._async_spin_ns:
-                self._drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
-            if not out and not lib.ring_arm_data(self._c):
+            if not lib.ring_arm_data(self._c):
                 try:
                     if not (self._peer_dead or (deadline is not None and loop.time() >= deadline)):
                         await self._sleep_on("_rx_fut", deadline)
@@ -177,13 +177,19 @@ class AsyncChannelMixin:
 
     async def recv_async(self, timeout: Optional[float] = None) -> Any:
         """The next message; TimeoutError if none came within ``timeout``."""
-        if self._ready:
-            return self._ready.popleft()
-        batch = await self.recv_batch_async(timeout=timeout)
+        ready = self._ready
+        if ready:
+            return ready.popleft()
+        if self._closed:
+            raise ChannelClosed("channel is closed (by this process)")
+        batch: list = []
+        self._drain_ring(batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)  # the fast path
         if not batch:
-            raise TimeoutError("recv_async timed out")
+            batch = await self.recv_batch_async(timeout=timeout)
+            if not batch:
+                raise TimeoutError("recv_async timed out")
         if len(batch) > 1:
-            self._ready.extend(batch[1:])
+            ready.extend(batch[1:])
         return batch[0]
 
     # ------------------------------------------------------------------ sending
