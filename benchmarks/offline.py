@@ -1,33 +1,36 @@
 """Offline throughput scenario (issue 3): ringllm ``LLM.generate`` against plain transformers.
 
-Two measurements per engine, in the same run, each in a fresh worker process (so peak
-memory is that engine's alone and neither warms the other's caches):
+Two scenarios per engine, in the same run:
 
 - batch: N prompts x M output tokens (ignore_eos, greedy). ringllm gets all N at once;
   transformers gets one left-padded ``generate`` call over all N (``min_new_tokens=M``).
-- single stream: one prompt, M output tokens, at batch 1.
+- single: one prompt, M output tokens, at batch 1 (single-stream decode speed).
 
-Both engines get the same torch thread count and ``OMP_WAIT_POLICY=PASSIVE`` (see FACTS.md;
-spinning OpenMP threads collapse when anything else takes a core). Only ``generate`` is
-timed, after a short warm-up in the same process; start-up time is reported beside it.
-Reported: generated tokens/s (median of ``--repeats`` runs, with min and max), the ratio
-ringllm / transformers, and each worker's peak RSS (with its children: the EngineCore process).
+Every measurement runs in a fresh worker process (peak RSS is that engine's alone, its
+EngineCore child included, and neither engine warms the other's caches) and only
+``generate`` is timed, after a short warm-up; start-up time is reported beside it. Both
+engines get the same torch thread count and ``OMP_WAIT_POLICY=PASSIVE`` (FACTS.md: spinning
+OpenMP threads collapse when anything else takes a core). The harness alternates the order
+of the cases between rounds and reports medians with the min-max spread.
 
-    python -m benchmarks.offline                          # 64 x 128, bf16, 1 thread
-    python -m benchmarks.offline --dtype float32 --threads 1,2 --repeats 3
+    python -m benchmarks.offline                     # 64 x 128, bf16, 1 thread, 3 rounds
+    ringllm bench offline --dtype float32 --threads 1,2 --rounds 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import platform
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import time
+
+from benchmarks.harness import Bench, Column
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _WORDS = ("river mountain engine quiet yellow garden window silver market rocket planet story "
           "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
@@ -70,20 +73,14 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
     prompts = make_prompts(a.num_prompts)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    counts: list[int] = []
 
-    def batch() -> None:
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        counts.append(sum(len(o.outputs[0].token_ids) for o in outs))
+    def run(batch: list[str]) -> None:
+        outs = llm.generate(batch, params, use_tqdm=False)
+        assert sum(len(o.outputs[0].token_ids) for o in outs) == len(batch) * a.output_tokens
 
-    def single() -> None:
-        outs = llm.generate(prompts[:1], params, use_tqdm=False)
-        counts.append(len(outs[0].outputs[0].token_ids))
-
-    batch_s = _timed(batch, a.repeats)
-    single_s = _timed(single, a.repeats)
+    result = _measure(a, lambda: run(prompts), lambda: run(prompts[:1]))
     llm.shutdown()
-    return {"startup_s": startup, "batch_s": batch_s, "single_s": single_s, "tokens": counts}
+    return {"startup_s": startup, **result}
 
 
 def worker_transformers(a: argparse.Namespace) -> dict:
@@ -96,21 +93,24 @@ def worker_transformers(a: argparse.Namespace) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, a.dtype)).eval()
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
     startup = time.perf_counter() - start
-    counts: list[int] = []
 
-    def run(prompts: list[str], n: int) -> None:
-        enc = tok(prompts, return_tensors="pt", padding=True)
+    def run(batch: list[str], n: int) -> None:
+        enc = tok(batch, return_tensors="pt", padding=True)
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                  pad_token_id=tok.pad_token_id)
-        counts.append((out.shape[1] - enc["input_ids"].shape[1]) * len(prompts))
+        assert out.shape[1] - enc["input_ids"].shape[1] == n
 
     prompts = make_prompts(a.num_prompts)
     run(prompts[:2], 4)
-    counts.clear()
-    batch_s = _timed(lambda: run(prompts, a.output_tokens), a.repeats)
-    single_s = _timed(lambda: run(prompts[:1], a.output_tokens), a.repeats)
-    return {"startup_s": startup, "batch_s": batch_s, "single_s": single_s, "tokens": counts}
+    result = _measure(a, lambda: run(prompts, a.output_tokens), lambda: run(prompts[:1], a.output_tokens))
+    return {"startup_s": startup, **result}
+
+
+def _measure(a: argparse.Namespace, batch, single) -> dict:
+    mode = getattr(a, "mode", "both")
+    return {"batch_s": _timed(batch, a.repeats) if mode in ("both", "batch") else [],
+            "single_s": _timed(single, a.repeats) if mode in ("both", "single") else []}
 
 
 def _default_model_dir() -> str:
@@ -122,84 +122,88 @@ def _default_model_dir() -> str:
 # ---------------------------------------------------------------- driver
 
 def run_worker(engine: str, a: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--dtype", a.dtype,
-           "--threads", str(a.threads), "--num-prompts", str(a.num_prompts), "--output-tokens",
-           str(a.output_tokens), "--repeats", str(a.repeats), "--kv-cache-memory", str(a.kv_cache_memory),
-           "--max-model-len", str(a.max_model_len)] + (["--model", a.model] if a.model else []) + (
-           ["--inproc"] if a.inproc else [])
+    """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single or both)."""
+    cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", getattr(a, "mode", "both"),
+           "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
+           "--output-tokens", str(a.output_tokens), "--repeats", str(a.repeats),
+           "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len)]
+    cmd += (["--model", a.model] if a.model else []) + (["--inproc"] if a.inproc else [])
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(a.threads))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=_ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summarize(result: dict, a: argparse.Namespace) -> dict:
-    batch_tps = [a.num_prompts * a.output_tokens / s for s in result["batch_s"]]
-    single_tps = [a.output_tokens / s for s in result["single_s"]]
-    return {"batch_tok_s": statistics.median(batch_tps), "batch_min": min(batch_tps), "batch_max": max(batch_tps),
-            "single_tok_s": statistics.median(single_tps), "single_min": min(single_tps),
-            "single_max": max(single_tps), "startup_s": result["startup_s"], "peak_rss_mib": result["peak_rss_mib"]}
+def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
+    wa = argparse.Namespace(**{**vars(a), "threads": threads, "mode": mode, "repeats": 1})
+
+    def run() -> dict:
+        r = run_worker(engine, wa)
+        seconds = r[f"{mode}_s"][0]
+        tokens = a.output_tokens * (a.num_prompts if mode == "batch" else 1)
+        return {"tok_s": tokens / seconds, "startup_s": r["startup_s"], "peak_rss_mib": r["peak_rss_mib"]}
+    return run
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ringllm bench offline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--threads", default="1", help="comma-separated torch thread counts to sweep")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians and spread)")
+    p.add_argument("--scenarios", default="batch,single")
+    p.add_argument("--engines", default="ringllm,transformers")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--engines", default="ringllm,transformers")
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
-    p.add_argument("--out", default="benchmarks/out/offline.json")
+    p.add_argument("--out", default=None, help="folder for JSON and PNG (default benchmarks/out)")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="both", help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         a.threads = int(a.threads)
         result = (worker_ringllm if a.worker == "ringllm" else worker_transformers)(a)
         result["peak_rss_mib"] = _peak_rss_mib()
         print(json.dumps(result))
-        return
-    rows = []
-    for threads in [int(t) for t in a.threads.split(",")]:
-        for engine in a.engines.split(","):
-            wa = argparse.Namespace(**{**vars(a), "threads": threads})
-            row = {"engine": engine, "threads": threads, **summarize(run_worker(engine, wa), a)}
-            rows.append(row)
-            print(f"  {engine:12s} threads={threads}: batch {row['batch_tok_s']:.1f} tok/s, "
-                  f"single {row['single_tok_s']:.1f} tok/s", flush=True)
-    report(rows, a)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    bench = Bench("offline", model=a.model or "SmolLM2-135M-Instruct")
+    threads = [int(t) for t in a.threads.split(",")]
+    for t in threads:
+        for mode in a.scenarios.split(","):
+            for engine in a.engines.split(","):
+                bench.add(mode, f"{engine} {t}t", case(engine, mode, t, a))
+    bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.offline").info)
+    bench.notes.append(f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, "
+                       f"torch {_torch_version()}")
+    columns = [Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
+               Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
+               Column("startup s", "batch", "startup_s", "{:.1f}"),
+               Column("peak RSS MiB (batch)", "batch", "peak_rss_mib", "{:.0f}")]
+    for t in threads:
+        base = f"transformers {t}t"
+        ratios = [Column("batch vs transformers", "batch", "tok_s", ratio_to=base),
+                  Column("single vs transformers", "single", "tok_s", ratio_to=base)]
+        methods = [m for m in bench.methods() if m.endswith(f" {t}t")]
+        print(bench.table(f"Offline throughput, {a.dtype}, {t} thread(s)", columns + ratios, methods) + "\n")
+    print("\n".join(bench.notes))
+    kw = {"out_dir": a.out} if a.out else {}
+    paths = bench.save(extra={"args": {k: v for k, v in vars(a).items() if k not in ("worker", "mode")}},
+                       plots=columns[:2], **kw)
+    print("wrote " + ", ".join(paths))
+    return 0
 
 
-def report(rows: list[dict], a: argparse.Namespace) -> None:
+def _torch_version() -> str:
     import torch
 
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch " \
-              f"{torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
-    print(f"\nOffline throughput: {a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, "
-          f"ignore_eos; model {a.model or 'SmolLM2-135M-Instruct'}; {machine}")
-    print("| engine | threads | batch tok/s (min-max) | single-stream tok/s (min-max) | startup s | peak RSS MiB |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['engine']} | {r['threads']} | {r['batch_tok_s']:.1f} ({r['batch_min']:.1f}-{r['batch_max']:.1f}) "
-              f"| {r['single_tok_s']:.1f} ({r['single_min']:.1f}-{r['single_max']:.1f}) | {r['startup_s']:.1f} "
-              f"| {r['peak_rss_mib']:.0f} |")
-    by = {(r["engine"], r["threads"]): r for r in rows}
-    for (engine, threads), r in by.items():
-        base = by.get(("transformers", threads))
-        if engine == "ringllm" and base:
-            print(f"ratio ringllm/transformers at {threads} thread(s): batch "
-                  f"{r['batch_tok_s'] / base['batch_tok_s']:.2f}x, single stream "
-                  f"{r['single_tok_s'] / base['single_tok_s']:.2f}x")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"scenario": "offline", "args": {k: v for k, v in vars(a).items() if k != "worker"},
-                   "machine": machine, "rows": rows}, f, indent=2)
-    print(f"wrote {a.out}")
+    return f"{torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
