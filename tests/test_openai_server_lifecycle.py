@@ -5,6 +5,7 @@ the tiny dummy-weight model; the tests of one server run in file order, the deat
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -22,9 +23,13 @@ LONG = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8000, "ignore_eos": Tru
 
 @pytest.fixture(scope="module")
 def tiny_long_model(tmp_path_factory) -> str:
+    """The tiny model with room for 8192 positions and sampling defaults in its generation config."""
     from engine.models.default_model import write_tiny_model
 
-    return write_tiny_model(str(tmp_path_factory.mktemp("tiny-long")), max_position_embeddings=8192)
+    path = write_tiny_model(str(tmp_path_factory.mktemp("tiny-long")), max_position_embeddings=8192)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": 2, "temperature": 0.0, "max_new_tokens": 7}, f)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +46,14 @@ async def _first_event(session: aiohttp.ClientSession, url: str, payload: dict
     resp = await session.post(url + "/v1/completions", json={**payload, "stream": True})
     assert resp.status == 200
     return resp, await resp.content.readuntil(b"\n\n")
+
+
+def test_unset_sampling_fields_take_the_model_generation_config(server):
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True}
+    first, second = (server.post_json("/v1/chat/completions", chat)[1] for _ in range(2))
+    assert first["usage"]["completion_tokens"] == 7  # max_new_tokens, with no max_tokens asked
+    assert first["choices"][0]["message"] == second["choices"][0]["message"]  # temperature 0: greedy
+    assert server.post_json("/v1/chat/completions", {**chat, "max_tokens": 3})[1]["usage"]["completion_tokens"] == 3
 
 
 def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(server):
@@ -112,6 +125,4 @@ def test_sigterm_drains_in_flight_streams_then_exits(tiny_long_model):
 
 
 def _json(payload: dict) -> bytes:
-    import json
-
     return json.dumps(payload).encode()

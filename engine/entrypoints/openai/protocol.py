@@ -76,21 +76,26 @@ class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
+# Unset (None), these take the model's generation-config default, then SamplingParams' own,
+# as vLLM's server does; every other field has OpenAI's default.
+MODEL_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 class _SamplingFields(Struct, kw_only=True):
     """What /v1/completions and /v1/chat/completions share: OpenAI's fields plus vLLM's extras."""
 
     model: Optional[str] = None
     n: Annotated[int, Meta(ge=1, le=128)] = 1
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    top_k: Annotated[int, Meta(ge=-1)] = -1
-    min_p: Probability = 0.0
+    temperature: Optional[Temperature] = None
+    top_p: Optional[TopP] = None
+    top_k: Optional[Annotated[int, Meta(ge=-1)]] = None
+    min_p: Optional[Probability] = None
+    repetition_penalty: Optional[Annotated[float, Meta(gt=0.0, le=2.0)]] = None
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
     stop_token_ids: Optional[TokenIds] = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0
     ignore_eos: bool = False
     min_tokens: NonNegativeInt = 0
     include_stop_str_in_output: bool = False
@@ -99,15 +104,18 @@ class _SamplingFields(Struct, kw_only=True):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
 
-    def _sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
-                         prompt_logprobs: Optional[int]) -> SamplingParams:
+    def _sampling_params(self, model_defaults: dict[str, Any], max_tokens: Optional[int],
+                         logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
+        """``model_defaults``: SamplingParams fields from the model's generation config."""
+        chosen = {name: getattr(self, name) for name in MODEL_DEFAULTED if getattr(self, name) is not None}
+        fields = {**model_defaults, **chosen}
+        if max_tokens is not None or "max_tokens" not in fields:
+            fields["max_tokens"] = max_tokens
         try:
             return SamplingParams(
-                n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                min_p=self.min_p, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                **fields, n=self.n, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos,
-                min_tokens=self.min_tokens, max_tokens=max_tokens, logprobs=logprobs,
+                ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
@@ -139,10 +147,10 @@ class CompletionRequest(_SamplingFields, kw_only=True):
         raise OpenAIError(400, "prompt must be a string, a list of strings, a list of token ids or a "
                           "list of non-empty token-id lists", param="prompt", code="invalid_value")
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
-        return self._sampling_params(self.max_tokens, self.logprobs,
+        return self._sampling_params(model_defaults, self.max_tokens, self.logprobs,
                                      self.logprobs if self.echo and self.logprobs is not None else None)
 
 
@@ -179,15 +187,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        """``max_tokens``: the request's own bound, or what is left of the context when it sets none."""
+    def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
+        """With no max_(completion_)tokens the answer may run to the end of the context."""
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
-        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None, None)
-
-    @property
-    def requested_max_tokens(self) -> Optional[int]:
-        return self.max_completion_tokens or self.max_tokens
+        return self._sampling_params(model_defaults, self.max_completion_tokens or self.max_tokens,
+                                     (self.top_logprobs or 0) if self.logprobs else None, None)
 
 
 class TokenizeRequest(Struct, kw_only=True):

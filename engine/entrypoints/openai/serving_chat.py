@@ -39,7 +39,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), ChatCompletionRequest)
         model = self.check_model(body.model)
-        params = body.to_sampling_params(body.requested_max_tokens)
+        params = body.to_sampling_params(self.model_defaults)
         text, token_ids = self.render(body.messages, body.add_generation_prompt, body.chat_template_kwargs)
         request_id, created = random_id("chatcmpl"), now()
         with self.admit(1) as started:

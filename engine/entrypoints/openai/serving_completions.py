@@ -24,7 +24,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), CompletionRequest)
         model = self.check_model(body.model)
-        params = body.to_sampling_params()
+        params = body.to_sampling_params(self.model_defaults)
         prompts = body.prompts()
         request_id, created = random_id("cmpl"), now()
         with self.admit(len(prompts)) as started:

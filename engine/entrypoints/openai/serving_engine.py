@@ -71,6 +71,8 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.limits = limits
         self.metrics = metrics
+        # Sampling defaults from the model's generation config (vLLM's generation_config="auto").
+        self.model_defaults = dict(engine.input_processor.default_params)
         # Engine requests accepted but without a first output yet (queued or in prefill).
         self.num_waiting = 0
 
