@@ -25,7 +25,6 @@ import asyncio
 import itertools
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -87,22 +86,17 @@ async def shutdown(engines) -> None:
 
 
 def offline_case(inproc: bool, a: argparse.Namespace):
-    """One fresh worker of benchmarks.offline (the issue-3 workload); batch tokens/s."""
+    """The issue-3 batch workload in a fresh benchmarks.offline worker: tok/s, start-up, peak RSS."""
     from benchmarks import offline
 
-    wa = argparse.Namespace(model=a.offline_model, dtype="bfloat16", threads=1, num_prompts=64,
-                            output_tokens=128, repeats=1, kv_cache_memory=1 << 30, max_model_len=2048,
-                            inproc=inproc)
-
-    def run() -> dict:
-        result = offline.run_worker("ringllm", wa)
-        return {"tokens_per_s": statistics.median(wa.num_prompts * wa.output_tokens / s
-                                                  for s in result["batch_s"])}
-    return run
+    return offline.case("ringllm", "batch", 1, argparse.Namespace(
+        model=a.offline_model, dtype="bfloat16", num_prompts=64, output_tokens=128,
+        kv_cache_memory=1 << 30, max_model_len=2048, inproc=inproc))
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="ringllm bench engine-overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per streams run")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -167,8 +161,10 @@ def report(bench: Bench, streams: list[int], offline: bool) -> None:
     if offline:
         print()
         print(bench.table("Offline, 64 prompts x 128 tokens (default model, bf16, greedy)",
-                          [Column("tok/s", "offline", "tokens_per_s", "{:.1f}", higher_is_better=True),
-                           Column("vs in-process", "offline", "tokens_per_s", ratio_to="in-process")],
+                          [Column("tok/s", "offline", "tok_s", "{:.1f}", higher_is_better=True),
+                           Column("vs in-process", "offline", "tok_s", ratio_to="in-process"),
+                           Column("start-up s", "offline", "startup_s", "{:.1f}"),
+                           Column("peak RSS MiB", "offline", "peak_rss_mib", "{:.0f}")],
                           methods=["in-process", "multi-process"]))
     print()
     for note in bench.notes:
