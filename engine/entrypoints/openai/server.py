@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Optional
 
@@ -205,6 +206,31 @@ async def _make_serving(engine: Any, settings: ServerSettings) -> Serving:
 def run_server(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> None:
     """Serve until SIGINT/SIGTERM, then drain: stop accepting, let in-flight requests finish for
     up to ``drain_timeout_s`` (the rest are cancelled, which aborts them), shut the engine down."""
-    web.run_app(build_app(engine_client, settings), host=settings.host, port=settings.port,
-                shutdown_timeout=settings.drain_timeout_s, handler_cancellation=True,
-                print=lambda message: logger.info("%s", message.strip()), loop=uvloop.new_event_loop())
+    uvloop.run(_serve(build_app(engine_client, settings), settings))
+
+
+async def _serve(app: web.Application, settings: ServerSettings) -> None:
+    # Signals are handled here rather than by aiohttp's run_app: a second SIGTERM while draining
+    # (a process manager repeating itself) must not abort the shutdown half-way.
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True,
+                           shutdown_timeout=settings.drain_timeout_s)
+    await runner.setup()  # enters the engine's lifetime: the port opens once the engine is ready
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        logger.info("serving on %s", site.name)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _on_signal, stop, sig, settings.drain_timeout_s)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _on_signal(stop: asyncio.Event, sig: signal.Signals, drain_timeout_s: float) -> None:
+    if stop.is_set():
+        logger.info("%s: already shutting down", sig.name)
+        return
+    logger.info("%s: no new requests; in-flight ones may finish for up to %g s", sig.name, drain_timeout_s)
+    stop.set()
