@@ -115,6 +115,8 @@ def test_sigterm_drains_in_flight_streams_then_exits(tiny_long_model):
             async with aiohttp.ClientSession() as session:
                 resp, first = await _first_event(session, remote.url, {**LONG, "max_tokens": 300})
                 remote.proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.1)
+                remote.proc.send_signal(signal.SIGTERM)  # a repeated signal must not cut the drain short
                 async with asyncio.timeout(30):
                     return parse_sse(first + await resp.read())
 
