@@ -344,7 +344,7 @@ class Driver:
         cpu = time.process_time() - c0
         end.set_spin(0)
         assert done.n == n, f"{method}: peer received {done.n} of {n}"
-        return {"msgs_per_s": n / elapsed, "gb_per_s": n * size / elapsed / 1e9,
+        return {"mmsgs_per_s": n / elapsed / 1e6, "gb_per_s": n * size / elapsed / 1e9,
                 "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6}
 
 
@@ -386,14 +386,14 @@ def targets(bench: Bench) -> list[tuple[str, bool, str]]:
           med("rt-small", "ring-asyncio", "p50_us"), za / 8, False, "us")
     check("asyncio/eventfd reader RT p50 <= zmq.asyncio / 30 (uvloop)",
           med("rt-small", "ring-uvloop", "p50_us"), za / 30, False, "us")
-    ring64 = med("stream-64b", "ring-spin10", "msgs_per_s")
-    check("64 B streaming, batched reads >= 2x pyzmq sync", ring64 / 1e6,
-          2 * med("stream-64b", "zmq", "msgs_per_s") / 1e6, True, "M msg/s")
-    check("64 B streaming, batched reads >= 15x a zmq.asyncio reader", ring64 / 1e6,
-          15 * med("stream-64b", "zmq-asyncio", "msgs_per_s") / 1e6, True, "M msg/s")
+    ring64 = med("stream-64b", "ring-spin10", "mmsgs_per_s")
+    check("64 B streaming, batched reads >= 2x pyzmq sync", ring64,
+          2 * med("stream-64b", "zmq", "mmsgs_per_s"), True, "M msg/s")
+    check("64 B streaming, batched reads >= 15x a zmq.asyncio reader", ring64,
+          15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"), True, "M msg/s")
     check("asyncio ring reader, 64 B streaming >= 15x a zmq.asyncio reader",
-          med("stream-64b", "ring-asyncio", "msgs_per_s") / 1e6,
-          15 * med("stream-64b", "zmq-asyncio", "msgs_per_s") / 1e6, True, "M msg/s")
+          med("stream-64b", "ring-asyncio", "mmsgs_per_s"),
+          15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"), True, "M msg/s")
     check("1 MiB bandwidth >= 3x pyzmq", med("bw-1mib", "ring-spin10", "gb_per_s"),
           3 * med("bw-1mib", "zmq", "gb_per_s"), True, "GB/s")
     return out
@@ -404,14 +404,13 @@ def report(bench: Bench) -> str:
           Column("p50 vs pyzmq", "rt-small", "p50_us", ratio_to="zmq"),
           Column("CPU ms / 1k RT", "rt-small", "cpu_ms_per_1k"),
           Column("4 KiB p50 us", "rt-4k", "p50_us"), Column("4 KiB p99 us", "rt-4k", "p99_us")]
-    st = [Column("64 B M msg/s", "stream-64b", "msgs_per_s", fmt="{:.3g}", higher_is_better=True),
-          Column("vs pyzmq", "stream-64b", "msgs_per_s", ratio_to="zmq", higher_is_better=True),
-          Column("vs zmq.asyncio", "stream-64b", "msgs_per_s", ratio_to="zmq-asyncio", higher_is_better=True),
+    st = [Column("64 B M msg/s", "stream-64b", "mmsgs_per_s", fmt="{:.3g}", higher_is_better=True),
+          Column("vs pyzmq", "stream-64b", "mmsgs_per_s", ratio_to="zmq", higher_is_better=True),
+          Column("vs zmq.asyncio", "stream-64b", "mmsgs_per_s", ratio_to="zmq-asyncio", higher_is_better=True),
+          Column("64 B CPU us/msg", "stream-64b", "cpu_ms_per_1k"),
           Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
-          Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True)]
-    for row in bench.rows:  # million messages per second reads better
-        if "msgs_per_s" in row and row["msgs_per_s"] > 1000:
-            row["msgs_per_s"] = row["msgs_per_s"] / 1e6
+          Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
+          Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}")]
     lines = [bench.table("Round trip (ping-pong)", rt, RT_METHODS), "",
              bench.table("One-way streaming (batched reads)", st, MAIN_METHODS), "", "Targets:"]
     for name, ok, numbers in targets(bench):
@@ -450,7 +449,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                               "labels": LABELS},
                        plots=[Column("RT p50 small (us)", "rt-small", "p50_us"),
                               Column("CPU ms per 1k RT", "rt-small", "cpu_ms_per_1k"),
-                              Column("64 B stream (M msg/s)", "stream-64b", "msgs_per_s", higher_is_better=True),
+                              Column("64 B stream (M msg/s)", "stream-64b", "mmsgs_per_s", higher_is_better=True),
                               Column("1 MiB (GB/s)", "bw-1mib", "gb_per_s", higher_is_better=True)], **kw)
     print("\nwrote " + ", ".join(paths))
     return 0

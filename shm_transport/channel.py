@@ -334,10 +334,14 @@ class Channel(channel_async.AsyncChannelMixin):
         """Send, waiting for space as long as needed (or ``timeout`` seconds: TimeoutError)."""
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
-        kind, body = self._encode(msg)
+        kind = self._kind_of.get(type(msg))  # _encode, inlined: this is the hot path
+        body = self._encode_body(msg)
+        n = len(body)
+        if kind is None or n >= self.max_message_size:
+            kind, body = self._encode(msg)  # raises the TypeError / MessageTooLarge
         if self._pending is None:
-            done = _ring_write(self._p, kind, body, len(body), 0)
-            if done == len(body) + 1:
+            done = _ring_write(self._p, kind, body, n, 0)
+            if done == n + 1:
                 return
             if done < 0:
                 raise_status(done, "send")
