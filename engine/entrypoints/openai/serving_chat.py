@@ -2,9 +2,9 @@
 
 The rendered prompt is tokenized here without special tokens: the template already wrote
 them as text, and a tokenizer that adds a BOS would otherwise add a second one. With no
-max_tokens the answer may run to the end of the context, as vLLM allows. Streams open
-with a role chunk per choice, but only once the engine has accepted the request, so a
-refused request still gets its 4xx instead of a stream.
+max_tokens the answer is bounded by the model's generation config, else by the context, as
+vLLM allows. Streams open with a role chunk per choice, but only once the engine has accepted
+the request, so a refused request still gets its 4xx instead of a stream.
 """
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ from engine.entrypoints.openai.serving_engine import OpenAIServing, json_respons
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 
-
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), CompletionRequest)
