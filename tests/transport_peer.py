@@ -148,24 +148,32 @@ def jitter(rng: random.Random) -> None:
             pass
 
 
-def jitter_exchange(ch: Channel, n: int, rng: random.Random, send_first: bool) -> list:
-    """n messages one way, then n the other, both sides jittering before every send and every
-    receive, so that each side keeps finding the ring now empty, now full, and falls asleep."""
-    got: list = []
+def jitter_hunt(ch: Channel, n: int, rng: random.Random, parent: bool) -> None:
+    """The lost wake-up hunt, either side. Both sides jitter their timing around every step.
 
-    def send() -> None:
+    1) n ping-pongs: each side sends only after the other's message arrived, so a lost data
+       wake-up leaves both asleep (a stall), never recovered by a later message.
+    2) n messages of 600 B into a 4 KiB ring with a slow reader: the writer keeps sleeping for
+       space; a lost space wake-up leaves it asleep while the reader, having drained the
+       ring, sleeps for data: again a stall."""
+    for seq in range(n):
+        if parent:
+            jitter(rng)
+            ch.send(Data(seq, 0, b"p" * (seq % 64)), timeout=30)
+            got = ch.recv(timeout=30)
+        else:
+            got = ch.recv(timeout=30)
+            jitter(rng)
+            ch.send(got, timeout=30)
+        assert got.seq == seq, (got.seq, seq)
+    if parent:
         for seq in range(n):
+            ch.send(Data(seq, 0, b"x" * 600), timeout=30)
+    else:
+        got = 0
+        while got < n:
             jitter(rng)
-            ch.send(Data(seq, 0, b"j" * (seq % 64 * 10)), timeout=30)
-
-    def recv() -> None:
-        while len(got) < n:
-            jitter(rng)
-            got.extend(ch.recv_batch(timeout=30, max_messages=1))
-
-    for step in ((send, recv) if send_first else (recv, send)):
-        step()
-    return got
+            got += len(ch.recv_batch(timeout=30, max_messages=1))
 
 
 # ---------------------------------------------------------------- modes
@@ -192,7 +200,7 @@ def main() -> None:
         elif mode == "jitter":
             n, seed = int(args[0]), int(args[1])
             ch.spin_us, ch.liveness_interval = 0, 2.0
-            jitter_exchange(ch, n, random.Random(seed), send_first=False)
+            jitter_hunt(ch, n, random.Random(seed), parent=False)
             ch.send(Ctl("stats", text=json.dumps(ch.stats())))
             ch.recv(timeout=30)
         elif mode == "block":  # report readiness, then wait for a message that never comes
