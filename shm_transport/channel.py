@@ -80,6 +80,9 @@ class Channel(channel_async.AsyncChannelMixin):
         self._p, self._c = tx.handle, rx.handle
         self._res = res
         self._finalizer = weakref.finalize(self, res.release)
+        # Not at interpreter exit: a daemon thread may still be blocked in a wait on the
+        # mapping; the OS reclaims everything at exit and the peer sees PeerDied instead.
+        self._finalizer.atexit = False
         self._token = token
         self.max_message_size = max_message_size
         self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
