@@ -99,27 +99,11 @@ def pin(cpu: Optional[int]) -> None:
 class RingEnd:
     def __init__(self, ch: Channel) -> None:
         self.ch = ch
-
-    def send(self, m):
-        self.ch.send(m)
-
-    def recv(self):
-        return self.ch.recv()
-
-    def recv_batch(self):
-        return self.ch.recv_batch()
+        self.send, self.recv, self.recv_batch = ch.send, ch.recv, ch.recv_batch  # no wrapper layer
+        self.asend, self.arecv, self.arecv_batch = ch.send_async, ch.recv_async, ch.recv_batch_async
 
     def set_spin(self, us: float) -> None:
         self.ch.spin_us = us
-
-    async def asend(self, m):
-        await self.ch.send_async(m)
-
-    async def arecv(self):
-        return await self.ch.recv_async()
-
-    async def arecv_batch(self):
-        return await self.ch.recv_batch_async()
 
     def close(self) -> None:
         self.ch.close()

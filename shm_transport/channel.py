@@ -471,7 +471,12 @@ class Channel(channel_async.AsyncChannelMixin):
                         return
                 if self._peer_dead:
                     left = 0
-                n = self._drain_ring(out, room, self._spin_ns, int(left * 1e9))
+                try:  # _drain_ring, inlined: this is the hot path of every blocking receive
+                    n = self._rx.drain(self._decoders, out, room, self._spin_ns, int(left * 1e9))
+                except TransportError:
+                    self._ready.extend(out)
+                    out.clear()
+                    raise
                 if out:
                     if n == room and max_messages is None:
                         self._drain(out, None)  # there may be more
