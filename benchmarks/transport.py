@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import multiprocessing
 import multiprocessing.connection
 import os

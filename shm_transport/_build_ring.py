@@ -20,6 +20,9 @@ def _rel(path):
         return path
 
 
+_SOURCES = ("ring.c", "producer.c", "consumer.c", "wake.c")
+_HEADERS = ("ring.h", "ring_atomic.h", "ring_internal.h", "ring_wake.h")
+
 CDEF = """
 #define RING_HEADER_SIZE 1024
 #define RING_MIN_CAPACITY 4096
@@ -85,10 +88,9 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "shm_transport._ring",
     '#include "ring.h"\n',
-    sources=[_rel(os.path.join(_CSRC, "ring.c")), _rel(os.path.join(_CSRC, "wake.c"))],
+    sources=[_rel(os.path.join(_CSRC, name)) for name in _SOURCES],
     include_dirs=[_rel(_CSRC)],
-    depends=[_rel(os.path.join(_CSRC, name)) for name in
-             ("ring.h", "ring_atomic.h", "ring_wake.h", "ring.c", "wake.c")],
+    depends=[_rel(os.path.join(_CSRC, name)) for name in _SOURCES + _HEADERS],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
 )
 

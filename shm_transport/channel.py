@@ -20,20 +20,18 @@ Contract (the engine builds on exactly this):
 from __future__ import annotations
 
 import collections
-import errno
 import os
 import threading
 import time
 import weakref
 from typing import Any, Optional
 
-from . import channel_async
+from . import channel_async, endpoints
 from ._ring import lib
-from .errors import ChannelClosed, MessageTooLarge, PeerDied, SegmentError, TransportError
-from .ring import (BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer,
-                   attach_ring, check_capacity, new_ring, raise_status)
+from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
 from .peer_token import PeerToken, RingSpec
-from .wakeup import PeerWatch, new_eventfd
+from .ring import BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer, raise_status
+from .wakeup import PeerWatch
 
 _ring_write = lib.ring_write
 
@@ -43,35 +41,10 @@ _MAX_SPIN_NS = 10 ** 15
 _DEAD = -100
 
 
-class _Resources:
-    """Everything a channel holds outside Python objects; released once, by close or GC."""
-
-    def __init__(self) -> None:
-        self.segments: list = []
-        self.fds: list[int] = []
-        self.peer: Optional[PeerWatch] = None
-        self.ends: list = []  # Producer, Consumer: closed (peer notified) before unmapping
-
-    def release(self) -> None:
-        for end in self.ends:
-            if end.segment.base is not None:
-                end.close()
-        for seg in self.segments:
-            seg.unmap()
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-        if self.peer is not None:
-            self.peer.close()
-
-
 class Channel(channel_async.AsyncChannelMixin):
     """A bidirectional typed channel over two SPSC rings (see the module docstring)."""
 
-    def __init__(self, codec: Any, tx: Producer, rx: Consumer, res: _Resources,
+    def __init__(self, codec: Any, tx: Producer, rx: Consumer, res: endpoints.Resources,
                  max_message_size: int, token: Optional[PeerToken] = None) -> None:
         if not all(hasattr(codec, a) for a in ("kind_and_body", "kind_of", "encode_body", "decoders")):
             raise TypeError(f"codec must be a MsgspecCodec, got {type(codec).__name__}")
@@ -107,56 +80,14 @@ class Channel(channel_async.AsyncChannelMixin):
                recv_capacity: Optional[int] = None) -> "Channel":
         """The creating (frontend) side: ``capacity`` bytes toward the peer, ``recv_capacity``
         (default: the same) back. Capacities are powers of two, at least 4096."""
-        check_capacity(capacity)
-        recv_capacity = check_capacity(capacity if recv_capacity is None else recv_capacity, "recv_capacity")
-        if isinstance(max_message_size, bool) or not isinstance(max_message_size, int) or max_message_size < 1:
-            raise ValueError(f"max_message_size must be a positive int, got {max_message_size!r}")
-        res = _Resources()
-        try:
-            res.segments = [new_ring(capacity), new_ring(recv_capacity)]
-            res.fds = [new_eventfd() for _ in range(4)]
-        except BaseException:
-            res.release()
-            raise
-        tx_seg, rx_seg = res.segments
-        tx_data, tx_space, rx_data, rx_space = res.fds
-        tx = Producer(tx_seg, capacity, tx_data, tx_space)
-        rx = Consumer(rx_seg, recv_capacity, rx_data, rx_space, max_message_size)
-        res.ends = [tx, rx]
-        token = PeerToken(os.getpid(), max_message_size,
-                          tx=RingSpec(rx_seg.fd, recv_capacity, rx_data, rx_space),
-                          rx=RingSpec(tx_seg.fd, capacity, tx_data, tx_space))
+        tx, rx, res, token = endpoints.create(capacity, recv_capacity, max_message_size)
         return cls(codec, tx, rx, res, max_message_size, token)
 
     @classmethod
     def attach(cls, codec: Any, token: str, peer_pid: Optional[int] = None) -> "Channel":
         """The child side: map the rings named by ``token`` (fds inherited through pass_fds)
         and watch ``peer_pid`` (default: the creator named in the token)."""
-        tok = PeerToken.parse(token)
-        res = _Resources()
-        try:
-            if peer_pid is not None and peer_pid != tok.creator_pid:
-                raise PeerDied(f"the channel's creator (pid {tok.creator_pid}) is not the expected "
-                               f"peer {peer_pid}: it has probably exited already")
-            res.peer = PeerWatch(tok.creator_pid if peer_pid is None else peer_pid)
-            for spec in (tok.tx, tok.rx):
-                res.segments.append(attach_ring(spec.fd, spec.capacity))
-            for seg in res.segments:
-                seg.close_fd()  # mapped: the fd is no longer needed
-            for fd in (tok.tx.data_efd, tok.tx.space_efd, tok.rx.data_efd, tok.rx.space_efd):
-                try:
-                    os.fstat(fd)
-                except OSError:
-                    raise SegmentError(errno.EBADF, f"eventfd {fd} from the peer token is not open "
-                                       "(was it passed with pass_fds?)") from None
-                res.fds.append(fd)
-        except BaseException:
-            res.release()
-            raise
-        tx = Producer(res.segments[0], tok.tx.capacity, tok.tx.data_efd, tok.tx.space_efd)
-        rx = Consumer(res.segments[1], tok.rx.capacity, tok.rx.data_efd, tok.rx.space_efd,
-                      tok.max_message_size)
-        res.ends = [tx, rx]
+        tx, rx, res, tok = endpoints.attach(token, peer_pid)
         ch = cls(codec, tx, rx, res, tok.max_message_size)
         ch._peer_fds = []
         return ch
