@@ -102,13 +102,14 @@ class Channel(channel_async.AsyncChannelMixin):
             remap = lambda s: RingSpec(dups[s.fd], s.capacity, dups[s.data_efd], dups[s.space_efd])  # noqa: E731
             text = PeerToken(tok.creator_pid, tok.max_message_size, remap(tok.tx), remap(tok.rx)).text()
             try:
-                b = cls.attach(codec, text)
-            finally:
-                for fd in (dups[tok.tx.fd], dups[tok.rx.fd]):
+                b = cls.attach(codec, text)  # owns the dups from here on (closes the segment ones)
+            except BaseException:
+                for fd in dups.values():  # those attach did not get to
                     try:
-                        os.close(fd)  # attach closed them already; harmless if so
+                        os.close(fd)
                     except OSError:
                         pass
+                raise
             a.close_peer_fds()
         except BaseException:
             a.close()
