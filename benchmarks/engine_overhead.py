@@ -79,6 +79,12 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
             "cpu_us_per_token": cpu / tokens * 1e6}
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (zmq's I/O threads included) onto ``cpus``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
 async def shutdown(engines) -> None:
     for llm in engines:
         llm.shutdown()
@@ -89,9 +95,18 @@ def offline_case(inproc: bool, a: argparse.Namespace):
     """The issue-3 batch workload in a fresh benchmarks.offline worker: tok/s, start-up, peak RSS."""
     from benchmarks import offline
 
-    return offline.case("ringllm", "batch", 1, argparse.Namespace(
+    measure = offline.case("ringllm", "batch", 1, argparse.Namespace(
         model=a.offline_model, dtype="bfloat16", num_prompts=64, output_tokens=128,
         kv_cache_memory=1 << 30, max_model_len=2048, inproc=inproc))
+
+    def run() -> dict:  # the worker inherits our CPU set: give it every CPU
+        pinned = os.sched_getaffinity(0)
+        pin(os.getpid(), set(range(os.cpu_count())))
+        try:
+            return measure()
+        finally:
+            pin(os.getpid(), pinned)
+    return run
 
 
 def main(argv=None) -> None:
@@ -104,6 +119,8 @@ def main(argv=None) -> None:
     p.add_argument("--asyncio-loop", action="store_true",
                    help="run the frontends on asyncio's default loop instead of uvloop (the server's loop)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline LLM comparison")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin this process to CPU 0 and the EngineCore processes to CPU 1")
     p.add_argument("--offline-model", default=None, help="HF directory (default: the embedded model)")
     p.add_argument("--quick", action="store_true", help="1 round, 1 s runs, no offline")
     a = p.parse_args(argv)
@@ -117,11 +134,17 @@ def main(argv=None) -> None:
     asyncio.set_event_loop(loop)
     model_dir = write_tiny_model(tempfile.mkdtemp(prefix="ringllm-bench-"), vocab_size=TINY_VOCAB)
     engines = {t: AsyncLLM.from_engine_args(tiny_engine_args(model_dir, t)) for t in TRANSPORTS}
+    pinned = not a.no_pin and len(os.sched_getaffinity(0)) >= 2
+    if pinned:  # the frontend and the model on separate cores, as the transport scenario does
+        pin(os.getpid(), {0})
+        for llm in engines.values():
+            pin(llm.engine_core.ready.pid, {1})
     ids = itertools.count()
     streams = [int(s) for s in a.streams.split(",")]
     bench = Bench("engine_overhead", model=f"tiny Llama, dummy weights (2 layers, hidden 64, vocab {TINY_VOCAB})")
     bench.notes.append(f"{a.duration} s per run, DELTA greedy requests of {a.max_tokens} tokens, "
-                       f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}")
+                       f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}, "
+                       f"{'frontend on CPU 0, EngineCores on CPU 1' if pinned else 'not pinned'}")
     try:
         for t, llm in engines.items():  # warm both paths before anything is timed
             loop.run_until_complete(run_streams(llm, 4, 0.3, a.max_tokens, ids))
