@@ -10,7 +10,9 @@ keep one streaming completion each in flight (closed loop: a client sends its ne
 when its last one ends), ``--requests-per-client`` each, ``--output-tokens`` long with
 ignore_eos, greedy, on seeded prompts of ~30 tokens. Measured per run: requests/s, output
 tokens/s, time to first token and inter-token latency (the gaps between streamed chunks),
-p50 and p99. Transports alternate within each round (harness.Bench).
+p50 and p99. A third method sends the same requests to an ``AsyncLLM`` on the ring inside the
+load generator's process, so what HTTP, JSON and SSE add shows beside it. Methods alternate
+within each round (harness.Bench).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
@@ -36,6 +38,7 @@ from benchmarks.harness import OUT_DIR, Bench, Column
 
 LEVELS = (1, 8, 32, 64)
 TRANSPORTS = ("shm", "zmq")
+IN_PROCESS = "AsyncLLM, no HTTP"
 # Prompts are drawn from these words, about 30 tokens each, with a fresh seed for every run, so
 # no prompt repeats and prefix caching does not flatter the time to first token.
 _WORDS = ("river mountain engine quiet yellow garden window silver market rocket planet story "
@@ -94,26 +97,54 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-async def run_level(url: str, model: str, concurrency: int, requests_per_client: int, max_tokens: int,
+async def generate_in_process(llm, prompt: str, max_tokens: int, request_id: str) -> RequestStats:
+    """The same request through ``AsyncLLM.generate`` in this process: no HTTP, no JSON."""
+    from engine import SamplingParams
+    from engine.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                            output_kind=RequestOutputKind.DELTA)
+    stats = RequestStats()
+    start = last = time.perf_counter()
+    async for output in llm.generate(prompt, params, request_id):
+        now = time.perf_counter()
+        if stats.ttft == 0.0:
+            stats.ttft = now - start
+        else:
+            stats.gaps.append(now - last)
+        last = now
+        stats.output_tokens += len(output.outputs[0].token_ids)
+    stats.latency = time.perf_counter() - start
+    return stats
+
+
+async def run_level(send: Callable[[str], Awaitable[RequestStats]], concurrency: int, requests_per_client: int,
                     seed: int) -> dict:
+    """``concurrency`` clients, each sending its requests one after another (closed loop)."""
     prompts = make_prompts(concurrency * requests_per_client, seed)
     results: list[RequestStats] = []
 
-    async def client(session: aiohttp.ClientSession, mine: list[str]) -> None:
+    async def client(mine: list[str]) -> None:
         for prompt in mine:
-            results.append(await stream_completion(session, url, model, prompt, max_tokens))
+            results.append(await send(prompt))
 
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
-        start = time.perf_counter()
-        await asyncio.gather(*(client(session, prompts[i::concurrency]) for i in range(concurrency)))
-        duration = time.perf_counter() - start
+    start = time.perf_counter()
+    await asyncio.gather(*(client(prompts[i::concurrency]) for i in range(concurrency)))
+    duration = time.perf_counter() - start
     ttfts = [r.ttft * 1e3 for r in results]
     gaps = [g * 1e3 for r in results for g in r.gaps]
     return {"requests_per_s": len(results) / duration,
             "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
             "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
             "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99)}
+
+
+async def run_http_level(url: str, model: str, concurrency: int, requests_per_client: int, max_tokens: int,
+                         seed: int) -> dict:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        return await run_level(lambda prompt: stream_completion(session, url, model, prompt, max_tokens),
+                               concurrency, requests_per_client, seed)
 
 
 class Server:
@@ -152,6 +183,17 @@ class Server:
             self.proc.wait()
 
 
+def in_process_engine(model_args: list[str]):
+    """An AsyncLLM on the ring built from the same ``serve`` flags the servers get."""
+    from engine import AsyncLLM
+    from engine.config import AsyncEngineArgs
+    from engine.entrypoints.cli import build_parser
+    from engine.entrypoints.cli_args import engine_args_from
+
+    args = build_parser(("engine.entrypoints.serve",)).parse_args(["serve", *model_args, "--transport", "shm"])
+    return AsyncLLM.from_engine_args(engine_args_from(args, AsyncEngineArgs))
+
+
 def model_under_test(tiny: bool, tmp: str) -> tuple[list[str], str, str]:
     """(serve arguments, served name, description for the tables)."""
     if not tiny:
@@ -168,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="Sweep the tiny dummy-weight model instead.")
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="Concurrency levels.")
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--no-in-process", action="store_true",
+                        help=f"Skip the '{IN_PROCESS}' method (AsyncLLM on the ring in this process, no HTTP).")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -175,27 +219,38 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.makedirs(OUT_DIR, exist_ok=True)
+    loop = asyncio.new_event_loop()  # one loop for the run: the in-process AsyncLLM is bound to it
     with tempfile.TemporaryDirectory(prefix="ringllm-serving-") as tmp:
         model_args, name, description = model_under_test(args.tiny, tmp)
         bench = Bench("serving-tiny" if args.tiny else "serving", model=description)
         bench.notes.append(f"{args.requests_per_client} streaming requests per client, {args.output_tokens} "
                            "output tokens each (ignore_eos, greedy); load generator on the same machine")
+        seeds, ids = itertools.count(args.seed * 1_000_000), itertools.count()
         servers = {t: Server([*model_args, "--transport", t, "--served-model-name", name],
                              os.path.join(OUT_DIR, f"{bench.name}-server-{t}.log")) for t in args.transports}
-        seeds = itertools.count(args.seed * 1_000_000)
+        llm = None if args.no_in_process else in_process_engine(model_args)
         try:
-            for server in servers.values():
+            senders = {}
+            for t, server in servers.items():
                 server.wait_ready()
-                asyncio.run(run_level(server.url, name, 2, 1, 8, next(seeds)))  # warm-up: first-request costs
+                senders[t] = lambda level, url=server.url: run_http_level(
+                    url, name, level, args.requests_per_client, args.output_tokens, next(seeds))
+            if llm is not None:
+                senders[IN_PROCESS] = lambda level: run_level(
+                    lambda prompt: generate_in_process(llm, prompt, args.output_tokens, f"bench-{next(ids)}"),
+                    level, args.requests_per_client, next(seeds))
+            for method, send in senders.items():  # warm-up: first-request costs
+                loop.run_until_complete(send(2))
             for level in args.levels:
-                for t, server in servers.items():
-                    bench.add(f"c={level}", t, lambda url=server.url, level=level: asyncio.run(
-                        run_level(url, name, level, args.requests_per_client, args.output_tokens, next(seeds))))
+                for method, send in senders.items():
+                    bench.add(f"c={level}", method, lambda send=send, level=level: loop.run_until_complete(send(level)))
             bench.run(rounds=args.rounds)
         finally:
             for server in servers.values():
                 server.stop()
-    baseline = "zmq" if "zmq" in args.transports and len(args.transports) > 1 else None
+            if llm is not None:
+                llm.shutdown()
+    baseline = "zmq" if "zmq" in servers and len(bench.methods()) > 1 else None
     for level in args.levels:
         s = f"c={level}"
         columns = [Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
