@@ -133,10 +133,10 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def set_peer(self, pid: int) -> None:
         """Watch ``pid``: waits raise PeerDied once it has exited."""
+        self._async_peer_changed()  # unregister the old pidfd from the loop before closing it
         if self._res.peer is not None:
             self._res.peer.close()
         self._res.peer = PeerWatch(pid)
-        self._async_peer_changed()
 
     @property
     def closed(self) -> bool:
