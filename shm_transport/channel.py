@@ -60,6 +60,7 @@ class Channel(channel_async.AsyncChannelMixin):
         self.max_message_size = max_message_size
         self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
         self._spin_ns = int(DEFAULT_SPIN_US * 1000)
+        self._slice_ns = 0
         self.liveness_interval = 0.1
         self._ready: collections.deque = collections.deque()
         self._pending: Optional[tuple] = None  # (kind, body, done) of a half-sent fragmented message
@@ -137,6 +138,17 @@ class Channel(channel_async.AsyncChannelMixin):
         if self._res.peer is not None:
             self._res.peer.close()
         self._res.peer = PeerWatch(pid)
+
+    @property
+    def liveness_interval(self) -> float:
+        """Seconds a wait sleeps at most before checking that the peer is alive (default 0.1)."""
+        return self._slice_ns / 1e9
+
+    @liveness_interval.setter
+    def liveness_interval(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"liveness_interval must be > 0, got {seconds}")
+        self._slice_ns = int(seconds * 1e9)
 
     @property
     def closed(self) -> bool:
@@ -374,7 +386,22 @@ class Channel(channel_async.AsyncChannelMixin):
             return ready.popleft()
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
-        out = self.poll() if timeout == 0 else []
+        out: list = []
+        if timeout is None and not (self._woken or self._peer_dead):
+            # The common case, inlined: one wait slice straight on the ring (see _wait_recv).
+            self._rx_busy = True
+            try:
+                self._rx.drain(self._decoders, out, BATCH_RECORDS, self._spin_ns, self._slice_ns)
+            except TransportError:
+                self._ready.extend(out)
+                out.clear()
+                raise
+            finally:
+                self._rx_busy = False
+                if self._closed:
+                    self._maybe_release()
+        elif timeout == 0:
+            out = self.poll()
         if not out:
             self._wait_recv(out, None, timeout)
             if not out:

@@ -123,6 +123,7 @@ class Consumer:
         self.handle = ffi.gc(lib.ring_consumer_new(segment.base, data_efd, space_efd),
                              lib.ring_consumer_free)
         self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
+        self._recs = memoryview(ffi.buffer(self._records)).cast("Q")  # cheap indexing from Python
         self._release_now = capacity // 16  # a record this big is released at once, not lazily
         self._data = memoryview(ffi.buffer(segment.base + HEADER_SIZE, capacity))
         self._frag: Optional[bytearray] = None  # message being reassembled
@@ -150,7 +151,8 @@ class Consumer:
             return n
         data = self._data
         if n == 1 and self._frag is None and not self._frag_skip:
-            off, word = records[0], records[1]
+            recs = self._recs
+            off, word = recs[0], recs[1]
             length = word & 0xFFFFFFFF
             if word >> 32 == _MSG:
                 try:
