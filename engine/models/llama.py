@@ -258,8 +258,9 @@ class LlamaForCausalLM(nn.Module):
                "lm_head.weight": ("lm_head", None), "input_layernorm.weight": ("input_norm", 0),
                "post_attention_layernorm.weight": ("post_norm", 0), "self_attn.o_proj.weight": ("o_proj", 0),
                "mlp.down_proj.weight": ("down", 0)}
-    _FUSED = {"self_attn.q_proj": ("qkv", 0), "self_attn.k_proj": ("qkv", 1), "self_attn.v_proj": ("qkv", 2),
-              "mlp.gate_proj": ("gate_up", 0), "mlp.up_proj": ("gate_up", 1)}
+    # HF projection -> our fused parameter; parts are concatenated in this order.
+    _FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
+              "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}
 
     def _simple_target(self, name: str) -> Optional[tuple[str, Optional[int]]]:
         if name in self._SIMPLE:
@@ -286,8 +287,8 @@ class LlamaForCausalLM(nn.Module):
             base, kind = rest.rsplit(".", 1)
             if base not in self._FUSED:
                 continue
-            fused, _ = self._FUSED[base]
-            parts = [p for p, (f, _) in self._FUSED.items() if f == fused]
+            fused = self._FUSED[base]
+            parts = [p for p, f in self._FUSED.items() if f == fused]
             keys = [f"layers.{idx}.{p}.{kind}" for p in parts]
             if not all(k in pending for k in keys):
                 continue

@@ -26,11 +26,14 @@ from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
+from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
 from engine.worker.loader import load_model
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, to_logprobs_lists
 
 logger = logging.getLogger(__name__)
+
+_PROMPT_LOGPROBS_ROWS = 256
 
 
 class _RequestState:
@@ -141,12 +144,22 @@ class ModelRunner:
                         out.logprobs[req.request_id] = to_logprobs_lists(
                             result.logprob_token_ids[j:j + 1], result.logprobs[j:j + 1], result.ranks[j:j + 1], num)
         for req, row, targets in batch.prompt_lp:
-            logits = self.model.compute_logits(hidden[row:row + len(targets)])
-            num = req.sampling_params.prompt_logprobs
-            ids, lps, ranks = gather_logprobs(torch.log_softmax(logits, dim=-1),
-                                              torch.tensor(targets, device=self.device), num)
-            out.prompt_logprobs[req.request_id] = to_logprobs_lists(ids, lps, ranks, num)
+            out.prompt_logprobs[req.request_id] = self._prompt_logprobs(hidden, row, targets,
+                                                                        req.sampling_params.prompt_logprobs)
         return out
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, row: int, targets: list[int], num: int) -> LogprobsLists:
+        """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once."""
+        rows = LogprobsLists([], [], [])
+        for start in range(0, len(targets), _PROMPT_LOGPROBS_ROWS):
+            chunk = targets[start:start + _PROMPT_LOGPROBS_ROWS]
+            logits = self.model.compute_logits(hidden[row + start:row + start + len(chunk)])
+            part = to_logprobs_lists(*gather_logprobs(torch.log_softmax(logits, dim=-1),
+                                                      torch.tensor(chunk, device=self.device), num), num)
+            rows.token_ids += part.token_ids
+            rows.logprobs += part.logprobs
+            rows.ranks += part.ranks
+        return rows
 
     def _prepare(self, so: SchedulerOutput) -> _Batch:
         bs = self.block_size
