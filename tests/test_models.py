@@ -67,7 +67,10 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("chunk", [None, 5])
-def test_prompt_logprobs_match_transformers(family, chunk):
+def test_prompt_logprobs_match_transformers(family, chunk, monkeypatch):
+    from engine.worker import model_runner
+
+    monkeypatch.setattr(model_runner, "_PROMPT_LOGPROBS_ROWS", 4)  # rows come in several slices
     path, hf = family
     runner = make_runner(path, block_size=4)
     reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]
