@@ -170,3 +170,16 @@ def test_repetition_penalty_steers_greedy_away_from_seen_tokens(runner):
     penalized = make_request("rep1", PROMPT, repetition_penalty=2.0, frequency_penalty=2.0)
     generate(runner, [penalized], 8)
     assert len(set(penalized.output_token_ids)) > len(set(plain.output_token_ids))
+
+
+def test_argmax_rows_is_torch_argmax_with_first_maximum_on_ties():
+    from engine.worker.sampler import argmax_rows
+
+    x = torch.randn(8, 4096)
+    x[1, 7] = x[1, 3000] = 100.0  # a tie across chunks: the first wins
+    x[2] = 0.0  # all equal
+    x[3, 300] = x[3, 301] = 50.0  # a tie inside a chunk
+    assert argmax_rows(x).tolist() == x.argmax(dim=-1).tolist()
+    assert argmax_rows(x)[1:4].tolist() == [7, 0, 300]
+    odd = torch.randn(3, 1000)  # not a multiple of the chunk: plain argmax
+    assert argmax_rows(odd).tolist() == odd.argmax(dim=-1).tolist()

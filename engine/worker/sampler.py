@@ -74,8 +74,8 @@ class Sampler:
     @staticmethod
     def _sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.temperature is None:
-            return logits.argmax(dim=-1)
-        greedy = logits.argmax(dim=-1) if md.greedy_rows is not None else None
+            return argmax_rows(logits)
+        greedy = argmax_rows(logits) if md.greedy_rows is not None else None
         logits.div_(md.temperature.unsqueeze(1))
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
@@ -87,8 +87,20 @@ class Sampler:
             q.exponential_()
         for row, gen in md.generators.items():
             q[row].exponential_(generator=gen)
-        sampled = probs.div_(q).argmax(dim=-1)
+        sampled = argmax_rows(probs.div_(q))
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
+
+
+def argmax_rows(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """``x.argmax(-1)`` (first maximum), in two passes: torch's CPU argmax over a long row is
+    ~10x slower than ``amax`` (3.1 ms vs 0.3 ms for 64 x 49152), so find the chunk holding
+    the first maximum with ``amax``, then the argmax inside that chunk alone."""
+    rows, vocab = x.shape
+    if vocab % chunk or vocab <= chunk:
+        return x.argmax(dim=-1)
+    blocks = x.view(rows, vocab // chunk, chunk)
+    best = blocks.amax(dim=-1).argmax(dim=-1)
+    return best * chunk + blocks[torch.arange(rows, device=x.device), best].argmax(dim=-1)
 
 
 def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
