@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -270,6 +271,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     path, load_format = _resolve_model(args)
     hf_config = _load_hf_config(path, load_format, args)
     archs = list(getattr(hf_config, "architectures", None) or [])
+    if not archs and load_format == "gguf":  # a GGUF's config names its model_type only
+        model_type = getattr(hf_config, "model_type", "?")
+        archs = [_GGUF_ARCHITECTURES.get(model_type, model_type)]
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(

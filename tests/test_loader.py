@@ -63,7 +63,7 @@ def test_racing_processes_convert_once_and_agree(tmp_path):
 def test_gguf_file_loads_dequantized_like_the_converted_default(tmp_path):
     """A .gguf file is dequantized on load; it must equal the cached float32 conversion."""
     gguf = default_gguf_path()
-    from_gguf = make_runner(gguf, hf_overrides={"architectures": ["LlamaForCausalLM"]}, max_model_len=256)
+    from_gguf = make_runner(gguf, max_model_len=256)
     from_dir = make_runner(default_model_path(), max_model_len=256)
     for name in ("embed", "layers.3.qkv", "layers.29.down"):
         assert torch.equal(from_gguf.model.get_parameter(name), from_dir.model.get_parameter(name))
