@@ -59,8 +59,8 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     out, past, ids = [], None, torch.tensor([prompt])
     with torch.no_grad():
         for _ in range(n):
-            res = hf(ids, past_key_values=past, use_cache=True)
-            past, token = res.past_key_values, int(res.logits[0, -1].argmax())
+            res = hf(ids, cache=past, use_cache=True)
+            past, token = res["cache"], int(res.logits[0, -1].argmax())
             out.append(token)
             ids = torch.tensor([[token]])
     return out
