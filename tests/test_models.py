@@ -111,6 +111,27 @@ def test_half_precision_tracks_float32(family, dtype):
     assert got == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0]), abs=0.1)
 
 
+def test_bf16_small_steps_on_the_packed_kernel_match_float32_gemms(family):
+    """Decode steps of <= 4 rows run on the packed bf16 copies (csrc/gemv_bf16.c) where the
+    CPU lacks native bf16 GEMMs; they must give what MKL's float32 GEMMs over the same
+    bf16-rounded weights give, differing only in summation order."""
+    path, _ = family
+    fast = make_runner(path, dtype="bfloat16", block_size=4)
+    if fast.model.packed_layers is None:
+        pytest.skip("this CPU multiplies bf16 natively (or lacks AVX2): no packed copies")
+    slow = make_runner(path, dtype="bfloat16", block_size=4)
+    slow.model.packed_layers = slow.model.packed_lm_head = None
+    results = []
+    for runner in (fast, slow):
+        reqs = [make_request(f"r{i}", p, logprobs=3) for i, p in enumerate(PROMPTS)]
+        outs = generate(runner, reqs, 12)
+        lps = [row[0] for o in outs[1:] for r in sorted(o.logprobs) for row in o.logprobs[r].logprobs]
+        results.append(([r.output_token_ids for r in reqs], lps))
+    assert results[0][0] == results[1][0]
+    assert len(results[0][1]) == 3 * 11
+    assert results[0][1] == pytest.approx(results[1][1], abs=0.02)
+
+
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not supported.*LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM"):
         get_model_class("GPT2LMHeadModel")

@@ -18,6 +18,11 @@ Built for a lean CPU decode step rather than for module reuse:
   stored input-major ([in, out]) and multiplied as ``x @ W``; at batch 1 MKL's GEMV is
   1.4-1.6x faster that way, and no slower at batch 64. A small-batch copy of the LM
   head is kept the same way (2x faster at 1-2 rows, slower from 4 rows up).
+- Small batches on bf16 weights without native bf16 GEMMs: steps of at most
+  ``bf16_gemv.MAX_ROWS`` tokens (decode at batch 1-4) are bound by reading the weights,
+  and the float32 copies read twice the bytes. A second copy of every matrix is kept in
+  bf16 in the C kernel's layout (engine/kernels/bf16_gemv.py) and those steps run on it:
+  the same values (bf16-rounded, float32 accumulation), half the bytes per token.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import bf16_gemv
+from engine.kernels.bf16_gemv import PackedBF16
 from engine.models.attention import AttentionMetadata, paged_attention
 
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -82,7 +89,11 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device, fill: Optional
     return nn.Parameter(t, requires_grad=False)
 
 
-def _proj(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
+def _proj(x: torch.Tensor, w: torch.Tensor | PackedBF16, bias: Optional[torch.Tensor],
+          in_major: bool) -> torch.Tensor:
+    if isinstance(w, PackedBF16):
+        y = w.matmul(x)
+        return y if bias is None else y.add_(bias)
     if not in_major:
         return F.linear(x, w, bias)
     return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
@@ -101,6 +112,19 @@ class DecoderLayer(nn.Module):
         self.gate_up = _param(*tall(2 * intermediate, hidden), **mm)
         self.down = _param(hidden, intermediate, **mm)
         self.sliding = sliding
+
+
+class PackedLayer:
+    """One layer's matrices as ``PackedBF16`` ([out, in]), for steps of few tokens."""
+
+    __slots__ = ("qkv", "o_proj", "gate_up", "down")
+
+    def __init__(self, layer: DecoderLayer, in_major: bool) -> None:
+        out_major = (lambda w: w.t()) if in_major else (lambda w: w)
+        self.qkv = PackedBF16(out_major(layer.qkv))
+        self.o_proj = PackedBF16(layer.o_proj)
+        self.gate_up = PackedBF16(out_major(layer.gate_up))
+        self.down = PackedBF16(layer.down)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -136,6 +160,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = _param(self.hidden, fill=1.0, **act)
         self.lm_head = self.embed if self.tied else _param(self.vocab_size, self.hidden, **mm)
         self.lm_head_t: Optional[torch.Tensor] = None  # [hidden, vocab] for 1-2 rows; set after loading
+        # bf16 copies for steps of <= bf16_gemv.MAX_ROWS tokens (see the module docstring)
+        self.packed_layers: Optional[list[PackedLayer]] = None
+        self.packed_lm_head: Optional[PackedBF16] = None
         inv_freq = rope_inv_freq(self.head_dim, rope_parameters(cfg))
         angles = torch.arange(max_model_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("rope_cis", torch.complex(angles.cos(), angles.sin()).to(device), persistent=False)
@@ -160,11 +187,13 @@ class LlamaForCausalLM(nn.Module):
         if self.compiled:
             rope = torch.view_as_real(rope)  # inductor generates no code for complex ops
         h = F.embedding(input_ids, self.embed).to(self.dtype)
+        packed = self.packed_layers if input_ids.shape[0] <= bf16_gemv.MAX_ROWS and not self.compiled else None
         for i, layer in enumerate(self.layers):
-            qkv = self._attn_in(h, layer.input_norm, layer.qkv, layer.qkv_bias, rope)
+            w = layer if packed is None else packed[i]
+            qkv = self._attn_in(h, layer.input_norm, w.qkv, layer.qkv_bias, rope)
             attn = paged_attention(qkv, kv_caches[i], md, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.scale, layer.sliding)
-            h = self._attn_out_mlp(h, attn, layer.o_proj, layer.post_norm, layer.gate_up, layer.down)
+            h = self._attn_out_mlp(h, attn, w.o_proj, layer.post_norm, w.gate_up, w.down)
         return h
 
     def compile(self) -> None:
@@ -200,16 +229,18 @@ class LlamaForCausalLM(nn.Module):
     def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, o_proj: torch.Tensor, norm: torch.Tensor,
                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, then norm, SwiGLU MLP and residual."""
-        h = h + F.linear(attn.to(self.mm_dtype), o_proj)
+        h = h + _proj(attn.to(self.mm_dtype), o_proj, None, False)
         x = F.rms_norm(h, (self.hidden,), norm, self.eps)
         gu = _proj(x.to(self.mm_dtype), gate_up, None, self.in_major)
         act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
-        return h + F.linear(act, down)
+        return h + _proj(act, down, None, False)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head)."""
         x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps).to(self.mm_dtype)
+        if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
+            return self.packed_lm_head.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:
             return torch.mm(x, self.lm_head_t)
         return F.linear(x, self.lm_head).float()
@@ -251,8 +282,20 @@ class LlamaForCausalLM(nn.Module):
         self._post_load()
 
     def _post_load(self) -> None:
-        if self.in_major:
+        if self._packs_bf16():
+            self.packed_layers = [PackedLayer(layer, self.in_major) for layer in self.layers]
+            self.packed_lm_head = PackedBF16(self.lm_head)
+        elif self.in_major:
             self.lm_head_t = self.lm_head.t().contiguous()
+
+    def _packs_bf16(self) -> bool:
+        """bf16 weights held as float32 for MKL (no native bf16 GEMMs) on a CPU the kernel runs on."""
+        if not (self.dtype == torch.bfloat16 and self.mm_dtype == torch.float32 and self.embed.device.type == "cpu"
+                and bf16_gemv.available()):
+            return False
+        dims = [(self.q_size + 2 * self.kv_size, self.hidden), (self.hidden, self.q_size),
+                (2 * self.intermediate, self.hidden), (self.hidden, self.intermediate), (self.vocab_size, self.hidden)]
+        return all(bf16_gemv.fits(*d) for d in dims)
 
     _SIMPLE = {"embed_tokens.weight": ("embed", None), "norm.weight": ("norm", None),
                "lm_head.weight": ("lm_head", None), "input_layernorm.weight": ("input_norm", 0),

@@ -1,0 +1,1 @@
+"""Hand-written CPU kernels for the few places torch has no fast path here (C in csrc/)."""
