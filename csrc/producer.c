@@ -13,19 +13,26 @@
 #include <string.h>
 
 struct ring_producer {
-    struct ring_header *hdr;
-    unsigned char *data;
-    uint64_t cap, mask;
+    struct ring_end e;   /* first member: a ring_end * is a ring_producer * */
     uint64_t tail;       /* private copy of hdr->tail (we are its only writer) */
     uint64_t next;       /* end of claimed records; > tail while a claim is uncommitted */
     uint64_t head_cache; /* last head we loaded: at least this much is free, no need to look */
-    int data_efd;        /* the consumer's eventfd, written to wake an asyncio consumer */
-    int space_efd;       /* our eventfd, written by the consumer when we wait asynchronously */
-    int corrupt;
-    uint64_t sleeps, timeouts, wakes, full;
 };
 
 /* ---------------------------------------------------------------- producer */
+
+/* Our wait is over when the consumer freed space (head moved past what we last saw) or the
+ * ring closed. */
+static int space_check(struct ring_end *e)
+{
+    ring_producer *p = (ring_producer *)e;
+    /* Acquire: as in claim_record, bytes below head are free for us to reuse. */
+    if (RING_LOAD_ACQUIRE(&e->hdr->head) != p->head_cache)
+        return RING_READY;
+    /* Relaxed: only decides whether to stop waiting; the acquire in ring_is_closed is not
+     * needed for a producer, which reads no data. */
+    return RING_LOAD_RELAXED(&e->hdr->closed) ? RING_CLOSED : 0;
+}
 
 ring_producer *ring_producer_new(void *base, int data_efd, int space_efd)
 {
@@ -33,15 +40,10 @@ ring_producer *ring_producer_new(void *base, int data_efd, int space_efd)
     ring_producer *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->hdr = h;
-    p->data = (unsigned char *)base + RING_HEADER_SIZE;
-    p->cap = h->capacity;
-    p->mask = h->capacity - 1;
+    ring_end_init(&p->e, base, data_efd, space_efd, 1, space_check);
     /* Acquire: resume after whatever an earlier producer handle published. */
     p->tail = p->next = RING_LOAD_ACQUIRE(&h->tail);
     p->head_cache = RING_LOAD_ACQUIRE(&h->head);
-    p->data_efd = data_efd;
-    p->space_efd = space_efd;
     return p;
 }
 
@@ -58,37 +60,37 @@ static int claim_record(ring_producer *p, uint32_t type, uint64_t length, unsign
     uint64_t rec = ALIGN8(RING_RECORD_HEADER + length);
     uint64_t pos = p->next, idx, to_end, need;
 
-    if (p->corrupt)
+    if (p->e.corrupt)
         return RING_E_CORRUPT;
-    if (rec > p->cap / 2)
+    if (rec > p->e.cap / 2)
         return RING_E_TOO_BIG;
     /* Relaxed: a best-effort stop; a send racing with the close may still land, harmlessly. */
-    if (RING_LOAD_RELAXED(&p->hdr->closed))
+    if (RING_LOAD_RELAXED(&p->e.hdr->closed))
         return RING_CLOSED;
-    idx = pos & p->mask;
-    to_end = p->cap - idx;
+    idx = pos & p->e.mask;
+    to_end = p->e.cap - idx;
     need = rec > to_end ? to_end + rec : rec;
-    if (pos + need - p->head_cache > p->cap) {
+    if (pos + need - p->head_cache > p->e.cap) {
         /* Acquire: the consumer finished reading every byte below head before it stored head,
          * so we may overwrite them now. */
-        uint64_t head = RING_LOAD_ACQUIRE(&p->hdr->head);
-        if (head > p->tail || p->tail - head > p->cap) {
-            p->corrupt = 1; /* the consumer claims to have read what was never published */
+        uint64_t head = RING_LOAD_ACQUIRE(&p->e.hdr->head);
+        if (head > p->tail || p->tail - head > p->e.cap) {
+            p->e.corrupt = 1; /* the consumer claims to have read what was never published */
             return RING_E_CORRUPT;
         }
         p->head_cache = head;
-        if (pos + need - head > p->cap) {
-            p->full++;
+        if (pos + need - head > p->e.cap) {
+            p->e.stats[RING_STAT_OTHER]++; /* "full" */
             return RING_FULL;
         }
     }
     if (rec > to_end) {
-        put_header(p->data + idx, (uint32_t)(to_end - RING_RECORD_HEADER), RING_REC_PAD);
+        put_header(p->e.data + idx, (uint32_t)(to_end - RING_RECORD_HEADER), RING_REC_PAD);
         pos += to_end;
         idx = 0;
     }
-    put_header(p->data + idx, (uint32_t)length, type);
-    *payload = p->data + idx + RING_RECORD_HEADER;
+    put_header(p->e.data + idx, (uint32_t)length, type);
+    *payload = p->e.data + idx + RING_RECORD_HEADER;
     p->next = pos + rec;
     return RING_OK;
 }
@@ -103,27 +105,18 @@ int ring_claim(ring_producer *p, uint32_t length, char **payload)
 
 void ring_commit(ring_producer *p)
 {
-    struct ring_header *h = p->hdr;
     if (p->next == p->tail)
         return;
     p->tail = p->next;
-    /* Release: the record headers and payloads written above are visible before the new tail. */
-    RING_STORE_RELEASE(&h->tail, p->tail);
-    /* Full fence (Dekker): our tail store is globally visible before we read consumer_waiting;
-     * the consumer does the mirror image before re-reading tail and sleeping. */
-    RING_FENCE_FULL();
-    /* Relaxed: ordered by the fence above; a stale 1 only costs a spurious wake. */
-    uint32_t waiting = RING_LOAD_RELAXED(&h->consumer_waiting);
-    if (waiting) {
-        p->wakes++;
-        ring_wake_word(&h->data_seq, waiting, p->data_efd);
-    }
+    /* Release store of tail (the records written above become visible with it), then wake
+     * the consumer only if it announced it sleeps. */
+    ring_end_publish(&p->e, &p->e.hdr->tail, p->tail);
 }
 
 int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t length, uint64_t done)
 {
     uint64_t total = length + (prefix >= 0 ? 1 : 0);
-    uint64_t single_max = p->cap / 2 - RING_RECORD_HEADER;
+    uint64_t single_max = p->e.cap / 2 - RING_RECORD_HEADER;
     unsigned char *at;
     int rc;
 
@@ -143,7 +136,7 @@ int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t leng
     }
     /* Fragments of at most capacity/4 bytes, each committed as soon as written so the
      * consumer copies one while we write the next. */
-    uint64_t frag_max = p->cap / 4 - RING_RECORD_HEADER;
+    uint64_t frag_max = p->e.cap / 4 - RING_RECORD_HEADER;
     while (done < total) {
         uint64_t lead = done == 0 ? 8 : 0; /* FRAG_FIRST carries the total length */
         uint64_t chunk = total - done;
@@ -177,94 +170,23 @@ int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t leng
     return (int64_t)done;
 }
 
-static inline int space_moved(ring_producer *p)
-{
-    /* Acquire: as in claim_record, bytes below head are free for us to reuse. */
-    return RING_LOAD_ACQUIRE(&p->hdr->head) != p->head_cache;
-}
-
 int ring_wait_space(ring_producer *p, int64_t spin_ns, int64_t timeout_ns)
 {
-    struct ring_header *h = p->hdr;
-    uint64_t start = ring_now_ns(), deadline;
-    int spins = 0;
-
-    if (timeout_ns < 0)
-        timeout_ns = 0;
-    if (spin_ns > timeout_ns)
-        spin_ns = timeout_ns;
-    deadline = start + (uint64_t)spin_ns;
-    for (;;) {
-        if (space_moved(p))
-            return RING_READY;
-        /* Relaxed: only decides whether to stop waiting; the acquire in ring_is_closed is
-         * not needed for a producer, which reads no data. */
-        if (RING_LOAD_RELAXED(&h->closed))
-            return RING_CLOSED;
-        if (++spins % SPIN_CHECK_EVERY == 0 && ring_now_ns() >= deadline)
-            break;
-        if (spin_ns == 0)
-            break;
-        RING_CPU_RELAX();
-    }
-    uint64_t now = ring_now_ns();
-    if (now >= start + (uint64_t)timeout_ns)
-        return RING_TIMEOUT;
-    /* Relaxed store, then the full fence orders it before the re-check below (Dekker). */
-    RING_STORE_RELAXED(&h->producer_waiting, RING_WAIT_FUTEX);
-    RING_FENCE_FULL();
-    /* Acquire: if we see the consumer's bump, we also see the head it stored before it. */
-    uint32_t seq = RING_LOAD_ACQUIRE(&h->space_seq);
-    int rc = RING_WOKEN;
-    if (!space_moved(p) && !RING_LOAD_RELAXED(&h->closed)) {
-        p->sleeps++;
-        int err = ring_futex_wait(&h->space_seq, seq, (int64_t)(start + (uint64_t)timeout_ns - now));
-        if (err == -ETIMEDOUT) {
-            p->timeouts++;
-            rc = RING_TIMEOUT;
-        }
-    }
-    /* Relaxed: a stale "waiting" seen by the consumer only costs it a spurious wake. */
-    RING_STORE_RELAXED(&h->producer_waiting, 0);
-    if (space_moved(p))
-        return RING_READY;
-    if (RING_LOAD_RELAXED(&h->closed))
-        return RING_CLOSED;
-    return rc;
+    return ring_end_wait(&p->e, spin_ns, timeout_ns);
 }
 
-int ring_arm_space(ring_producer *p)
-{
-    struct ring_header *h = p->hdr;
-    /* Relaxed store ordered by the full fence: the same Dekker pair as ring_wait_space. */
-    RING_STORE_RELAXED(&h->producer_waiting, RING_WAIT_EVENTFD);
-    RING_FENCE_FULL();
-    if (space_moved(p) || RING_LOAD_RELAXED(&h->closed)) {
-        RING_STORE_RELAXED(&h->producer_waiting, 0); /* relaxed: see ring_wait_space */
-        return 1;
-    }
-    p->sleeps++;
-    return 0;
-}
+int ring_arm_space(ring_producer *p) { return ring_end_arm(&p->e); }
 
-void ring_disarm_space(ring_producer *p)
-{
-    /* Relaxed: a stale value only costs the consumer a spurious eventfd write. */
-    RING_STORE_RELAXED(&p->hdr->producer_waiting, 0);
-}
+void ring_disarm_space(ring_producer *p) { ring_end_disarm(&p->e); }
 
 uint64_t ring_free_bytes(ring_producer *p)
 {
     /* Acquire: same reason as claim_record; this is a snapshot for callers and tests. */
-    uint64_t head = RING_LOAD_ACQUIRE(&p->hdr->head);
-    return p->cap - (p->next - head);
+    uint64_t head = RING_LOAD_ACQUIRE(&p->e.hdr->head);
+    return p->e.cap - (p->next - head);
 }
 
 void ring_producer_stats(const ring_producer *p, uint64_t out[4])
 {
-    out[0] = p->sleeps;
-    out[1] = p->timeouts;
-    out[2] = p->wakes;
-    out[3] = p->full;
+    memcpy(out, p->e.stats, sizeof p->e.stats); /* sleeps, timeouts, wakes, full */
 }
-

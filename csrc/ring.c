@@ -80,6 +80,26 @@ int ring_check(const void *base, uint64_t size, uint64_t capacity)
     return RING_OK;
 }
 
+void ring_end_init(struct ring_end *e, void *base, int data_efd, int space_efd, int producer,
+                   int (*check)(struct ring_end *e))
+{
+    struct ring_header *h = base;
+    e->hdr = h;
+    e->data = (unsigned char *)base + RING_HEADER_SIZE;
+    e->cap = h->capacity;
+    e->mask = h->capacity - 1;
+    e->data_efd = data_efd;
+    e->space_efd = space_efd;
+    /* A producer sleeps for space and wakes a consumer sleeping for data, and vice versa. */
+    e->waiting = producer ? &h->producer_waiting : &h->consumer_waiting;
+    e->seq = producer ? &h->space_seq : &h->data_seq;
+    e->peer_waiting = producer ? &h->consumer_waiting : &h->producer_waiting;
+    e->peer_seq = producer ? &h->data_seq : &h->space_seq;
+    e->peer_efd = producer ? data_efd : space_efd;
+    e->check = check;
+    e->count_late = !producer;
+}
+
 int ring_is_closed(const void *base)
 {
     struct ring_header *h = (struct ring_header *)base;

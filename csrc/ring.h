@@ -63,6 +63,15 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/*
+ * The Python binding (shm_transport/_build_ring.py) hands cffi exactly the text between each
+ * "cffi-cdef: begin" and "cffi-cdef: end" marker below, with every #define's value replaced by
+ * "..." (cffi then takes the values from this header when it compiles). So this header is the
+ * one source of truth: keep those parts plain declarations cffi can parse (no _Atomic, no
+ * macros with arguments, no expressions in enums beyond integer literals).
+ */
+
+/* cffi-cdef: begin */
 #define RING_MAGIC 0x314D4C4C474E4952ULL /* "RINGLLM1" little-endian */
 #define RING_VERSION 1u
 #define RING_LINE 128u
@@ -93,6 +102,7 @@ enum ring_status {
     RING_E_VERSION = -6,   /* attach: a ring of another layout version */
     RING_E_CAPACITY = -7,  /* bad capacity, or segment smaller than header + capacity */
 };
+/* cffi-cdef: end */
 
 /* The header, exactly as drawn above. Explicit padding; offsets are checked at compile time. */
 struct ring_header {
@@ -131,6 +141,7 @@ _Static_assert(__builtin_offsetof(struct ring_header, consumer_waiting) == 3 * R
 _Static_assert(__builtin_offsetof(struct ring_header, producer_waiting) == 4 * RING_LINE, "line 4");
 _Static_assert(__builtin_offsetof(struct ring_header, closed) == 5 * RING_LINE, "line 5");
 
+/* cffi-cdef: begin */
 /* Which wake-up a sleeper wants (values of consumer_waiting / producer_waiting). */
 #define RING_WAIT_FUTEX 1u
 #define RING_WAIT_EVENTFD 2u
@@ -204,5 +215,6 @@ void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]); /* sleeps, ti
 /* Process helpers (wake.c): prctl PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER; 0 or -errno. */
 int ring_set_pdeathsig(int sig);
 int ring_set_child_subreaper(int on);
+/* cffi-cdef: end */
 
 #endif /* RINGLLM_RING_H */

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "ring.h"
 #include "ring_atomic.h"
+#include "ring_internal.h"
 #include "ring_wake.h"
 
 #include <errno.h>
@@ -49,6 +50,90 @@ void ring_wake_word(_Atomic uint32_t *word, uint32_t how, int efd)
         (void)w;
     }
 }
+
+/* ---------------------------------------------------------------- waiting, for both ends */
+
+int ring_end_wait(struct ring_end *e, int64_t spin_ns, int64_t timeout_ns)
+{
+    uint64_t start = ring_now_ns(), deadline;
+    int spins = 0, rc;
+
+    if (timeout_ns < 0)
+        timeout_ns = 0;
+    if (spin_ns > timeout_ns)
+        spin_ns = timeout_ns;
+    deadline = start + (uint64_t)spin_ns;
+    for (;;) {
+        rc = e->check(e); /* acquire loads of tail/head (and closed): see the check functions */
+        if (rc)
+            return rc;
+        if (spin_ns == 0 || (++spins % SPIN_CHECK_EVERY == 0 && ring_now_ns() >= deadline))
+            break;
+        RING_CPU_RELAX();
+    }
+    uint64_t now = ring_now_ns();
+    if (now >= start + (uint64_t)timeout_ns)
+        return RING_TIMEOUT;
+    /* Relaxed store, then the full fence orders it before the re-check below (Dekker): either
+     * we see what the other side published, or it sees our flag and bumps our seq word. */
+    RING_STORE_RELAXED(e->waiting, RING_WAIT_FUTEX);
+    RING_FENCE_FULL();
+    /* Acquire: if we see the other side's bump we also see the tail/head it stored before it. */
+    uint32_t seq = RING_LOAD_ACQUIRE(e->seq);
+    rc = RING_WOKEN;
+    if (!e->check(e)) {
+        e->stats[RING_STAT_SLEEPS]++;
+        int err = ring_futex_wait(e->seq, seq, (int64_t)(start + (uint64_t)timeout_ns - now));
+        if (err == -ETIMEDOUT) {
+            e->stats[RING_STAT_TIMEOUTS]++;
+            rc = RING_TIMEOUT;
+            if (e->count_late && e->check(e) == RING_READY)
+                e->stats[RING_STAT_OTHER]++; /* ready when the timeout fired: a missed wake-up */
+        }
+    }
+    /* Relaxed: a stale "waiting" seen by the other side only costs it a spurious wake. */
+    RING_STORE_RELAXED(e->waiting, 0);
+    int now_rc = e->check(e);
+    return now_rc ? now_rc : rc;
+}
+
+int ring_end_arm(struct ring_end *e)
+{
+    /* Relaxed store ordered by the full fence: the same Dekker pair as ring_end_wait. */
+    RING_STORE_RELAXED(e->waiting, RING_WAIT_EVENTFD);
+    RING_FENCE_FULL();
+    if (e->check(e)) {
+        RING_STORE_RELAXED(e->waiting, 0); /* relaxed: see ring_end_wait */
+        return 1;
+    }
+    e->stats[RING_STAT_SLEEPS]++;
+    return 0;
+}
+
+void ring_end_disarm(struct ring_end *e)
+{
+    /* Relaxed: a stale value only costs the other side a spurious eventfd write. */
+    RING_STORE_RELAXED(e->waiting, 0);
+}
+
+void ring_end_publish(struct ring_end *e, _Atomic uint64_t *counter, uint64_t value)
+{
+    /* Release: the producer's record headers and payloads (for tail), or the consumer's reads
+     * of the records it gives back (for head), complete before the other side, which
+     * acquire-loads the counter, may read them (or overwrite them). */
+    RING_STORE_RELEASE(counter, value);
+    /* Full fence (Dekker): the counter is globally visible before we read the peer's waiting
+     * word; a sleeper does the mirror image before re-checking the counter and sleeping. */
+    RING_FENCE_FULL();
+    /* Relaxed: ordered by the fence above; a stale 1 only costs a spurious wake. */
+    uint32_t waiting = RING_LOAD_RELAXED(e->peer_waiting);
+    if (waiting) {
+        e->stats[RING_STAT_WAKES]++;
+        ring_wake_word(e->peer_seq, waiting, e->peer_efd);
+    }
+}
+
+/* ---------------------------------------------------------------- process helpers */
 
 int ring_set_pdeathsig(int sig)
 {

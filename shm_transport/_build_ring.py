@@ -5,6 +5,7 @@ every call is a direct C call, and cffi releases the GIL around each one (the de
 purpose: blocking waits must let other Python threads run).
 """
 import os
+import re
 
 from cffi import FFI
 
@@ -23,65 +24,32 @@ def _rel(path):
 _SOURCES = ("ring.c", "producer.c", "consumer.c", "wake.c")
 _HEADERS = ("ring.h", "ring_atomic.h", "ring_internal.h", "ring_wake.h")
 
-CDEF = """
-#define RING_HEADER_SIZE 1024
-#define RING_MIN_CAPACITY 4096
-#define RING_RECORD_HEADER 8
-#define RING_VERSION 1
-#define RING_REC_MSG 1
-#define RING_REC_PAD 2
-#define RING_REC_FRAG_FIRST 3
-#define RING_REC_FRAG_MORE 4
-#define RING_REC_FRAG_LAST 5
-#define RING_READY 1
-#define RING_WOKEN 2
-#define RING_TIMEOUT 0
-#define RING_FULL -1
-#define RING_CLOSED -2
-#define RING_E_CORRUPT -3
-#define RING_E_TOO_BIG -4
-#define RING_E_MAGIC -5
-#define RING_E_VERSION -6
-#define RING_E_CAPACITY -7
+_BEGIN, _END = "/* cffi-cdef: begin */", "/* cffi-cdef: end */"
+_DEFINE = re.compile(r"^(\s*#\s*define\s+[A-Za-z_]\w*)\s+.*$", re.MULTILINE)
 
-typedef struct ring_producer ring_producer;
-typedef struct ring_consumer ring_consumer;
 
-uint64_t ring_segment_size(uint64_t capacity);
-int ring_capacity_ok(uint64_t capacity);
-void *ring_map(int fd, uint64_t size, int *err);
-int ring_unmap(void *base, uint64_t size);
-int ring_init(void *base, uint64_t capacity, uint32_t creator_pid);
-int ring_check(const void *base, uint64_t size, uint64_t capacity);
-int ring_is_closed(const void *base);
-void ring_close(void *base, int data_efd, int space_efd);
+def cdef_from_header(path: str) -> str:
+    """The declarations cffi binds, taken from ring.h (its single source of truth): the text
+    between each begin/end marker pair, with #define values left to the compiler ("...")."""
+    with open(path) as f:
+        text = f.read()
+    parts = []
+    pos = 0
+    while True:
+        begin = text.find(_BEGIN, pos)
+        if begin < 0:
+            break
+        end = text.find(_END, begin)
+        if end < 0:
+            raise ValueError(f"{path}: {_BEGIN} without a matching {_END}")
+        parts.append(text[begin + len(_BEGIN):end])
+        pos = end + len(_END)
+    if not parts:
+        raise ValueError(f"{path}: no {_BEGIN} ... {_END} section")
+    return _DEFINE.sub(r"\1 ...", "\n".join(parts))
 
-ring_producer *ring_producer_new(void *base, int data_efd, int space_efd);
-void ring_producer_free(ring_producer *p);
-int ring_claim(ring_producer *p, uint32_t length, char **payload);
-void ring_commit(ring_producer *p);
-int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t length, uint64_t done);
-int ring_wait_space(ring_producer *p, int64_t spin_ns, int64_t timeout_ns);
-int ring_arm_space(ring_producer *p);
-void ring_disarm_space(ring_producer *p);
-uint64_t ring_free_bytes(ring_producer *p);
-void ring_producer_stats(const ring_producer *p, uint64_t out[4]);
 
-ring_consumer *ring_consumer_new(void *base, int data_efd, int space_efd);
-void ring_consumer_free(ring_consumer *c);
-int ring_read(ring_consumer *c, uint64_t *records, int max_records);
-void ring_release(ring_consumer *c);
-int ring_next(ring_consumer *c, uint64_t *records, int max_records, int64_t spin_ns, int64_t timeout_ns);
-int ring_wait_data(ring_consumer *c, int64_t spin_ns, int64_t timeout_ns);
-int ring_arm_data(ring_consumer *c);
-void ring_disarm_data(ring_consumer *c);
-void ring_kick(ring_consumer *c);
-uint64_t ring_used_bytes(ring_consumer *c);
-void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]);
-
-int ring_set_pdeathsig(int sig);
-int ring_set_child_subreaper(int on);
-"""
+CDEF = cdef_from_header(os.path.join(_CSRC, "ring.h"))
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

@@ -379,13 +379,22 @@ class Channel(channel_async.AsyncChannelMixin):
             self._wait_recv(out, max_messages, timeout)
         return out
 
-    def recv(self, timeout: Optional[float] = None) -> Any:
-        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
+    def _next_ready(self) -> Any:
+        """A message decoded earlier and not yet returned, or None (after checking that this side
+        is still open): the start of ``recv`` and ``recv_async``."""
         ready = self._ready
         if ready:
             return ready.popleft()
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
+        return None
+
+    def recv(self, timeout: Optional[float] = None) -> Any:
+        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
+        msg = self._next_ready()
+        if msg is not None:
+            return msg
+        ready = self._ready
         out: list = []
         if timeout is None and not (self._woken or self._peer_dead):
             # The common case, inlined: one wait slice straight on the ring (see _wait_recv).

@@ -177,11 +177,10 @@ class AsyncChannelMixin:
 
     async def recv_async(self, timeout: Optional[float] = None) -> Any:
         """The next message; TimeoutError if none came within ``timeout``."""
+        msg = self._next_ready()
+        if msg is not None:
+            return msg
         ready = self._ready
-        if ready:
-            return ready.popleft()
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
         batch: list = []
         self._drain_ring(batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)  # the fast path
         if not batch:

@@ -60,16 +60,38 @@ def raise_status(rc: int, where: str) -> None:
     raise TransportError(f"{where}: ring error {rc}")
 
 
-class Producer:
-    """The writing end of a ring. ``data_efd`` is the consumer's eventfd (written to wake an
-    asyncio consumer), ``space_efd`` ours (written by the consumer when we wait for space)."""
+class _End:
+    """What both ends share: the segment, the two eventfds, the C handle, counters and close."""
 
-    def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1) -> None:
+    _STATS: tuple = ()  # names of the four counters ring_*_stats fills in
+
+    def __init__(self, segment: Segment, capacity: int, data_efd: int, space_efd: int,
+                 new: Any, free: Any, stats: Any) -> None:
         self.segment = segment
         self.capacity = capacity
         self.data_efd, self.space_efd = data_efd, space_efd
-        self.handle = ffi.gc(lib.ring_producer_new(segment.base, data_efd, space_efd),
-                             lib.ring_producer_free)
+        self.handle = ffi.gc(new(segment.base, data_efd, space_efd), free)
+        self._stats = stats
+
+    def stats(self) -> dict:
+        out = ffi.new("uint64_t[4]")
+        self._stats(self.handle, out)
+        return dict(zip(self._STATS, out))
+
+    def close(self) -> None:
+        """Mark the ring closed and wake both sides."""
+        lib.ring_close(self.segment.base, self.data_efd, self.space_efd)
+
+
+class Producer(_End):
+    """The writing end of a ring. ``data_efd`` is the consumer's eventfd (written to wake an
+    asyncio consumer), ``space_efd`` ours (written by the consumer when we wait for space)."""
+
+    _STATS = ("sleeps", "timeouts", "wakes", "full")
+
+    def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1) -> None:
+        super().__init__(segment, capacity, data_efd, space_efd,
+                         lib.ring_producer_new, lib.ring_producer_free, lib.ring_producer_stats)
 
     def write(self, data: bytes, prefix: int = -1, done: int = 0) -> int:
         """Write ``prefix`` (a byte, or -1 for none) + ``data`` from byte ``done`` on; return the
@@ -100,28 +122,18 @@ class Producer:
     def free_bytes(self) -> int:
         return lib.ring_free_bytes(self.handle)
 
-    def stats(self) -> dict:
-        out = ffi.new("uint64_t[4]")
-        lib.ring_producer_stats(self.handle, out)
-        return dict(sleeps=out[0], timeouts=out[1], wakes=out[2], full=out[3])
 
-    def close(self) -> None:
-        """Mark the ring closed and wake both sides."""
-        lib.ring_close(self.segment.base, self.data_efd, self.space_efd)
-
-
-class Consumer:
+class Consumer(_End):
     """The reading end of a ring. ``data_efd`` is ours (the producer writes it to wake an
     asyncio reader), ``space_efd`` the producer's (written when it waits for space)."""
 
+    _STATS = ("sleeps", "timeouts", "wakes", "late")
+
     def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        self.segment = segment
-        self.capacity = capacity
-        self.data_efd, self.space_efd = data_efd, space_efd
+        super().__init__(segment, capacity, data_efd, space_efd,
+                         lib.ring_consumer_new, lib.ring_consumer_free, lib.ring_consumer_stats)
         self.max_message_size = max_message_size
-        self.handle = ffi.gc(lib.ring_consumer_new(segment.base, data_efd, space_efd),
-                             lib.ring_consumer_free)
         self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
         self._recs = memoryview(ffi.buffer(self._records)).cast("Q")  # cheap indexing from Python
         self._release_now = capacity // 16  # a record this big is released at once, not lazily
@@ -262,15 +274,6 @@ class Consumer:
 
     def used_bytes(self) -> int:
         return lib.ring_used_bytes(self.handle)
-
-    def stats(self) -> dict:
-        out = ffi.new("uint64_t[4]")
-        lib.ring_consumer_stats(self.handle, out)
-        return dict(sleeps=out[0], timeouts=out[1], wakes=out[2], late=out[3])
-
-    def close(self) -> None:
-        """Mark the ring closed and wake both sides."""
-        lib.ring_close(self.segment.base, self.data_efd, self.space_efd)
 
 
 def new_ring(capacity: int) -> Segment:
