@@ -44,6 +44,19 @@ async def collect(engine, prompt, params, request_id) -> list:
     return [out async for out in engine.generate(prompt, params, request_id)]
 
 
+async def start_long_streams(engine, prefix: str, n: int = 8) -> list[asyncio.Task]:
+    """``n`` streams of 240 greedy tokens (ids ``<prefix><i>``), returned once each has yielded an output."""
+    started = [asyncio.Event() for _ in range(n)]
+
+    async def stream(i: int) -> None:
+        async for _ in engine.generate(f"{prefix} {i}", greedy(max_tokens=240), f"{prefix}{i}"):
+            started[i].set()
+
+    tasks = [asyncio.create_task(stream(i)) for i in range(n)]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
+    return tasks
+
+
 async def unfinished_in_core(engine, engine_index: int = 0) -> int:
     stats = await engine.engine_core.call_utility_async("get_stats", engine_index=engine_index)
     return stats["num_running_reqs"] + stats["num_waiting_reqs"]
@@ -123,14 +136,7 @@ async def test_bad_request_fails_alone(engine):
 async def test_kill9_of_core_fails_every_stream_within_1s(tiny_model_dir, transport):
     async with build_async_engine_client_from_engine_args(args(tiny_model_dir, transport=transport)) as llm:
         assert llm.output_handler is not None  # built inside the loop: started at once
-        started = [asyncio.Event() for _ in range(8)]
-
-        async def stream(i: int) -> None:
-            async for _ in llm.generate(f"stream {i}", greedy(max_tokens=240), f"s{i}"):
-                started[i].set()
-
-        tasks = [asyncio.create_task(stream(i)) for i in range(8)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
+        tasks = await start_long_streams(llm, "s")
         killed = time.monotonic()
         os.kill(llm.engine_core.ready.pid, signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 1.0)
@@ -148,14 +154,7 @@ async def test_data_parallel_spreads_requests_and_routes_aborts(tiny_model_dir):
     async with build_async_engine_client_from_engine_args(dp_args) as llm:
         client = llm.engine_core
         assert isinstance(client, DPLBAsyncMPClient)
-        started = [asyncio.Event() for _ in range(8)]
-
-        async def stream(i: int) -> None:
-            async for _ in llm.generate(f"dp {i}", greedy(max_tokens=240), f"dp{i}"):
-                started[i].set()
-
-        tasks = [asyncio.create_task(stream(i)) for i in range(8)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
+        tasks = await start_long_streams(llm, "dp")
         assert client.outstanding == [4, 4]
         assert [await unfinished_in_core(llm, rank) for rank in (0, 1)] == [4, 4]
         for task in tasks[:3]:  # the aborts must reach whichever rank owns each request

@@ -233,21 +233,19 @@ class CompletionLogProbs(Struct):
     top_logprobs: list[Optional[dict[str, float]]] = []
 
 
-class CompletionChoice(Struct):
-    index: int
-    text: str
-    logprobs: Optional[CompletionLogProbs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+def _choice(name: str, body: tuple[str, Any], logprobs: Any) -> type[Struct]:
+    """A choice in OpenAI's field order: ``index``, its body (text, message or delta), ``logprobs``,
+    ``finish_reason``, ``stop_reason`` (vLLM's extra)."""
+    return msgspec.defstruct(name, [("index", int), body, ("logprobs", Optional[logprobs], None),
+                                    ("finish_reason", Optional[str], None),
+                                    ("stop_reason", Union[int, str, None], None)], module=__name__)
 
 
-class CompletionResponse(Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    object: str = "text_completion"
-    usage: Optional[UsageInfo] = None
+def _response(name: str, choice: type[Struct], object_: str) -> type[Struct]:
+    """A response or stream chunk: ``id, created, model, choices, object, usage``, in that order."""
+    return msgspec.defstruct(name, [("id", str), ("created", int), ("model", str), ("choices", list[choice]),
+                                    ("object", str, object_), ("usage", Optional[UsageInfo], None)],
+                             module=__name__)
 
 
 class ChatLogProb(Struct):
@@ -256,10 +254,7 @@ class ChatLogProb(Struct):
     bytes: Optional[list[int]] = None
 
 
-class ChatLogProbsContent(Struct):
-    token: str
-    logprob: float
-    bytes: Optional[list[int]] = None
+class ChatLogProbsContent(ChatLogProb):
     top_logprobs: list[ChatLogProb] = []
 
 
@@ -272,43 +267,17 @@ class ChatResponseMessage(Struct):
     content: str
 
 
-class ChatChoice(Struct):
-    index: int
-    message: ChatResponseMessage
-    logprobs: Optional[ChatLogProbs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionResponse(Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    object: str = "chat.completion"
-    usage: Optional[UsageInfo] = None
-
-
 class DeltaMessage(Struct, omit_defaults=True):
     role: Optional[str] = None
     content: Optional[str] = None
 
 
-class ChatStreamChoice(Struct):
-    index: int
-    delta: DeltaMessage
-    logprobs: Optional[ChatLogProbs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
-
-
-class ChatCompletionChunk(Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    object: str = "chat.completion.chunk"
-    usage: Optional[UsageInfo] = None
+CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs)
+CompletionResponse = _response("CompletionResponse", CompletionChoice, "text_completion")
+ChatChoice = _choice("ChatChoice", ("message", ChatResponseMessage), ChatLogProbs)
+ChatCompletionResponse = _response("ChatCompletionResponse", ChatChoice, "chat.completion")
+ChatStreamChoice = _choice("ChatStreamChoice", ("delta", DeltaMessage), ChatLogProbs)
+ChatCompletionChunk = _response("ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk")
 
 
 class ModelCard(Struct):

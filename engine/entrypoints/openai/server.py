@@ -3,8 +3,8 @@
 ``build_app`` is the one way to make the app: ``ringllm serve`` runs it and the tests start
 that same command. The engine lives exactly as long as the app: ``app.cleanup_ctx`` enters
 the engine client (an async context manager yielding an ``AsyncLLM``) before the first
-request and leaves it, shutting the core down, after the last one. Handlers here are one
-line each; the work is in the ``serving_*`` modules.
+request and leaves it, shutting the core down, after the last one. Each route hands its
+request to one method of the ``serving_*`` modules, where the work is.
 
 Middlewares, outermost first: error shaping (every failure, aiohttp's own 404/405/413
 included, leaves in OpenAI's ``{"error": ...}`` shape, and each request is counted), the
@@ -19,6 +19,7 @@ import hmac
 import logging
 import signal
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, AsyncContextManager, Optional
 
 import uvloop
@@ -70,49 +71,28 @@ SETTINGS = web.AppKey("settings", ServerSettings)
 SERVING = web.AppKey("serving", Serving)
 
 
-# ---- routes: one line each ----
+# ---- routes: each hands the request to one ``Serving`` method ----
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVING].completion.create_completion(request)
+def _to(method: str):
+    """The handler for a route: ``request.app[SERVING].<method>(request)``, ``method`` dotted."""
+    find = attrgetter(method)
 
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await find(request.app[SERVING])(request)
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await request.app[SERVING].chat.create_chat_completion(request)
-
-
-async def models(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.show_models(request)
-
-
-async def health(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.health(request)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.metrics(request)
-
-
-async def tokenize(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.tokenize(request)
-
-
-async def detokenize(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.detokenize(request)
-
-
-async def version(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.show_version(request)
+    handler.__name__ = handler.__qualname__ = method.rpartition(".")[2]
+    return handler
 
 
 ROUTES = [
-    web.post("/v1/completions", completions),
-    web.post("/v1/chat/completions", chat_completions),
-    web.get("/v1/models", models),
-    web.get("/health", health),
-    web.get("/metrics", metrics),
-    web.post("/tokenize", tokenize),
-    web.post("/detokenize", detokenize),
-    web.get("/version", version),
+    web.post("/v1/completions", _to("completion.create_completion")),
+    web.post("/v1/chat/completions", _to("chat.create_chat_completion")),
+    web.get("/v1/models", _to("misc.show_models")),
+    web.get("/health", _to("misc.health")),
+    web.get("/metrics", _to("misc.metrics")),
+    web.post("/tokenize", _to("misc.tokenize")),
+    web.post("/detokenize", _to("misc.detokenize")),
+    web.get("/version", _to("misc.show_version")),
 ]
 
 
