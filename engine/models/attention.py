@@ -17,6 +17,9 @@ once per KV head and never repeated; the masks of those G rows are identical
 because they sit at the same position. Everything that does not depend on the
 layer (block table, masks) is built once per step and shared by all layers.
 
+The cache may hold a narrower dtype than the activations (bf16 cache, float32
+compute on CPUs without native bf16): K/V are converted on write and after the gather.
+
 Prefill chunks run one SDPA call each (a few per step): attending to the chunk
 itself when nothing precedes it, else to keys gathered from the cache with an
 explicit causal-with-offset mask.
@@ -86,7 +89,7 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
     q_size = num_heads * head_dim
     kv_size = num_kv_heads * head_dim
     flat = kv_cache.view(-1, 2 * kv_size)
-    flat.index_copy_(0, md.slot_mapping, qkv[:, q_size:])
+    flat.index_copy_(0, md.slot_mapping, qkv[:, q_size:].to(flat.dtype))
 
     num_decodes = md.num_decodes
     if num_decodes == num_tokens and not md.prefills:
@@ -103,7 +106,7 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
             k = rows[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)
             v = rows[:, q_size + kv_size:].view(n, num_kv_heads, head_dim).transpose(0, 1)
         else:
-            kv = flat.index_select(0, chunk.kv_slots).view(-1, 2, num_kv_heads, head_dim)
+            kv = flat.index_select(0, chunk.kv_slots).to(qkv.dtype).view(-1, 2, num_kv_heads, head_dim)
             k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
@@ -116,7 +119,7 @@ def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, nu
             num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
     d = qkv.shape[0]
     group = num_heads // num_kv_heads
-    kv = kv_cache.index_select(0, md.decode_blocks).view(d, md.decode_len, 2, num_kv_heads, head_dim)
+    kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
     q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
     mask = md.decode_window_mask if sliding and md.decode_window_mask is not None else md.decode_mask
     o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),

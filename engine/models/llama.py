@@ -12,8 +12,9 @@ Built for a lean CPU decode step rather than for module reuse:
   AVX-512, e.g. AVX2 only) would run every GEMM through torch's slow scalar
   fallback (a batch-64 decode step measured 4.5x slower than fp32). There the weights are
   rounded to the model dtype and stored as float32, so the GEMMs use MKL's fp32
-  kernels on exactly the bf16 values; activations between blocks and the KV
-  cache stay in the model dtype.
+  kernels on exactly the bf16 values. Activations are then float32 as well (a bf16
+  elementwise op or SDPA on such a CPU is 3-4x slower than float32, and a mixed-dtype
+  RMSNorm loses torch's fused kernel); only the KV cache stays in the model dtype.
 - Weight layout (CPU, float32 GEMMs): q/k/v and gate/up, the two tall matrices, are
   stored input-major ([in, out]) and multiplied as ``x @ W``; at batch 1 MKL's GEMV is
   1.4-1.6x faster that way, and no slower at batch 64. A small-batch copy of the LM
@@ -133,7 +134,8 @@ class LlamaForCausalLM(nn.Module):
         device = torch.device(device)
         self.dtype = dtype
         self.mm_dtype = matmul_dtype(dtype, device)
-        act, mm = dict(dtype=dtype, device=device), dict(dtype=self.mm_dtype, device=device)
+        mm = dict(dtype=self.mm_dtype, device=device)
+        act = mm  # activations and norms run in the GEMMs' dtype (see the module docstring)
         self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32
         self.compiled = False
         self.hidden = cfg.hidden_size
@@ -186,7 +188,7 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rope_cis.index_select(0, positions).unsqueeze(1)
         if self.compiled:
             rope = torch.view_as_real(rope)  # inductor generates no code for complex ops
-        h = F.embedding(input_ids, self.embed).to(self.dtype)
+        h = F.embedding(input_ids, self.embed)
         packed = self.packed_layers if input_ids.shape[0] <= bf16_gemv.MAX_ROWS and not self.compiled else None
         for i, layer in enumerate(self.layers):
             w = layer if packed is None else packed[i]
@@ -219,10 +221,10 @@ class LlamaForCausalLM(nn.Module):
             c, s = rope[..., 0], rope[..., 1]
             re, im = pairs[..., 0], pairs[..., 1]
             rotated = torch.stack([re * c - im * s, im * c + re * s], -1).view(num_tokens, cols)
-            return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1).to(self.dtype)
+            return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1)
         if qkv.dtype == torch.float32:  # pairs is a view of qkv: rotate in place
             torch.view_as_complex(pairs).mul_(rope)
-            return qkv.to(self.dtype)
+            return qkv
         qkv[:, :cols] = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(num_tokens, cols)
         return qkv
 
