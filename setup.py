@@ -1,8 +1,8 @@
 """Build and install ringllm.
 
 The shared-memory ring is C (csrc/) compiled as a cffi extension in API mode, so the
-hot path is a direct C call with the GIL released around every blocking wait. The bf16
-GEMV kernel for small decode steps (csrc/gemv_bf16.c) is a second extension the same way.
+hot path is a direct C call with the GIL released around every blocking wait. The CPU
+kernels (bf16 GEMV for small decode steps, paged decode attention) are a second one.
 """
 from setuptools import find_packages, setup
 
@@ -15,7 +15,7 @@ setup(
                                     "benchmarks", "benchmarks.*"]),
     package_data={"benchmarks": ["*.md"]},
     setup_requires=["cffi>=1.16"],
-    cffi_modules=["shm_transport/_build_ring.py:ffibuilder", "engine/kernels/_build_gemv.py:ffibuilder"],
+    cffi_modules=["shm_transport/_build_ring.py:ffibuilder", "engine/kernels/_build_cpu.py:ffibuilder"],
     install_requires=[
         "torch==2.13.0",
         "numpy",

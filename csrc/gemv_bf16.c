@@ -1,6 +1,8 @@
 /* See gemv_bf16.h. Compiled for the baseline target; the AVX2 functions carry their own
- * target attribute and run only after gemv_bf16_supported() said yes. */
+ * target attribute and run only after cpu_kernels_supported() said yes. */
 #include "gemv_bf16.h"
+
+#include "cpu_features.h"
 
 #include <stddef.h>
 
@@ -13,11 +15,6 @@
 /* The loops over rows are short with constant bounds; fully unrolled, the accumulators
  * live in registers (at -O2 GCC leaves them in memory: 2-3x slower). */
 #define UNROLL _Pragma("GCC unroll 8")
-
-int gemv_bf16_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
     __m128i half = _mm_loadu_si128((const __m128i *)p);
@@ -75,7 +72,8 @@ static AVX2 void run3(const float *x, const uint16_t *w, float *y, int64_t n, in
 static AVX2 void run4(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, 4, n, k); }
 
 int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
-    if (m < 1 || m > GEMV_BF16_MAX_M || n % GEMV_BF16_ROWS || k % GEMV_BF16_COLS || n <= 0 || k <= 0)
+    if (m < 1 || m > GEMV_BF16_MAX_M || n % GEMV_BF16_ROWS || k % GEMV_BF16_COLS || n <= 0 || k <= 0
+        || !cpu_kernels_supported())
         return -1;
     switch (m) {
     case 1: run1(x, w, y, n, k); break;
@@ -86,8 +84,6 @@ int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n,
     return 0;
 }
 #else
-int gemv_bf16_supported(void) { return 0; }
-
 int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
     (void)x; (void)w; (void)y; (void)m; (void)n; (void)k;
     return -1;

@@ -21,9 +21,6 @@
 #define GEMV_BF16_COLS 8
 #define GEMV_BF16_MAX_M 4
 
-/* 1 when this CPU has AVX2 and FMA (the kernel's only requirement), else 0. */
-int gemv_bf16_supported(void);
-
 /* Reorders a row-major [n, k] bf16 matrix (as uint16 bit patterns) into the blocked
  * layout above. n % GEMV_BF16_ROWS == 0 and k % GEMV_BF16_COLS == 0. */
 void gemv_bf16_pack(const uint16_t *src, uint16_t *dst, int64_t n, int64_t k);

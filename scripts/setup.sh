@@ -35,4 +35,4 @@ else
     # Dependencies unchanged: only rebuild the C extension if csrc/ changed.
     "${PIP[@]}" --no-build-isolation --no-deps -e . >/dev/null
 fi
-"$PY" -c 'import shm_transport._ring, engine.kernels._gemv'
+"$PY" -c 'import shm_transport._ring, engine.kernels._cpu'

@@ -1,4 +1,5 @@
-"""The bf16 GEMV kernel (csrc/gemv_bf16.c) against float32 math on the same bf16 values."""
+"""The CPU kernels against plain math: the bf16 GEMV (csrc/gemv_bf16.c) against float32 on the
+same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 
 from engine.kernels import bf16_gemv
 from engine.kernels.bf16_gemv import PackedBF16
+from engine.kernels.paged_attention import decode_attention
 
 pytestmark = pytest.mark.skipif(not bf16_gemv.available(), reason="needs an x86-64 CPU with AVX2 and FMA")
 
@@ -54,3 +56,57 @@ def test_wrong_activation_shapes_are_refused(x_shape):
     packed = PackedBF16(torch.zeros(8, 16))
     with pytest.raises(ValueError, match="activations"):
         packed.matmul(torch.zeros(x_shape))
+
+
+def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, window):
+    """Dense per-sequence attention over the gathered keys, in float64."""
+    bs = cache.shape[1]
+    flat = cache.reshape(-1, cache.shape[2]).double()
+    out = torch.empty(q.shape[0], heads * dim, dtype=torch.float64)
+    for s in range(q.shape[0]):
+        length = int(lens[s])
+        start = max(0, length - window) if window else 0
+        pos = torch.arange(start, length)
+        kv = flat[table[s][pos // bs] * bs + pos % bs].view(-1, 2, kv_heads, dim)
+        k = kv[:, 0].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        v = kv[:, 1].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        qs = q[s, :heads * dim].double().view(heads, 1, dim)
+        p = torch.softmax(qs @ k.transpose(1, 2) * scale, -1)
+        out[s] = (p @ v).view(-1)
+    return out
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size,window", [
+    (9, 3, 64, 16, None), (4, 4, 128, 4, None), (8, 2, 8, 1, 5), (6, 3, 24, 8, 13), (2, 1, 256, 16, None)])
+def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_heads, dim, block_size, window):
+    gen = torch.Generator().manual_seed(heads * dim + block_size)
+    num_blocks, seqs = 1000, 7
+    cache = torch.randn(num_blocks, block_size, 2 * kv_heads * dim, generator=gen).to(cache_dtype)
+    lens = torch.tensor([1, 2, block_size, block_size + 1, 3 * block_size - 1, 37, 100])
+    nb = -(-int(lens.max()) // block_size)
+    table = (torch.randperm(num_blocks - 1, generator=gen)[:seqs * nb] + 1).view(seqs, nb)
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim, generator=gen)  # q is a strided slice of it
+    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
+    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_decode_attention_softmax_of_extreme_scores():
+    """Scores hundreds apart: the winning key takes all the weight, nothing overflows."""
+    dim, bs = 8, 4
+    cache = torch.zeros(3, bs, 2 * dim)
+    cache[1, :, :dim] = torch.arange(bs, dtype=torch.float32)[:, None] * 30  # K rows 0, 30, 60, 90
+    cache[1, :, dim:] = torch.arange(bs, dtype=torch.float32)[:, None] + 1  # V rows 1, 2, 3, 4
+    q = torch.ones(1, dim)
+    out = decode_attention(q, cache, torch.tensor([[1]]), torch.tensor([4]), 1, 1, dim, 1.0, None)
+    assert torch.equal(out, torch.full((1, dim), 4.0))
+    assert torch.isfinite(decode_attention(-q, cache, torch.tensor([[1]]), torch.tensor([4]), 1, 1, dim, 1.0,
+                                           None)).all()
+
+
+@pytest.mark.parametrize("table,lens", [([[5]], [3]), ([[-1]], [3]), ([[1]], [5]), ([[1]], [0])])
+def test_paged_decode_attention_refuses_out_of_range_tables(table, lens):
+    cache = torch.zeros(4, 4, 16)
+    with pytest.raises(ValueError, match="rejected"):
+        decode_attention(torch.zeros(1, 8), cache, torch.tensor(table), torch.tensor(lens), 1, 1, 8, 1.0, None)

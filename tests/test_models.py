@@ -132,6 +132,25 @@ def test_bf16_small_steps_on_the_packed_kernel_match_float32_gemms(family):
     assert results[0][1] == pytest.approx(results[1][1], abs=0.02)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attention_kernel_matches_torch_attention(family, dtype):
+    """Decodes read the paged cache in C (csrc/paged_attention.c) on this CPU; torch's
+    gather + masked SDPA, kept for other devices, must give the same tokens and logprobs."""
+    path, _ = family
+    results = []
+    for use_kernel in (True, False):
+        runner = make_runner(path, dtype=dtype, block_size=4)
+        if use_kernel and not runner.decode_kernel:
+            pytest.skip("the C decode attention does not run on this CPU")
+        runner.decode_kernel = use_kernel
+        reqs = [make_request(f"r{i}", p, logprobs=3) for i, p in enumerate(PROMPTS)]
+        outs = generate(runner, reqs, 12)
+        lps = [row[0] for o in outs[1:] for r in sorted(o.logprobs) for row in o.logprobs[r].logprobs]
+        results.append(([r.output_token_ids for r in reqs], lps))
+    assert results[0][0] == results[1][0]
+    assert results[0][1] == pytest.approx(results[1][1], abs=1e-4 if dtype == "float32" else 0.02)
+
+
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not supported.*LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM"):
         get_model_class("GPT2LMHeadModel")

@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import torch
 
-try:
-    from engine.kernels._gemv import ffi, lib
-except ImportError:  # pragma: no cover - the extension is built by setup.py
-    ffi = lib = None
+from engine.kernels.cpu import available, ffi, lib
 
 MAX_ROWS = 4 if lib is None else lib.GEMV_BF16_MAX_M
 _ROW_BLOCK = 4 if lib is None else lib.GEMV_BF16_ROWS
 _COL_BLOCK = 8 if lib is None else lib.GEMV_BF16_COLS
-
-
-def available() -> bool:
-    """True when the extension is built and this CPU runs it (x86-64 with AVX2 and FMA)."""
-    return lib is not None and bool(lib.gemv_bf16_supported())
 
 
 def fits(out_features: int, in_features: int) -> bool:

@@ -8,7 +8,9 @@ of ``qkv[:, q_size:]`` into the flat ``[num_slots, 2 * Hkv * d]`` view.
 Batch order (built by the runner, see ``AttentionMetadata``): the decode tokens
 come first, then each prefill chunk as a contiguous run of rows.
 
-Decodes. All decodes attend in one batched SDPA call. Their blocks are gathered
+Decodes. On a CPU the C kernel (engine/kernels/paged_attention.py) reads each decode's
+blocks where they lie, with no gather, padding or mask; the runner then sets
+``decode_seq_lens`` instead of the masks. Elsewhere all decodes attend in one batched SDPA call. Their blocks are gathered
 once per layer with one ``index_select`` over whole blocks (a ``[D, L]`` copy,
 L = the longest context rounded up to a block), and a boolean mask hides each
 row's padding. Grouped-query attention is folded into the query length: the G
@@ -32,6 +34,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.paged_attention import decode_attention
+
 
 @dataclass
 class PrefillChunk:
@@ -54,6 +58,9 @@ class AttentionMetadata:
     decode_len: int = 0  # L = nb * block_size
     decode_mask: Optional[torch.Tensor] = None  # [D, 1, 1, L] bool
     decode_window_mask: Optional[torch.Tensor] = None
+    # Set instead of the masks when decodes run in the C kernel (engine/kernels/paged_attention.py):
+    decode_seq_lens: Optional[torch.Tensor] = None  # [D] int64
+    window: Optional[int] = None  # the model's sliding window, for its sliding layers
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -118,6 +125,9 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
 def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
             num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
     d = qkv.shape[0]
+    if md.decode_seq_lens is not None:
+        return decode_attention(qkv, kv_cache, md.decode_blocks.view(d, -1), md.decode_seq_lens, num_heads,
+                                num_kv_heads, head_dim, scale, md.window if sliding else None)
     group = num_heads // num_kv_heads
     kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
     q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)

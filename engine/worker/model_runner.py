@@ -25,6 +25,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.kernels import paged_attention
 from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
@@ -66,6 +67,8 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         self.model = load_model(config)
         self.window = self.model.sliding_window
+        self.decode_kernel = paged_attention.supports(self.device, self.model.mm_dtype, self.model.dtype,
+                                                      self.model.head_dim)
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
         self._states: dict[str, _RequestState] = {}
@@ -185,8 +188,11 @@ class ModelRunner:
             table = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in decodes]
             md.decode_blocks = torch.tensor(table, dtype=torch.long).view(-1).to(self.device)
             md.decode_len = nb * bs
-            md.decode_mask, md.decode_window_mask = build_decode_masks(
-                torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
+            if self.decode_kernel:
+                md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
+            else:
+                md.decode_mask, md.decode_window_mask = build_decode_masks(
+                    torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
         for i in prefills:
             r, n = reqs[i], counts[i]
             p0 = r.num_computed_tokens

@@ -1,0 +1,10 @@
+#include "cpu_features.h"
+
+int cpu_kernels_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}

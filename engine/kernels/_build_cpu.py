@@ -1,0 +1,48 @@
+"""cffi (API mode) build of the CPU kernels in csrc/ as ``engine.kernels._cpu``; run by setup.py.
+
+The cdef is the headers' declarations, read from the headers themselves so the two never
+drift. Calls release the GIL (cffi's default): the kernels touch no Python object.
+"""
+import os
+import re
+
+from cffi import FFI
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
+_NAMES = ("cpu_features", "gemv_bf16", "paged_attention")
+_HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
+
+
+def _rel(path):
+    """setuptools wants source paths relative to setup.py's folder (the cwd of a build)."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def _cdef() -> str:
+    """The headers minus comments and include guards: plain #defines and prototypes."""
+    keep = []
+    for header in _HEADERS:
+        with open(header) as f:
+            text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+        keep += [line for line in text.splitlines()
+                 if line.strip() and not line.startswith(("#ifndef", "#endif", "#include", "#define RINGLLM_"))]
+    return "\n".join(keep)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "engine.kernels._cpu",
+    "".join(f'#include "{name}.h"\n' for name in _NAMES),
+    sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES],
+    include_dirs=[_rel(_CSRC)],
+    depends=[_rel(h) for h in _HEADERS],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,54 @@
+"""Decode attention read straight from the paged KV cache (csrc/paged_attention.c).
+
+Why: torch's route gathers every decode's blocks into a padded dense copy per layer (and
+converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding; at
+batch 64 that was ~22% of a decode step on this CPU. The kernel walks each sequence's own
+blocks once, in float32, and handles a sliding window by where it starts.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from engine.kernels.cpu import available, ffi, lib
+
+_CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+MAX_HEAD_DIM = 256 if lib is None else lib.PAGED_ATTN_MAX_HEAD_DIM
+
+
+def supports(device: torch.device, compute_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``decode_attention`` runs a model with these properties (else torch's path)."""
+    return (available() and device.type == "cpu" and compute_dtype == torch.float32
+            and cache_dtype in _CACHE_DTYPES and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM)
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                     window: Optional[int]) -> torch.Tensor:
+    """``[D, num_heads * head_dim]`` float32 attention of D decode queries.
+
+    q: ``[D, >= num_heads * head_dim]`` float32 rows (a slice of the fused qkv is fine);
+    kv_cache: one layer, ``[num_blocks, block_size, 2 * num_kv_heads * head_dim]``;
+    block_table: ``[D, max_blocks]`` int64; seq_lens: ``[D]`` int64, each query attending to
+    keys ``[max(0, len - window), len)``.
+    """
+    num_seqs = q.shape[0]
+    if q.stride(-1) != 1 or not kv_cache.is_contiguous():
+        raise ValueError("decode_attention needs unit-stride query rows and a contiguous cache")
+    out = torch.empty(num_seqs, num_heads * head_dim, dtype=torch.float32)
+    block_table = block_table.contiguous()
+    seq_lens = seq_lens.contiguous()
+    rc = lib.paged_decode_attention(
+        ffi.cast("const float *", q.data_ptr()), q.stride(0), ffi.cast("const void *", kv_cache.data_ptr()),
+        _CACHE_DTYPES[kv_cache.dtype], kv_cache.shape[0], kv_cache.shape[1],
+        ffi.cast("const int64_t *", block_table.data_ptr()), block_table.shape[1],
+        ffi.cast("const int64_t *", seq_lens.data_ptr()), num_seqs, num_heads, num_kv_heads, head_dim,
+        window or 0, scale, ffi.cast("float *", out.data_ptr()))
+    if rc == -2:
+        raise MemoryError("paged_decode_attention: no memory for its scratch buffers")
+    if rc != 0:
+        raise ValueError(f"paged_decode_attention rejected its arguments: q {tuple(q.shape)}, cache "
+                         f"{tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, heads {num_heads}/"
+                         f"{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)")
+    return out
