@@ -123,6 +123,20 @@ def test_abort_stops_the_request_in_the_core(client):
     assert stats["num_running_reqs"] == 0 and stats["num_waiting_reqs"] == 0
 
 
+def test_core_ignores_sigint_and_sigterm_and_keeps_serving(client):
+    # Ctrl-C or SIGTERM to the process group is the frontend's to handle (aborts, a drain);
+    # the core is stopped by SHUTDOWN or dies with its frontend.
+    client.add_request(request("during", max_tokens=100))
+    client.get_output()  # it is running
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(client.ready.pid, sig)
+    time.sleep(0.2)
+    assert not pid_gone(client.ready.pid)
+    client.add_request(request("after", max_tokens=4))
+    tokens = run_to_completion(client, {"during", "after"})
+    assert len(tokens["after"]) == 4 and len(tokens["during"]) > 0
+
+
 def test_utility_calls_only_reach_allow_listed_methods(client):
     assert client.call_utility("reset_prefix_cache") in (True, False)
     for method in ("shutdown", "add_request", "__init__", "step"):

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 
 import aiohttp
@@ -121,6 +122,42 @@ def test_sigterm_drains_in_flight_streams_then_exits(tiny_long_model):
                     return parse_sse(first + await resp.read())
 
         events = asyncio.run(scenario())
+        assert events[-1]["choices"][0]["finish_reason"] == "length"  # ran to its end, not cut off
+        assert remote.proc.wait(30) == 0
+        assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in cores), timeout=5)
+
+
+class SessionLeaderServer(RemoteServer):
+    """The server as the leader of its own session and process group, as a shell job or a
+    service is: a signal to the group (Ctrl-C in the terminal, ``kill -TERM -PGID``, a service
+    manager stopping the unit) reaches the server and its EngineCore alike. ``os.setsid`` then
+    ``exec`` keeps the pid, so ``proc`` is the server itself."""
+
+    def __init__(self, *serve_args: str) -> None:
+        super().__init__(*serve_args)
+        self.argv = [sys.executable, "-c", "import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])",
+                     *self.argv]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_process_group_drains_streams_then_everything_exits(tiny_long_model, sig):
+    """The EngineCore ignores the group's signal and serves until the drain is over (no /dev/shm
+    entry or child left: conftest checks after every test)."""
+    with SessionLeaderServer(tiny_long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny") as remote:
+        pgid = remote.proc.pid
+        assert os.getpgid(pgid) == pgid
+        cores = remote.core_pids()
+        assert cores and all(os.getpgid(pid) == pgid for pid in cores)  # the group signal reaches them
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                resp, first = await _first_event(session, remote.url, {**LONG, "max_tokens": 300})
+                os.killpg(pgid, sig)
+                async with asyncio.timeout(30):
+                    return parse_sse(first + await resp.read())
+
+        events = asyncio.run(scenario())
+        assert "error" not in events[-1], events[-1]
         assert events[-1]["choices"][0]["finish_reason"] == "length"  # ran to its end, not cut off
         assert remote.proc.wait(30) == 0
         assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in cores), timeout=5)

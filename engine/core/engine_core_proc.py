@@ -311,6 +311,16 @@ def _exit_when_parent_dies(parent_pid: int) -> None:
     os._exit(1)
 
 
+def ignore_group_signals() -> None:
+    """SIGINT and SIGTERM are for the frontend. Ctrl-C in a terminal, ``kill -TERM -PGID`` and
+    a service manager stopping the whole group all reach the core too; the frontend turns them
+    into aborts (LLM) or a drain of in-flight requests (the server), and both need the core
+    alive until it is told SHUTDOWN. The core still ends with its frontend: PR_SET_PDEATHSIG
+    and the parent pidfd watch (``_setup_process``); SIGKILL stops it in any case."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _setup_process(spec: CoreLaunchSpec) -> None:
     if spec.pdeathsig:
         from shm_transport import set_parent_death_signal
@@ -318,10 +328,6 @@ def _setup_process(spec: CoreLaunchSpec) -> None:
         set_parent_death_signal(signal.SIGKILL)
     threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True,
                      name="parent-watch").start()
-    # Ctrl-C in the terminal reaches the whole process group: the frontend turns it into
-    # aborts of its requests, and the core must survive to serve the next ones.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(spec.num_threads)
     import torch  # first import of torch in this process, after the two settings above
@@ -345,6 +351,7 @@ def _send_dead(channel: Any, engine_index: int, error: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    ignore_group_signals()  # first: torch's import and the model load take seconds
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
     _setup_process(spec)
     logging.basicConfig(level=envs.RINGLLM_LOGGING_LEVEL,
