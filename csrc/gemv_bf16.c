@@ -7,26 +7,10 @@
 #include <stddef.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma")))
+#include "avx2_math.h"
 /* Bytes ahead of the current read to prefetch: measured on Zen3, 1-2 KiB is the plateau
  * (no prefetch: 15.7 GB/s; 1 KiB: 18.9 GB/s at one row). */
 #define PREFETCH_AHEAD 1024
-/* The loops over rows are short with constant bounds; fully unrolled, the accumulators
- * live in registers (at -O2 GCC leaves them in memory: 2-3x slower). */
-#define UNROLL _Pragma("GCC unroll 8")
-
-static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
-    __m128i half = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
-
-static inline AVX2 float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    return _mm_cvtss_f32(s);
-}
 
 /* One block of ROWS output rows for M input rows, using rows [r0, r0 + R) of the block.
  * M and R are compile-time constants at every call site, so the accumulators stay in

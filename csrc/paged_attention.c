@@ -7,49 +7,10 @@
 #include "cpu_features.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma")))
-#define UNROLL _Pragma("GCC unroll 8")
-#define LANES 8
+#include "avx2_math.h"
 
 static inline AVX2 __m256 load_kv(const void *base, int64_t idx, int bf16) {
-    if (bf16) {
-        __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-    }
-    return _mm256_loadu_ps((const float *)base + idx);
-}
-
-static inline AVX2 float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    return _mm_cvtss_f32(s);
-}
-
-static inline AVX2 float hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-/* e^x for x <= 0 (softmax after the max is subtracted): Cephes' expf polynomial, relative
- * error ~2e-7; inputs below -87 are clamped there (e^-87 ~ 1.6e-38 still a normal float). */
-static inline AVX2 __m256 exp_nonpos(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return bf16 ? load_bf16x8((const uint16_t *)base + idx) : _mm256_loadu_ps((const float *)base + idx);
 }
 
 /* In place: s[0..n) = softmax(s); returns nothing, n >= 1. */
@@ -61,7 +22,7 @@ static AVX2 void softmax(float *s, int64_t n) {
     for (; i < n; i++) m = s[i] > m ? s[i] : m;
     __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
     for (i = 0; i + LANES <= n; i += LANES) {
-        __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        __m256 e = exp_clamped(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
         _mm256_storeu_ps(s + i, e);
         vsum = _mm256_add_ps(vsum, e);
     }
@@ -69,7 +30,7 @@ static AVX2 void softmax(float *s, int64_t n) {
     if (i < n) {  /* the tail through one padded vector, so every score uses the same exp */
         float tail[LANES];
         for (int t = 0; t < LANES; t++) tail[t] = i + t < n ? s[i + t] - m : -87.0f;
-        _mm256_storeu_ps(tail, exp_nonpos(_mm256_loadu_ps(tail)));
+        _mm256_storeu_ps(tail, exp_clamped(_mm256_loadu_ps(tail)));
         for (int t = 0; i + t < n; t++) {
             s[i + t] = tail[t];
             sum += tail[t];

@@ -1,11 +1,13 @@
 """The CPU kernels against plain math: the bf16 GEMV (csrc/gemv_bf16.c) against float32 on the
-same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention."""
+same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention,
+RMSNorm and SiLU-and-mul (csrc/activation.c) against torch."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from engine.kernels import bf16_gemv
+from engine.kernels import activation, bf16_gemv
 from engine.kernels.bf16_gemv import PackedBF16
 from engine.kernels.paged_attention import decode_attention
 
@@ -110,3 +112,36 @@ def test_paged_decode_attention_refuses_out_of_range_tables(table, lens):
     cache = torch.zeros(4, 4, 16)
     with pytest.raises(ValueError, match="rejected"):
         decode_attention(torch.zeros(1, 8), cache, torch.tensor(table), torch.tensor(lens), 1, 1, 8, 1.0, None)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 8), (3, 576), (64, 64), (5, 40)])
+def test_rms_norm_matches_torch(rows, cols):
+    gen = torch.Generator().manual_seed(rows * cols)
+    x, w = torch.randn(rows, cols, generator=gen) * 3, torch.randn(cols, generator=gen)
+    torch.testing.assert_close(activation.rms_norm(x, w, 1e-5), F.rms_norm(x, (cols,), w, 1e-5))
+
+
+def test_rms_norm_fused_with_the_residual_add():
+    gen = torch.Generator().manual_seed(7)
+    x, h, w = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen), torch.randn(64, generator=gen)
+    expected_sum = h + x
+    out = activation.rms_norm(x, w, 1e-6, residual=h)
+    torch.testing.assert_close(h, expected_sum)  # updated in place
+    torch.testing.assert_close(out, F.rms_norm(expected_sum, (64,), w, 1e-6))
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0, 1000.0])
+def test_silu_and_mul_matches_torch_including_the_tails(scale):
+    gen = torch.Generator().manual_seed(int(scale))
+    x = torch.randn(6, 2 * 48, generator=gen) * scale
+    want = F.silu(x[:, :48]) * x[:, 48:]
+    got = activation.silu_and_mul(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_activation_kernels_refuse_ragged_widths():
+    with pytest.raises(ValueError, match="rejected"):
+        activation.rms_norm(torch.zeros(2, 12), torch.ones(12), 1e-5)
+    with pytest.raises(ValueError, match="rejected"):
+        activation.silu_and_mul(torch.zeros(2, 12))

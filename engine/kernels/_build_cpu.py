@@ -10,7 +10,7 @@ from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
-_NAMES = ("cpu_features", "gemv_bf16", "paged_attention")
+_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
 
 
@@ -40,7 +40,8 @@ ffibuilder.set_source(
     "".join(f'#include "{name}.h"\n' for name in _NAMES),
     sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES],
     include_dirs=[_rel(_CSRC)],
-    depends=[_rel(h) for h in _HEADERS],
+    depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, "avx2_math.h")]],
+    libraries=["m"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
 )
 

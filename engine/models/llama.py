@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import bf16_gemv
+from engine.kernels import activation, bf16_gemv
 from engine.kernels.bf16_gemv import PackedBF16
 from engine.models.attention import AttentionMetadata, paged_attention
 
@@ -138,6 +138,8 @@ class LlamaForCausalLM(nn.Module):
         act = mm  # activations and norms run in the GEMMs' dtype (see the module docstring)
         self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32
         self.compiled = False
+        # RMSNorm (fused with the residual add) and SiLU-and-mul in C (engine/kernels/activation.py)
+        self.c_activations = activation.supports(device, self.mm_dtype, cfg.hidden_size, cfg.intermediate_size)
         self.hidden = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
@@ -207,6 +209,7 @@ class LlamaForCausalLM(nn.Module):
         ``dynamic=True`` keeps one graph for every token count (plus one for a single token).
         """
         self.compiled = True
+        self.c_activations = False  # an opaque C call would split the graphs
         self._attn_in = torch.compile(self._attn_in, dynamic=True)
         self._attn_out_mlp = torch.compile(self._attn_out_mlp, dynamic=True)
 
@@ -214,7 +217,8 @@ class LlamaForCausalLM(nn.Module):
                  rope: torch.Tensor) -> torch.Tensor:
         """Norm, fused q/k/v projection and RoPE on q and k (in place where eager allows)."""
         num_tokens, cols = h.shape[0], self.q_size + self.kv_size
-        x = F.rms_norm(h, (self.hidden,), norm, self.eps)
+        x = (activation.rms_norm(h, norm, self.eps) if self.c_activations
+             else F.rms_norm(h, (self.hidden,), norm, self.eps))
         qkv = _proj(x.to(self.mm_dtype), w, bias, self.in_major)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, self.head_dim // 2, 2)
         if self.compiled:
@@ -231,16 +235,22 @@ class LlamaForCausalLM(nn.Module):
     def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, o_proj: torch.Tensor, norm: torch.Tensor,
                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, then norm, SwiGLU MLP and residual."""
-        h = h + _proj(attn.to(self.mm_dtype), o_proj, None, False)
-        x = F.rms_norm(h, (self.hidden,), norm, self.eps)
-        gu = _proj(x.to(self.mm_dtype), gate_up, None, self.in_major)
-        act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
+        out = _proj(attn.to(self.mm_dtype), o_proj, None, False)
+        if self.c_activations:
+            x = activation.rms_norm(out, norm, self.eps, residual=h)  # h += out, in place
+            act = activation.silu_and_mul(_proj(x, gate_up, None, self.in_major))
+        else:
+            h = h + out
+            x = F.rms_norm(h, (self.hidden,), norm, self.eps)
+            gu = _proj(x.to(self.mm_dtype), gate_up, None, self.in_major)
+            act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
         return h + _proj(act, down, None, False)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head)."""
-        x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps).to(self.mm_dtype)
+        x = (activation.rms_norm(hidden, self.norm, self.eps) if self.c_activations
+             else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps).to(self.mm_dtype))
         if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
             return self.packed_lm_head.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:

@@ -1,0 +1,56 @@
+/* Small AVX2 helpers shared by the CPU kernels (gemv_bf16.c, paged_attention.c,
+ * activation.c). Include only inside `#if defined(__x86_64__) && defined(__GNUC__)`;
+ * every function carries the avx2/fma target attribute, so the files themselves build for
+ * the baseline target and the kernels run only where cpu_kernels_supported() says so. */
+#ifndef RINGLLM_AVX2_MATH_H
+#define RINGLLM_AVX2_MATH_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define LANES 8
+/* Loops over a few rows or vectors with constant bounds: fully unrolled, their
+ * accumulators live in registers (at -O2 GCC otherwise keeps them in memory, 2-3x slower). */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* 8 bf16 values (bit patterns) widened to float32: bf16 is the top half of a float32. */
+static inline AVX2 __m256 load_bf16x8(const uint16_t *p) {
+    __m128i half = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+static inline AVX2 float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
+}
+
+static inline AVX2 float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x, Cephes' expf polynomial (relative error ~2e-7) with x clamped to [-87, 87], where
+ * the result is still a normal float: softmax weights below e^-87 and silu's tails are
+ * then within float rounding of exact. */
+static inline AVX2 __m256 exp_clamped(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#endif
