@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from engine.worker.sampler import (Sampler, SamplingMetadata, apply_min_p, apply_penalties, apply_top_k_top_p,
-                                   gather_logprobs)
+from engine.worker.sampler import (TOP_P_CANDIDATES, Sampler, SamplingMetadata, _top_k_top_p_sorted,
+                                   apply_min_p, apply_penalties, apply_top_k_top_p, gather_logprobs,
+                                   sample_from_cdf)
 from runner_utils import generate, make_request, make_runner, preempt, step
 
 NEG = float("-inf")
@@ -40,6 +41,34 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 def test_top_k_and_top_p_together():
     out = apply_top_k_top_p(rows(LOGITS, LOGITS), torch.tensor([2, 4]), torch.tensor([0.9, 0.75]))
     assert kept(out) == [{1, 3}, {1, 3}]
+
+
+def test_top_p_over_a_large_vocabulary_equals_the_full_sort():
+    """The candidate shortcut (top TOP_P_CANDIDATES per row) keeps exactly what sorting the
+    whole row keeps: peaked rows (cut from candidates), flat rows (whose candidates fall
+    short of p: full sort), top-k below and above the candidate count, ties at the k-th."""
+    vocab = 3 * TOP_P_CANDIDATES
+    gen = torch.Generator().manual_seed(3)
+    peaked = torch.randn(6, vocab, generator=gen) * 4
+    flat = torch.randn(6, vocab, generator=gen) * 0.01
+    tied = torch.randn(6, vocab, generator=gen).round()  # many exact ties, at every cut
+    logits = torch.cat([peaked, flat, tied])
+    n = logits.shape[0]
+    top_p = torch.tensor([0.1, 0.5, 0.9, 0.99, 1.0, 0.999] * 3)
+    for top_k in (None, torch.tensor([5, 50, TOP_P_CANDIDATES, TOP_P_CANDIDATES + 7, vocab, 2000] * 3)):
+        got = apply_top_k_top_p(logits.clone(), top_k, top_p)
+        want = _top_k_top_p_sorted(logits.clone(), top_k, top_p)
+        assert kept(got)[:12] == kept(want)[:12]
+        assert torch.equal(got[got > NEG], logits[got > NEG])  # kept logits unchanged
+        for row in range(12, n):  # which of several tied tokens straddle the cut is arbitrary in both
+            got_vals, want_vals = logits[row][got[row] > NEG], logits[row][want[row] > NEG]
+            assert torch.equal(got_vals.sort().values, want_vals.sort().values)
+
+
+def test_cdf_sampling_never_picks_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5000)
+    counts = torch.bincount(sample_from_cdf(probs, {}), minlength=5)
+    assert counts[0] == counts[2] == counts[4] == 0 and abs(int(counts[1]) - 2500) < 200
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():

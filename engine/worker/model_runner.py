@@ -30,7 +30,7 @@ from engine.models.attention import AttentionMetadata, PrefillChunk, build_decod
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
 from engine.worker.loader import load_model
-from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, to_logprobs_lists
+from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +263,7 @@ class ModelRunner:
         state = self._state(req)
         if state.generator is None:
             gen = torch.Generator(device=self.device).manual_seed(req.sampling_params.seed)
-            scratch = torch.empty(self.vocab_size, device=self.device)
-            for _ in range(req.num_output_tokens):  # replay the draws made before a preemption
-                scratch.exponential_(generator=gen)
+            replay_draws(gen, req.num_output_tokens)  # the draws made before a preemption
             state.generator = gen
         return state.generator
 
