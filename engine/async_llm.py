@@ -5,7 +5,8 @@ sent to the EngineCore process(es) through an ``AsyncMPClient``. One background 
 output handler, pulls the core's outputs, detokenizes them in slices of
 ``RINGLLM_OUTPUT_PROC_CHUNK_SIZE`` (yielding to the loop between slices, so a step of 256
 requests never stalls the server for its whole length) and drops each request's output
-into that request's ``RequestOutputCollector``, which ``generate()`` awaits.
+into that request's ``RequestOutputCollector`` (the output processor puts each output
+straight into it), which ``generate()`` awaits.
 
 Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
 are refused with it at once; a request the core refuses fails alone with
@@ -76,33 +77,36 @@ class RequestOutputCollector:
     receive the old request's outputs still on their way.
     """
 
-    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp")
+    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp", "_loop")
 
-    def __init__(self, request_id: str, internal_id: str, output_kind: RequestOutputKind) -> None:
+    def __init__(self, request_id: str, internal_id: str, output_kind: RequestOutputKind,
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
         self.request_id = request_id
         self.internal_id = internal_id
         self.aggregate = output_kind == RequestOutputKind.DELTA
         self.output: Union[RequestOutput, BaseException, None] = None
         self.waiter: Optional[asyncio.Future] = None  # the consumer, while it awaits
         self.core_timestamp = 0.0
+        self._loop = loop
 
     def put(self, output: Union[RequestOutput, BaseException], core_timestamp: float = 0.0) -> None:
         self.core_timestamp = core_timestamp
-        if self.output is None or isinstance(output, BaseException):
+        pending = self.output
+        if pending is None or isinstance(output, BaseException):
             self.output = output
             waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        elif isinstance(self.output, RequestOutput):
-            _merge(self.output, output, self.aggregate)
+            if waiter is not None:
+                self.waiter = None
+                if not waiter.done():  # done: its consumer was cancelled
+                    waiter.set_result(None)
+        elif type(pending) is RequestOutput:
+            _merge(pending, output, self.aggregate)
 
     async def get(self) -> RequestOutput:
         while self.output is None:  # a bare future: one consumer, woken once per output
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
+            loop = self._loop or asyncio.get_running_loop()
+            self.waiter = waiter = loop.create_future()
+            await waiter
         return self._take()
 
     def get_nowait(self) -> Optional[RequestOutput]:
@@ -110,13 +114,12 @@ class RequestOutputCollector:
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
-        if isinstance(output, BaseException):
+        if type(output) is not RequestOutput:
             raise output
         return output
 
 
 async def _output_handler(engine_core, output_processor: OutputProcessor,
-                          collectors: dict[str, RequestOutputCollector],
                           requests: dict[str, RequestOutputCollector], latencies: deque) -> None:
     """The one task that turns core outputs into RequestOutputs. A free function holding no
     reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
@@ -128,18 +131,13 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
             items, timestamp = outputs.outputs, outputs.timestamp
             latencies.append(time.monotonic() - timestamp)
             for start in range(0, len(items), chunk):
-                # 2) detokenize, stop strings, output kinds
-                processed = output_processor.process_outputs(items[start:start + chunk])
-                # 3) hand each request its output
-                for output in processed.request_outputs:
-                    collector = collectors.get(output.request_id)
-                    if collector is not None:
-                        output.request_id = collector.request_id
-                        collector.put(output, timestamp)
-                        if output.finished:
-                            del collectors[collector.internal_id]
-                            if requests.get(collector.request_id) is collector:
-                                del requests[collector.request_id]
+                # 2) detokenize, stop strings, output kinds; each output goes into its collector
+                processed = output_processor.process_outputs(
+                    items[start:start + chunk] if len(items) > chunk else items, timestamp)
+                # 3) forget the collectors of finished requests (their consumers still hold them)
+                for collector in processed.finished_queues:
+                    if requests.get(collector.request_id) is collector:
+                        del requests[collector.request_id]
                 # 4) stop in the core what a stop string finished here
                 engine_core.abort_requests_nowait(processed.reqs_to_abort)
                 # 5) let this slice's consumers (and new requests) run, before the next slice
@@ -151,10 +149,9 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
         error = e if isinstance(e, EngineDeadError) else EngineDeadError(f"output handler failed: {e!r}")
         if not isinstance(e, EngineDeadError):
             logger.exception("AsyncLLM output handler failed")
-        for collector in collectors.values():
+        for collector in requests.values():
             collector.put(error)
-        collectors.clear()  # the task ends here; AsyncLLM.errored reports it from now on
-        requests.clear()
+        requests.clear()  # the task ends here; AsyncLLM.errored reports it from now on
 
 
 class AsyncLLM:
@@ -166,7 +163,6 @@ class AsyncLLM:
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
-        self._collectors: dict[str, RequestOutputCollector] = {}  # by internal id
         self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
@@ -196,8 +192,8 @@ class AsyncLLM:
     def _run_output_handler(self) -> None:
         if self.output_handler is None:
             self.output_handler = asyncio.get_running_loop().create_task(
-                _output_handler(self.engine_core, self.output_processor, self._collectors,
-                                self._requests, self._transport_latencies),
+                _output_handler(self.engine_core, self.output_processor, self._requests,
+                                self._transport_latencies),
                 name="AsyncLLM.output_handler")
 
     # -- state -----------------------------------------------------------------------
@@ -252,8 +248,9 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._run_output_handler()
         internal_id = f"{request_id}-{next(self._internal_ids)}"
-        collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None))
-        self._requests[request_id] = self._collectors[internal_id] = collector  # reserved across awaits
+        collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
+                                           asyncio.get_running_loop())
+        self._requests[request_id] = collector  # reserved across awaits
         try:
             process = self.input_processor.process
             if self._renderer is None:
@@ -271,7 +268,8 @@ class AsyncLLM:
                     children.append((msgspec.structs.replace(request, request_id=child_id,
                                                               sampling_params=child_params), parent, index))
             for child, parent, index in children:
-                self.output_processor.add_request(child, text, parent, index)
+                self.output_processor.add_request(child, text, parent, index, output_id=request_id,
+                                                  queue=collector)
             for child, _, _ in children:
                 await self.engine_core.add_request_async(child)
         except BaseException:
@@ -309,7 +307,6 @@ class AsyncLLM:
         for req_id in request_ids:
             collector = self._requests.pop(req_id, None)
             if collector is not None:
-                self._collectors.pop(collector.internal_id, None)
                 internal_ids.append(collector.internal_id)
         core_ids = self.output_processor.abort_requests(internal_ids)
         if core_ids and not self.errored:

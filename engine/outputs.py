@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 
-@dataclass
+@dataclass(slots=True)
 class Logprob:
     logprob: float
     rank: Optional[int] = None  # 1 = most likely
@@ -20,7 +20,7 @@ SampleLogprobs = list[dict[int, Logprob]]
 PromptLogprobs = list[Optional[dict[int, Logprob]]]  # position 0 has no logprob: None
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
@@ -34,7 +34,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestStateStats:
     """Frontend-side timings of one request (time.monotonic() seconds)."""
 
@@ -48,7 +48,7 @@ class RequestStateStats:
         return self.first_token_ts - self.arrival_time if self.first_token_ts else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: Optional[str]

@@ -21,9 +21,13 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(default_tokenizer_path())
 
 
-@pytest.fixture
-def processor(tokenizer):
-    return OutputProcessor(tokenizer)
+@pytest.fixture(params=["byte-level table", "DecodeStream"])
+def processor(request, tokenizer):
+    processor = OutputProcessor(tokenizer)
+    assert processor._table is not None  # the default tokenizer is byte-level
+    if request.param == "DecodeStream":  # as for a tokenizer of another kind
+        processor._table = None
+    return processor
 
 
 def add(processor, tokenizer, request_id="r", prompt="Say:", **params):

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 import msgspec
 
-from engine.frontend.detokenizer import IncrementalDetokenizer
+from engine.frontend.detokenizer import ByteLevelTable, IncrementalDetokenizer, make_detokenizer
 from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
 from engine.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -50,76 +50,93 @@ class ParentRequest:
 
 
 class RequestState:
+    """What the frontend keeps of one (child) request while the core runs it."""
+
+    __slots__ = ("request_id", "output_id", "prompt", "prompt_token_ids", "output_kind", "delta", "final_only",
+                 "parent", "index", "detokenizer", "logprobs", "token_ids", "stats", "num_cached_tokens",
+                 "queue")
+
     def __init__(self, request: EngineCoreRequest, prompt: Optional[str], detokenizer,
-                 decode: TokenDecoder, parent: Optional[ParentRequest], index: int) -> None:
+                 decode: TokenDecoder, parent: Optional[ParentRequest], index: int,
+                 output_id: Optional[str] = None, queue=None) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
+        # The id its RequestOutputs carry: the caller's (the core knows the request by request_id).
+        self.output_id = output_id or (parent.request_id if parent is not None else request.request_id)
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.output_kind = params.output_kind
+        self.delta = params.output_kind == RequestOutputKind.DELTA
+        self.final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
         self.parent = parent
         self.index = index
         self.detokenizer: Optional[IncrementalDetokenizer] = detokenizer
         self.logprobs = (LogprobsProcessor(decode, params.logprobs, params.prompt_logprobs)
                          if params.logprobs is not None or params.prompt_logprobs is not None else None)
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # all output ids so far (DELTA: not kept, its outputs carry the new ones)
         self.stats = RequestStateStats(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
+        self.queue = queue  # AsyncLLM: the request's collector, which takes each output at once
 
     def make_request_output(self, new_token_ids: list[int], finish_reason: Optional[FinishReason],
                             stop_reason, error: Optional[str]) -> Optional[RequestOutput]:
         finished = finish_reason is not None
-        if not finished and (not new_token_ids or self.output_kind == RequestOutputKind.FINAL_ONLY):
+        if not finished and (not new_token_ids or self.final_only):
             return None
-        delta = self.output_kind == RequestOutputKind.DELTA
-        completion = self._completion(new_token_ids, finish_reason, stop_reason, delta)
-        request_id, outputs = self.request_id, [completion]
+        delta = self.delta
+        detokenizer = self.detokenizer
+        text = detokenizer.get_next_output_text(finished, delta) if detokenizer is not None else ""
+        token_ids = new_token_ids if delta else self.token_ids.copy()
+        reason = str(finish_reason) if finished else None
+        logprobs = self.logprobs
+        if logprobs is None:  # the common case
+            completion = CompletionOutput(self.index, text, token_ids, None, None, reason, stop_reason)
+            prompt_logprobs = None
+        else:
+            sample, cumulative = logprobs.logprobs, None
+            if sample is not None:
+                sample = sample[len(sample) - len(new_token_ids):] if delta else sample.copy()
+                cumulative = logprobs.cumulative_logprob
+            completion = CompletionOutput(self.index, text, token_ids, cumulative, sample, reason, stop_reason)
+            prompt_logprobs = logprobs.prompt_logprobs_for_output(delta)
+        outputs = [completion]
         if self.parent is not None:
             outputs, finished = self.parent.merge(self.request_id, completion)
             if not outputs:
                 return None
-            request_id = self.parent.request_id
-        prompt_logprobs = self.logprobs.prompt_logprobs_for_output(delta) if self.logprobs else None
-        return RequestOutput(request_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
+        return RequestOutput(self.output_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
                              finished, self.stats, self.num_cached_tokens, error)
-
-    def _completion(self, new_token_ids: list[int], finish_reason: Optional[FinishReason], stop_reason,
-                    delta: bool) -> CompletionOutput:
-        finished = finish_reason is not None
-        text = self.detokenizer.get_next_output_text(finished, delta) if self.detokenizer else ""
-        token_ids = new_token_ids if delta else list(self.token_ids)
-        logprobs = cumulative = None
-        if self.logprobs is not None and self.logprobs.logprobs is not None:
-            all_logprobs = self.logprobs.logprobs
-            logprobs = all_logprobs[len(all_logprobs) - len(new_token_ids):] if delta else list(all_logprobs)
-            cumulative = self.logprobs.cumulative_logprob
-        return CompletionOutput(self.index, text, token_ids, cumulative, logprobs,
-                                str(finish_reason) if finished else None, stop_reason)
 
 
 @dataclass
 class OutputProcessorOutput:
-    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_outputs: list[RequestOutput] = field(default_factory=list)  # of requests without a queue
     reqs_to_abort: list[str] = field(default_factory=list)  # finished here (stop strings): stop them in the core
+    finished_queues: list = field(default_factory=list)  # queues whose request got its last output
 
 
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer if tokenizer is not None else None
+        self._table = ByteLevelTable.build(self._backend) if self._backend is not None else None
         self._decode = TokenDecoder(tokenizer)
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
 
     def add_request(self, request: EngineCoreRequest, prompt: Optional[str],
-                    parent: Optional[ParentRequest] = None, index: int = 0) -> None:
+                    parent: Optional[ParentRequest] = None, index: int = 0, *,
+                    output_id: Optional[str] = None, queue=None) -> None:
+        """Track a request. ``output_id``: the id its outputs carry (default: the parent's id,
+        else the request's). ``queue``: an object with ``put(output, core_timestamp)`` that
+        takes each output as it is made, instead of ``process_outputs`` returning it."""
         if request.request_id in self.request_states:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         params = request.sampling_params
-        detokenizer = (IncrementalDetokenizer(self._backend, request.prompt_token_ids, params)
+        detokenizer = (make_detokenizer(self._backend, self._table, request.prompt_token_ids, params)
                        if self._backend is not None and params.detokenize else None)
         self.request_states[request.request_id] = RequestState(request, prompt, detokenizer, self._decode,
-                                                               parent, index)
+                                                               parent, index, output_id, queue)
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
 
@@ -139,8 +156,12 @@ class OutputProcessor:
                     core_ids.append(child_id)
         return core_ids
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+    def process_outputs(self, outputs: list[EngineCoreOutput],
+                        engine_core_timestamp: float = 0.0) -> OutputProcessorOutput:
+        """Turn one batch of core outputs into RequestOutputs: returned, or put into each
+        request's queue with ``engine_core_timestamp`` (when the core published them)."""
         result = OutputProcessorOutput()
+        request_outputs, reqs_to_abort = result.request_outputs, result.reqs_to_abort
         now = time.monotonic()
         states = self.request_states
         for out in outputs:
@@ -156,20 +177,29 @@ class OutputProcessor:
                     state.num_cached_tokens = out.num_cached_tokens
                 stats.last_token_ts = now
                 stats.num_generation_tokens += len(new_ids)
-                state.token_ids.extend(new_ids)
+                if not state.delta:  # DELTA outputs carry only the new ids
+                    state.token_ids += new_ids
+                if state.detokenizer is not None:
+                    stop_str = state.detokenizer.update(new_ids, finish_reason == FinishReason.STOP)
+                    if stop_str is not None:
+                        if finish_reason is None:
+                            reqs_to_abort.append(out.request_id)
+                        finish_reason, stop_reason = FinishReason.STOP, stop_str
             if state.logprobs is not None:
                 state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            if state.detokenizer is not None and new_ids:
-                stop_str = state.detokenizer.update(new_ids, finish_reason == FinishReason.STOP)
-                if stop_str is not None:
-                    if finish_reason is None:
-                        result.reqs_to_abort.append(out.request_id)
-                    finish_reason, stop_reason = FinishReason.STOP, stop_str
             request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error)
-            if request_output is not None:
-                result.request_outputs.append(request_output)
             if finish_reason is not None:
                 del states[out.request_id]
-                if state.parent is not None and not state.parent.unfinished:
-                    self.parent_requests.pop(state.parent.request_id, None)
+                parent = state.parent
+                if parent is not None and not parent.unfinished:
+                    self.parent_requests.pop(parent.request_id, None)
+            if request_output is None:
+                continue
+            queue = state.queue
+            if queue is None:
+                request_outputs.append(request_output)
+            else:
+                queue.put(request_output, engine_core_timestamp)
+                if request_output.finished:
+                    result.finished_queues.append(queue)
         return result
