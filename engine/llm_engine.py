@@ -4,9 +4,15 @@ Input processing (tokenize, validate) and output processing (detokenize, stop st
 output kinds) run here, in the caller's process; the EngineCore sits behind an
 ``EngineCoreClient``. The caller drives it: ``add_request`` any number of times, then
 ``step()`` while ``has_unfinished_requests()``.
+
+The core knows each request by an internal id, the caller's id plus a sequence number, so
+an id can be reused as soon as its request was aborted or finished (by a stop string, in
+this process): the core's outputs for the earlier request that are still on their way
+match no request any more and are dropped.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Iterable, Optional, Union
 
@@ -29,6 +35,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, config)
+        self._internal_ids: dict[str, str] = {}  # the caller's request id -> the core's
+        self._sequence = itertools.count()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
@@ -45,19 +53,21 @@ class LLMEngine:
         nothing is queued. With ``params.n > 1`` the core runs n child requests."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        if request_id in self.output_processor.parent_requests:
+        if request_id in self._internal_ids:
             raise ValueError(f"request id {request_id!r} is already in use")
-        request, text = self.input_processor.process(request_id, prompt, params, arrival_time, priority,
+        internal_id = f"{request_id}-{next(self._sequence)}"
+        request, text = self.input_processor.process(internal_id, prompt, params, arrival_time, priority,
                                                      add_special_tokens)
+        self._internal_ids[request_id] = internal_id
         if params.n == 1:
-            self.output_processor.add_request(request, text)
+            self.output_processor.add_request(request, text, output_id=request_id)
             self.engine_core.add_request(request)
             return request_id
-        parent = ParentRequest(request_id, request.sampling_params)
+        parent = ParentRequest(internal_id, request.sampling_params)
         for index in range(params.n):
             child_id, child_params = parent.child(index)
             child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
-            self.output_processor.add_request(child, text, parent, index)
+            self.output_processor.add_request(child, text, parent, index, output_id=request_id)
             self.engine_core.add_request(child)
         return request_id
 
@@ -68,6 +78,9 @@ class LLMEngine:
         processed = self.output_processor.process_outputs(outputs.outputs)
         # 3) stop in the core what a stop string finished here
         self.engine_core.abort_requests(processed.reqs_to_abort)
+        for output in processed.request_outputs:
+            if output.finished:
+                del self._internal_ids[output.request_id]
         return processed.request_outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -77,8 +90,9 @@ class LLMEngine:
         return self.output_processor.get_num_unfinished_requests()
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        internal_ids = [self._internal_ids.pop(i) for i in ids if i in self._internal_ids]
+        self.engine_core.abort_requests(self.output_processor.abort_requests(internal_ids))
 
     def get_tokenizer(self):
         return self.tokenizer
