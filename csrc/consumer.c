@@ -16,6 +16,7 @@ struct ring_consumer {
     struct ring_end e; /* first member: a ring_end * is a ring_consumer * */
     uint64_t head;     /* private copy of hdr->head (we are its only writer) */
     uint64_t read_pos; /* end of the records handed out by ring_read, released by ring_release */
+    uint64_t batch_bytes; /* ring_read stops once a batch holds this many bytes (0: no limit) */
 };
 
 /* ---------------------------------------------------------------- consumer */
@@ -41,13 +42,11 @@ static int data_check(struct ring_end *e)
 
 ring_consumer *ring_consumer_new(void *base, int data_efd, int space_efd)
 {
-    struct ring_header *h = base;
-    ring_consumer *c = calloc(1, sizeof *c);
+    ring_consumer *c = ring_end_new(sizeof *c, base, data_efd, space_efd, 0, data_check);
     if (!c)
         return NULL;
-    ring_end_init(&c->e, base, data_efd, space_efd, 0, data_check);
     /* Acquire: resume where an earlier consumer handle stopped. */
-    c->head = c->read_pos = RING_LOAD_ACQUIRE(&h->head);
+    c->head = c->read_pos = RING_LOAD_ACQUIRE(&c->e.hdr->head);
     return c;
 }
 
@@ -55,7 +54,7 @@ void ring_consumer_free(ring_consumer *c) { free(c); }
 
 int ring_read(ring_consumer *c, uint64_t *records, int max_records)
 {
-    uint64_t pos = c->read_pos, tail, avail;
+    uint64_t pos = c->read_pos, tail, avail, batch = 0;
     int n = 0;
 
     if (c->e.corrupt)
@@ -85,9 +84,12 @@ int ring_read(ring_consumer *c, uint64_t *records, int max_records)
             records[2 * n] = idx + RING_RECORD_HEADER;
             records[2 * n + 1] = length | ((uint64_t)type << 32);
             n++;
+            batch += rec;
         }
         pos += rec;
         avail -= rec;
+        if (c->batch_bytes && batch >= c->batch_bytes)
+            break; /* a byte budget per batch: the reader decodes (and holds) a bounded amount */
     }
     c->read_pos = pos;
     return n;
@@ -95,6 +97,8 @@ corrupt:
     c->e.corrupt = 1;
     return RING_E_CORRUPT;
 }
+
+void ring_set_batch_bytes(ring_consumer *c, uint64_t bytes) { c->batch_bytes = bytes; }
 
 void ring_release(ring_consumer *c)
 {

@@ -36,14 +36,12 @@ static int space_check(struct ring_end *e)
 
 ring_producer *ring_producer_new(void *base, int data_efd, int space_efd)
 {
-    struct ring_header *h = base;
-    ring_producer *p = calloc(1, sizeof *p);
+    ring_producer *p = ring_end_new(sizeof *p, base, data_efd, space_efd, 1, space_check);
     if (!p)
         return NULL;
-    ring_end_init(&p->e, base, data_efd, space_efd, 1, space_check);
     /* Acquire: resume after whatever an earlier producer handle published. */
-    p->tail = p->next = RING_LOAD_ACQUIRE(&h->tail);
-    p->head_cache = RING_LOAD_ACQUIRE(&h->head);
+    p->tail = p->next = RING_LOAD_ACQUIRE(&p->e.hdr->tail);
+    p->head_cache = RING_LOAD_ACQUIRE(&p->e.hdr->head);
     return p;
 }
 
@@ -113,13 +111,41 @@ void ring_commit(ring_producer *p)
     ring_end_publish(&p->e, &p->e.hdr->tail, p->tail);
 }
 
-int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t length, uint64_t done)
+/* Copy bytes [from, from + n) of the logical message prefix||parts[0]||parts[1]||... to `at`. */
+static void gather(unsigned char *at, int prefix, const char *const *parts, const uint64_t *lens,
+                   int nparts, uint64_t from, uint64_t n)
 {
-    uint64_t total = length + (prefix >= 0 ? 1 : 0);
+    if (prefix >= 0) {
+        if (from == 0 && n > 0) {
+            *at++ = (unsigned char)prefix;
+            n--;
+        } else {
+            from--;
+        }
+    }
+    for (int i = 0; i < nparts && n > 0; i++) {
+        if (from >= lens[i]) {
+            from -= lens[i];
+            continue;
+        }
+        uint64_t k = lens[i] - from < n ? lens[i] - from : n;
+        memcpy(at, parts[i] + from, k);
+        at += k;
+        n -= k;
+        from = 0;
+    }
+}
+
+int64_t ring_writev(ring_producer *p, int prefix, const char *const *parts, const uint64_t *lens,
+                    int nparts, uint64_t done)
+{
+    uint64_t total = prefix >= 0 ? 1 : 0;
     uint64_t single_max = p->e.cap / 2 - RING_RECORD_HEADER;
     unsigned char *at;
     int rc;
 
+    for (int i = 0; i < nparts; i++)
+        total += lens[i];
     if (done > total)
         return RING_E_TOO_BIG;
     if (done == 0 && total <= single_max) {
@@ -127,10 +153,7 @@ int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t leng
         rc = claim_record(p, RING_REC_MSG, total, &at);
         if (rc != RING_OK)
             return rc == RING_FULL ? 0 : rc;
-        if (prefix >= 0) {
-            *at++ = (unsigned char)prefix;
-        }
-        memcpy(at, data, length);
+        gather(at, prefix, parts, lens, nparts, 0, total);
         ring_commit(p);
         return (int64_t)total;
     }
@@ -156,18 +179,16 @@ int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t leng
             memcpy(at, &total, 8);
             at += 8;
         }
-        /* Byte `done` of the logical message prefix||data. */
-        uint64_t n = chunk;
-        if (prefix >= 0 && done == 0) {
-            *at++ = (unsigned char)prefix;
-            memcpy(at, data, n - 1);
-        } else {
-            memcpy(at, data + (done - (prefix >= 0 ? 1 : 0)), n);
-        }
+        gather(at, prefix, parts, lens, nparts, done, chunk); /* bytes done.. of the message */
         ring_commit(p);
         done += chunk;
     }
     return (int64_t)done;
+}
+
+int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t length, uint64_t done)
+{
+    return ring_writev(p, prefix, &data, &length, 1, done);
 }
 
 int ring_wait_space(ring_producer *p, int64_t spin_ns, int64_t timeout_ns)

@@ -80,10 +80,13 @@ int ring_check(const void *base, uint64_t size, uint64_t capacity)
     return RING_OK;
 }
 
-void ring_end_init(struct ring_end *e, void *base, int data_efd, int space_efd, int producer,
+void *ring_end_new(size_t size, void *base, int data_efd, int space_efd, int producer,
                    int (*check)(struct ring_end *e))
 {
     struct ring_header *h = base;
+    struct ring_end *e = calloc(1, size);
+    if (!e)
+        return NULL;
     e->hdr = h;
     e->data = (unsigned char *)base + RING_HEADER_SIZE;
     e->cap = h->capacity;
@@ -98,6 +101,7 @@ void ring_end_init(struct ring_end *e, void *base, int data_efd, int space_efd, 
     e->peer_efd = producer ? data_efd : space_efd;
     e->check = check;
     e->count_late = !producer;
+    return e;
 }
 
 int ring_is_closed(const void *base)

@@ -172,6 +172,8 @@ void ring_close(void *base, int data_efd, int space_efd);
  *                byte `done` on. Returns the new progress: == total when complete. A message
  *                that fits one record is all or nothing; a larger one goes out as FRAG records,
  *                as far as space allows, and the caller continues it later from the progress.
+ *   ring_writev  the same for the message prefix||parts[0]||...||parts[nparts-1] (lens[i] bytes
+ *                each), gathered straight into the ring: one copy of each part.
  *   ring_wait_space  spin spin_ns, then sleep on the futex, until the consumer frees space
  *                (RING_READY), the ring closes (RING_CLOSED), or timeout_ns (RING_TIMEOUT).
  *                Also returns RING_WOKEN on EINTR or a spurious wake: the caller re-checks.
@@ -182,6 +184,8 @@ void ring_producer_free(ring_producer *p);
 int ring_claim(ring_producer *p, uint32_t length, char **payload);
 void ring_commit(ring_producer *p);
 int64_t ring_write(ring_producer *p, int prefix, const char *data, uint64_t length, uint64_t done);
+int64_t ring_writev(ring_producer *p, int prefix, const char *const *parts, const uint64_t *lens,
+                    int nparts, uint64_t done);
 int ring_wait_space(ring_producer *p, int64_t spin_ns, int64_t timeout_ns);
 int ring_arm_space(ring_producer *p);
 void ring_disarm_space(ring_producer *p);
@@ -192,7 +196,10 @@ void ring_producer_stats(const ring_producer *p, uint64_t out[4]); /* sleeps, ti
  *   ring_read    validate and hand out up to max_records published records (PADs skipped):
  *                records[2i] = payload offset in the data area, records[2i+1] = length |
  *                type << 32. Returns the count, or RING_E_CORRUPT (sticky) for anything this
- *                code never writes. The bytes stay ours until ring_release.
+ *                code never writes. The bytes stay ours until ring_release. A batch also
+ *                ends once it holds batch_bytes (ring_set_batch_bytes; 0, the default: no
+ *                limit) of records, so a reader that fell behind does not decode, and hold,
+ *                many large messages at once.
  *   ring_release give back everything handed out (release store of head), then wake the
  *                producer only if it announced it sleeps.
  *   ring_next    the reader's steady state in one call: release, read, and if nothing was
@@ -203,6 +210,7 @@ void ring_producer_stats(const ring_producer *p, uint64_t out[4]); /* sleeps, ti
 ring_consumer *ring_consumer_new(void *base, int data_efd, int space_efd);
 void ring_consumer_free(ring_consumer *c);
 int ring_read(ring_consumer *c, uint64_t *records, int max_records);
+void ring_set_batch_bytes(ring_consumer *c, uint64_t bytes);
 void ring_release(ring_consumer *c);
 int ring_next(ring_consumer *c, uint64_t *records, int max_records, int64_t spin_ns, int64_t timeout_ns);
 int ring_wait_data(ring_consumer *c, int64_t spin_ns, int64_t timeout_ns);

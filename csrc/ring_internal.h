@@ -6,6 +6,7 @@
 
 #include "ring.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define ALIGN8(x) (((x) + 7u) & ~(uint64_t)7u)
@@ -38,8 +39,9 @@ struct ring_end {
                                     (consumer: data was there when a futex wait timed out) */
 };
 
-/* ring.c: fill in the common part of an end of the ring mapped at `base`. */
-void ring_end_init(struct ring_end *e, void *base, int data_efd, int space_efd, int producer,
+/* ring.c: allocate (zeroed) an end of `size` bytes whose first member is a struct ring_end, and
+ * fill in that common part for the ring mapped at `base`. NULL when out of memory. */
+void *ring_end_new(size_t size, void *base, int data_efd, int space_efd, int producer,
                    int (*check)(struct ring_end *e));
 
 /* wake.c: the wait and wake-up protocol, the same for both ends (see ring.c's summary).

@@ -23,6 +23,7 @@ MAX_CAPACITY = 1 << 32
 DEFAULT_MAX_MESSAGE_SIZE = 256 << 20
 BATCH_RECORDS = 1024
 _ring_next = lib.ring_next
+_ring_writev = lib.ring_writev
 
 READY, WOKEN, TIMEOUT = lib.RING_READY, lib.RING_WOKEN, lib.RING_TIMEOUT
 FULL, CLOSED, CORRUPT = lib.RING_FULL, lib.RING_CLOSED, lib.RING_E_CORRUPT
@@ -123,6 +124,28 @@ class Producer(_End):
         return lib.ring_free_bytes(self.handle)
 
 
+class Gather:
+    """A message in parts (e.g. an out-of-band frame: a header, then large payloads), written
+    with ``ring_writev``: gathered straight into the ring, one copy of each part. Holds the parts
+    (and the pointers to them) until the message has been written completely."""
+
+    __slots__ = ("parts", "_bufs", "_ptrs", "_lens", "_size")
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+        self._bufs = [ffi.from_buffer(x) for x in parts]
+        self._ptrs = ffi.new("const char *[]", self._bufs)
+        self._lens = ffi.new("uint64_t[]", [len(b) for b in self._bufs])
+        self._size = sum(len(b) for b in self._bufs)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def write(self, handle: Any, prefix: int = -1, done: int = 0) -> int:
+        """As ``Producer.write`` (``handle``: the producer's), for prefix||parts[0]||parts[1]||..."""
+        return _ring_writev(handle, prefix, self._ptrs, self._lens, len(self.parts), done)
+
+
 class Consumer(_End):
     """The reading end of a ring. ``data_efd`` is ours (the producer writes it to wake an
     asyncio reader), ``space_efd`` the producer's (written when it waits for space)."""
@@ -134,6 +157,7 @@ class Consumer(_End):
         super().__init__(segment, capacity, data_efd, space_efd,
                          lib.ring_consumer_new, lib.ring_consumer_free, lib.ring_consumer_stats)
         self.max_message_size = max_message_size
+        self.batch_bytes = 0  # see set_batch_bytes
         self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
         self._recs = memoryview(ffi.buffer(self._records)).cast("Q")  # cheap indexing from Python
         self._release_now = capacity // 16  # a record this big is released at once, not lazily
@@ -212,6 +236,13 @@ class Consumer(_End):
         if error is not None:
             raise error
         return n
+
+    def set_batch_bytes(self, nbytes: int) -> None:
+        """End each batch once it holds ``nbytes`` of records (0: no limit, the default)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"batch_bytes must be an int >= 0, got {nbytes!r}")
+        lib.ring_set_batch_bytes(self.handle, nbytes)
+        self.batch_bytes = nbytes
 
     def release(self) -> None:
         """Give back the space of everything read so far (``drain`` does it lazily)."""

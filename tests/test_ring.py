@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shm_transport import CorruptRing, MessageTooLarge, SegmentError, TransportError
 from shm_transport import segment as segment_mod
-from shm_transport.ring import HEADER_SIZE, Consumer, Producer, attach_ring, check_capacity, new_ring
+from shm_transport.ring import HEADER_SIZE, Consumer, Gather, Producer, attach_ring, check_capacity, new_ring
 
 CAP = 4096
 PAD, MSG, FIRST, MORE, LAST = 2, 1, 3, 4, 5
@@ -168,6 +168,44 @@ def test_oversize_message_is_dropped_with_error_and_the_stream_goes_on():
         seg.unmap()
 
 
+def test_gather_write_is_one_record_of_the_parts(ring):
+    seg, p, c = ring
+    g = Gather([b"ab", b"", bytearray(b"cde"), memoryview(b"fgh")[1:]])
+    assert len(g) == 7 and g.write(p.handle, 9) == 8
+    assert header_at(seg, 0) == (8, MSG)
+    assert g.write(p.handle) == 7  # no prefix
+    assert c.read_raw() == [b"\x09abcdegh", b"abcdegh"]
+    assert Gather([]).write(p.handle) == 0 and c.read_raw() == [b""]
+
+
+def test_gather_write_fragments_across_part_boundaries(ring):
+    seg, p, c = ring
+    parts = [msg(1, 700), msg(2, 1), msg(3, 2500), b"", msg(4, 900)]  # 4101 bytes > CAP / 2
+    g, done, got = Gather(parts), 0, []
+    while done < len(g) + 1:
+        done = g.write(p.handle, 5, done)
+        got += c.read_raw()
+    assert got == [b"\x05" + b"".join(parts)]
+
+
+def test_batch_budget_ends_a_batch_once_it_holds_enough_bytes(ring):
+    seg, p, c = ring
+    c.set_batch_bytes(1000)
+    for n in (600, 300, 200, 50, 900):  # records of 608, 312, 208, 64, 912 bytes
+        assert p.write(b"x" * n) == n
+    assert [len(m) for m in c.read_raw()] == [600, 300, 200]  # 1128 >= 1000: ends there
+    assert [len(m) for m in c.read_raw()] == [50, 900]  # 976: all that is left
+    p.write(b"y" * 1500)  # one record over the budget still comes, alone
+    p.write(b"z")
+    assert c.read_raw() == [b"y" * 1500]
+    c.set_batch_bytes(0)
+    for n in (600, 300, 200, 50):
+        p.write(b"w" * n)
+    assert [len(m) for m in c.read_raw()] == [1, 600, 300, 200, 50]
+    with pytest.raises(ValueError):
+        c.set_batch_bytes(-1)
+
+
 # ---------------------------------------------------------------- property test vs a model
 class RefRing:
     """Pure-Python model of the byte accounting: PAD at wrap, fragments of capacity/4."""
@@ -208,7 +246,13 @@ class RefRing:
 
 
 sizes = st.one_of(st.integers(0, 64), st.integers(0, CAP // 2), st.integers(0, 3 * CAP))
-ops = st.lists(st.one_of(st.tuples(st.just("w"), sizes), st.just(("r", 0))), min_size=1, max_size=60)
+ops = st.lists(st.one_of(st.tuples(st.sampled_from(["w", "g"]), sizes), st.just(("r", 0))), min_size=1, max_size=60)
+
+
+def split(data: bytes, count: int) -> list[bytes]:
+    """``data`` in parts at points that depend on ``count`` (some parts empty)."""
+    cuts = sorted({0, len(data)} | {(len(data) * k // 4 + count * 37) % (len(data) + 1) for k in range(1, 4)})
+    return [data[a:b] for a, b in zip(cuts, cuts[1:])] + [b""] * (count % 2)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,14 +263,16 @@ def test_ring_matches_reference_model(operations):
         p, c, model = Producer(seg, CAP), Consumer(seg, CAP, max_message_size=1 << 20), RefRing(CAP)
         pending, count = None, 0
         for op, size in operations:
-            if op == "w":
+            if op in ("w", "g"):
                 if pending is None:
                     count += 1
-                    pending = (msg(count, size), 0)
-                data, done = pending
-                got = p.write(data, done=done)
+                    data = msg(count, size if op == "w" else max(size, 1))
+                    # "g": the same bytes gathered from parts behind a prefix byte (ring_writev)
+                    pending = (data, 0, None) if op == "w" else (data, 0, Gather(split(data[1:], count)))
+                data, done, gather = pending
+                got = p.write(data, done=done) if gather is None else gather.write(p.handle, data[0], done)
                 assert got == model.write(data, done)
-                pending = None if got == len(data) else (data, got)
+                pending = None if got == len(data) else (data, got, gather)
                 assert p.free_bytes() == CAP - (model.tail - model.head)
             else:
                 assert c.read_raw() == model.read()
