@@ -12,8 +12,14 @@ Contract (the engine builds on exactly this):
   loop. A message larger than the ring goes out as fragments; if it cannot all go at once the
   channel finishes it before anything else (``try_send`` answers False meanwhile).
 - Receives decode straight from shared memory into owned objects before the space is released.
-  ``recv_batch``/``poll`` return every message available; ``recv_batch`` returns ``[]`` when its
-  timeout passes or ``wakeup()`` is called, ``recv`` raises TimeoutError instead.
+  ``recv_batch``/``poll`` return every message available, up to a byte budget per batch
+  (``batch_bytes``, default ``BATCH_BYTES`` = 256 KiB; the rest comes with the next call), so a
+  reader that fell behind never decodes many large messages at once: dropped together, they
+  make malloc hand the memory back to the kernel, and every page of the next ones faults in
+  again (measured on this VM: a 1 MiB copy into fresh pages costs ten times the copy itself);
+  ``recv_batch`` returns ``[]`` when its timeout passes or ``wakeup()`` is called, ``recv``
+  raises TimeoutError instead.
+- Large ``bytes`` fields travel out of band (codec.py): copied once, straight into the ring.
 - A dead peer raises PeerDied within ``liveness_interval`` (0.1 s) of any wait; a closed channel
   raises ChannelClosed (after the peer's last messages have been read). Nothing hangs.
 """
@@ -28,17 +34,20 @@ from typing import Any, Optional
 
 from . import channel_async, endpoints
 from ._ring import lib
+from .codec import OOB_KIND, OOB_MIN
 from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
 from .peer_token import PeerToken, RingSpec
-from .ring import BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Producer, raise_status
+from .ring import BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Gather, Producer, raise_status
 from .wakeup import PeerWatch
 
 _ring_write = lib.ring_write
 
 DEFAULT_CAPACITY = 1 << 22
 DEFAULT_SPIN_US = 10.0
+BATCH_BYTES = 256 << 10  # the byte budget of one receive batch (see the module docstring)
 _MAX_SPIN_NS = 10 ** 15
 _DEAD = -100
+_UNKNOWN = (None, None)  # send_info of a type outside the codec
 
 
 class Channel(channel_async.AsyncChannelMixin):
@@ -50,6 +59,7 @@ class Channel(channel_async.AsyncChannelMixin):
             raise TypeError(f"codec must be a MsgspecCodec, got {type(codec).__name__}")
         self._codec = codec
         self._tx, self._rx = tx, rx
+        rx.set_batch_bytes(BATCH_BYTES)
         self._p, self._c = tx.handle, rx.handle
         self._res = res
         self._finalizer = weakref.finalize(self, res.release)
@@ -60,14 +70,19 @@ class Channel(channel_async.AsyncChannelMixin):
         self.max_message_size = max_message_size
         self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
         self._spin_ns = int(DEFAULT_SPIN_US * 1000)
+        self.oob_min = OOB_MIN  # a bytes field this long goes out of band (larger than any: never)
         self._slice_ns = 0
         self.liveness_interval = 0.1
         self._ready: collections.deque = collections.deque()
         self._pending: Optional[tuple] = None  # (kind, body, done) of a half-sent fragmented message
+        # (body: the msgpack bytes, or a Gather of an out-of-band frame, whose kind is OOB_KIND)
         self._closed = False
         self._peer_dead = False
         self._peer_checked = 0.0
         self._kind_of = codec.kind_of
+        self._send_info = codec.send_info
+        self._oob_parts = codec.oob_parts
+        self._oob_fields = codec.oob_fields
         self._encode_body = codec.encode_body
         self._decoders = codec.decoders
         self._woken = False
@@ -155,6 +170,15 @@ class Channel(channel_async.AsyncChannelMixin):
         return self._closed
 
     @property
+    def batch_bytes(self) -> int:
+        """The byte budget of one receive batch (0: none; default BATCH_BYTES)."""
+        return self._rx.batch_bytes
+
+    @batch_bytes.setter
+    def batch_bytes(self, nbytes: int) -> None:
+        self._rx.set_batch_bytes(nbytes)
+
+    @property
     def spin_us(self) -> float:
         """Microseconds a waiting reader (or writer) spins before sleeping on the futex."""
         return self._spin_ns / 1000
@@ -236,20 +260,38 @@ class Channel(channel_async.AsyncChannelMixin):
             self._peer_alive()  # an empty slice: is the peer still there?
 
     # ------------------------------------------------------------------ sending
-    def _encode(self, msg: Any) -> tuple[int, bytes]:
+    def _encode(self, msg: Any) -> tuple[int, Any]:
+        """(kind byte, body): the msgpack bytes, or (OOB_KIND, a Gather) when large bytes
+        fields go out of band (copied once, straight into the ring; see codec.py)."""
         kind = self._kind_of.get(type(msg))
         if kind is None:
             kind, body = self._codec.kind_and_body(msg)  # raises the TypeError naming the type
+        names = self._oob_fields[kind]
+        if names:
+            parts = self._oob_parts(msg, kind, names, self.oob_min)
+            if parts is not None:
+                body = Gather(parts)
+                if len(body) < self.max_message_size:
+                    return OOB_KIND, body
         body = self._encode_body(msg)
         if len(body) >= self.max_message_size:
-            raise MessageTooLarge(f"{type(msg).__name__} encodes to {len(body) + 1} bytes; "
-                                  f"max_message_size is {self.max_message_size}")
+            raise self._too_large(msg, len(body))
         return kind, body
+
+    def _too_large(self, msg: Any, n: int) -> MessageTooLarge:
+        return MessageTooLarge(f"{type(msg).__name__} encodes to {n + 1} bytes; "
+                               f"max_message_size is {self.max_message_size}")
+
+    def _write(self, kind: int, body: Any, done: int) -> int:
+        """Write kind||body from byte ``done`` on (see ring_write); the new progress."""
+        if type(body) is bytes:
+            return _ring_write(self._p, kind, body, len(body), done)
+        return body.write(self._p, kind, done)
 
     def _flush_pending(self) -> bool:
         """Push on with a half-sent fragmented message; True when none is left."""
         kind, body, done = self._pending
-        done = _ring_write(self._p, kind, body, len(body), done)
+        done = self._write(kind, body, done)
         if done < 0:
             raise_status(done, "send")
         if done == len(body) + 1:
@@ -265,7 +307,7 @@ class Channel(channel_async.AsyncChannelMixin):
         kind, body = self._encode(msg)
         if self._pending is not None and not self._flush_pending():
             return False
-        done = _ring_write(self._p, kind, body, len(body), 0)
+        done = self._write(kind, body, 0)
         if done == len(body) + 1:
             return True
         if done < 0:
@@ -281,15 +323,24 @@ class Channel(channel_async.AsyncChannelMixin):
         """Send, waiting for space as long as needed (or ``timeout`` seconds: TimeoutError)."""
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
-        kind = self._kind_of.get(type(msg))  # _encode, inlined: this is the hot path
-        body = self._encode_body(msg)
-        n = len(body)
-        if kind is None or n >= self.max_message_size:
-            kind, body = self._encode(msg)  # raises the TypeError / MessageTooLarge
+        kind, probe = self._send_info.get(type(msg), _UNKNOWN)  # _encode, inlined: the hot path
+        if kind is not None and (probe is None or type(v := probe(msg)) is not bytes or len(v) < self.oob_min):
+            body = self._encode_body(msg)
+            n = len(body)
+            if n >= self.max_message_size:
+                raise self._too_large(msg, n)
+            if self._pending is None:
+                done = _ring_write(self._p, kind, body, n, 0)
+                if done == n + 1:
+                    return
+        else:
+            kind, body = self._encode(msg)  # a TypeError, or large bytes fields go out of band
+            n = len(body)
+            if self._pending is None:
+                done = self._write(kind, body, 0)
+                if done == n + 1:
+                    return
         if self._pending is None:
-            done = _ring_write(self._p, kind, body, n, 0)
-            if done == n + 1:
-                return
             if done < 0:
                 raise_status(done, "send")
             self._pending = (kind, body, done)
@@ -297,7 +348,7 @@ class Channel(channel_async.AsyncChannelMixin):
         else:
             self._send_slow(kind, body, True, timeout)  # an earlier half-sent message goes first
 
-    def _send_slow(self, kind: int, body: bytes, queued: bool, timeout: Optional[float]) -> None:
+    def _send_slow(self, kind: int, body: Any, queued: bool, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._tx_busy = True
         try:

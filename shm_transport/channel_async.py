@@ -200,7 +200,7 @@ class AsyncChannelMixin:
         mine: Optional[tuple] = (kind, body, 0)
         lock = self._send_lock
         if self._pending is None and (lock is None or not lock.locked()):
-            done = lib.ring_write(self._p, kind, body, len(body), 0)
+            done = self._write(kind, body, 0)
             if done == len(body) + 1:
                 return
             if done < 0:
