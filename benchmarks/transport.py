@@ -1,19 +1,25 @@
 """Transport scenario: the shared-memory ring against pyzmq ipc:// (vLLM's transport, the baseline)
 and multiprocessing.Pipe, carrying the same msgspec messages, every method in the same run.
 
-    python -m benchmarks.transport [--rounds 5] [--quick]      (or: ringllm bench transport)
+    python -m benchmarks.transport [--rounds 5] [--quick] [--scenarios bw-1mib,ref-1mib] [--methods ...]
+                                                               (or: ringllm bench transport)
 
 Measures, with the two processes pinned to separate cores and methods interleaved over rounds:
 round-trip p50/p99 of a small struct (one token's output) and of a 4 KiB one, with the CPU
 seconds both processes spend per 1,000 round trips (spinning is not free on 2 cores); one-way
 streaming of 64-byte messages with batched reads (messages/s); and 1 MiB bandwidth (GB/s).
-The ring's spin budget is swept (0, 2, 10, 50 us, unbounded) to show its trade-off.
+The ring's spin budget is swept (0, 2, 10, 50 us, unbounded) to show its trade-off. For 1 MiB,
+diagnostic methods run the ring with its large-message paths switched off (large bytes out of
+band, the receive batch budget, both), next to a numpy memcpy of 1 MiB into a reused buffer and
+into fresh pages, so the table shows where the time goes.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import math
+import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -24,12 +30,15 @@ import time
 from typing import Optional
 
 import msgspec
+import numpy as np
 import uvloop
 import zmq
 import zmq.asyncio
 
 from benchmarks.harness import Bench, Column
 from shm_transport import Channel, MsgspecCodec
+from shm_transport.channel import BATCH_BYTES
+from shm_transport.codec import OOB_MIN
 
 log = logging.getLogger("benchmarks.transport")
 
@@ -55,6 +64,7 @@ class Cmd(msgspec.Struct, array_like=True):
     spin_us: float = 0.0
     reader: str = "sync"
     big: bool = False
+    batch_bytes: int = -1  # ring reader's receive batch budget for this command (-1: the default)
 
 
 class Done(msgspec.Struct, array_like=True):
@@ -66,12 +76,19 @@ CODEC = MsgspecCodec([TokenOut, Blob, Cmd, Done])
 INF = float("inf")
 SPINS = {"ring-spin0": 0.0, "ring-spin2": 2.0, "ring-spin10": 10.0, "ring-spin50": 50.0, "ring-spin-inf": INF}
 ASYNC = {"ring-asyncio": "asyncio", "ring-uvloop": "uvloop", "zmq-asyncio": "asyncio"}
+# 1 MiB diagnostics: the ring with this change's parts switched off, (out of band, batch budget).
+VARIANTS = {"ring-no-budget": (True, False), "ring-no-oob": (False, True), "ring-legacy": (False, False)}
 LABELS = {
     "ring-spin0": "ring, futex reader (no spin)", "ring-spin2": "ring, spin 2 us then futex",
     "ring-spin10": "ring, spin 10 us then futex (default)", "ring-spin50": "ring, spin 50 us then futex",
     "ring-spin-inf": "ring, spinning reader", "ring-asyncio": "ring, asyncio eventfd reader",
     "ring-uvloop": "ring, uvloop eventfd reader", "zmq": "pyzmq ipc:// sync (baseline)",
     "zmq-asyncio": "zmq.asyncio reader", "mp-pipe": "multiprocessing.Pipe",
+    "ring-no-budget": "ring-spin10 with large bytes out of band but no receive batch budget",
+    "ring-no-oob": "ring-spin10 with the receive batch budget but bytes fields encoded (two copies)",
+    "ring-legacy": "ring-spin10 as before both (msgspec encode + copy into the ring; batches unbounded)",
+    "memcpy-warm": "numpy copy of 1 MiB into a reused buffer (one core, for reference)",
+    "memcpy-fresh": "numpy copy of 1 MiB into freshly mapped pages (page faults included)",
 }
 
 
@@ -103,6 +120,9 @@ class RingEnd:
 
     def set_spin(self, us: float) -> None:
         self.ch.spin_us = us
+
+    def set_batch(self, nbytes: int) -> None:
+        self.ch.batch_bytes = BATCH_BYTES if nbytes < 0 else nbytes
 
     def close(self) -> None:
         self.ch.close()
@@ -141,6 +161,9 @@ class ZmqEnd:
             return out
 
     def set_spin(self, us: float) -> None:
+        pass
+
+    def set_batch(self, nbytes: int) -> None:
         pass
 
     def _async(self):
@@ -184,6 +207,9 @@ class PipeEnd:
     def set_spin(self, us: float) -> None:
         pass
 
+    def set_batch(self, nbytes: int) -> None:
+        pass
+
     def close(self) -> None:
         self.conn.close()
 
@@ -203,6 +229,7 @@ def peer_main(kind: str, arg: str, cpu: Optional[int]) -> None:
         if cmd.op == "quit":
             break
         end.set_spin(cmd.spin_us)
+        end.set_batch(cmd.batch_bytes)
         end.big = cmd.big
         if cmd.op == "pingpong":
             end.send(Done(0, 0.0))
@@ -315,9 +342,13 @@ class Driver:
         end = self.end(method)
         spin = SPINS.get(method, 10.0)
         reader = ASYNC.get(method, "sync")
+        oob, budget = VARIANTS.get(method, (True, True))
         end.set_spin(spin)
+        if not oob:
+            self.ring.ch.oob_min = 1 << 62  # every bytes field encoded by msgspec
         size = len(CODEC.encode(msg))
-        end.send(Cmd("stream", n=n, spin_us=spin, reader=reader, big=size >= 65536))
+        end.send(Cmd("stream", n=n, spin_us=spin, reader=reader, big=size >= 65536,
+                     batch_bytes=-1 if budget else 0))
         end.recv()
         c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(n):
@@ -326,29 +357,58 @@ class Driver:
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
         end.set_spin(0)
+        self.ring.ch.oob_min = OOB_MIN
         assert done.n == n, f"{method}: peer received {done.n} of {n}"
         return {"mmsgs_per_s": n / elapsed / 1e6, "gb_per_s": n * size / elapsed / 1e9,
                 "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6}
+
+
+def memcpy_ref(fresh: bool, n: int = 100) -> dict:
+    """1 MiB copies on this core, for reference: into one reused buffer, or each into freshly
+    mapped anonymous pages (what a copy costs when every page must fault in first)."""
+    src = np.frombuffer(os.urandom(1 << 20), dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if fresh:
+            mem = mmap.mmap(-1, 1 << 20)
+            out = np.frombuffer(mem, dtype=np.uint8)
+            np.copyto(out, src)
+            del out
+            mem.close()
+        else:
+            np.copyto(dst, src)
+    return {"gb_per_s": n * (1 << 20) / (time.perf_counter() - t0) / 1e9}
 
 
 # ---------------------------------------------------------------- the scenario
 RT_METHODS = list(SPINS) + ["ring-asyncio", "ring-uvloop", "zmq", "zmq-asyncio", "mp-pipe"]
 MAIN_METHODS = ["ring-spin0", "ring-spin10", "ring-spin-inf", "ring-asyncio", "ring-uvloop",
                 "zmq", "zmq-asyncio", "mp-pipe"]
+ALL_METHODS = RT_METHODS + list(VARIANTS) + ["memcpy-warm", "memcpy-fresh"]
 
 
-def build(bench: Bench, drv: Driver, quick: bool) -> None:
+SCENARIOS = ["rt-small", "rt-4k", "stream-64b", "bw-1mib", "ref-1mib"]
+
+
+def build(bench: Bench, drv: Driver, quick: bool, scenarios: Optional[list[str]] = None,
+          methods: Optional[list[str]] = None) -> None:
     k = 0.05 if quick else 1.0
     n_rt, n_rt4k, n_stream, n_bw = (max(int(x * k), 20) for x in (3000, 2000, 100_000, 300))
     small, b4k, b64, b1m = small_msg(), blob(4096), blob(64), blob(1 << 20)
-    for m in RT_METHODS:
-        bench.add("rt-small", m, lambda m=m: drv.pingpong(m, small, n_rt, 200))
-    for m in MAIN_METHODS:
-        bench.add("rt-4k", m, lambda m=m: drv.pingpong(m, b4k, n_rt4k, 100))
-    for m in MAIN_METHODS:
-        bench.add("stream-64b", m, lambda m=m: drv.stream(m, b64, n_stream // (10 if m == "zmq-asyncio" else 1)))
-    for m in MAIN_METHODS:
-        bench.add("bw-1mib", m, lambda m=m: drv.stream(m, b1m, n_bw))
+
+    def add(scenario, method_list, fn):
+        if scenarios and scenario not in scenarios:
+            return
+        for m in method_list:
+            if not methods or m in methods:
+                bench.add(scenario, m, lambda m=m: fn(m))
+    add("rt-small", RT_METHODS, lambda m: drv.pingpong(m, small, n_rt, 200))
+    add("rt-4k", MAIN_METHODS, lambda m: drv.pingpong(m, b4k, n_rt4k, 100))
+    add("stream-64b", MAIN_METHODS, lambda m: drv.stream(m, b64, n_stream // (10 if m == "zmq-asyncio" else 1)))
+    add("bw-1mib", MAIN_METHODS + list(VARIANTS), lambda m: drv.stream(m, b1m, n_bw))
+    add("ref-1mib", ["memcpy-warm", "memcpy-fresh"], lambda m: memcpy_ref(m == "memcpy-fresh"))
 
 
 def targets(bench: Bench) -> list[tuple[str, bool, str]]:
@@ -359,6 +419,8 @@ def targets(bench: Bench) -> list[tuple[str, bool, str]]:
     out = []
 
     def check(name, value, bound, higher, unit):
+        if math.isnan(value) or math.isnan(bound):
+            return  # not measured in this run (--scenarios / --methods)
         ok = value >= bound if higher else value <= bound
         out.append((name, ok, f"{value:.3g} {unit} vs {'>=' if higher else '<='} {bound:.3g} {unit}"))
 
@@ -394,8 +456,21 @@ def report(bench: Bench) -> str:
           Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
           Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
           Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}")]
-    lines = [bench.table("Round trip (ping-pong)", rt, RT_METHODS), "",
-             bench.table("One-way streaming (batched reads)", st, MAIN_METHODS), "", "Targets:"]
+    bw = [Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
+          Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
+          Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}"),
+          Column("memcpy GB/s", "ref-1mib", "gb_per_s", higher_is_better=True)]
+    ran = set(bench.methods())
+    scenarios = {c[0] for c in bench.cases}
+    lines = []
+    if scenarios & {"rt-small", "rt-4k"}:
+        lines += [bench.table("Round trip (ping-pong)", rt, [m for m in RT_METHODS if m in ran]), ""]
+    if scenarios & {"stream-64b", "bw-1mib"}:
+        lines += [bench.table("One-way streaming (batched reads)", st, [m for m in MAIN_METHODS if m in ran]), ""]
+    diag = [m for m in ["ring-spin10"] + list(VARIANTS) + ["zmq", "memcpy-warm", "memcpy-fresh"] if m in ran]
+    if scenarios & {"bw-1mib", "ref-1mib"} and diag:
+        lines += [bench.table("1 MiB: the ring with its large-message paths switched off, and memcpy", bw, diag), ""]
+    lines.append("Targets:")
     for name, ok, numbers in targets(bench):
         lines.append(f"- {'PASS' if ok else 'FAIL'}: {name} ({numbers})")
     lines += ["", "Methods: " + "; ".join(f"{k} = {v}" for k, v in LABELS.items())]
@@ -403,11 +478,25 @@ def report(bench: Bench) -> str:
     return "\n".join(lines)
 
 
+def _subset(ap: argparse.ArgumentParser, text: Optional[str], known: list[str]) -> Optional[list[str]]:
+    if not text:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        ap.error(f"unknown: {', '.join(unknown)} (choose from {', '.join(known)})")
+    return names
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="ringllm bench transport", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians and spread over them)")
     ap.add_argument("--quick", action="store_true", help="5%% of the message counts (a smoke run)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the two processes to separate cores")
+    ap.add_argument("--scenarios", default=None,
+                    help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--methods", default=None,
+                    help=f"comma-separated subset of {','.join(ALL_METHODS)} (default: all)")
     ap.add_argument("--out", default=None, help="folder for JSON and PNG (default benchmarks/out)")
     ap.add_argument("--peer", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
@@ -420,7 +509,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     bench = Bench("transport", model="n/a (transport only)")
     drv = Driver(*pins)
     try:
-        build(bench, drv, args.quick)
+        build(bench, drv, args.quick, _subset(ap, args.scenarios, SCENARIOS), _subset(ap, args.methods, ALL_METHODS))
         bench.run(rounds=args.rounds, progress=log.info)
     finally:
         drv.close()
