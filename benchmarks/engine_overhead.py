@@ -14,6 +14,16 @@ consumer holding its RequestOutput (p50, p99; the collector carries the core's p
 time, on the same monotonic clock); the frontend's CPU time per generated token (this
 process's user+system time, zmq's I/O threads included). Transports interleave per round.
 
+A third method, ``none``, takes the transport out to show what is left: the same AsyncLLM,
+consumers and requests, with the EngineCore client replaced by ``SimulatedCore``, which lives
+in this process and answers each ``get_output_async`` with one step giving every request it
+holds one token (its own CPU time is measured and taken out). What ``none`` costs is the
+frontend's shared per-output work (input and output processing, collectors, waking the
+consumers, the consumers themselves); shm or zmq minus ``none`` is what the transport adds.
+Each run also reports the CPU time of the output processing alone (``process_outputs``,
+which hands each output to its collector) and the p50 of the transport latency proper (the
+core's publish stamp to the output handler holding the decoded message).
+
 Offline: the issue-3 workload (benchmarks.offline: 64 prompts x 128 tokens, the default
 model, bf16, greedy) through ``LLM`` with the EngineCore in-process and in its own process,
 each in a fresh worker process, interleaved over rounds.
@@ -35,6 +45,7 @@ log = logging.getLogger("benchmarks.engine_overhead")
 
 STREAMS = (1, 16, 64, 256)
 TRANSPORTS = ("shm", "zmq")
+METHODS = (*TRANSPORTS, "none")
 TINY_VOCAB = 2048
 
 
@@ -43,6 +54,83 @@ def tiny_engine_args(model_dir: str, transport: str):
 
     return AsyncEngineArgs(model=model_dir, transport=transport, load_format="dummy", dtype="float32",
                            max_model_len=256, max_num_seqs=256, kv_cache_memory=64 << 20, seed=0)
+
+
+class SimulatedCore:
+    """The EngineCore client of method ``none``: no process, no transport. Each
+    ``get_output_async`` is one step: one token for every request held (a request ends at
+    its max_tokens), stamped as published when made. ``cpu`` is the thread time it spent."""
+
+    dead_error = None
+
+    def __init__(self) -> None:
+        self.requests: dict[str, list[int]] = {}  # id -> [tokens left, next token id]
+        self.cpu = 0.0
+        self._waiter = None
+
+    async def add_request_async(self, request) -> None:
+        self.requests[request.request_id] = [request.sampling_params.max_tokens,
+                                             request.prompt_token_ids[-1]]
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def abort_requests_nowait(self, request_ids) -> None:
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+
+    async def get_output_async(self):
+        from engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+
+        await asyncio.sleep(0)  # the consumers run (and add requests) while the "core" steps
+        while not self.requests:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        start = time.thread_time()
+        outputs = []
+        for request_id, state in list(self.requests.items()):
+            state[0] -= 1
+            token = state[1] = 256 + (state[1] * 31 + 7) % (TINY_VOCAB - 256)  # text tokens, varied
+            if state[0] > 0:
+                outputs.append(EngineCoreOutput(request_id, [token]))
+            else:
+                outputs.append(EngineCoreOutput(request_id, [token], finish_reason=FinishReason.LENGTH))
+                del self.requests[request_id]
+        batch = EngineCoreOutputs(0, outputs, time.monotonic())
+        self.cpu += time.thread_time() - start
+        return batch
+
+    async def call_utility_async(self, method: str, *args, engine_index: int = 0):
+        return None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.requests.clear()
+
+
+def simulated_engine(model_dir: str):
+    """An AsyncLLM whose EngineCore client is a SimulatedCore (method ``none``)."""
+    from unittest import mock
+
+    from engine import AsyncLLM
+    from engine.client import EngineCoreClient
+
+    core = SimulatedCore()
+    with mock.patch.object(EngineCoreClient, "make_client", staticmethod(lambda *args: core)):
+        return AsyncLLM.from_engine_args(tiny_engine_args(model_dir, "shm"))
+
+
+def count_output_processing(llm) -> list[float]:
+    """Wrap ``llm``'s process_outputs to add its thread time to the returned cell."""
+    processor, cell = llm.output_processor, [0.0]
+    process = type(processor).process_outputs
+
+    def timed(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return process(processor, *args, **kwargs)
+        finally:
+            cell[0] += time.thread_time() - start
+    processor.process_outputs = timed
+    return cell
 
 
 async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) -> dict:
@@ -69,14 +157,45 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
                 tokens += len(out.outputs[0].token_ids)
                 finished = out.finished
 
+    simulated = llm.engine_core if isinstance(llm.engine_core, SimulatedCore) else None
+    processing = getattr(llm, "_bench_processing", None) or count_output_processing(llm)
+    llm._bench_processing = processing
+    llm.take_transport_latencies()
+    processing[0] = 0.0
+    sim0 = simulated.cpu if simulated else 0.0
     cpu0, t0 = time.process_time(), time.monotonic()
     await asyncio.gather(*(stream(i) for i in range(streams)))
     elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    if simulated:
+        cpu -= simulated.cpu - sim0
     latencies.sort()
-    return {"tokens_per_s": tokens / elapsed,
+    transport = sorted(llm.take_transport_latencies())
+    return {"tokens_per_message": tokens / max(1, len(transport)),
+            "tokens_per_s": tokens / elapsed,
             "p50_us": latencies[len(latencies) // 2] * 1e6,
             "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
-            "cpu_us_per_token": cpu / tokens * 1e6}
+            "cpu_us_per_token": cpu / tokens * 1e6,
+            "processing_us_per_token": processing[0] / tokens * 1e6,
+            "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0}
+
+
+def decode_us_per_output(outputs: int = 256) -> float:
+    """CPU time to decode one OUTPUTS message (as both transports do, with the engine's codec),
+    per output: ``outputs`` one-token outputs, min over 5 repeats of 200 decodes."""
+    from engine.core.engine_core_proc import make_codec
+    from engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+
+    codec = make_codec()
+    message = EngineCoreOutputs(0, [EngineCoreOutput(f"r{i}-{i}", [300 + i]) for i in range(outputs)],
+                                time.monotonic(), SchedulerStats(outputs, 0, 0.1, 0, 0, 0, outputs))
+    frame = codec.encode(message)
+    best = float("inf")
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(200):
+            codec.decode(frame)
+        best = min(best, (time.thread_time() - start) / 200 / outputs)
+    return best * 1e6
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -134,14 +253,17 @@ def main(argv=None) -> None:
     asyncio.set_event_loop(loop)
     model_dir = write_tiny_model(tempfile.mkdtemp(prefix="ringllm-bench-"), vocab_size=TINY_VOCAB)
     engines = {t: AsyncLLM.from_engine_args(tiny_engine_args(model_dir, t)) for t in TRANSPORTS}
+    engines["none"] = simulated_engine(model_dir)
     pinned = not a.no_pin and len(os.sched_getaffinity(0)) >= 2
     if pinned:  # the frontend and the model on separate cores, as the transport scenario does
         pin(os.getpid(), {0})
-        for llm in engines.values():
-            pin(llm.engine_core.ready.pid, {1})
+        for t in TRANSPORTS:
+            pin(engines[t].engine_core.ready.pid, {1})
     ids = itertools.count()
     streams = [int(s) for s in a.streams.split(",")]
     bench = Bench("engine_overhead", model=f"tiny Llama, dummy weights (2 layers, hidden 64, vocab {TINY_VOCAB})")
+    bench.notes.append(f"decoding an OUTPUTS message costs {decode_us_per_output():.2f} us of CPU per output "
+                       "(256 one-token outputs, the engine's codec; both transports decode the same bytes)")
     bench.notes.append(f"{a.duration} s per run, DELTA greedy requests of {a.max_tokens} tokens, "
                        f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}, "
                        f"{'frontend on CPU 0, EngineCores on CPU 1' if pinned else 'not pinned'}")
@@ -169,11 +291,31 @@ def report(bench: Bench, streams: list[int], offline: bool) -> None:
         cols += [Column(f"{n}: tok/s", s, "tokens_per_s", "{:.0f}", higher_is_better=True),
                  Column(f"{n}: p50 us", s, "p50_us", "{:.0f}"),
                  Column(f"{n}: p99 us", s, "p99_us", "{:.0f}"),
-                 Column(f"{n}: CPU us/tok", s, "cpu_us_per_token", "{:.1f}")]
+                 Column(f"{n}: CPU us/tok", s, "cpu_us_per_token", "{:.1f}"),
+                 Column(f"{n}: processing us/tok", s, "processing_us_per_token", "{:.1f}"),
+                 Column(f"{n}: transport p50 us", s, "transport_p50_us", "{:.0f}"),
+                 Column(f"{n}: tok/msg", s, "tokens_per_message", "{:.0f}")]
     print()
     for n in streams:
         print(bench.table(f"{n} concurrent AsyncLLM streams", [c for c in cols if c.scenario == f"{n} streams"],
-                          methods=list(TRANSPORTS)))
+                          methods=list(METHODS)))
+        print()
+    print("**What the transport adds (medians): method minus `none`**\n\n"
+          "| streams | CPU us/tok shm | CPU us/tok zmq | p50 us shm | p50 us zmq |\n|---|---|---|---|---|")
+    for n in streams:
+        s = f"{n} streams"
+        d = [bench.stat(s, m, metric).median - bench.stat(s, "none", metric).median
+             for metric in ("cpu_us_per_token", "p50_us") for m in TRANSPORTS]
+        print(f"| {n} | {d[0]:+.1f} | {d[1]:+.1f} | {d[2]:+.0f} | {d[3]:+.0f} |")
+    print()
+    if 1 in streams:  # one output per message: what the transport costs per message
+        per_message = {m: bench.stat("1 streams", m, "cpu_us_per_token").median
+                       - bench.stat("1 streams", "none", "cpu_us_per_token").median for m in TRANSPORTS}
+        print("Transport CPU per message (1 stream, method minus `none`): "
+              + ", ".join(f"{m} {v:.0f} us" for m, v in per_message.items()) + "; spread over the tokens of "
+              "a message at N streams: " + "; ".join(
+                  f"{n}: " + ", ".join(f"{m} {per_message[m] / bench.stat(f'{n} streams', m, 'tokens_per_message').median:.1f}"
+                                       for m in TRANSPORTS) for n in streams) + " us/token")
         print()
     print("**Ring / zmq (medians)**\n\n| streams | tok/s | p50 latency | p99 latency | frontend CPU/token |\n"
           "|---|---|---|---|---|")
