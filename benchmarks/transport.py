@@ -10,7 +10,7 @@ seconds both processes spend per 1,000 round trips (spinning is not free on 2 co
 streaming of 64-byte messages with batched reads (messages/s); and 1 MiB bandwidth (GB/s).
 The ring's spin budget is swept (0, 2, 10, 50 us, unbounded) to show its trade-off. For 1 MiB,
 diagnostic methods run the ring with its large-message paths switched off (large bytes out of
-band, the receive batch budget, both), next to a numpy memcpy of 1 MiB into a reused buffer and
+band, the receive batch budget, both) and on a 16 MiB ring instead of 4 MiB, next to a numpy memcpy of 1 MiB into a reused buffer and
 into fresh pages, so the table shows where the time goes.
 """
 from __future__ import annotations
@@ -77,7 +77,8 @@ INF = float("inf")
 SPINS = {"ring-spin0": 0.0, "ring-spin2": 2.0, "ring-spin10": 10.0, "ring-spin50": 50.0, "ring-spin-inf": INF}
 ASYNC = {"ring-asyncio": "asyncio", "ring-uvloop": "uvloop", "zmq-asyncio": "asyncio"}
 # 1 MiB diagnostics: the ring with this change's parts switched off, (out of band, batch budget).
-VARIANTS = {"ring-no-budget": (True, False), "ring-no-oob": (False, True), "ring-legacy": (False, False)}
+VARIANTS = {"ring-no-budget": (True, False), "ring-no-oob": (False, True), "ring-legacy": (False, False),
+            "ring-16mib": (True, True)}
 LABELS = {
     "ring-spin0": "ring, futex reader (no spin)", "ring-spin2": "ring, spin 2 us then futex",
     "ring-spin10": "ring, spin 10 us then futex (default)", "ring-spin50": "ring, spin 50 us then futex",
@@ -87,6 +88,7 @@ LABELS = {
     "ring-no-budget": "ring-spin10 with large bytes out of band but no receive batch budget",
     "ring-no-oob": "ring-spin10 with the receive batch budget but bytes fields encoded (two copies)",
     "ring-legacy": "ring-spin10 as before both (msgspec encode + copy into the ring; batches unbounded)",
+    "ring-16mib": "ring-spin10 on a 16 MiB ring instead of the default 4 MiB",
     "memcpy-warm": "numpy copy of 1 MiB into a reused buffer (one core, for reference)",
     "memcpy-fresh": "numpy copy of 1 MiB into freshly mapped pages (page faults included)",
 }
@@ -267,12 +269,16 @@ class Driver:
         self.procs = []
         cmd = [sys.executable, "-m", "benchmarks.transport", "--peer"]
         cpu_arg = ["--cpu", str(peer_cpu)] if peer_cpu is not None else []
-        ch = Channel.create(CODEC, capacity=1 << 22)
-        self.procs.append(subprocess.Popen(cmd + ["ring", ch.peer_token()] + cpu_arg, pass_fds=ch.peer_fds()))
-        ch.set_peer(self.procs[-1].pid)
-        ch.close_peer_fds()
+        rings = []
+        for capacity in (1 << 22, 1 << 24):  # the default 4 MiB, and 16 MiB (ring-16mib)
+            ch = Channel.create(CODEC, capacity=capacity)
+            self.procs.append(subprocess.Popen(cmd + ["ring", ch.peer_token()] + cpu_arg, pass_fds=ch.peer_fds()))
+            ch.set_peer(self.procs[-1].pid)
+            ch.close_peer_fds()
+            rings.append(RingEnd(ch))
+        self.ring, self.ring16 = rings
         name = f"ringllm-bench-{os.getpid()}-{secrets.token_hex(4)}"
-        self.ring, self.zmq = RingEnd(ch), ZmqEnd(name, bind=True)
+        self.zmq = ZmqEnd(name, bind=True)
         self.procs.append(subprocess.Popen(cmd + ["zmq", name] + cpu_arg))
         mine, theirs = multiprocessing.Pipe()
         self.procs.append(subprocess.Popen(cmd + ["pipe", str(theirs.fileno())] + cpu_arg,
@@ -282,10 +288,12 @@ class Driver:
         pin(cpu)
 
     def end(self, method: str):
+        if method == "ring-16mib":
+            return self.ring16
         return self.ring if method.startswith("ring") else self.zmq if method.startswith("zmq") else self.pipe
 
     def close(self) -> None:
-        for end in (self.ring, self.zmq, self.pipe):
+        for end in (self.ring, self.ring16, self.zmq, self.pipe):
             try:
                 end.send(Cmd("quit"))
             except Exception:
@@ -296,7 +304,7 @@ class Driver:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for end in (self.ring, self.zmq, self.pipe):
+        for end in (self.ring, self.ring16, self.zmq, self.pipe):
             end.close()
 
     def pingpong(self, method: str, msg, n: int, warm: int) -> dict:
