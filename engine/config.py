@@ -48,6 +48,9 @@ class EngineArgs:
     block_size: int = 16
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
+    # Most prompt tokens computed in one step (decodes not counted); None/0: no cap.
+    # `ringllm serve` on CPU sets one (see engine/entrypoints/serve.py).
+    max_num_prefill_tokens: Optional[int] = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -120,6 +123,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
     policy: str
+    max_num_prefill_tokens: int = 0  # 0: no cap beyond max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"max_num_batched_tokens must be >= max_model_len={max_model_len} when chunked prefill is "
             f"disabled, got {max_batched}")
+    max_prefill = _positive_int("max_num_prefill_tokens", args.max_num_prefill_tokens or 0, 0)
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
@@ -316,7 +321,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),
-                                         policy=args.scheduling_policy),
+                                         policy=args.scheduling_policy, max_num_prefill_tokens=max_prefill),
         parallel_config=ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
                                        data_parallel_external_lb=args.data_parallel_external_lb),
         compilation_config=compilation, device=device, num_threads=num_threads,

@@ -83,3 +83,32 @@ def test_generate_prints_the_text_and_the_speed(tiny_model_dir):
     assert "--- 'Hello there'" in out.stdout and "--- 'Once upon a time'" in out.stdout
     assert "2 prompt(s)" in out.stdout and "12 generated tokens" in out.stdout and "tokens/s" in out.stdout
 
+
+
+def test_serve_on_cpu_caps_prompt_tokens_per_step_unless_told_otherwise(monkeypatch):
+    import torch
+
+    from engine.entrypoints.serve import SERVE_CPU_MAX_NUM_PREFILL_TOKENS, serving_engine_args
+
+    def cap(*flags: str):
+        return serving_engine_args(serve_parser().parse_args(list(flags))).max_num_prefill_tokens
+
+    assert cap("--device", "cpu") == SERVE_CPU_MAX_NUM_PREFILL_TOKENS
+    assert cap("--device", "cpu", "--max-num-prefill-tokens", "0") == 0  # 0: no cap, as asked
+    assert cap("--device", "cpu", "--max-num-prefill-tokens", "512") == 512
+    assert cap("--device", "cuda") is None  # a GPU prefills the whole budget in milliseconds
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cap() == SERVE_CPU_MAX_NUM_PREFILL_TOKENS
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cap() is None
+
+
+def test_llm_keeps_no_prefill_cap_and_a_bad_cap_names_the_field(tiny_model_dir):
+    from engine.config import EngineArgs
+
+    args = dict(model=tiny_model_dir, load_format="dummy", device="cpu")
+    assert EngineArgs(**args).create_engine_config().scheduler_config.max_num_prefill_tokens == 0
+    config = EngineArgs(**args, max_num_prefill_tokens=128).create_engine_config()
+    assert config.scheduler_config.max_num_prefill_tokens == 128
+    with pytest.raises(ValueError, match="max_num_prefill_tokens"):
+        EngineArgs(**args, max_num_prefill_tokens=-1).create_engine_config()

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from core_utils import EOS, make_request, make_requests, make_scheduler, run_to_completion, step
+from engine.config import SchedulerConfig
+from engine.core.kv_cache import KVCacheManager
 from engine.core.request import RequestStatus
-from engine.core.sched_output import ModelRunnerOutput
+from engine.core.scheduler import Scheduler
+from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import FinishReason, LogprobsLists
 
 
@@ -185,3 +188,97 @@ def test_prompt_logprob_rows_are_not_resent_after_preemption():
             s.running.remove(r)
             s._preempt(r)
     assert r.num_preemptions == 1 and got == list(range(9))
+
+
+def capped_scheduler(max_num_prefill_tokens: int, enable_chunked_prefill: bool = True) -> Scheduler:
+    """A roomy scheduler (64 sequences, 2048-token budget) whose steps compute at most
+    ``max_num_prefill_tokens`` prompt tokens."""
+    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="fcfs",
+                             enable_chunked_prefill=enable_chunked_prefill,
+                             max_num_prefill_tokens=max_num_prefill_tokens)
+    return Scheduler(config, KVCacheManager(1000, 16, True), 8192)
+
+
+def first_token_steps(s: Scheduler, max_steps: int = 100) -> tuple[dict[str, int], list[SchedulerOutput]]:
+    """Step until every request has its first token: the step (from 0) in which each got it,
+    and every step's batch."""
+    first: dict[str, int] = {}
+    scheds = []
+    for i in range(max_steps):
+        if len(first) == len(s.requests):
+            break
+        sched, outs = step(s)
+        scheds.append(sched)
+        for out in outs:
+            first.setdefault(out.request_id, i)
+    return first, scheds
+
+
+def test_scheduler_config_default_has_no_prefill_cap():
+    s = make_scheduler(max_num_batched_tokens=2048)
+    assert SchedulerConfig(1, 1, True, "fcfs").max_num_prefill_tokens == 0
+    assert s.max_num_prefill_tokens == 2048  # no cap: the step's budget is the only bound
+
+
+def test_uncapped_burst_gets_every_first_token_in_one_step():
+    s = make_scheduler(max_num_batched_tokens=2048)
+    for r in make_requests(16, 30):
+        s.add_request(r)
+    first, _ = first_token_steps(s)
+    assert set(first.values()) == {0}
+
+
+def test_prefill_cap_hands_out_first_tokens_over_several_steps_in_fcfs_order():
+    s = capped_scheduler(64)
+    for r in make_requests(16, 30):
+        s.add_request(r)
+    first, scheds = first_token_steps(s)
+    order = [first[str(i)] for i in range(16)]
+    assert order == sorted(order)  # arrival order
+    assert len(set(order)) >= 6  # over several steps, two or three a step
+    assert order[:2] == [0, 0]  # the first ones do not wait for the whole burst
+    for sched in scheds:
+        prompt_tokens = sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1)
+        assert prompt_tokens <= 64
+        assert prompt_tokens == 64 or not len(s.waiting)  # the cap is used in full while prompts wait
+
+
+def test_decodes_are_never_starved_or_counted_by_the_prefill_cap():
+    s = capped_scheduler(16)
+    for r in make_requests(20, 8, max_tokens=50):
+        s.add_request(r)
+    decoding: set[str] = set()
+    for _ in range(30):
+        sched, outs = step(s)
+        scheduled = dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens))
+        assert all(scheduled.get(rid) == 1 for rid in decoding)  # every running stream, every step
+        assert sum(n for n in scheduled.values() if n > 1) <= 16
+        decoding |= {o.request_id for o in outs if not o.finished}
+    assert len(decoding) == 20  # and the cap let every prompt in: two a step
+    assert len([n for n in sched.num_scheduled_tokens if n == 1]) == 20
+
+
+def test_a_long_prompt_is_chunked_by_the_cap_and_keeps_its_place():
+    s = capped_scheduler(32)
+    s.add_request(make_request("long", list(range(100, 200))))
+    s.add_request(make_request("short", list(range(300, 310))))
+    seen = []
+    for _ in range(5):
+        sched, outs = step(s)
+        seen.append(dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens)))
+    # the long prompt's chunks come first (FCFS); the short one gets what is left of the cap
+    assert seen[:4] == [{"long": 32}, {"long": 32}, {"long": 32}, {"long": 4, "short": 10}]
+    assert seen[4] == {"long": 1, "short": 1}
+
+
+def test_without_chunked_prefill_the_cap_admits_whole_prompts_and_one_longer_than_it():
+    s = capped_scheduler(50, enable_chunked_prefill=False)
+    s.add_request(make_request("big", list(range(1000, 1080))))  # longer than the cap: runs, alone
+    for r in make_requests(3, 20):
+        s.add_request(r)
+    sched, _ = step(s)
+    assert sched.num_scheduled_tokens == [80]
+    sched, _ = step(s)
+    assert sched.num_scheduled_tokens == [1, 20, 20]  # 40 of 50; the third would go over
+    sched, _ = step(s)
+    assert sched.num_scheduled_tokens == [1, 1, 1, 20]

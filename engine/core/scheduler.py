@@ -7,6 +7,13 @@ step and ``max_num_seqs`` running requests. A decode is the case where the diffe
 token; a long prompt is computed in chunks over several steps (chunked prefill), side by side
 with other requests' decodes.
 
+Prompt tokens (new prompts, later chunks of long ones, recomputes after preemption) may be
+capped per step apart from the budget (``max_num_prefill_tokens``; decodes never count): a
+burst of requests then gets its first tokens over several steps, in arrival order, instead of
+all waiting for one step that computes every prompt, and the running streams keep their pace.
+On a CPU, where prefill is compute bound, that turns a wave of 64 prompts (seconds) into
+steps of a fraction of a second each (benchmarks/RESULTS.md, Serving).
+
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
 priority) is preempted: its blocks are freed and it goes back to the front of the waiting
@@ -89,6 +96,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
         self.chunked_prefill = config.enable_chunked_prefill
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
@@ -112,20 +120,30 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
         budget = self.max_num_batched_tokens
+        prefill_left = self.max_num_prefill_tokens  # prompt tokens this step may still compute
         batch: list[Request] = []
         num_tokens: list[int] = []
         self._step_queries = self._step_hits = self._step_preempted = 0
 
-        # 1) Running requests, in order; preempt from the bottom when blocks run out.
+        # 1) Running requests, in order; preempt from the bottom when blocks run out. A decode
+        #    (one token) always runs; a prompt still being computed takes what the cap leaves.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n > 1:
+                n = min(n, prefill_left)
+                if n == 0:
+                    i += 1
+                    continue
             while not self.kv_cache.allocate_slots(req, n):
                 victim = self._pick_victim()
                 if victim in batch:  # only under priority: undo its place in this batch
                     j = batch.index(victim)
-                    budget += num_tokens.pop(j)
+                    freed = num_tokens.pop(j)
+                    budget += freed
+                    if freed > 1:
+                        prefill_left += freed
                     del batch[j]
                 if self.running.index(victim) < i:
                     i -= 1
@@ -137,10 +155,15 @@ class Scheduler:
                 batch.append(req)
                 num_tokens.append(n)
                 budget -= n
+                if n > 1:
+                    prefill_left -= n
                 i += 1
 
-        # 2) Waiting requests, first to last, while budget, sequences and blocks allow.
-        while (self.waiting and budget > 0 and not self._step_preempted
+        # 2) Waiting requests, first to last, while budget, prompt-token cap, sequences and blocks
+        #    allow. Without chunked prefill a prompt runs whole: over the cap only as the step's
+        #    first prompt (so one longer than the cap still runs, alone).
+        first_prompt = prefill_left == self.max_num_prefill_tokens
+        while (self.waiting and budget > 0 and prefill_left > 0 and not self._step_preempted
                and len(self.running) < self.max_num_seqs):
             req = self.waiting.peek()
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(req)
@@ -149,6 +172,11 @@ class Scheduler:
                 if not self.chunked_prefill:
                     break
                 n = budget
+            if n > prefill_left:
+                if self.chunked_prefill:
+                    n = prefill_left
+                elif not first_prompt:
+                    break
             if not self.kv_cache.allocate_slots(req, n, hits):
                 break
             self.waiting.pop()
@@ -162,6 +190,8 @@ class Scheduler:
             batch.append(req)
             num_tokens.append(n)
             budget -= n
+            prefill_left = max(0, prefill_left - n)
+            first_prompt = False
 
         self.total_queries += self._step_queries
         self.total_hits += self._step_hits

@@ -16,6 +16,10 @@ from typing import Any, Literal, Union
 from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
 from engine.entrypoints.openai.server import ServerSettings
 
+# `ringllm serve` on CPU caps the prompt tokens of a step unless --max-num-prefill-tokens is given
+# (engine/entrypoints/serve.py says why and how the figure was chosen).
+SERVE_CPU_MAX_NUM_PREFILL_TOKENS = 128
+
 ENGINE_ARG_HELP = {
     "model": "Model to serve: a local HF directory or a .gguf file (default: the embedded "
              "SmolLM2-135M-Instruct; nothing is ever downloaded).",
@@ -28,6 +32,11 @@ ENGINE_ARG_HELP = {
     "block_size": "Tokens per KV-cache block (a power of two).",
     "max_num_seqs": "Most sequences in one step (default 256).",
     "max_num_batched_tokens": "Token budget of one step (default 2048 with chunked prefill).",
+    "max_num_prefill_tokens": "Most prompt tokens computed in one step, over all requests (decodes do not "
+                              "count; 0: no cap). A burst of new requests then gets first tokens over several "
+                              "steps, in arrival order, while running streams keep their pace; a prompt longer "
+                              "than the cap is computed in chunks. Default: "
+                              f"{SERVE_CPU_MAX_NUM_PREFILL_TOKENS} for `ringllm serve` on CPU, else no cap.",
     "enable_prefix_caching": "Reuse KV blocks of shared prompt prefixes.",
     "enable_chunked_prefill": "Split long prefills across steps and mix them with decodes.",
     "scheduling_policy": "fcfs, or priority (lower value first, then arrival).",

@@ -11,10 +11,35 @@ import sys
 
 from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs
-from engine.entrypoints.cli_args import (add_engine_args, add_model_positional, add_server_args,
-                                         engine_args_from, server_settings_from)
+from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
+                                         add_server_args, engine_args_from, server_settings_from)
 from engine.entrypoints.openai.server import run_server
 from engine.exceptions import EngineStartupError
+
+
+def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+    """The engine arguments `ringllm serve` runs with: the flags, plus the online defaults that
+    differ from LLM's (as vLLM's differ by usage context).
+
+    On CPU the prompt tokens of a step are capped (SERVE_CPU_MAX_NUM_PREFILL_TOKENS) unless
+    --max-num-prefill-tokens is given. Prefill there is compute bound (~270 tokens/s for the
+    default model on one core of this machine): uncapped, a burst of 64 prompts is one step of
+    ~7 s that every first token waits for; capped, first tokens go out a few prompts a step, in
+    arrival order, while the running streams keep decoding (benchmarks/RESULTS.md, Serving).
+    Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
+    where the whole 2048-token budget is prefilled in milliseconds."""
+    engine_args = engine_args_from(args, AsyncEngineArgs)
+    if engine_args.max_num_prefill_tokens is None and _runs_on_cpu(engine_args.device):
+        engine_args.max_num_prefill_tokens = SERVE_CPU_MAX_NUM_PREFILL_TOKENS
+    return engine_args
+
+
+def _runs_on_cpu(device: str) -> bool:
+    if device != "auto":
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +60,7 @@ def run(args: argparse.Namespace) -> None:
     field) or a core that cannot start ends the command with that one message, no traceback."""
     try:
         settings = server_settings_from(args)
-        engine_args = engine_args_from(args, AsyncEngineArgs)
+        engine_args = serving_engine_args(args)
         run_server(build_async_engine_client_from_engine_args(engine_args), settings)
     except (ValueError, EngineStartupError) as exc:
         sys.exit(f"ringllm serve: error: {exc}")
