@@ -10,9 +10,13 @@ keep one streaming completion each in flight (closed loop: a client sends its ne
 when its last one ends), ``--requests-per-client`` each, ``--output-tokens`` long with
 ignore_eos, greedy, on seeded prompts of ~30 tokens. Measured per run: requests/s, output
 tokens/s, time to first token and inter-token latency (the gaps between streamed chunks),
-p50 and p99. A third method sends the same requests to an ``AsyncLLM`` on the ring inside the
+p50 and p99, and the mean time to first token (with few requests per client the first wave,
+which all arrive at once, is half the samples: the mean weighs both waves where p50 falls
+on whichever side of the boundary). A third method sends the same requests to an ``AsyncLLM`` on the ring inside the
 load generator's process, so what HTTP, JSON and SSE add shows beside it. Methods alternate
-within each round (harness.Bench).
+within each round (harness.Bench). ``--compare "FLAGS"`` (repeatable) adds a ``shm`` server
+started with FLAGS as one more method, for a side-by-side comparison of settings in one run,
+e.g. ``--compare "--max-num-prefill-tokens 0"`` (the scheduling before the serving default).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -136,6 +141,7 @@ async def run_level(send: Callable[[str], Awaitable[RequestStats]], concurrency:
     return {"requests_per_s": len(results) / duration,
             "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
             "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+            "ttft_mean_ms": sum(ttfts) / len(ttfts),
             "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99)}
 
 
@@ -186,12 +192,11 @@ class Server:
 def in_process_engine(model_args: list[str]):
     """An AsyncLLM on the ring built from the same ``serve`` flags the servers get."""
     from engine import AsyncLLM
-    from engine.config import AsyncEngineArgs
     from engine.entrypoints.cli import build_parser
-    from engine.entrypoints.cli_args import engine_args_from
+    from engine.entrypoints.serve import serving_engine_args
 
     args = build_parser(("engine.entrypoints.serve",)).parse_args(["serve", *model_args, "--transport", "shm"])
-    return AsyncLLM.from_engine_args(engine_args_from(args, AsyncEngineArgs))
+    return AsyncLLM.from_engine_args(serving_engine_args(args))  # what `ringllm serve` would run
 
 
 def model_under_test(tiny: bool, tmp: str) -> tuple[list[str], str, str]:
@@ -216,6 +221,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="append", default=[], metavar="FLAGS",
+                        help="Also run a shm server with these extra serve flags (one quoted string; "
+                             "repeatable), as a method named 'shm FLAGS'.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.makedirs(OUT_DIR, exist_ok=True)
@@ -228,6 +236,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         seeds, ids = itertools.count(args.seed * 1_000_000), itertools.count()
         servers = {t: Server([*model_args, "--transport", t, "--served-model-name", name],
                              os.path.join(OUT_DIR, f"{bench.name}-server-{t}.log")) for t in args.transports}
+        for i, flags in enumerate(args.compare):
+            servers[f"shm {flags}"] = Server([*model_args, "--transport", "shm", "--served-model-name", name,
+                                              *shlex.split(flags)],
+                                             os.path.join(OUT_DIR, f"{bench.name}-server-compare{i}.log"))
         llm = None if args.no_in_process else in_process_engine(model_args)
         try:
             senders = {}
@@ -256,6 +268,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         columns = [Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
                    Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
                    Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"), Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
+                   Column("TTFT mean ms", s, "ttft_mean_ms", "{:.0f}"),
                    Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
         if baseline:
             columns.append(Column("tok/s vs zmq", s, "output_tokens_per_s", ratio_to=baseline))
