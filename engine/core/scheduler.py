@@ -11,8 +11,9 @@ Prompt tokens (new prompts, later chunks of long ones, recomputes after preempti
 capped per step apart from the budget (``max_num_prefill_tokens``; decodes never count): a
 burst of requests then gets its first tokens over several steps, in arrival order, instead of
 all waiting for one step that computes every prompt, and the running streams keep their pace.
-On a CPU, where prefill is compute bound, that turns a wave of 64 prompts (seconds) into
-steps of a fraction of a second each (benchmarks/RESULTS.md, Serving).
+On a CPU, where prefill is compute bound, a wave of 64 prompts is then ~16 steps of under a
+second, each handing out a few first tokens, instead of one ~5 s step (benchmarks/RESULTS.md,
+Serving).
 
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
