@@ -219,7 +219,7 @@ class LlamaForCausalLM(nn.Module):
         num_tokens, cols = h.shape[0], self.q_size + self.kv_size
         x = (activation.rms_norm(h, norm, self.eps) if self.c_activations
              else F.rms_norm(h, (self.hidden,), norm, self.eps))
-        qkv = _proj(x.to(self.mm_dtype), w, bias, self.in_major)
+        qkv = _proj(x, w, bias, self.in_major)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, self.head_dim // 2, 2)
         if self.compiled:
             c, s = rope[..., 0], rope[..., 1]
@@ -235,14 +235,14 @@ class LlamaForCausalLM(nn.Module):
     def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, o_proj: torch.Tensor, norm: torch.Tensor,
                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, then norm, SwiGLU MLP and residual."""
-        out = _proj(attn.to(self.mm_dtype), o_proj, None, False)
+        out = _proj(attn, o_proj, None, False)
         if self.c_activations:
             x = activation.rms_norm(out, norm, self.eps, residual=h)  # h += out, in place
             act = activation.silu_and_mul(_proj(x, gate_up, None, self.in_major))
         else:
             h = h + out
             x = F.rms_norm(h, (self.hidden,), norm, self.eps)
-            gu = _proj(x.to(self.mm_dtype), gate_up, None, self.in_major)
+            gu = _proj(x, gate_up, None, self.in_major)
             act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
         return h + _proj(act, down, None, False)
 
@@ -250,7 +250,7 @@ class LlamaForCausalLM(nn.Module):
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head)."""
         x = (activation.rms_norm(hidden, self.norm, self.eps) if self.c_activations
-             else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps).to(self.mm_dtype))
+             else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps))
         if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
             return self.packed_lm_head.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:
