@@ -10,7 +10,8 @@ come first, then each prefill chunk as a contiguous run of rows.
 
 Decodes. On a CPU the C kernel (engine/kernels/paged_attention.py) reads each decode's
 blocks where they lie, with no gather, padding or mask; the runner then sets
-``decode_seq_lens`` instead of the masks. Elsewhere all decodes attend in one batched SDPA call. Their blocks are gathered
+``decode_seq_lens`` instead of the masks. Elsewhere all decodes attend in one batched
+SDPA call. Their blocks are gathered
 once per layer with one ``index_select`` over whole blocks (a ``[D, L]`` copy,
 L = the longest context rounded up to a block), and a boolean mask hides each
 row's padding. Grouped-query attention is folded into the query length: the G
