@@ -11,10 +11,9 @@ come first, then each prefill chunk as a contiguous run of rows.
 Decodes. On a CPU the C kernel (engine/kernels/paged_attention.py) reads each decode's
 blocks where they lie, with no gather, padding or mask; the runner then sets
 ``decode_seq_lens`` instead of the masks. Elsewhere all decodes attend in one batched
-SDPA call. Their blocks are gathered
-once per layer with one ``index_select`` over whole blocks (a ``[D, L]`` copy,
-L = the longest context rounded up to a block), and a boolean mask hides each
-row's padding. Grouped-query attention is folded into the query length: the G
+SDPA call. Their blocks are gathered once per layer with one ``index_select`` over whole
+blocks (a ``[D, L]`` copy, L = the longest context rounded up to a block), and a
+boolean mask hides each row's padding. Grouped-query attention is folded into the query length: the G
 query heads sharing a KV head become G "queries" of that head, so K/V are read
 once per KV head and never repeated; the masks of those G rows are identical
 because they sit at the same position. Everything that does not depend on the
