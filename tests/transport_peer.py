@@ -217,6 +217,13 @@ def main() -> None:
             grand = spawn_grandchild(args[0] == "1")
             ch.send(Ctl("grandchild", n=grand.pid))
             ch.recv(timeout=60)
+        elif mode == "pace":  # n messages: one every interval_us from start_ns on (busy-waited)
+            n, interval, start = int(args[0]), int(args[1]) * 1000, int(args[2])
+            for i in range(n):
+                while time.monotonic_ns() < start + i * interval:
+                    pass
+                ch.send(Data(i, time.monotonic_ns(), b""))  # crc: the publish stamp
+            ch.recv(timeout=30)
         elif mode == "exit":  # send what we are told, then leave without closing
             for _ in range(int(args[0])):
                 ch.send(Data(1, 0, b"bye"))
