@@ -169,8 +169,11 @@ class AsyncChannelMixin:
 
     def _anticipate(self, out: list, room: int, expect: tuple[float, float]) -> Optional[float]:
         """Set the timer to wake ahead of the expected message and return its deadline; or, if
-        the message is due within a wake-up, spin for it now and return None."""
+        the message is due within a wake-up, spin for it now and return None. A guess too
+        vague to be caught within ``max_anticipation_spin`` is not worth a spin: None."""
         at, spread = expect
+        if 2 * (spread + self._wake_lead.margin) > self.max_anticipation_spin:
+            return None
         now = time.monotonic()
         wake = at - spread - self._wake_lead.lead  # early rather than late: a late wake-up gains nothing
         if wake <= now:

@@ -132,3 +132,15 @@ async def test_wrong_guesses_lose_and_delay_nothing():
         ch.close()
         proc.wait(timeout=10)
     assert set(os.listdir("/proc/self/fd")) <= before  # the timerfd went with the channel
+
+
+async def test_a_guess_too_vague_to_catch_in_one_spin_is_not_acted_on():
+    ch, proc = paced_child(5, 5000, time.monotonic_ns())
+    try:
+        got = await read_paced(ch, 5, lambda: (time.monotonic() + 0.001, 10 * ch.max_anticipation_spin))
+        assert [msg.seq for msg, _ in got] == list(range(5))
+        stats = ch.anticipation_stats()
+        assert stats["hits"] + stats["late"] + stats["misses"] == 0, stats
+    finally:
+        ch.close()
+        proc.wait(timeout=10)
