@@ -33,6 +33,7 @@ class Pace:
         self._samples = 0
         self._interval = 0.0
         self._dev = 0.0  # mean absolute deviation of the interval
+        self._outliers = 0  # odd intervals in a row
 
     def published(self, stamp: float) -> None:
         """The producer published a message at ``stamp`` (its own clock reading)."""
@@ -45,11 +46,20 @@ class Pace:
             return
         if self._samples == 0:
             self._interval, self._dev = interval, interval / 8
-        else:  # plain averages over the first samples, so that a first outlier fades at once
-            weight = max(_WEIGHT, 1 / (self._samples + 1))
-            error = interval - self._interval
-            self._interval += error * weight
-            self._dev += (abs(error) - self._dev) * weight
+            self._samples = 1
+            return
+        error = interval - self._interval
+        if self._samples >= self.min_samples and abs(error) > 4 * self._dev:
+            # An odd step (a prefill, a pause for new requests) says nothing of the next one;
+            # several in a row mean the pace changed: learn it afresh.
+            self._outliers += 1
+            if self._outliers >= 3:
+                self._samples, self._outliers = 0, 0
+            return
+        self._outliers = 0
+        weight = max(_WEIGHT, 1 / (self._samples + 1))  # plain averages over the first samples
+        self._interval += error * weight
+        self._dev += (abs(error) - self._dev) * weight
         self._samples += 1
 
     def expect(self) -> Optional[tuple[float, float]]:

@@ -45,6 +45,27 @@ def test_pace_gives_up_on_irregular_or_slow_producers_and_relearns_after_a_pause
     assert at == pytest.approx(1.0 + (pace.min_samples + 1) * 0.002, abs=1e-6)
 
 
+def test_pace_ignores_an_odd_step_but_follows_a_changed_pace():
+    pace = Pace()
+    t = 0.0
+    for _ in range(20):
+        t += 0.001
+        pace.published(t)
+    t += 0.004  # one long step (a prefill): the next is expected at the usual interval again
+    pace.published(t)
+    at, spread = pace.expect()
+    assert at == pytest.approx(t + 0.001, abs=1e-6) and spread < 1e-4
+    for _ in range(3):  # the pace really changed: relearned from the new intervals
+        t += 0.002
+        pace.published(t)
+    assert pace.expect() is None
+    for _ in range(pace.min_samples):
+        t += 0.002
+        pace.published(t)
+    at, _ = pace.expect()
+    assert at == pytest.approx(t + 0.002, abs=1e-6)
+
+
 def test_wake_lead_learns_the_timer_latency_but_discounts_a_busy_loop():
     lead = WakeLead(initial=80e-6, margin=10e-6)
     for _ in range(100):

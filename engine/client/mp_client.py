@@ -143,6 +143,16 @@ class AsyncMPClient:
     def dead_error(self) -> Optional[EngineDeadError]:
         return self._dead
 
+    def anticipation_stats(self) -> dict[str, int]:
+        """The anticipated wake-ups of every core's ring reader, summed (Channel's counters;
+        empty when no reader anticipates)."""
+        total: dict[str, int] = {}
+        for core in self._cores:
+            if core.engine_index in self._paces:
+                for key in ("hits", "late", "misses"):
+                    total[key] = total.get(key, 0) + core.channel.anticipation_stats()[key]
+        return total
+
     def _ensure_started(self) -> None:
         if self._loop is not None:
             return
