@@ -163,8 +163,9 @@ class AsyncChannelMixin:
 
     # ------------------------------------------------------------------ anticipated wake-ups
     def anticipation_stats(self) -> dict:
-        """Wake-ups on an ``expect`` timer: ``hits`` (the spin caught the message), ``late``
-        (it was already there), ``misses`` (the spin ended empty); and the learned lead."""
+        """Spins for an expected message, after the ``expect`` timer or at once when it was
+        due within a wake-up: ``hits`` (the spin caught it), ``late`` (the timer woke us after
+        it came), ``misses`` (the spin ended empty); and the learned lead."""
         return {**self._anticipated, "lead_us": self._wake_lead.lead * 1e6}
 
     def _anticipate(self, out: list, room: int, expect: tuple[float, float]) -> Optional[float]:
@@ -176,8 +177,9 @@ class AsyncChannelMixin:
             return None
         now = time.monotonic()
         wake = at - spread - self._wake_lead.lead  # early rather than late: a late wake-up gains nothing
-        if wake <= now:
-            self._spin_for(out, room, at + spread, now)
+        if wake <= now:  # due within a wake-up
+            if self._spin_for(out, room, at + spread, now):
+                self._anticipated["hits" if out else "misses"] += 1
             return None
         if self._timer_fd is None:
             fd = lib.ring_timer_new()
@@ -195,13 +197,16 @@ class AsyncChannelMixin:
         lib.ring_timer_set(self._timer_fd, int(wake * 1e9))
         return wake
 
-    def _spin_for(self, out: list, room: int, until: float, now: float) -> None:
+    def _spin_for(self, out: list, room: int, until: float, now: float) -> bool:
         """Spin (GIL released, not announcing a sleep: the producer makes no system call) for
-        a message until ``until`` plus the margin, at most ``max_anticipation_spin``."""
+        a message until ``until`` plus the margin, at most ``max_anticipation_spin``. False if
+        that time has already passed."""
         spin = min(until + self._wake_lead.margin - now, self.max_anticipation_spin)
-        if spin > 0:
-            ns = int(spin * 1e9)
-            self._drain_ring(out, room, ns, ns)
+        if spin <= 0:
+            return False
+        ns = int(spin * 1e9)
+        self._drain_ring(out, room, ns, ns)
+        return True
 
     def _after_timer(self, out: list, room: int, expect: tuple[float, float], wake: float) -> None:
         now = time.monotonic()
