@@ -14,7 +14,8 @@ message: a reader that woke late once must not aim late the next time. ``WakeLea
 how long the timer takes to get the reader running. Both are plain arithmetic (no clock, no
 fds), on seconds of ``time.monotonic``; ``Channel.recv_batch_async(expect=...)`` uses them.
 The eventfd stays armed while the timer is pending, so a wrong guess costs at most one
-bounded spin, never a lost or late message.
+bounded spin (which, like ``async_spin_us``, holds up the event loop: ``max_anticipation_spin``,
+300 us), never a lost or late message.
 """
 from __future__ import annotations
 
