@@ -43,7 +43,7 @@ class Pace:
             return
         interval = stamp - last
         if interval > self.max_interval:  # a pause, not a step: learn the pace afresh
-            self._samples = 0
+            self._samples, self._outliers = 0, 0
             return
         if self._samples == 0:
             self._interval, self._dev = interval, interval / 8
