@@ -65,8 +65,8 @@ class Pace:
 
     def expect(self) -> Optional[tuple[float, float]]:
         """``(at, spread)``: the next publish is due at about ``at``, give or take ``spread``;
-        None while the pace is unknown, slow or irregular (spread above a quarter of it)."""
-        if self._samples < self.min_samples or 8 * self._dev > self._interval:
+        None while the pace is unknown, slow or irregular (spread above half of it)."""
+        if self._samples < self.min_samples or 4 * self._dev > self._interval:
             return None
         return self._last + self._interval, 2 * self._dev
 
