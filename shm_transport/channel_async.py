@@ -125,7 +125,7 @@ class AsyncChannelMixin:
     def _on_timer_event(self) -> None:
         try:
             os.read(self._timer_fd, 8)
-        except (BlockingIOError, OSError, TypeError):
+        except (OSError, TypeError):  # TypeError: the timer was closed meanwhile
             return  # cleared when it was re-armed: a stale expiry, not ours
         self._timer_fired = True
         _resolve(self._rx_fut)
