@@ -122,13 +122,18 @@ class AsyncChannelMixin:
         clear_eventfd(self._rx.data_efd)
         _resolve(self._rx_fut)
 
-    def _on_timer_event(self) -> None:
+    def _take_timer_expiry(self) -> bool:
+        """Clear the timerfd; whether it had expired."""
         try:
             os.read(self._timer_fd, 8)
+            return True
         except (OSError, TypeError):  # TypeError: the timer was closed meanwhile
-            return  # cleared when it was re-armed: a stale expiry, not ours
-        self._timer_fired = True
-        _resolve(self._rx_fut)
+            return False
+
+    def _on_timer_event(self) -> None:
+        if self._take_timer_expiry():  # else cleared when re-armed: a stale expiry, not ours
+            self._timer_fired = True
+            _resolve(self._rx_fut)
 
     def _on_tx_event(self) -> None:
         clear_eventfd(self._tx.space_efd)
@@ -189,10 +194,7 @@ class AsyncChannelMixin:
             self._loop.add_reader(fd, self._on_timer_event)
             self._loop_fds.append(fd)
         else:
-            try:
-                os.read(self._timer_fd, 8)  # a stale expiry must not pass for this one
-            except BlockingIOError:
-                pass
+            self._take_timer_expiry()  # a stale expiry must not pass for this one
         self._timer_fired = False
         lib.ring_timer_set(self._timer_fd, int(wake * 1e9))
         return wake

@@ -149,8 +149,9 @@ class AsyncMPClient:
         total: dict[str, int] = {}
         for core in self._cores:
             if core.engine_index in self._paces:
+                stats = core.channel.anticipation_stats()
                 for key in ("hits", "late", "misses"):
-                    total[key] = total.get(key, 0) + core.channel.anticipation_stats()[key]
+                    total[key] = total.get(key, 0) + stats[key]
         return total
 
     def _ensure_started(self) -> None:
@@ -206,9 +207,9 @@ class AsyncMPClient:
                 self._reading = False
 
     def _dispatch(self, core: CoreProcess, batch: list) -> None:
+        pace = self._paces.get(core.engine_index)
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
-                pace = self._paces.get(core.engine_index)
                 if pace is not None:
                     pace.published(msg.timestamp)
                 self._on_outputs(msg)
