@@ -22,9 +22,7 @@ frontend's shared per-output work (input and output processing, collectors, waki
 consumers, the consumers themselves); shm or zmq minus ``none`` is what the transport adds.
 Each run also reports the CPU time of the output processing alone (``process_outputs``,
 which hands each output to its collector) and the p50 of the transport latency proper (the
-core's publish stamp to the output handler holding the decoded message), and the share of
-messages that the ring reader caught spinning after an anticipated wake-up
-(RINGLLM_ANTICIPATE_OUTPUTS) rather than being woken by the core.
+core's publish stamp to the output handler holding the decoded message).
 
 Offline: the issue-3 workload (benchmarks.offline: 64 prompts x 128 tokens, the default
 model, bf16, greedy) through ``LLM`` with the EngineCore in-process and in its own process,
@@ -165,12 +163,9 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
     llm.take_transport_latencies()
     processing[0] = 0.0
     sim0 = simulated.cpu if simulated else 0.0
-    anticipated = getattr(llm.engine_core, "anticipation_stats", dict)
-    hits0 = anticipated().get("hits", 0)
     cpu0, t0 = time.process_time(), time.monotonic()
     await asyncio.gather(*(stream(i) for i in range(streams)))
     elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
-    hits = anticipated().get("hits", 0) - hits0
     if simulated:
         cpu -= simulated.cpu - sim0
     latencies.sort()
@@ -181,8 +176,7 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
             "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
             "cpu_us_per_token": cpu / tokens * 1e6,
             "processing_us_per_token": processing[0] / tokens * 1e6,
-            "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0,
-            "caught_in_spin": hits / max(1, len(transport))}
+            "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0}
 
 
 def decode_us_per_output(outputs: int = 256) -> float:
@@ -300,8 +294,7 @@ def report(bench: Bench, streams: list[int], offline: bool) -> None:
                  Column(f"{n}: CPU us/tok", s, "cpu_us_per_token", "{:.1f}"),
                  Column(f"{n}: processing us/tok", s, "processing_us_per_token", "{:.1f}"),
                  Column(f"{n}: transport p50 us", s, "transport_p50_us", "{:.0f}"),
-                 Column(f"{n}: tok/msg", s, "tokens_per_message", "{:.0f}"),
-                 Column(f"{n}: caught in spin", s, "caught_in_spin", "{:.0%}")]
+                 Column(f"{n}: tok/msg", s, "tokens_per_message", "{:.0f}")]
     print()
     for n in streams:
         print(bench.table(f"{n} concurrent AsyncLLM streams", [c for c in cols if c.scenario == f"{n} streams"],

@@ -220,14 +220,6 @@ void ring_kick(ring_consumer *c);
 uint64_t ring_used_bytes(ring_consumer *c);
 void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]); /* sleeps, timeouts, wakes, late */
 
-/* Wake-up timers (wake.c), for a reader that wakes ahead of a message it expects: asyncio's
- * own timers round to milliseconds, a timerfd does not. ring_timer_new: a non-blocking,
- * close-on-exec CLOCK_MONOTONIC timerfd (or -errno). ring_timer_set: fire once at at_ns on
- * that clock (Python's time.monotonic_ns), or never again if at_ns is 0; 0 or
- * -errno. */
-int ring_timer_new(void);
-int ring_timer_set(int fd, uint64_t at_ns);
-
 /* Process helpers (wake.c): prctl PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER; 0 or -errno. */
 int ring_set_pdeathsig(int sig);
 int ring_set_child_subreaper(int on);

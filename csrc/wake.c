@@ -13,7 +13,6 @@
 #include <linux/futex.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -132,23 +131,6 @@ void ring_end_publish(struct ring_end *e, _Atomic uint64_t *counter, uint64_t va
         e->stats[RING_STAT_WAKES]++;
         ring_wake_word(e->peer_seq, waiting, e->peer_efd);
     }
-}
-
-/* ---------------------------------------------------------------- wake-up timers */
-
-int ring_timer_new(void)
-{
-    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    return fd >= 0 ? fd : -errno;
-}
-
-int ring_timer_set(int fd, uint64_t at_ns)
-{
-    /* Absolute time: a deadline already past fires at once; an all-zero it_value disarms. */
-    struct itimerspec its = {0};
-    its.it_value.tv_sec = (time_t)(at_ns / 1000000000ull);
-    its.it_value.tv_nsec = (long)(at_ns % 1000000000ull);
-    return timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, NULL) == 0 ? 0 : -errno;
 }
 
 /* ---------------------------------------------------------------- process helpers */

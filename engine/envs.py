@@ -29,9 +29,6 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RINGLLM_ENABLE_MULTIPROCESSING": _bool("RINGLLM_ENABLE_MULTIPROCESSING", "1"),
     # Outputs processed per slice by AsyncLLM's output handler before yielding to the loop.
     "RINGLLM_OUTPUT_PROC_CHUNK_SIZE": _int("RINGLLM_OUTPUT_PROC_CHUNK_SIZE", 128),
-    # 1: AsyncLLM's ring reader wakes ahead of each step's outputs when the core steps at a
-    # steady pace (a timer, then a short spin) instead of being woken by the core.
-    "RINGLLM_ANTICIPATE_OUTPUTS": _bool("RINGLLM_ANTICIPATE_OUTPUTS", "1"),
     # torch intra-op threads in the process that runs the model; 0 = the measured default.
     "RINGLLM_NUM_THREADS": _int("RINGLLM_NUM_THREADS", 0),
     # Seconds the frontend waits for the EngineCore's READY handshake.

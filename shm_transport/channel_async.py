@@ -9,20 +9,13 @@ same way (the space eventfd), so the event loop is never blocked on a futex.
 All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
 and resolve whichever future is waiting. Only one task may await a receive at a time; concurrent
 ``send_async`` calls are serialised in call order by an ``asyncio.Lock``.
-
-A receiver that knows when the next message is due (``expect``, from a ``Pace``) also arms a
-timerfd to wake ahead of it and spins for the last stretch (anticipation.py says why); the
-timerfd exists, registered with the loop, only while the channel is attached to one.
 """
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from typing import Any, Optional
 
 from ._ring import lib
-from .anticipation import WakeLead
 from .errors import ChannelClosed
 from .ring import BATCH_RECORDS, raise_status
 from .wakeup import clear_eventfd
@@ -43,11 +36,6 @@ class AsyncChannelMixin:
         self._tx_fut: Optional[asyncio.Future] = None
         self._send_lock: Optional[asyncio.Lock] = None
         self._async_spin_ns = 10_000
-        self._timer_fd: Optional[int] = None
-        self._timer_fired = False
-        self._wake_lead = WakeLead()
-        self._anticipated = {"hits": 0, "late": 0, "misses": 0}
-        self.max_anticipation_spin = 300e-6  # seconds: the most one expected message is spun for
 
     @property
     def async_spin_us(self) -> float:
@@ -87,9 +75,6 @@ class AsyncChannelMixin:
                     pass
         _resolve(self._rx_fut)
         _resolve(self._tx_fut)
-        timer, self._timer_fd = self._timer_fd, None
-        if timer is not None:
-            os.close(timer)
 
     def _async_attached(self) -> bool:
         return self._loop is not None
@@ -122,19 +107,6 @@ class AsyncChannelMixin:
         clear_eventfd(self._rx.data_efd)
         _resolve(self._rx_fut)
 
-    def _take_timer_expiry(self) -> bool:
-        """Clear the timerfd; whether it had expired."""
-        try:
-            os.read(self._timer_fd, 8)
-            return True
-        except (OSError, TypeError):  # TypeError: the timer was closed meanwhile
-            return False
-
-    def _on_timer_event(self) -> None:
-        if self._take_timer_expiry():  # else cleared when re-armed: a stale expiry, not ours
-            self._timer_fired = True
-            _resolve(self._rx_fut)
-
     def _on_tx_event(self) -> None:
         clear_eventfd(self._tx.space_efd)
         _resolve(self._tx_fut)
@@ -166,66 +138,10 @@ class AsyncChannelMixin:
             if timer is not None:
                 timer.cancel()
 
-    # ------------------------------------------------------------------ anticipated wake-ups
-    def anticipation_stats(self) -> dict:
-        """Spins for an expected message, after the ``expect`` timer or at once when it was
-        due within a wake-up: ``hits`` (the spin caught it), ``late`` (the timer woke us after
-        it came), ``misses`` (the spin ended empty); and the learned lead."""
-        return {**self._anticipated, "lead_us": self._wake_lead.lead * 1e6}
-
-    def _anticipate(self, out: list, room: int, expect: tuple[float, float]) -> Optional[float]:
-        """Set the timer to wake ahead of the expected message and return its deadline; or, if
-        the message is due within a wake-up, spin for it now and return None. A guess too
-        vague to be caught within ``max_anticipation_spin`` is not worth a spin: None."""
-        at, spread = expect
-        if 2 * (spread + self._wake_lead.margin) > self.max_anticipation_spin:
-            return None
-        now = time.monotonic()
-        wake = at - spread - self._wake_lead.lead  # early rather than late: a late wake-up gains nothing
-        if wake <= now:  # due within a wake-up
-            if self._spin_for(out, room, at + spread, now):
-                self._anticipated["hits" if out else "misses"] += 1
-            return None
-        if self._timer_fd is None:
-            fd = lib.ring_timer_new()
-            if fd < 0:
-                raise OSError(-fd, f"timerfd_create: {os.strerror(-fd)}")
-            self._timer_fd = fd
-            self._loop.add_reader(fd, self._on_timer_event)
-            self._loop_fds.append(fd)
-        else:
-            self._take_timer_expiry()  # a stale expiry must not pass for this one
-        self._timer_fired = False
-        lib.ring_timer_set(self._timer_fd, int(wake * 1e9))
-        return wake
-
-    def _spin_for(self, out: list, room: int, until: float, now: float) -> bool:
-        """Spin (GIL released, not announcing a sleep: the producer makes no system call) for
-        a message until ``until`` plus the margin, at most ``max_anticipation_spin``. False if
-        that time has already passed."""
-        spin = min(until + self._wake_lead.margin - now, self.max_anticipation_spin)
-        if spin <= 0:
-            return False
-        ns = int(spin * 1e9)
-        self._drain_ring(out, room, ns, ns)
-        return True
-
-    def _after_timer(self, out: list, room: int, expect: tuple[float, float], wake: float) -> None:
-        now = time.monotonic()
-        self._wake_lead.woke(now - wake)
-        if out:
-            self._anticipated["late"] += 1
-            return
-        self._spin_for(out, room, expect[0] + expect[1], now)
-        self._anticipated["hits" if out else "misses"] += 1
-
     # ------------------------------------------------------------------ receiving
-    async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None,
-                               expect: Optional[tuple[float, float]] = None) -> list:
+    async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
         """Await at least one message, then return all available (at most ``max_messages``);
-        ``[]`` once ``timeout`` passes. ``expect``: ``(at, spread)`` from a ``Pace``, the next
-        message is due at about ``time.monotonic()`` == ``at``: wake ahead of it on a timer
-        and spin for it, rather than sleep until the producer wakes us."""
+        ``[]`` once ``timeout`` passes."""
         if self._closed:
             raise ChannelClosed("channel is closed (by this process)")
         out: list = []
@@ -239,35 +155,25 @@ class AsyncChannelMixin:
         if self._rx_fut is not None:
             raise RuntimeError("another task is already awaiting a receive on this channel")
         deadline = None if timeout is None else loop.time() + timeout
-        wake = None if expect is None else self._anticipate(out, room, expect)
-        if out:
-            return out
-        try:
-            while True:
-                if not lib.ring_arm_data(self._c):
-                    try:
-                        if not (self._peer_dead or (deadline is not None and loop.time() >= deadline)):
-                            await self._sleep_on("_rx_fut", deadline)
-                    finally:
-                        if not self._closed:
-                            lib.ring_disarm_data(self._c)
-                if self._closed:
-                    raise ChannelClosed("channel is closed (by this process)")
-                self._drain(out, max_messages)
-                if wake is not None and self._timer_fired:
-                    self._after_timer(out, room, expect, wake)
-                    wake = None
-                if out:
-                    return out
-                if lib.ring_is_closed(self._rx.segment.base):
-                    raise ChannelClosed("recv: the peer closed the channel")
-                if not self._peer_alive():
-                    raise self._peer_error()
-                if deadline is not None and loop.time() >= deadline:
-                    return out
-        finally:
-            if wake is not None and self._timer_fd is not None:
-                lib.ring_timer_set(self._timer_fd, 0)  # woken before it fired: it must not fire
+        while True:
+            if not lib.ring_arm_data(self._c):
+                try:
+                    if not (self._peer_dead or (deadline is not None and loop.time() >= deadline)):
+                        await self._sleep_on("_rx_fut", deadline)
+                finally:
+                    if not self._closed:
+                        lib.ring_disarm_data(self._c)
+            if self._closed:
+                raise ChannelClosed("channel is closed (by this process)")
+            self._drain(out, max_messages)
+            if out:
+                return out
+            if lib.ring_is_closed(self._rx.segment.base):
+                raise ChannelClosed("recv: the peer closed the channel")
+            if not self._peer_alive():
+                raise self._peer_error()
+            if deadline is not None and loop.time() >= deadline:
+                return out
 
     async def recv_async(self, timeout: Optional[float] = None) -> Any:
         """The next message; TimeoutError if none came within ``timeout``."""

@@ -25,7 +25,7 @@ from engine.core.engine_core_proc import CoreProcess, close_cores, launch_cores
 from engine.exceptions import EngineDeadError
 from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
                              EngineReady, UtilityCall, UtilityResult)
-from shm_transport import Channel, Pace, TransportError
+from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +111,7 @@ class AsyncMPClient:
     With one core, whoever awaits ``get_output_async`` (the output handler) reads the channel
     itself: no task or queue between the eventfd and the handler. A utility call made while
     nobody reads does the reading; one reader at a time, the others wait for its batch. With
-    several cores (data parallel) one task per core reads. A ring reader learns each core's
-    step pace from the publish stamps of its OUTPUTS and wakes ahead of the next one
-    (RINGLLM_ANTICIPATE_OUTPUTS; shm_transport/anticipation.py). Work starts on first use inside a
+    several cores (data parallel) one task per core reads. Work starts on first use inside a
     running loop, so the client can be built before the loop exists. Its interface is the
     async half of vLLM's client (``*_async``), hence no EngineCoreClient base.
     """
@@ -131,9 +129,6 @@ class AsyncMPClient:
         self._pending: dict[int, deque] = {}  # per core: (message, future) waiting for ring space
         self._dead: Optional[EngineDeadError] = None
         self._closing = False
-        self._paces: dict[int, Pace] = {
-            core.engine_index: Pace() for core in self._cores
-            if envs.RINGLLM_ANTICIPATE_OUTPUTS and isinstance(core.channel, Channel)}
 
     @property
     def ready(self) -> EngineReady:
@@ -142,17 +137,6 @@ class AsyncMPClient:
     @property
     def dead_error(self) -> Optional[EngineDeadError]:
         return self._dead
-
-    def anticipation_stats(self) -> dict[str, int]:
-        """The anticipated wake-ups of every core's ring reader, summed (Channel's counters;
-        empty when no reader anticipates)."""
-        total: dict[str, int] = {}
-        for core in self._cores:
-            if core.engine_index in self._paces:
-                stats = core.channel.anticipation_stats()
-                for key in ("hits", "late", "misses"):
-                    total[key] = total.get(key, 0) + stats[key]
-        return total
 
     def _ensure_started(self) -> None:
         if self._loop is not None:
@@ -171,12 +155,8 @@ class AsyncMPClient:
             await self._read_batch(core)
 
     async def _read_batch(self, core: CoreProcess) -> None:
-        pace = self._paces.get(core.engine_index)
         try:
-            if pace is None:
-                batch = await core.channel.recv_batch_async()
-            else:
-                batch = await core.channel.recv_batch_async(expect=pace.expect())
+            batch = await core.channel.recv_batch_async()
             self._dispatch(core, batch)
         except TransportError:
             self._on_core_exit(core)
@@ -207,11 +187,8 @@ class AsyncMPClient:
                 self._reading = False
 
     def _dispatch(self, core: CoreProcess, batch: list) -> None:
-        pace = self._paces.get(core.engine_index)
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
-                if pace is not None:
-                    pace.published(msg.timestamp)
                 self._on_outputs(msg)
                 self._outputs.append(msg)
             elif isinstance(msg, UtilityResult):
