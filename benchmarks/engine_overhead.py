@@ -1,4 +1,4 @@
-"""Engine-overhead scenario (issue 4): what the frontend, the transport and the EngineCore
+"""Engine-overhead scenario: what the frontend, the transport and the EngineCore
 process cost around a model that costs almost nothing.
 
     python -m benchmarks.engine_overhead [--rounds 3] [--duration 2] [--quick] [--no-offline]
@@ -24,7 +24,7 @@ Each run also reports the CPU time of the output processing alone (``process_out
 which hands each output to its collector) and the p50 of the transport latency proper (the
 core's publish stamp to the output handler holding the decoded message).
 
-Offline: the issue-3 workload (benchmarks.offline: 64 prompts x 128 tokens, the default
+Offline: the offline scenario's workload (benchmarks.offline: 64 prompts x 128 tokens, the default
 model, bf16, greedy) through ``LLM`` with the EngineCore in-process and in its own process,
 each in a fresh worker process, interleaved over rounds.
 """
@@ -211,7 +211,7 @@ async def shutdown(engines) -> None:
 
 
 def offline_case(inproc: bool, a: argparse.Namespace):
-    """The issue-3 batch workload in a fresh benchmarks.offline worker: tok/s, start-up, peak RSS."""
+    """The offline scenario's batch workload in a fresh benchmarks.offline worker: tok/s, start-up, peak RSS."""
     from benchmarks import offline
 
     measure = offline.case("ringllm", "batch", 1, argparse.Namespace(

@@ -1,4 +1,4 @@
-"""Offline throughput scenario (issue 3): ringllm ``LLM.generate`` against plain transformers.
+"""Offline throughput scenario: ringllm ``LLM.generate`` against plain transformers.
 
 Two scenarios per engine, in the same run:
 
@@ -9,8 +9,8 @@ Two scenarios per engine, in the same run:
 Every measurement runs in a fresh worker process (peak RSS is that engine's alone, its
 EngineCore child included, and neither engine warms the other's caches) and only
 ``generate`` is timed, after a short warm-up; start-up time is reported beside it. Both
-engines get the same torch thread count and ``OMP_WAIT_POLICY=PASSIVE`` (FACTS.md: spinning
-OpenMP threads collapse when anything else takes a core). The harness alternates the order
+engines get the same torch thread count and ``OMP_WAIT_POLICY=PASSIVE`` (spinning OpenMP
+threads collapse when anything else takes a core: docs/ARCHITECTURE.md, "Threads"). The harness alternates the order
 of the cases between rounds and reports medians with the min-max spread.
 
     python -m benchmarks.offline                     # 64 x 128, bf16, 1 thread, 3 rounds

@@ -1,4 +1,4 @@
-"""Serving scenario (issue 5): an aiohttp load generator against running ``ringllm serve``s.
+"""Serving scenario: an aiohttp load generator against running ``ringllm serve``s.
 
     python -m benchmarks.serving [--rounds 3] [--tiny] [--levels 1 8 32 64]
     (or: ringllm bench serving)

@@ -2,7 +2,7 @@
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (unless the user chose a policy) before anything here can
 import torch: OpenMP threads that spin while waiting make a decode step many times slower
-whenever another process takes a core (FACTS.md, "CPU threads").
+whenever another process takes a core (docs/ARCHITECTURE.md, "Threads on a small CPU").
 """
 import logging
 import os

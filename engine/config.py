@@ -244,7 +244,8 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
 
 
 def default_num_threads() -> int:
-    """torch threads for the model: one core is left to the frontend (see FACTS.md)."""
+    """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
+    "Threads on a small CPU")."""
     from engine import envs
 
     return envs.RINGLLM_NUM_THREADS or max(1, (os.cpu_count() or 2) - 1)
