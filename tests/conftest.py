@@ -7,10 +7,6 @@ import time
 import pytest
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "model: runs the real default model (slower; deselect with -m 'not model')")
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The tiny dummy-weight Llama (2 layers, hidden 64) with the default model's tokenizer."""

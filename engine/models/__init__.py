@@ -7,17 +7,11 @@ from __future__ import annotations
 
 from typing import Type
 
+from engine.config import SUPPORTED_ARCHITECTURES
 from engine.models.llama import LlamaForCausalLM
 
-_REGISTRY: dict[str, Type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-}
-
-
-def supported_architectures() -> list[str]:
-    return list(_REGISTRY)
+# The names live in config.py, which checks them without importing torch.
+_REGISTRY: dict[str, Type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in SUPPORTED_ARCHITECTURES}
 
 
 def get_model_class(architecture: str) -> Type[LlamaForCausalLM]:
