@@ -198,7 +198,8 @@ def _cpu_has_bf16() -> bool:
     return False
 
 
-def _resolve_device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """``device`` ("auto", "cpu" or "cuda") as the device the model will run on."""
     if device not in ("auto", "cpu", "cuda"):
         raise _bad("device", "'auto', 'cpu' or 'cuda'", device)
     if device == "cpu":
@@ -285,7 +286,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
-    device = _resolve_device(args.device)
+    device = resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, device, hf_config)
     max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
     max_model_len = max_pos if args.max_model_len is None else _positive_int(

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from engine.async_llm import build_async_engine_client_from_engine_args
-from engine.config import AsyncEngineArgs
+from engine.config import AsyncEngineArgs, resolve_device
 from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
                                          add_server_args, engine_args_from, server_settings_from)
 from engine.entrypoints.openai.server import run_server
@@ -29,17 +29,9 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
     where the whole 2048-token budget is prefilled in milliseconds."""
     engine_args = engine_args_from(args, AsyncEngineArgs)
-    if engine_args.max_num_prefill_tokens is None and _runs_on_cpu(engine_args.device):
+    if engine_args.max_num_prefill_tokens is None and resolve_device(engine_args.device) == "cpu":
         engine_args.max_num_prefill_tokens = SERVE_CPU_MAX_NUM_PREFILL_TOKENS
     return engine_args
-
-
-def _runs_on_cpu(device: str) -> bool:
-    if device != "auto":
-        return device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
