@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from typing import Any, Optional, Union
 
 import msgspec
@@ -18,6 +19,7 @@ _SAMPLING_EPS = 1e-5
 # Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT_MAX = float("inf")  # an upper bound of "none": finiteness is checked on its own
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p")
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                 "include_stop_str_in_output")
@@ -71,8 +73,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             self.stop = list(self.stop)
         if self.stop_token_ids is None:
             self.stop_token_ids = []
-        elif isinstance(self.stop_token_ids, tuple):
-            self.stop_token_ids = list(self.stop_token_ids)
+        elif isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = [_as_int(t) for t in self.stop_token_ids]
+        for name in _INT_FIELDS:
+            setattr(self, name, _as_int(getattr(self, name)))
         for name in _FLOAT_FIELDS:
             setattr(self, name, _as_float(name, getattr(self, name)))
         if self.top_k == -1:
@@ -179,10 +183,18 @@ def _token_ids(field: str, value: Any) -> None:
         raise _bad(field, "a list of non-negative ints", value)
 
 
+def _as_int(value: Any) -> Any:
+    """Other integer types (numpy's, for one) become ints, which the wire can carry; a bool
+    stays as it is, for ``verify`` to refuse."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
+        return int(value)
+    return value
+
+
 def _as_float(field: str, value: Any) -> Any:
-    """Ints become floats (they would not fit the wire's float field if huge); anything that
-    is not a real number is left for ``verify`` to refuse."""
-    if _is_int(value):
+    """Ints and other real numbers become floats (a huge int would not fit the wire's float
+    field); anything that is not a real number is left for ``verify`` to refuse."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, float)):
         try:
             return float(value)
         except OverflowError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import msgspec
+import numpy as np
 import pytest
 
 from engine import LLM
@@ -83,6 +84,14 @@ def test_vllm_shorthands_are_accepted_and_normalised():
                                                                               RequestOutputKind.DELTA)
     assert isinstance(p.temperature, float) and isinstance(p.top_p, float)
     assert SamplingParams(top_k=(2 ** 63) - 1).top_k == (2 ** 63) - 1  # above the vocabulary: no top-k
+
+
+def test_numpy_numbers_become_python_ones_that_the_wire_carries():
+    p = SamplingParams(seed=np.int64(5), top_p=np.float32(0.5), max_tokens=np.uint8(3), stop_token_ids=[np.int32(7)])
+    assert (type(p.seed), type(p.top_p), type(p.max_tokens), type(p.stop_token_ids[0])) == (int, float, int, int)
+    msgspec.msgpack.encode(p)
+    refused("n", n=np.bool_(True))
+    refused("temperature", temperature=np.float64("nan"))
 
 
 def test_a_value_set_after_construction_is_checked_again_on_copy():
@@ -171,5 +180,16 @@ def test_ints_beyond_64_bits_are_refused_before_the_wire(llm, field, value):
 def test_wrong_sampling_params_for_generate_are_type_or_value_errors(llm, params, error, match):
     with pytest.raises(error, match=match):
         llm.generate(["a", "b"], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    still_serves(llm)
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"arrival_time": 10 ** 400}, TypeError), ({"arrival_time": math.nan}, TypeError),
+    ({"arrival_time": "now"}, TypeError), ({"priority": True}, TypeError), ({"priority": 2 ** 63}, ParameterError),
+])
+def test_other_request_fields_that_cross_the_wire_are_checked_too(llm, kwargs, error):
+    with pytest.raises(error):
+        llm.llm_engine.add_request("odd", PROMPT, GREEDY, **kwargs)
     assert not llm.llm_engine.has_unfinished_requests()
     still_serves(llm)

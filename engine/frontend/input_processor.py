@@ -7,6 +7,7 @@ The caller's SamplingParams object is never modified: filled-in params are a cop
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Optional, Sequence, TypedDict, Union
@@ -68,6 +69,21 @@ _GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k":
                         "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
+def _arrival_time(value: Any) -> float:
+    """``value`` (the caller's ``time.monotonic()``), or now; a finite float on the wire."""
+    if value is None:
+        return time.monotonic()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            value = float(value)
+        except OverflowError:
+            pass
+        else:
+            if math.isfinite(value):
+                return value
+    raise TypeError(f"arrival_time must be a finite number (as time.monotonic() gives), got {value!r}")
+
+
 class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer) -> None:
         model_config = config.model_config
@@ -94,8 +110,6 @@ class InputProcessor:
                 arrival_time: Optional[float] = None, priority: int = 0,
                 add_special_tokens: bool = True) -> tuple[EngineCoreRequest, Optional[str]]:
         """The request for the core, and the prompt text to echo in outputs."""
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -108,7 +122,7 @@ class InputProcessor:
         text, token_ids = self._tokenize(prompt, add_special_tokens)
         self._validate(token_ids, params)
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
-                                    time.monotonic() if arrival_time is None else arrival_time, priority)
+                                    _arrival_time(arrival_time), priority)
         return request, text
 
     def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
