@@ -18,7 +18,6 @@ from engine.exceptions import ParameterError
 _SAMPLING_EPS = 1e-5
 # Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_FLOAT_MAX = float("inf")  # an upper bound of "none": finiteness is checked on its own
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p")
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
@@ -98,8 +97,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
         _int("n", self.n, low=1)
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _float_in("repetition_penalty", self.repetition_penalty, 0.0, _FLOAT_MAX, low_open=True)
-        _float_in("temperature", self.temperature, 0.0, _FLOAT_MAX)
+        _float_in("repetition_penalty", self.repetition_penalty, 0.0, low_open=True)
+        _float_in("temperature", self.temperature, 0.0)
         _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _int("top_k", self.top_k, low=0, allowed="-1 or 0 (disabled), or a positive int below 2**63")
         _float_in("min_p", self.min_p, 0.0, 1.0)
@@ -202,13 +201,15 @@ def _as_float(field: str, value: Any) -> Any:
     return value
 
 
-def _float_in(field: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
+def _float_in(field: str, value: Any, low: float, high: Optional[float] = None, low_open: bool = False) -> None:
+    """``value`` must be a finite float, at least ``low`` (above it if ``low_open``) and at
+    most ``high`` (no upper bound if None). NaN fails every comparison, so it is refused too."""
     ok = isinstance(value, float) and math.isfinite(value) and (low < value if low_open else low <= value) \
-        and value <= high
+        and (high is None or value <= high)
     if not ok:
-        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]" if high != _FLOAT_MAX else \
-            (f"> {low:g}" if low_open else f">= {low:g}")
-        raise _bad(field, f"a finite number {'in ' if high != _FLOAT_MAX else ''}{bounds}", value)
+        opening = "(" if low_open else "["
+        bounds = f"in {opening}{low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        raise _bad(field, f"a finite number {bounds}", value)
 
 
 def _as_output_kind(value: Any) -> Any:
