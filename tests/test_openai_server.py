@@ -184,7 +184,8 @@ def test_top_k_above_the_vocabulary_with_top_p_is_served(server):
 
 @pytest.mark.parametrize("path,extra,field", [
     ("/v1/completions", {"seed": 2 ** 64}, "seed"), ("/v1/completions", {"seed": -(2 ** 63) - 1}, "seed"),
-    ("/v1/completions", {"max_tokens": 2 ** 64}, "max_tokens"), ("/v1/completions", {"min_tokens": 2 ** 64}, "min_tokens"),
+    ("/v1/completions", {"max_tokens": 2 ** 64}, "max_tokens"),
+    ("/v1/completions", {"min_tokens": 2 ** 64}, "min_tokens"),
     ("/v1/completions", {"stop_token_ids": [1, 2 ** 64]}, "stop_token_ids"),
     ("/v1/completions", {"top_k": 2 ** 64}, "top_k"), ("/v1/completions", {"logprobs": 2 ** 64}, "logprobs"),
     ("/v1/completions", {"prompt": [1, 2 ** 64]}, "prompt"), ("/v1/completions", {"n": 2 ** 64}, "n"),

@@ -33,7 +33,8 @@ def refused(field: str, **kwargs) -> ParameterError:
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"n": 0}, "n"), ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"n": 0}, "n"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"),
     ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
