@@ -5,17 +5,44 @@ transport, and so the OpenAI server can map them to HTTP status codes.
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 _ENGINE_DEAD = "EngineCore encountered an issue and is no longer running"
+
+
+class ParameterError(ValueError):
+    """A request parameter is out of range or of the wrong type (vLLM's VLLMValidationError).
+
+    ``parameter`` names the offending field, so the OpenAI server can answer with it as the
+    error's ``param`` without reading it back out of the message text.
+    """
+
+    def __init__(self, message: str, *, parameter: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
 
 
 class EngineDeadError(Exception):
     """The EngineCore process died or failed: every pending request fails with this and
-    new ones are refused at once. Not recoverable; build a new engine."""
+    new ones are refused at once. Not recoverable; build a new engine.
+
+    ``cause`` keeps everything the core reported (a traceback, with file paths) for the
+    server log; the message carries only its last line, the exception itself, so the
+    traceback never travels further than a log (an HTTP body, for one).
+    """
 
     def __init__(self, cause: str = "", *, suppress_context: bool = False) -> None:
-        super().__init__(f"{_ENGINE_DEAD}: {cause}" if cause else _ENGINE_DEAD)
+        summary = _last_line(cause)
+        super().__init__(f"{_ENGINE_DEAD}: {summary}" if summary else _ENGINE_DEAD)
         self.cause = cause
         self.__suppress_context__ = suppress_context
+
+
+def _last_line(text: str) -> Optional[str]:
+    """The last non-blank line of ``text``: for a Python traceback, ``Type: message``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 class EngineGenerateError(Exception):

@@ -169,12 +169,21 @@ class LLM:
                         f"got {type(prompts).__name__}")
 
     def _params_list(self, params: Any, n: int) -> list[SamplingParams]:
+        """One SamplingParams per prompt; anything else is a TypeError (a wrong count a ValueError)
+        before a single request is queued."""
         if params is None:
             params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * n
-        elif not isinstance(params, (list, tuple)) or len(params) != n:
-            raise ValueError(f"sampling_params must be one SamplingParams or a list of {n} (one per prompt)")
+        elif not isinstance(params, (list, tuple)):
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got "
+                            f"{type(params).__name__}")
+        elif len(params) != n:
+            raise ValueError(f"sampling_params is a list of {len(params)}, but there are {n} prompts: "
+                             "give one SamplingParams for all, or one per prompt")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
         # Only the final output is wanted; a copy, so the caller's object is left as it was.
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]

@@ -7,11 +7,21 @@ caller's process, with the field named, before anything is sent.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
+import math
+import numbers
+from typing import Any, Optional, Union
 
 import msgspec
 
+from engine.exceptions import ParameterError
+
 _SAMPLING_EPS = 1e-5
+# Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
+_FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p")
+_BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                "include_stop_str_in_output")
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -33,7 +43,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: disabled
+    top_k: int = 0  # 0 or -1: disabled; above the vocabulary size: no effect
     min_p: float = 0.0
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
@@ -41,7 +51,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     ignore_eos: bool = False
     max_tokens: Optional[int] = 16
     min_tokens: int = 0
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = None  # top-N per sampled token; -1: the whole vocabulary
     prompt_logprobs: Optional[int] = None
     detokenize: bool = True
     skip_special_tokens: bool = True
@@ -52,56 +62,63 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     all_stop_token_ids: list[int] = []
 
     def __post_init__(self) -> None:
+        """Normalise the shorthands, then validate. Runs on construction, on
+        ``msgspec.structs.replace`` and on decode, so every copy is checked again."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif self.stop is None:
             self.stop = []
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = [_as_int(t) for t in self.stop_token_ids]
+        for name in _INT_FIELDS:
+            setattr(self, name, _as_int(getattr(self, name)))
+        for name in _FLOAT_FIELDS:
+            setattr(self, name, _as_float(name, getattr(self, name)))
         if self.top_k == -1:
             self.top_k = 0
+        if not isinstance(self.output_kind, RequestOutputKind):
+            self.output_kind = _as_output_kind(self.output_kind)
         self.verify()
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the other knobs cannot change the argmax.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
     def verify(self) -> None:
-        """Raise ValueError naming the first field out of range (also run on construction and decode)."""
-        def bad(field: str, allowed: str, value) -> ValueError:
-            return ValueError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
+        """Raise ParameterError naming the first field out of range or of the wrong type.
 
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", "an int >= 1", self.n)
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise bad("presence_penalty", "in [-2, 2]", self.presence_penalty)
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise bad("frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
-        if not self.temperature >= 0.0:  # also refuses NaN
-            raise bad("temperature", "non-negative", self.temperature)
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "in (0, 1]", self.top_p)
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "-1, 0 (disabled) or a positive int", self.top_k)
-        if not 0.0 <= self.min_p <= 1.0:
-            raise bad("min_p", "in [0, 1]", self.min_p)
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", "an int >= 1", self.max_tokens)
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad("min_tokens", "an int >= 0", self.min_tokens)
+        Everything that crosses the wire to the core is checked here, exactly: ints are ints
+        (not bools) within int64, floats are finite, flags are bools. A value that passes
+        can be encoded, decoded by the core and executed by its sampler.
+        """
+        _int("n", self.n, low=1)
+        _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float_in("repetition_penalty", self.repetition_penalty, 0.0, low_open=True)
+        _float_in("temperature", self.temperature, 0.0)
+        _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _int("top_k", self.top_k, low=0, allowed="-1 or 0 (disabled), or a positive int below 2**63")
+        _float_in("min_p", self.min_p, 0.0, 1.0)
+        _optional_int("seed", self.seed, low=_INT64_MIN)
+        _optional_int("max_tokens", self.max_tokens, low=1)
+        _int("min_tokens", self.min_tokens, low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"<= max_tokens={self.max_tokens}", self.min_tokens)
-        if self.logprobs is not None and self.logprobs < 0:
-            raise bad("logprobs", "non-negative", self.logprobs)
-        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
-            raise bad("prompt_logprobs", "non-negative", self.prompt_logprobs)
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "an int", self.seed)
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a non-empty string or a list of them", self.stop)
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of non-negative ints", self.stop_token_ids)
+            raise _bad("min_tokens", f"<= max_tokens={self.max_tokens}", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):  # a bool is refused: logprobs=True means no count
+            _optional_int(name, getattr(self, name), low=-1,
+                          allowed="None, or an int: -1 (the whole vocabulary), 0 or a count below 2**63")
+        if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise _bad("stop", "a non-empty string or a list of them", self.stop)
+        _token_ids("stop_token_ids", self.stop_token_ids)
+        _token_ids("all_stop_token_ids", self.all_stop_token_ids)
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, "a bool", getattr(self, name))
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise _bad("output_kind", "a RequestOutputKind", self.output_kind)
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -124,3 +141,81 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+
+
+# ---- validation helpers: each raises ParameterError naming its field ----
+
+def _bad(field: str, allowed: str, value: Any) -> ParameterError:
+    return ParameterError(f"SamplingParams.{field} must be {allowed}, got {_show(value)}", parameter=field,
+                          value=value)
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut short: a huge int or list must not make a huge message."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return f"an int of {value.bit_length()} bits"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(field: str, value: Any, low: int, allowed: Optional[str] = None) -> None:
+    if not _is_int(value) or not low <= value <= _INT64_MAX:
+        raise _bad(field, allowed or _int_range(low), value)
+
+
+def _optional_int(field: str, value: Any, low: int, allowed: Optional[str] = None) -> None:
+    if value is not None:
+        _int(field, value, low, allowed or f"{_int_range(low)} or None")
+
+
+def _int_range(low: int) -> str:
+    return f"an int in [{'-2**63' if low == _INT64_MIN else low}, 2**63)"
+
+
+def _token_ids(field: str, value: Any) -> None:
+    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t <= _INT64_MAX for t in value):
+        raise _bad(field, "a list of non-negative ints", value)
+
+
+def _as_int(value: Any) -> Any:
+    """Other integer types (numpy's, for one) become ints, which the wire can carry; a bool
+    stays as it is, for ``verify`` to refuse."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
+        return int(value)
+    return value
+
+
+def _as_float(field: str, value: Any) -> Any:
+    """Ints and other real numbers become floats (a huge int would not fit the wire's float
+    field); anything that is not a real number is left for ``verify`` to refuse."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, float)):
+        try:
+            return float(value)
+        except OverflowError:
+            raise _bad(field, "a finite number", value) from None
+    return value
+
+
+def _float_in(field: str, value: Any, low: float, high: Optional[float] = None, low_open: bool = False) -> None:
+    """``value`` must be a finite float, at least ``low`` (above it if ``low_open``) and at
+    most ``high`` (no upper bound if None). NaN fails every comparison, so it is refused too."""
+    ok = isinstance(value, float) and math.isfinite(value) and (low < value if low_open else low <= value) \
+        and (high is None or value <= high)
+    if not ok:
+        opening = "(" if low_open else "["
+        bounds = f"in {opening}{low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        raise _bad(field, f"a finite number {bounds}", value)
+
+
+def _as_output_kind(value: Any) -> Any:
+    if _is_int(value):
+        try:
+            return RequestOutputKind(value)
+        except ValueError:
+            pass
+    raise _bad("output_kind", "a RequestOutputKind", value)

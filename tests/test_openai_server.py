@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
+import traceback
 
 import aiohttp
 import openai
 import pytest
 
+from engine.entrypoints.openai.serving_engine import to_openai_error
+from engine.exceptions import EngineDeadError, ParameterError
 from openai_server_utils import RINGLLM, TINY_SERVE_ARGS, RemoteServer, parse_sse, wait_for
 
 API_KEY = "sk-test-key"
@@ -167,6 +171,81 @@ def test_invalid_json_and_invalid_fields_are_400_naming_the_field(server):
     status, err = _error(server.post_json("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]},
                                           AUTH))
     assert status == 400 and err["param"] == "messages"
+
+
+def test_top_k_above_the_vocabulary_with_top_p_is_served(server):
+    """It used to kill the EngineCore (an index past the end of the row in the top-p path)."""
+    for top_k in (49153, 10 ** 6):
+        status, body, _ = server.post_json("/v1/completions", {"prompt": PROMPT, "top_k": top_k, "top_p": 0.9999,
+                                                               "max_tokens": 3, "ignore_eos": True}, AUTH)
+        assert status == 200 and body["usage"]["completion_tokens"] == 3, body
+    assert server.get("/health")[0] == 200
+
+
+@pytest.mark.parametrize("path,extra,field", [
+    ("/v1/completions", {"seed": 2 ** 64}, "seed"), ("/v1/completions", {"seed": -(2 ** 63) - 1}, "seed"),
+    ("/v1/completions", {"max_tokens": 2 ** 64}, "max_tokens"),
+    ("/v1/completions", {"min_tokens": 2 ** 64}, "min_tokens"),
+    ("/v1/completions", {"stop_token_ids": [1, 2 ** 64]}, "stop_token_ids"),
+    ("/v1/completions", {"top_k": 2 ** 64}, "top_k"), ("/v1/completions", {"logprobs": 2 ** 64}, "logprobs"),
+    ("/v1/completions", {"prompt": [1, 2 ** 64]}, "prompt"), ("/v1/completions", {"n": 2 ** 64}, "n"),
+    ("/v1/completions", {"max_tokens": True}, "max_tokens"), ("/v1/completions", {"seed": 1.5}, "seed"),
+    ("/v1/chat/completions", {"max_completion_tokens": 2 ** 64}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2 ** 64}, "top_logprobs"),
+    ("/v1/chat/completions", {"seed": 2 ** 70}, "seed"),
+])
+def test_integers_beyond_64_bits_or_of_the_wrong_type_are_400_naming_the_field(server, path, extra, field):
+    """Such ints used to pass the decoder and fail as 500 when sent to the core (msgpack overflow)."""
+    base = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
+    status, err = _error(server.post_json(path, {**base, "max_tokens": 2, **extra}, AUTH))
+    assert (status, err["param"], err["type"]) == (400, field, "invalid_request_error"), err
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"min_tokens": 5, "max_tokens": 3}, "min_tokens"), ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"stop": [""]}, "stop"), ({"top_k": -2}, "top_k"), ({"logprobs": 21}, "logprobs"),
+])
+def test_sampling_params_refusals_name_their_field(server, extra, field):
+    status, err = _error(server.post_json("/v1/completions", {"prompt": PROMPT, **extra}, AUTH))
+    assert (status, err["param"]) == (400, field), err
+
+
+def test_deeply_nested_json_is_400_and_the_server_keeps_serving(server):
+    """It used to be a 500 (msgspec's RecursionError), nested in a known field or an unknown one."""
+    depth = (BODY_LIMIT - 200) // 2
+    nested = b"[" * depth + b"]" * depth
+    for path, body in [("/v1/completions", b'{"prompt": "x", "junk": ' + nested + b"}"),
+                       ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], '
+                                                b'"chat_template_kwargs": {"a": ' + nested + b"}}")]:
+        status, err = _error(server.post_json(path, body, AUTH))
+        assert status == 400 and err["code"] == "invalid_json", err
+    assert _error(server.post_json("/v1/completions", nested, AUTH))[0] == 400  # not even an object
+    status, body, _ = server.post_json("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, AUTH)
+    assert status == 200
+
+
+def test_engine_death_answers_a_short_message_and_logs_the_traceback(caplog):
+    """The core's report (a traceback with file paths) goes to the server log, once; the HTTP
+    body says only that the engine is gone."""
+    try:
+        raise RuntimeError("index 49153 is out of bounds for dimension 1 with size 49152")
+    except RuntimeError:
+        report = traceback.format_exc()
+    dead = EngineDeadError(report)
+    assert str(dead).endswith("RuntimeError: index 49153 is out of bounds for dimension 1 with size 49152")
+    assert dead.cause == report
+    with caplog.at_level(logging.ERROR, logger="engine.entrypoints.openai.serving_engine"):
+        errors = [to_openai_error(dead) for _ in range(3)]
+    for error in errors:
+        assert (error.status, error.code, error.type) == (500, "engine_dead", "server_error")
+        assert "Traceback" not in error.message and __file__ not in error.message and "/" not in error.message
+    assert sum(__file__ in record.getMessage() for record in caplog.records) == 1
+
+
+def test_parameter_errors_carry_their_field_to_the_http_error():
+    error = to_openai_error(ParameterError("the prompt is empty", parameter="prompt"))
+    assert (error.status, error.param, error.message) == (400, "prompt", "the prompt is empty")
+    assert to_openai_error(ValueError("no field: here")).param is None  # nothing read out of the text
 
 
 def test_prompt_longer_than_the_context_is_400(client):

@@ -65,6 +65,25 @@ def test_top_p_over_a_large_vocabulary_equals_the_full_sort():
             assert torch.equal(got_vals.sort().values, want_vals.sort().values)
 
 
+@pytest.mark.parametrize("vocab", [4, 3 * TOP_P_CANDIDATES])  # the full sort, then the candidate path
+def test_top_k_above_the_vocabulary_filters_nothing_with_or_without_top_p(vocab):
+    """vLLM's meaning: a k larger than the vocabulary is no top-k at all (it used to index
+    past the end of the row and kill the EngineCore)."""
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    huge_k = torch.tensor([vocab + 1, 10 ** 6, (1 << 63) - 1])
+    for top_p in (None, torch.tensor([0.5, 0.9999, 1.0])):
+        got = apply_top_k_top_p(logits.clone(), huge_k, top_p)
+        want = apply_top_k_top_p(logits.clone(), None, top_p) if top_p is not None else logits
+        assert kept(got) == kept(want)
+
+
+def test_gather_logprobs_clamps_the_count_to_the_vocabulary():
+    logprobs = torch.log_softmax(rows(LOGITS), dim=-1)
+    for num in (-1, 4, 50):
+        ids, lps, _ = gather_logprobs(logprobs, torch.tensor([1]), num)
+        assert ids.shape == lps.shape == (1, 5) and set(ids[0, 1:].tolist()) == {0, 1, 2, 3}
+
+
 def test_cdf_sampling_never_picks_a_zero_probability_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5000)
     counts = torch.bincount(sample_from_cdf(probs, {}), minlength=5)

@@ -1,11 +1,13 @@
 """Prompts in, ``EngineCoreRequest``s out: tokenize, validate, finish the sampling params.
 
-Everything the core would refuse is refused here first, with a ValueError that names the
-problem, so a bad request fails in the caller's hands and never reaches the engine.
+Everything the core would refuse is refused here first, with a ValueError (a ParameterError
+naming the field where one is at fault) or a TypeError, so a bad request fails in the
+caller's hands and never reaches the engine.
 The caller's SamplingParams object is never modified: filled-in params are a copy.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Optional, Sequence, TypedDict, Union
@@ -13,6 +15,7 @@ from typing import Any, Optional, Sequence, TypedDict, Union
 import msgspec
 
 from engine.config import EngineConfig
+from engine.exceptions import ParameterError
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
 
@@ -66,6 +69,21 @@ _GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k":
                         "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
+def _arrival_time(value: Any) -> float:
+    """``value`` (the caller's ``time.monotonic()``), or now; a finite float on the wire."""
+    if value is None:
+        return time.monotonic()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            value = float(value)
+        except OverflowError:
+            pass
+        else:
+            if math.isfinite(value):
+                return value
+    raise TypeError(f"arrival_time must be a finite number (as time.monotonic() gives), got {value!r}")
+
+
 class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer) -> None:
         model_config = config.model_config
@@ -94,14 +112,17 @@ class InputProcessor:
         """The request for the core, and the prompt text to echo in outputs."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if not isinstance(priority, int):
+        if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
+        if not -(1 << 63) <= priority < (1 << 63):
+            raise ParameterError("priority must fit in 64 bits", parameter="priority", value=priority)
         if priority and not self.priority_scheduling:
-            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')")
+            raise ParameterError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
+                                 parameter="priority", value=priority)
         text, token_ids = self._tokenize(prompt, add_special_tokens)
         self._validate(token_ids, params)
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
-                                    time.monotonic() if arrival_time is None else arrival_time, priority)
+                                    _arrival_time(arrival_time), priority)
         return request, text
 
     def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
@@ -118,7 +139,7 @@ class InputProcessor:
                 continue_final_message=continue_final_message, tools=tools, tokenize=False,
                 **(chat_template_kwargs or {}))
         except Exception as e:  # jinja and template errors: the caller's input is at fault
-            raise ValueError(f"messages: the chat template failed: {e}") from e
+            raise ParameterError(f"the chat template failed on these messages: {e}", parameter="messages") from e
 
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
@@ -127,11 +148,11 @@ class InputProcessor:
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
-                raise ValueError("prompt: a dict prompt needs 'prompt' (text) or 'prompt_token_ids'")
+                raise ParameterError("a dict prompt needs 'prompt' (text) or 'prompt_token_ids'", parameter="prompt")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init=True); "
-                                 "pass {'prompt_token_ids': [...]}")
+                raise ParameterError("text prompts need a tokenizer (skip_tokenizer_init=True); "
+                                     "pass {'prompt_token_ids': [...]}", parameter="prompt")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if isinstance(prompt, (list, tuple)):
             return None, self._token_ids(prompt)
@@ -146,21 +167,29 @@ class InputProcessor:
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
-            raise ValueError("prompt: the prompt is empty; it must have at least one token")
+            raise ParameterError("the prompt is empty; it must have at least one token", parameter="prompt")
         if len(token_ids) > self.max_model_len:
-            raise ValueError(f"prompt: the prompt (length {len(token_ids)}) is longer than the maximum "
-                             f"model length max_model_len={self.max_model_len}")
+            raise ParameterError(f"the prompt (length {len(token_ids)}) is longer than the maximum "
+                                 f"model length max_model_len={self.max_model_len}", parameter="prompt")
         low, high = min(token_ids), max(token_ids)
         if low < 0 or high >= self.vocab_size:
-            raise ValueError(f"prompt: token id {low if low < 0 else high} is out of the vocabulary "
-                             f"[0, {self.vocab_size})")
+            bad = low if low < 0 else high
+            shown = bad if bad.bit_length() <= 64 else f"of {bad.bit_length()} bits"
+            raise ParameterError(f"prompt token id {shown} is out of the vocabulary [0, {self.vocab_size})",
+                                 parameter="prompt")
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
+            value = self._num_logprobs(getattr(params, name))
             if value is not None and value > self.max_logprobs:
-                raise ValueError(f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, "
-                                 f"got {value}")
+                asked = f"{value} (-1: the whole vocabulary)" if getattr(params, name) == -1 else value
+                raise ParameterError(f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, "
+                                     f"got {asked}", parameter=name, value=getattr(params, name))
         if params.stop and (self.tokenizer is None or not params.detokenize):
-            raise ValueError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer")
+            raise ParameterError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer",
+                                 parameter="stop", value=params.stop)
+
+    def _num_logprobs(self, value: Optional[int]) -> Optional[int]:
+        """vLLM's -1 is the whole vocabulary; the core only ever sees the count."""
+        return self.vocab_size if value == -1 else value
 
     def _finish_params(self, params: SamplingParams) -> SamplingParams:
         stop_ids = list(params.stop_token_ids)
@@ -169,4 +198,6 @@ class InputProcessor:
         all_stop = set(stop_ids)
         if not params.ignore_eos and self.eos_token_id is not None:
             all_stop.add(self.eos_token_id)
-        return msgspec.structs.replace(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop))
+        return msgspec.structs.replace(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop),
+                                       logprobs=self._num_logprobs(params.logprobs),
+                                       prompt_logprobs=self._num_logprobs(params.prompt_logprobs))

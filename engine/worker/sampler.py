@@ -153,7 +153,10 @@ TOP_P_CANDIDATES = 1024
 def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
                       top_p: Optional[torch.Tensor]) -> torch.Tensor:
     """Keep the k largest logits (ties at the k-th all kept) and the smallest set whose
-    probability reaches p (the top token always kept); -inf elsewhere."""
+    probability reaches p (the top token always kept); -inf elsewhere. A k above the
+    vocabulary size keeps everything (vLLM's meaning), so it is clamped to it first."""
+    if top_k is not None:
+        top_k = top_k.clamp(min=1, max=logits.shape[1])
     if top_p is not None and logits.shape[1] > 2 * TOP_P_CANDIDATES:
         return _top_p_from_candidates(logits, top_k, top_p)
     return _top_k_top_p_sorted(logits, top_k, top_p)
@@ -218,7 +221,9 @@ def _top_k_top_p_sorted(logits: torch.Tensor, top_k: Optional[torch.Tensor],
 
 def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,
                     num: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of [chosen, top-num] token ids and logprobs, and the chosen token's rank."""
+    """Rows of [chosen, top-num] token ids and logprobs, and the chosen token's rank.
+    ``num`` is at most the vocabulary size; a negative one (vLLM's -1) means all of it."""
+    num = logprobs.shape[1] if num < 0 else min(num, logprobs.shape[1])
     chosen = chosen.unsqueeze(1)
     chosen_lp = logprobs.gather(1, chosen)
     ranks = (logprobs >= chosen_lp).sum(dim=-1)

@@ -1,7 +1,9 @@
 """OpenAI request and response bodies, as msgspec Structs that read as the API spec.
 
 Requests are decoded straight into these types, so a wrong type or an out-of-range value
-is refused by the decoder with the field's JSON path, which becomes the error's ``param``.
+is refused by the decoder with the field's JSON path, whose first step becomes the error's
+``param``. Every integer is bounded to int64, so whatever is accepted can cross the wire to
+the EngineCore (msgpack) and fit its tensors.
 The sampling fields both generation endpoints accept are declared once (``_SamplingFields``)
 and mapped onto ``SamplingParams`` in one place. Unknown fields are ignored, as OpenAI does.
 """
@@ -15,14 +17,17 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from engine.exceptions import ParameterError
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
-PositiveInt = Annotated[int, Meta(ge=1)]
-NonNegativeInt = Annotated[int, Meta(ge=0)]
+Int64 = Annotated[int, Meta(ge=_INT64_MIN, le=_INT64_MAX)]
+PositiveInt = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
+NonNegativeInt = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
 TokenIds = list[NonNegativeInt]
 
 
@@ -51,25 +56,34 @@ class ErrorResponse(Struct):
     error: ErrorInfo
 
 
-_PARAM_RE = re.compile(r"at `\$\.(\w+)|field `(\w+)`|SamplingParams\.(\w+)|^(\w+):")
+# msgspec.ValidationError carries the JSON path only in its message, always in these two forms
+# ("Expected `int`, got `str` - at `$.max_tokens`", "Object missing required field `prompt`"),
+# so the offending top-level field is read from there, and only for msgspec's own errors.
+_MSGSPEC_PATH = re.compile(r" - at `\$\.(\w+)")
+_MSGSPEC_MISSING = re.compile(r"^Object missing required field `(\w+)`")
 
 
-def param_named_in(message: str) -> Optional[str]:
-    """The request field an error message is about: a msgspec path (``at `$.top_p```), a missing
-    field, ``SamplingParams.<field>``, or the ``field: ...`` prefix the input processor uses."""
-    match = _PARAM_RE.search(message)
-    return next((g for g in match.groups() if g), None) if match else None
+def _msgspec_field(error: msgspec.ValidationError) -> Optional[str]:
+    """The top-level request field a msgspec validation error is about, if any."""
+    match = _MSGSPEC_PATH.search(str(error)) or _MSGSPEC_MISSING.search(str(error))
+    return match.group(1) if match else None
 
 
 def decode_request(body: bytes, type_: type) -> Any:
-    """Decode a JSON body into ``type_``; any problem is a 400 naming the offending field."""
+    """Decode a JSON body into ``type_``; any problem is a 400 naming the offending field.
+
+    A body nested too deeply for the decoder (``[[[[...]]]]`` in any field, known or not) is a
+    400 too: msgspec stops at Python's recursion limit and raises RecursionError.
+    """
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise OpenAIError(400, f"invalid request: {exc}", param=param_named_in(str(exc)),
+        raise OpenAIError(400, f"invalid request: {exc}", param=_msgspec_field(exc),
                           code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise OpenAIError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise OpenAIError(400, "invalid JSON body: it is nested too deeply", code="invalid_json") from None
 
 
 class StreamOptions(Struct, kw_only=True):
@@ -88,10 +102,10 @@ class _SamplingFields(Struct, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=128)] = 1
     temperature: Optional[Temperature] = None
     top_p: Optional[TopP] = None
-    top_k: Optional[Annotated[int, Meta(ge=-1)]] = None
+    top_k: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None  # above the vocabulary: no top-k
     min_p: Optional[Probability] = None
-    repetition_penalty: Optional[Annotated[float, Meta(gt=0.0, le=2.0)]] = None
-    seed: Optional[int] = None
+    repetition_penalty: Optional[Annotated[float, Meta(gt=0.0)]] = None
+    seed: Optional[Int64] = None
     stop: Union[str, list[str], None] = None
     stop_token_ids: Optional[TokenIds] = None
     presence_penalty: Penalty = 0.0
@@ -119,8 +133,8 @@ class _SamplingFields(Struct, kw_only=True):
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
-        except ValueError as exc:  # "SamplingParams.<field> must be ..."
-            raise OpenAIError(400, str(exc), param=param_named_in(str(exc)), code="invalid_value") from None
+        except ParameterError as exc:
+            raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
 
     @property
     def include_usage(self) -> bool:

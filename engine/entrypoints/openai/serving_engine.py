@@ -19,8 +19,8 @@ import msgspec
 from aiohttp import web
 
 from engine.entrypoints.openai.metrics import ServerMetrics
-from engine.entrypoints.openai.protocol import OpenAIError, param_named_in
-from engine.exceptions import EngineDeadError, EngineGenerateError
+from engine.entrypoints.openai.protocol import OpenAIError
+from engine.exceptions import EngineDeadError, EngineGenerateError, ParameterError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -44,22 +44,38 @@ def json_response(body: Any, status: int = 200, headers: Optional[dict[str, str]
 
 
 def to_openai_error(exc: BaseException) -> OpenAIError:
-    """The HTTP face of an exception raised while serving a request."""
+    """The HTTP face of an exception raised while serving a request: OpenAI's shape and a short
+    message. What only the server should see (an EngineCore traceback, file paths, an
+    unexpected exception) goes to the server log."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, (ValueError, TypeError)):  # the input processor names the field
-        return OpenAIError(400, str(exc), param=param_named_in(str(exc)), code="invalid_value")
+    if isinstance(exc, ParameterError):
+        return OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value")
+    if isinstance(exc, (ValueError, TypeError)):  # the input processor refused the request itself
+        return OpenAIError(400, str(exc), code="invalid_value")
     if isinstance(exc, EngineDeadError):
-        return OpenAIError(500, str(exc), type="server_error", code="engine_dead")
+        _log_engine_death(exc)
+        return OpenAIError(500, _ENGINE_DEAD_MESSAGE, type="server_error", code="engine_dead")
     if isinstance(exc, TimeoutError):
         return OpenAIError(504, "the request took longer than the server's request timeout",
                            type="server_error", code="timeout")
     if isinstance(exc, EngineGenerateError):  # the core refused the request: its input is at fault
-        return OpenAIError(400, str(exc), param=param_named_in(str(exc).split(": ", 1)[-1]),
-                           code="invalid_value")
+        return OpenAIError(400, str(exc), code="invalid_value")
     logger.exception("unexpected error while serving a request", exc_info=exc)
     return OpenAIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
                        code="internal_error")
+
+
+_ENGINE_DEAD_MESSAGE = "the engine encountered an error and is no longer running; see the server log"
+
+
+def _log_engine_death(exc: EngineDeadError) -> None:
+    """Log the core's full report once (every request failing after the death carries the
+    same exception object)."""
+    if getattr(exc, "_logged", False):
+        return
+    exc._logged = True
+    logger.error("%s\n%s", exc, exc.cause or "(no report from the EngineCore)")
 
 
 class OpenAIServing:
