@@ -148,6 +148,14 @@ def test_attention_of_a_mixed_step_across_block_boundaries(dtype, heads, kv_head
     torch.testing.assert_close(got.double().cpu(), step.reference(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_attention_of_a_decode_only_step(dtype):
+    """The short tile a decode-only step gets; contexts at block_size - 1, =, + 1 (block 16)."""
+    step = Step([(15, 1), (16, 1), (17, 1), (0, 1), (40, 1)], 3, 1, head_dim=32, block_size=16, dtype=dtype, seed=9)
+    step.write_kv()
+    torch.testing.assert_close(step.run().double().cpu(), step.reference(), **TOL[dtype])
+
+
 @pytest.mark.parametrize("window", [1, 5, 16])
 def test_attention_with_a_sliding_window(window):
     step = Step([(20, 1), (2, 1), (11, 6), (0, 9)], 3, 1, head_dim=24, block_size=4, dtype=torch.float32, seed=3)
@@ -156,9 +164,10 @@ def test_attention_with_a_sliding_window(window):
 
 
 def test_attention_of_a_long_chunk_spanning_many_tiles_and_a_shared_prefix():
-    """Odd head_dim (padded), a chunk longer than one program's queries, context over many
-    key tiles, and two sequences reading the same cached first block."""
-    step = Step([(40, 1), (33, 30), (16, 3)], 4, 2, head_dim=20, block_size=16, dtype=torch.bfloat16,
+    """Odd head_dim (padded), a chunk longer than one program's 16 queries (4 heads per KV
+    head in 64 rows), context over many key tiles, and two sequences reading the same cached
+    first block."""
+    step = Step([(40, 1), (33, 30), (16, 3)], 8, 2, head_dim=20, block_size=16, dtype=torch.bfloat16,
                 shared_prefix=True, seed=5)
     assert step.tables[1][0] == step.tables[0][0]
     step.write_kv()

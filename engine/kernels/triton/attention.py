@@ -43,7 +43,7 @@ def _unified_attention_kernel(
     kv_head = tl.program_id(1)
 
     # The sequence this program serves: the last s whose first program is <= pid.
-    lo = 0
+    lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2

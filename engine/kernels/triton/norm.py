@@ -43,7 +43,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         raise ValueError("rms_norm: unit-stride rows, and a residual of the same shape")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = x if residual is None else residual
+    block = triton.next_power_of_2(width)
     if rows:
         _rms_norm_kernel[(rows,)](x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), width, eps,
-                                  BLOCK=triton.next_power_of_2(width), HAS_RESIDUAL=residual is not None)
+                                  BLOCK=block, HAS_RESIDUAL=residual is not None,
+                                  num_warps=min(max(block // 256, 1), 8))  # a wide row spread over more threads
     return out
