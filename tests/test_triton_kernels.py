@@ -1,12 +1,12 @@
 """The Triton kernels (engine/kernels/triton/) against torch references.
 
 Without a GPU (CI) the kernels run on CPU tensors through Triton's interpreter. It needs
-``TRITON_INTERPRET=1`` when a kernel is decorated (at import) and while it runs (triton reads
-the flag again on first launch), so this module sets it while importing the kernels and
-around each of its own tests, and restores the environment after each: other modules'
-triton use (torch.compile) is unchanged. On a CUDA machine the same tests run the compiled kernels on the GPU, and the ``gpu`` tests add
-what only a GPU has (graph capture). Shapes are tiny: the interpreter runs every program
-in Python.
+``TRITON_INTERPRET=1`` when a kernel is decorated (at import) and while it runs (triton
+reads the flag again on first launch), so this module sets it while importing the kernels
+and around each of its own tests, and restores the environment after each: other modules'
+triton use (torch.compile) is unchanged. On a CUDA machine the same tests run the compiled
+kernels on the GPU, and the ``gpu`` tests add what only a GPU has (graph capture). Shapes
+are tiny: the interpreter runs every program in Python.
 """
 from __future__ import annotations
 
