@@ -281,6 +281,53 @@ def test_import_on_a_cpu_install_is_silent():
     assert proc.stdout.strip() == str(ON_GPU) and proc.stderr == ""
 
 
+# Each kernel as the wrappers launch it for the default model (9 query / 3 KV heads of 64,
+# hidden 576, intermediate 1536, blocks of 16): pointer types, scalar types, constexprs.
+_ATTENTION_ARGS = dict(block_tables_ptr="*i32", cu_seqlens_ptr="*i32", context_lens_ptr="*i32", scale="fp32",
+                       num_seqs="i32", window="i32", stride_ot="i32", stride_qt="i32", stride_qh="i32",
+                       stride_cb="i32", stride_cs="i32", stride_bt="i32")
+_ATTENTION_CONST = dict(NUM_KV_HEADS=3, GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, TILE_N=32, UPCAST=False)
+AOT_CASES = [
+    *[("attention", "_unified_attention_kernel", dict(out_ptr=f"*{t}", q_ptr=f"*{t}", cache_ptr=f"*{t}", **_ATTENTION_ARGS),
+       dict(_ATTENTION_CONST, BLOCK_M=m, BLOCK_Q=m // 3, SLIDING=sliding, PRECISION=precision), arch)
+      for t, precision, arch, m, sliding in [("bf16", "tf32", 90, 16, False), ("bf16", "tf32", 90, 64, True),
+                                             ("bf16", "tf32", 80, 64, False), ("fp16", "tf32", 75, 16, True),
+                                             ("fp32", "ieee", 90, 64, False)]],
+    ("cache", "_reshape_and_cache_kernel", dict(kv_ptr="*bf16", cache_ptr="*bf16", slot_ptr="*i64", stride_kv="i32"),
+     dict(WIDTH=384, BLOCK=512), 90),
+    *[("norm", "_rms_norm_kernel", dict(x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16",
+                                        stride_x="i32", stride_r="i32", stride_o="i32", width="i32", eps="fp32"),
+       dict(BLOCK=1024, HAS_RESIDUAL=residual), 90) for residual in (False, True)],
+    ("activation", "_silu_and_mul_kernel", dict(x_ptr="*bf16", out_ptr="*bf16", stride_x="i32", stride_o="i32",
+                                                width="i32"), dict(BLOCK=1024), 90),
+    ("rotary", "_rotary_kernel", dict(x_ptr="*bf16", positions_ptr="*i64", cos_sin_ptr="*fp32", stride_x="i32",
+                                      stride_p="i32"), dict(NUM_HEADS=12, HALF=32, HEADS_PAD=16, HALF_PAD=32), 90),
+]
+_AOT_SCRIPT = """
+import json, sys, triton
+from importlib import import_module
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+for module, kernel, args, const, arch in json.loads(sys.argv[1]):
+    fn = getattr(import_module("engine.kernels.triton." + module), kernel)
+    signature = dict(args, **{name: "constexpr" for name in const})
+    compiled = triton.compile(ASTSource(fn, signature, const), target=GPUTarget("cuda", arch, 32))
+    assert compiled.asm["cubin"], (kernel, arch)
+"""
+
+
+def test_every_kernel_compiles_to_a_cubin_for_cuda_gpus(tmp_path):
+    """Triton's compiler and bundled ptxas need no GPU: a kernel that would not compile on
+    sm_75 (fp16 only), sm_80 or sm_90 fails here, in CI, not on the first GPU it meets."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, json.dumps(AOT_CASES)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @gpu
 @needs_gpu
 def test_available_on_a_cuda_machine():
