@@ -21,6 +21,10 @@ import torch
 _OPS = {"paged_attention": "attention", "reshape_and_cache": "cache", "rms_norm": "norm",
         "silu_and_mul": "activation", "rotary_embedding": "rotary"}
 __all__ = ["available", *_OPS]
+# Passed to every launch. Stated, not left to triton's default: triton 3.9 warns on first
+# compile when the default is used, and 3.10 changes it. Fused multiply-adds, as torch's
+# own CUDA kernels are built (nvcc --fmad=true).
+LAUNCH_OPTIONS = dict(enable_fp_fusion=True)
 
 
 @functools.cache

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.triton import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, width, BLOCK: tl.constexpr):
@@ -31,5 +33,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(width))
     if rows:
         _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](x, out, x.stride(0), out.stride(0), width,
-                                                                BLOCK=block)
+                                                                BLOCK=block, **LAUNCH_OPTIONS)
     return out

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.triton import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _unified_attention_kernel(
@@ -153,5 +155,5 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         SLIDING=window is not None, UPCAST=q.device.type == "cpu",
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **LAUNCH_OPTIONS)
     return out

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.triton import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _reshape_and_cache_kernel(kv_ptr, cache_ptr, slot_ptr, stride_kv, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
@@ -36,4 +38,5 @@ def reshape_and_cache(kv: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: to
                          f"{tuple(kv_cache.shape)} of the same width")
     if kv.shape[0]:
         _reshape_and_cache_kernel[(kv.shape[0],)](kv, kv_cache, slot_mapping, kv.stride(0), WIDTH=width,
-                                                  BLOCK=min(1024, triton.next_power_of_2(width)))
+                                                  BLOCK=min(1024, triton.next_power_of_2(width)),
+                                                  **LAUNCH_OPTIONS)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.triton import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, stride_x, stride_r, stride_o, width, eps,
@@ -43,9 +45,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         raise ValueError("rms_norm: unit-stride rows, and a residual of the same shape")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = x if residual is None else residual
-    block = triton.next_power_of_2(width)
+    block = triton.next_power_of_2(width)  # a wide row is spread over more warps
     if rows:
         _rms_norm_kernel[(rows,)](x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), width, eps,
                                   BLOCK=block, HAS_RESIDUAL=residual is not None,
-                                  num_warps=min(max(block // 256, 1), 8))  # a wide row spread over more threads
+                                  num_warps=min(max(block // 256, 1), 8), **LAUNCH_OPTIONS)
     return out

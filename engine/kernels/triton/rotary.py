@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.triton import LAUNCH_OPTIONS
+
 
 @triton.jit
 def _rotary_kernel(x_ptr, positions_ptr, cos_sin_ptr, stride_x, stride_p,
@@ -44,4 +46,4 @@ def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Te
     if x.shape[0]:
         _rotary_kernel[(x.shape[0],)](x, positions, cos_sin, x.stride(0), cos_sin.stride(0),
                                       NUM_HEADS=num_heads, HALF=half, HEADS_PAD=triton.next_power_of_2(num_heads),
-                                      HALF_PAD=triton.next_power_of_2(half))
+                                      HALF_PAD=triton.next_power_of_2(half), **LAUNCH_OPTIONS)
