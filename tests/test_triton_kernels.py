@@ -57,6 +57,7 @@ def _interpreter(monkeypatch):
     if not ON_GPU:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
+
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
