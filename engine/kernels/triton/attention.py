@@ -32,6 +32,8 @@ import triton.language as tl
 
 from engine.kernels.triton import LAUNCH_OPTIONS
 
+_TILE_N = 32  # keys per inner-loop step (a tl.dot needs at least 16)
+
 
 @triton.jit
 def _unified_attention_kernel(
@@ -118,8 +120,7 @@ def _unified_attention_kernel(
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens: torch.Tensor,
                     context_lens: torch.Tensor, scale: float, window: Optional[int] = None,
-                    out: Optional[torch.Tensor] = None, max_query_len: Optional[int] = None,
-                    tile_n: int = 32) -> torch.Tensor:
+                    out: Optional[torch.Tensor] = None, max_query_len: Optional[int] = None) -> torch.Tensor:
     """Attention of every query row over its sequence's cached keys; returns ``[T, H * d]``.
 
     q: ``[T, H, d]``, rows of the same sequence contiguous and in order (a strided view of
@@ -129,6 +130,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     cu_seqlens: ``[S + 1]`` int32, sequence s owns rows ``[cu_seqlens[s], cu_seqlens[s+1])``.
     context_lens: ``[S]`` int32, tokens cached before this step (the first query's position).
     window: keys per query on a sliding-window layer (the query's own included), else None.
+    out: where to write (``[T, H * d]``, unit-stride rows), else a new tensor of q's dtype.
     max_query_len: the longest sequence's query count when the caller knows it; it only
     picks the tile height (decode-only steps use 16 rows instead of 64).
     Nothing here reads a tensor's values on the host, so the call can be graph-captured.
@@ -142,6 +144,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     group = num_heads // num_kv_heads
     if out is None:
         out = q.new_empty(num_tokens, num_heads * head_dim)
+    elif out.shape != (num_tokens, num_heads * head_dim) or out.stride(1) != 1:
+        raise ValueError(f"paged_attention: out must be [{num_tokens}, {num_heads * head_dim}] with unit-stride rows")
     if max_query_len is None:
         max_query_len = 1 if num_tokens == num_seqs else num_tokens
     rows = 16 if max_query_len * group <= 16 else 64
@@ -153,7 +157,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
         scale, num_seqs, window or 0,
         out.stride(0), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
+        BLOCK_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=_TILE_N,
         SLIDING=window is not None, UPCAST=q.device.type == "cpu",
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **LAUNCH_OPTIONS)
     return out
