@@ -36,6 +36,7 @@ from . import channel_async, endpoints
 from ._ring import lib
 from .codec import OOB_KIND, OOB_MIN
 from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
+from .lifetime import Lifetime, closed_here
 from .peer_token import PeerToken, RingSpec
 from .ring import BATCH_RECORDS, CLOSED, DEFAULT_MAX_MESSAGE_SIZE, READY, Consumer, Gather, Producer, raise_status
 from .wakeup import PeerWatch
@@ -66,6 +67,9 @@ class Channel(channel_async.AsyncChannelMixin):
         # Not at interpreter exit: a daemon thread may still be blocked in a wait on the
         # mapping; the OS reclaims everything at exit and the peer sees PeerDied instead.
         self._finalizer.atexit = False
+        # Every call that touches the mapping holds a use; the last one after close() releases.
+        self._life = Lifetime(self._finalizer)
+        self._uses = self._life.uses
         self._token = token
         self.max_message_size = max_message_size
         self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
@@ -76,7 +80,6 @@ class Channel(channel_async.AsyncChannelMixin):
         self._ready: collections.deque = collections.deque()
         self._pending: Optional[tuple] = None  # (kind, body, done) of a half-sent fragmented message
         # (body: the msgpack bytes, or a Gather of an out-of-band frame, whose kind is OOB_KIND)
-        self._closed = False
         self._peer_dead = False
         self._peer_checked = 0.0
         self._kind_of = codec.kind_of
@@ -86,8 +89,6 @@ class Channel(channel_async.AsyncChannelMixin):
         self._encode_body = codec.encode_body
         self._decoders = codec.decoders
         self._woken = False
-        self._rx_busy = self._tx_busy = False
-        self._release_lock = threading.Lock()
         self._init_async()
 
     # ------------------------------------------------------------------ lifetime
@@ -167,7 +168,11 @@ class Channel(channel_async.AsyncChannelMixin):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._life.closed
+
+    @property
+    def _closed(self) -> bool:
+        return self._life.closed
 
     @property
     def batch_bytes(self) -> int:
@@ -191,20 +196,15 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def close(self) -> None:
         """Close both directions (idempotent, any thread). The peer reads what was already sent,
-        then gets ChannelClosed. Resources are freed once no thread is blocked in a wait."""
-        if self._closed:
-            return
-        self._closed = True
+        then gets ChannelClosed. Resources are freed once no thread can touch them any more
+        (see lifetime.py): by this call, or by the last call that it woke."""
+        if self._life.close(self._notify_close):
+            self._peer_fds = []
+
+    def _notify_close(self) -> None:
         self._tx.close()  # marks both rings closed and wakes every sleeper, ours included
         self._rx.close()
         self._async_close()
-        self._maybe_release()
-
-    def _maybe_release(self) -> None:
-        with self._release_lock:
-            if self._closed and not (self._rx_busy or self._tx_busy or self._async_attached()):
-                self._peer_fds = []
-                self._finalizer()
 
     def __enter__(self) -> "Channel":
         return self
@@ -214,12 +214,8 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def stats(self) -> dict:
         """Counters of the C ends: sleeps, timeouts, wakes sent, ... (for tests and tuning)."""
-        self._check_open()
-        return {"tx": self._tx.stats(), "rx": self._rx.stats()}
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+        with self._life:
+            return {"tx": self._tx.stats(), "rx": self._rx.stats()}
 
     def _peer_error(self) -> PeerDied:
         peer = self._res.peer if self._res else None
@@ -246,7 +242,7 @@ class Channel(channel_async.AsyncChannelMixin):
         (TIMEOUT) or the peer's death (_DEAD)."""
         while True:
             if self._closed:
-                raise ChannelClosed("channel is closed (by this process)")
+                raise closed_here()
             if self._peer_dead:
                 return _DEAD
             left = self.liveness_interval
@@ -302,8 +298,18 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def try_send(self, msg: Any) -> bool:
         """Send without blocking; False (nothing sent) when the ring has no room now."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+        uses = self._uses  # a use of the mapping (lifetime.py), inlined: the hot path
+        uses.append(None)
+        try:
+            if self._life.closed:
+                raise closed_here()
+            return self._try_send(msg)
+        finally:
+            uses.pop()
+            if self._life.closed and not uses:
+                self._finalizer()
+
+    def _try_send(self, msg: Any) -> bool:
         kind, body = self._encode(msg)
         if self._pending is not None and not self._flush_pending():
             return False
@@ -321,8 +327,18 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def send(self, msg: Any, timeout: Optional[float] = None) -> None:
         """Send, waiting for space as long as needed (or ``timeout`` seconds: TimeoutError)."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+        uses = self._uses  # a use of the mapping (lifetime.py), inlined: the hot path
+        uses.append(None)
+        try:
+            if self._life.closed:
+                raise closed_here()
+            self._send(msg, timeout)
+        finally:
+            uses.pop()
+            if self._life.closed and not uses:
+                self._finalizer()
+
+    def _send(self, msg: Any, timeout: Optional[float]) -> None:
         kind, probe = self._send_info.get(type(msg), _UNKNOWN)  # _encode, inlined: the hot path
         if kind is not None and (probe is None or type(v := probe(msg)) is not bytes or len(v) < self.oob_min):
             body = self._encode_body(msg)
@@ -350,7 +366,6 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def _send_slow(self, kind: int, body: Any, queued: bool, timeout: Optional[float]) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._tx_busy = True
         try:
             while True:
                 if self._flush_pending():
@@ -371,10 +386,6 @@ class Channel(channel_async.AsyncChannelMixin):
             if pending is not None and pending[1] is body and pending[2] == 0:
                 self._pending = None  # nothing of ours went out: the send simply did not happen
             raise
-        finally:
-            self._tx_busy = False
-            if self._closed:
-                self._maybe_release()
 
     # ------------------------------------------------------------------ receiving
     def _drain_ring(self, out: list, room: int, spin_ns: int = 0, timeout_ns: int = 0) -> int:
@@ -401,14 +412,24 @@ class Channel(channel_async.AsyncChannelMixin):
 
     def _peer_closed_error(self) -> ChannelClosed:
         if self._closed:
-            return ChannelClosed("channel is closed (by this process)")
+            return closed_here()
         return ChannelClosed("recv: the peer closed the channel")
 
     def poll(self, max_messages: Optional[int] = None) -> list:
         """Every message available now (at most ``max_messages``); ``[]`` if none. Never blocks.
         Raises ChannelClosed once the peer has closed and everything it sent has been read."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+        uses = self._uses  # a use of the mapping (lifetime.py), inlined: the hot path
+        uses.append(None)
+        try:
+            if self._life.closed:
+                raise closed_here()
+            return self._poll(max_messages)
+        finally:
+            uses.pop()
+            if self._life.closed and not uses:
+                self._finalizer()
+
+    def _poll(self, max_messages: Optional[int]) -> list:
         out: list = []
         self._drain(out, max_messages)
         if not out and lib.ring_is_closed(self._rx.segment.base):
@@ -420,15 +441,22 @@ class Channel(channel_async.AsyncChannelMixin):
     def recv_batch(self, timeout: Optional[float] = None, max_messages: Optional[int] = None) -> list:
         """Block until at least one message is there, then return all available (at most
         ``max_messages``). Returns ``[]`` when ``timeout`` passes or ``wakeup()`` is called."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
-        if timeout == 0:
-            return self.poll(max_messages)
-        out: list = []
-        self._drain(out, max_messages)
-        if not out:
-            self._wait_recv(out, max_messages, timeout)
-        return out
+        uses = self._uses  # a use of the mapping (lifetime.py), inlined: the hot path
+        uses.append(None)
+        try:
+            if self._life.closed:
+                raise closed_here()
+            if timeout == 0:
+                return self._poll(max_messages)
+            out: list = []
+            self._drain(out, max_messages)
+            if not out:
+                self._wait_recv(out, max_messages, timeout)
+            return out
+        finally:
+            uses.pop()
+            if self._life.closed and not uses:
+                self._finalizer()
 
     def _next_ready(self) -> Any:
         """A message decoded earlier and not yet returned, or None (after checking that this side
@@ -437,7 +465,7 @@ class Channel(channel_async.AsyncChannelMixin):
         if ready:
             return ready.popleft()
         if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+            raise closed_here()
         return None
 
     def recv(self, timeout: Optional[float] = None) -> Any:
@@ -445,29 +473,35 @@ class Channel(channel_async.AsyncChannelMixin):
         msg = self._next_ready()
         if msg is not None:
             return msg
-        ready = self._ready
+        uses = self._uses  # a use of the mapping (lifetime.py), inlined: the hot path
+        uses.append(None)
+        try:
+            if self._life.closed:
+                raise closed_here()
+            return self._recv(timeout)
+        finally:
+            uses.pop()
+            if self._life.closed and not uses:
+                self._finalizer()
+
+    def _recv(self, timeout: Optional[float]) -> Any:
         out: list = []
         if timeout is None and not (self._woken or self._peer_dead):
             # The common case, inlined: one wait slice straight on the ring (see _wait_recv).
-            self._rx_busy = True
             try:
                 self._rx.drain(self._decoders, out, BATCH_RECORDS, self._spin_ns, self._slice_ns)
             except TransportError:
                 self._ready.extend(out)
                 out.clear()
                 raise
-            finally:
-                self._rx_busy = False
-                if self._closed:
-                    self._maybe_release()
         elif timeout == 0:
-            out = self.poll()
+            out = self._poll(None)
         if not out:
             self._wait_recv(out, None, timeout)
             if not out:
                 raise TimeoutError("recv timed out" if timeout is not None else "recv was woken up")
         if len(out) > 1:
-            ready.extend(out[1:])
+            self._ready.extend(out[1:])
         return out[0]
 
     def _wait_recv(self, out: list, max_messages: Optional[int], timeout: Optional[float]) -> None:
@@ -475,47 +509,44 @@ class Channel(channel_async.AsyncChannelMixin):
         between slices, notice a wakeup, the deadline, a close, or the peer's death."""
         deadline = None if timeout is None else time.monotonic() + timeout
         room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
-        self._rx_busy = True
-        try:
-            while True:
-                if self._closed:
-                    raise ChannelClosed("channel is closed (by this process)")
-                if self._woken:
-                    self._woken = False
-                    return
-                left = self.liveness_interval
-                if deadline is not None:
-                    left = min(left, deadline - time.monotonic())
-                    if left <= 0:
-                        return
-                if self._peer_dead:
-                    left = 0
-                try:  # _drain_ring, inlined: this is the hot path of every blocking receive
-                    n = self._rx.drain(self._decoders, out, room, self._spin_ns, int(left * 1e9))
-                except TransportError:
-                    self._ready.extend(out)
-                    out.clear()
-                    raise
-                if out:
-                    if n == room and max_messages is None:
-                        self._drain(out, None)  # there may be more
-                    return
-                if n == CLOSED:
-                    raise self._peer_closed_error()
-                if n == 0 and not self._peer_alive():
-                    self._drain(out, max_messages)
-                    if not out:
-                        raise self._peer_error()
-                    return
-        finally:
-            self._rx_busy = False
+        while True:
             if self._closed:
-                self._maybe_release()
+                raise closed_here()
+            if self._woken:
+                self._woken = False
+                return
+            left = self.liveness_interval
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    return
+            if self._peer_dead:
+                left = 0
+            try:  # _drain_ring, inlined: this is the hot path of every blocking receive
+                n = self._rx.drain(self._decoders, out, room, self._spin_ns, int(left * 1e9))
+            except TransportError:
+                self._ready.extend(out)
+                out.clear()
+                raise
+            if out:
+                if n == room and max_messages is None:
+                    self._drain(out, None)  # there may be more
+                return
+            if n == CLOSED:
+                raise self._peer_closed_error()
+            if n == 0 and not self._peer_alive():
+                self._drain(out, max_messages)
+                if not out:
+                    raise self._peer_error()
+                return
 
     def wakeup(self) -> None:
         """Make a ``recv``/``recv_batch`` blocked in another thread return early (or the next
         one, if none is blocked now)."""
-        if self._closed:
+        if not self._life.try_enter():
             return
-        self._woken = True
-        lib.ring_kick(self._c)
+        try:
+            self._woken = True
+            lib.ring_kick(self._c)
+        finally:
+            self._life.leave()

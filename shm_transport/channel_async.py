@@ -7,7 +7,9 @@ only when it sees the flag, so a busy stream costs no system call. Sending waits
 same way (the space eventfd), so the event loop is never blocked on a futex.
 
 All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
-and resolve whichever future is waiting. Only one task may await a receive at a time; concurrent
+and resolve whichever future is waiting. The registration holds a use of the channel
+(lifetime.py) until it is undone on the loop, so no callback can run on a released fd; the
+other uses are taken around each step that touches the mapping, never across an ``await``. Only one task may await a receive at a time; concurrent
 ``send_async`` calls are serialised in call order by an ``asyncio.Lock``.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Optional
 
 from ._ring import lib
 from .errors import ChannelClosed
+from .lifetime import closed_here
 from .ring import BATCH_RECORDS, raise_status
 from .wakeup import clear_eventfd
 
@@ -54,6 +57,7 @@ class AsyncChannelMixin:
     def _attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not None:
             self._detach_loop()
+        self._life.enter()  # the registration's use, ended by _detach_loop
         self._loop = loop
         self._send_lock = asyncio.Lock()
         loop.add_reader(self._rx.data_efd, self._on_rx_event)
@@ -66,18 +70,20 @@ class AsyncChannelMixin:
 
     def _detach_loop(self) -> None:
         loop, self._loop = self._loop, None
+        if loop is None:
+            return
         fds, self._loop_fds = self._loop_fds, []
-        if loop is not None and not loop.is_closed():
-            for fd in fds:
-                try:
-                    loop.remove_reader(fd)
-                except Exception:  # the loop is shutting down; the fds are closed next anyway
-                    pass
-        _resolve(self._rx_fut)
-        _resolve(self._tx_fut)
-
-    def _async_attached(self) -> bool:
-        return self._loop is not None
+        try:
+            if not loop.is_closed():
+                for fd in fds:
+                    try:
+                        loop.remove_reader(fd)
+                    except Exception:  # the loop is shutting down; the fds are closed next anyway
+                        pass
+            _resolve(self._rx_fut)
+            _resolve(self._tx_fut)
+        finally:
+            self._life.leave()
 
     def _async_peer_changed(self) -> None:
         if self._loop is not None:
@@ -94,14 +100,15 @@ class AsyncChannelMixin:
         if running is loop or not loop.is_running():
             self._detach_loop()
             return
-
-        def detach_and_release() -> None:
-            self._detach_loop()
-            self._maybe_release()
         try:
-            loop.call_soon_threadsafe(detach_and_release)
-        except RuntimeError:  # the loop closed meanwhile
-            self._loop = None
+            loop.call_soon_threadsafe(self._detach_from, loop)
+        except RuntimeError:  # the loop closed meanwhile: nothing can call back any more
+            self._detach_from(loop)
+
+    def _detach_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Detach, unless the channel has meanwhile moved on to another loop."""
+        if self._loop is loop:
+            self._detach_loop()
 
     def _on_rx_event(self) -> None:
         clear_eventfd(self._rx.data_efd)
@@ -142,34 +149,37 @@ class AsyncChannelMixin:
     async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
         """Await at least one message, then return all available (at most ``max_messages``);
         ``[]`` once ``timeout`` passes."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
         out: list = []
-        self._drain(out, max_messages)
         room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
-        if not out and self._async_spin_ns:
-            self._drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
-        if out:
-            return out
-        loop = self._loop_for_wait()
+        with self._life:
+            self._drain(out, max_messages)
+            if not out and self._async_spin_ns:
+                self._drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
+            if out:
+                return out
+            loop = self._loop_for_wait()
         if self._rx_fut is not None:
             raise RuntimeError("another task is already awaiting a receive on this channel")
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            if not lib.ring_arm_data(self._c):
+            with self._life:
+                armed = not lib.ring_arm_data(self._c)
+            if armed:
                 try:
                     if not (self._peer_dead or (deadline is not None and loop.time() >= deadline)):
                         await self._sleep_on("_rx_fut", deadline)
                 finally:
-                    if not self._closed:
-                        lib.ring_disarm_data(self._c)
-            if self._closed:
-                raise ChannelClosed("channel is closed (by this process)")
-            self._drain(out, max_messages)
-            if out:
-                return out
-            if lib.ring_is_closed(self._rx.segment.base):
-                raise ChannelClosed("recv: the peer closed the channel")
+                    if self._life.try_enter():
+                        try:
+                            lib.ring_disarm_data(self._c)
+                        finally:
+                            self._life.leave()
+            with self._life:
+                self._drain(out, max_messages)
+                if out:
+                    return out
+                if lib.ring_is_closed(self._rx.segment.base):
+                    raise ChannelClosed("recv: the peer closed the channel")
             if not self._peer_alive():
                 raise self._peer_error()
             if deadline is not None and loop.time() >= deadline:
@@ -182,7 +192,8 @@ class AsyncChannelMixin:
             return msg
         ready = self._ready
         batch: list = []
-        self._drain_ring(batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)  # the fast path
+        with self._life:  # the fast path
+            self._drain_ring(batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)
         if not batch:
             batch = await self.recv_batch_async(timeout=timeout)
             if not batch:
@@ -194,42 +205,44 @@ class AsyncChannelMixin:
     # ------------------------------------------------------------------ sending
     async def send_async(self, msg: Any, timeout: Optional[float] = None) -> None:
         """Send, awaiting space without blocking the loop (TimeoutError after ``timeout``)."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
-        kind, body = self._encode(msg)
-        mine: Optional[tuple] = (kind, body, 0)
-        lock = self._send_lock
-        if self._pending is None and (lock is None or not lock.locked()):
-            done = self._write(kind, body, 0)
-            if done == len(body) + 1:
-                return
-            if done < 0:
-                raise_status(done, "send")
-            if done:
-                self._pending, mine = (kind, body, done), None
-        loop = self._loop_for_wait()
+        with self._life:
+            kind, body = self._encode(msg)
+            mine: Optional[tuple] = (kind, body, 0)
+            lock = self._send_lock
+            if self._pending is None and (lock is None or not lock.locked()):
+                done = self._write(kind, body, 0)
+                if done == len(body) + 1:
+                    return
+                if done < 0:
+                    raise_status(done, "send")
+                if done:
+                    self._pending, mine = (kind, body, done), None
+            loop = self._loop_for_wait()
         deadline = None if timeout is None else loop.time() + timeout
         async with self._send_lock:
             try:
                 while True:
-                    if self._closed:
-                        raise ChannelClosed("channel is closed (by this process)")
-                    if self._pending is None:
-                        if mine is None:
-                            return
-                        self._pending, mine = mine, None
-                    if self._flush_pending():
-                        continue
-                    if not self._peer_alive():
-                        raise self._peer_error()
-                    if deadline is not None and loop.time() >= deadline:
-                        raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
-                    if not lib.ring_arm_space(self._p):
+                    with self._life:
+                        if self._pending is None:
+                            if mine is None:
+                                return
+                            self._pending, mine = mine, None
+                        if self._flush_pending():
+                            continue
+                        if not self._peer_alive():
+                            raise self._peer_error()
+                        if deadline is not None and loop.time() >= deadline:
+                            raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
+                        armed = not lib.ring_arm_space(self._p)
+                    if armed:
                         try:
                             await self._sleep_on("_tx_fut", deadline)
                         finally:
-                            if not self._closed:
-                                lib.ring_disarm_space(self._p)
+                            if self._life.try_enter():
+                                try:
+                                    lib.ring_disarm_space(self._p)
+                                finally:
+                                    self._life.leave()
             except BaseException:
                 pending = self._pending
                 if pending is not None and pending[1] is body and pending[2] == 0:
