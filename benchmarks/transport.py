@@ -71,7 +71,7 @@ class Done(msgspec.Struct, array_like=True):
     cpu_s: float
 
 
-CODEC = MsgspecCodec([TokenOut, Blob, Cmd, Done])
+CODEC = MsgspecCodec({0: TokenOut, 1: Blob, 2: Cmd, 3: Done})
 INF = float("inf")
 SPINS = {"ring-spin0": 0.0, "ring-spin2": 2.0, "ring-spin10": 10.0, "ring-spin50": 50.0, "ring-spin-inf": INF}
 ASYNC = {"ring-asyncio": "asyncio", "ring-uvloop": "uvloop", "zmq-asyncio": "asyncio"}
