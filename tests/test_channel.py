@@ -484,7 +484,7 @@ def test_attach_with_fds_that_were_not_passed_names_the_problem():
 def test_corrupt_message_is_reported_and_the_others_still_arrive(pair):
     a, b = pair
     a.send(Data(1, 0, b""))
-    a._tx.write(b"\x00\xc1garbage", prefix=-1)  # kind 0 (Data) with a body msgpack refuses
+    a._ends.tx.write(b"\x00\xc1garbage", prefix=-1)  # kind 0 (Data) with a body msgpack refuses
     a.send(Data(2, 0, b""))
     with pytest.raises(CorruptRing, match="decode"):
         b.poll()
