@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from . import ipc_dir
-from .errors import ChannelClosed, MessageTooLarge, PeerDied
+from .errors import MessageTooLarge, PeerDied
 from .lifetime import Lifetime, closed_here
 from .wakeup import clear_eventfd, new_eventfd
 
