@@ -23,7 +23,6 @@ import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from benchmarks.harness import Bench, Column
-from shm_transport import Channel, MsgspecCodec
+from shm_transport import Channel, MsgspecCodec, ipc_dir
 from shm_transport.channel import BATCH_BYTES
 from shm_transport.codec import OOB_MIN
 
@@ -72,7 +71,7 @@ class Done(msgspec.Struct, array_like=True):
     cpu_s: float
 
 
-CODEC = MsgspecCodec([TokenOut, Blob, Cmd, Done])
+CODEC = MsgspecCodec({0: TokenOut, 1: Blob, 2: Cmd, 3: Done})
 INF = float("inf")
 SPINS = {"ring-spin0": 0.0, "ring-spin2": 2.0, "ring-spin10": 10.0, "ring-spin50": 50.0, "ring-spin-inf": INF}
 ASYNC = {"ring-asyncio": "asyncio", "ring-uvloop": "uvloop", "zmq-asyncio": "asyncio"}
@@ -131,12 +130,13 @@ class RingEnd:
 
 
 class ZmqEnd:
-    """PUSH/PULL pairs over ipc:// (abstract namespace: no socket file left behind)."""
+    """PUSH/PULL pairs over ipc:// socket files in a private directory (shm_transport/ipc_dir.py,
+    made and removed by the Driver)."""
 
-    def __init__(self, name: str, bind: bool) -> None:
+    def __init__(self, directory: str, bind: bool) -> None:
         self.ctx = zmq.Context()
         self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
-        a, b = f"ipc://@{name}-a", f"ipc://@{name}-b"
+        a, b = f"ipc://{directory}/a", f"ipc://{directory}/b"
         if bind:
             self.push.bind(a), self.pull.bind(b)
         else:
@@ -277,9 +277,9 @@ class Driver:
             ch.close_peer_fds()
             rings.append(RingEnd(ch))
         self.ring, self.ring16 = rings
-        name = f"ringllm-bench-{os.getpid()}-{secrets.token_hex(4)}"
-        self.zmq = ZmqEnd(name, bind=True)
-        self.procs.append(subprocess.Popen(cmd + ["zmq", name] + cpu_arg))
+        self.zmq_dir = ipc_dir.make()
+        self.zmq = ZmqEnd(self.zmq_dir, bind=True)
+        self.procs.append(subprocess.Popen(cmd + ["zmq", self.zmq_dir] + cpu_arg))
         mine, theirs = multiprocessing.Pipe()
         self.procs.append(subprocess.Popen(cmd + ["pipe", str(theirs.fileno())] + cpu_arg,
                                            pass_fds=[theirs.fileno()]))
@@ -306,6 +306,7 @@ class Driver:
                 p.wait()
         for end in (self.ring, self.ring16, self.zmq, self.pipe):
             end.close()
+        ipc_dir.remove(self.zmq_dir)
 
     def pingpong(self, method: str, msg, n: int, warm: int) -> dict:
         end = self.end(method)

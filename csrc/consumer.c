@@ -140,12 +140,6 @@ int ring_next(ring_consumer *c, uint64_t *records, int max_records, int64_t spin
     return rc == RING_CLOSED ? RING_CLOSED : 0;
 }
 
-uint64_t ring_used_bytes(ring_consumer *c)
-{
-    /* Acquire: a snapshot for callers and tests. */
-    return RING_LOAD_ACQUIRE(&c->e.hdr->tail) - c->head;
-}
-
 void ring_consumer_stats(const ring_consumer *c, uint64_t out[4])
 {
     memcpy(out, c->e.stats, sizeof c->e.stats); /* sleeps, timeouts, wakes, late */

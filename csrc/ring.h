@@ -217,7 +217,6 @@ int ring_wait_data(ring_consumer *c, int64_t spin_ns, int64_t timeout_ns);
 int ring_arm_data(ring_consumer *c);
 void ring_disarm_data(ring_consumer *c);
 void ring_kick(ring_consumer *c);
-uint64_t ring_used_bytes(ring_consumer *c);
 void ring_consumer_stats(const ring_consumer *c, uint64_t out[4]); /* sleeps, timeouts, wakes, late */
 
 /* Process helpers (wake.c): prctl PR_SET_PDEATHSIG and PR_SET_CHILD_SUBREAPER; 0 or -errno. */

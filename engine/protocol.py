@@ -3,7 +3,7 @@
 Everything here crosses a process boundary (the shm ring or the zmq baseline), so
 each type is a msgspec Struct, array_like (positional, no field names on the wire)
 and omit_defaults (a decode step sends only what changed). Nothing is pickled.
-The transport puts one byte of message kind in front (see ``MESSAGE_TYPES``).
+The transport puts one byte of message kind in front (``MessageKind``, ``MESSAGE_TYPES``).
 """
 from __future__ import annotations
 
@@ -126,6 +126,28 @@ class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True):
     engine_index: int = 0
 
 
-# The kind byte of a message on the wire is its index here: append only.
-MESSAGE_TYPES = (EngineCoreRequest, AbortRequests, UtilityCall, Shutdown,
-                 EngineReady, EngineCoreOutputs, UtilityResult, EngineDead)
+class MessageKind(enum.IntEnum):
+    """The kind byte of each message on the wire. The values are the protocol: never renumber
+    or reuse one; a new message takes a new value."""
+
+    ENGINE_CORE_REQUEST = 0
+    ABORT_REQUESTS = 1
+    UTILITY_CALL = 2
+    SHUTDOWN = 3
+    ENGINE_READY = 4
+    ENGINE_CORE_OUTPUTS = 5
+    UTILITY_RESULT = 6
+    ENGINE_DEAD = 7
+
+
+# kind byte -> message type: what both sides build their codec from (shm_transport.MsgspecCodec).
+MESSAGE_TYPES = {
+    MessageKind.ENGINE_CORE_REQUEST: EngineCoreRequest,
+    MessageKind.ABORT_REQUESTS: AbortRequests,
+    MessageKind.UTILITY_CALL: UtilityCall,
+    MessageKind.SHUTDOWN: Shutdown,
+    MessageKind.ENGINE_READY: EngineReady,
+    MessageKind.ENGINE_CORE_OUTPUTS: EngineCoreOutputs,
+    MessageKind.UTILITY_RESULT: UtilityResult,
+    MessageKind.ENGINE_DEAD: EngineDead,
+}

@@ -2,7 +2,7 @@
 
 Knows nothing of LLMs. See channel.py for the contract and csrc/ring.h for the shared layout.
 
-    codec = MsgspecCodec([Ping, Pong])
+    codec = MsgspecCodec({0: Ping, 1: Pong})
     ch = Channel.create(codec)
     proc = subprocess.Popen([sys.executable, "-m", "child", ch.peer_token()], pass_fds=ch.peer_fds())
     ch.set_peer(proc.pid); ch.close_peer_fds()

@@ -7,8 +7,11 @@ only when it sees the flag, so a busy stream costs no system call. Sending waits
 same way (the space eventfd), so the event loop is never blocked on a futex.
 
 All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
-and resolve whichever future is waiting. Only one task may await a receive at a time; concurrent
-``send_async`` calls are serialised in call order by an ``asyncio.Lock``.
+and resolve whichever future is waiting. The registration holds a use of the channel
+(lifetime.py) until it is undone on the loop, so no callback can run on a released fd; the
+other uses are taken around each step that touches the mapping, never across an ``await``.
+Only one task may await a receive at a time; concurrent ``send_async`` calls are serialised
+in call order by an ``asyncio.Lock``.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ import asyncio
 from typing import Any, Optional
 
 from ._ring import lib
-from .errors import ChannelClosed
 from .ring import BATCH_RECORDS, raise_status
+from .ring_ends import RingEnds
 from .wakeup import clear_eventfd
 
 
@@ -26,64 +29,56 @@ def _resolve(fut: Optional[asyncio.Future]) -> None:
         fut.set_result(None)
 
 
-class AsyncChannelMixin:
-    """Mixed into Channel; uses its ``_c``, ``_p``, ``_rx``, ``_tx``, ``_drain`` and flags."""
+class AsyncSide:
+    """Awaitable send/receive over one channel's RingEnds (see the module docstring)."""
 
-    def _init_async(self) -> None:
+    def __init__(self, ends: RingEnds) -> None:
+        self._e = ends
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_fds: list[int] = []
         self._rx_fut: Optional[asyncio.Future] = None
         self._tx_fut: Optional[asyncio.Future] = None
         self._send_lock: Optional[asyncio.Lock] = None
-        self._async_spin_ns = 10_000
-
-    @property
-    def async_spin_us(self) -> float:
-        """Microseconds an asyncio reader spins (in C, GIL released, holding up the loop) before
-        arming the eventfd and awaiting. 10 by default: a reply that comes that fast skips the
-        loop's sleep and wake-up (tens of microseconds on a VM); 0 never holds up the loop."""
-        return self._async_spin_ns / 1000
-
-    @async_spin_us.setter
-    def async_spin_us(self, value: float) -> None:
-        if value < 0:
-            raise ValueError(f"async_spin_us must be >= 0, got {value}")
-        self._async_spin_ns = int(value * 1000)
+        self.spin_ns = 10_000  # Channel.async_spin_us
 
     # ------------------------------------------------------------------ loop registration
-    def _attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        e = self._e
         if self._loop is not None:
-            self._detach_loop()
+            self.detach()
+        e.life.enter()  # the registration's use, ended by detach()
         self._loop = loop
         self._send_lock = asyncio.Lock()
-        loop.add_reader(self._rx.data_efd, self._on_rx_event)
-        loop.add_reader(self._tx.space_efd, self._on_tx_event)
-        self._loop_fds = [self._rx.data_efd, self._tx.space_efd]
-        peer = self._res.peer
-        if peer is not None and peer.fd is not None and not self._peer_dead:
+        loop.add_reader(e.rx.data_efd, self._on_rx_event)
+        loop.add_reader(e.tx.space_efd, self._on_tx_event)
+        self._loop_fds = [e.rx.data_efd, e.tx.space_efd]
+        peer = e.res.peer
+        if peer is not None and peer.fd is not None and not e.peer_dead:
             loop.add_reader(peer.fd, self._on_peer_event)
             self._loop_fds.append(peer.fd)
 
-    def _detach_loop(self) -> None:
+    def detach(self) -> None:
+        """Unregister from the loop (on the loop's thread, or with the loop stopped), wake the
+        awaiting tasks, and end the registration's use. Re-registered by the next async call."""
         loop, self._loop = self._loop, None
+        if loop is None:
+            return
         fds, self._loop_fds = self._loop_fds, []
-        if loop is not None and not loop.is_closed():
-            for fd in fds:
-                try:
-                    loop.remove_reader(fd)
-                except Exception:  # the loop is shutting down; the fds are closed next anyway
-                    pass
-        _resolve(self._rx_fut)
-        _resolve(self._tx_fut)
+        try:
+            if not loop.is_closed():
+                for fd in fds:
+                    try:
+                        loop.remove_reader(fd)
+                    except Exception:  # the loop is shutting down; the fds are closed next anyway
+                        pass
+            _resolve(self._rx_fut)
+            _resolve(self._tx_fut)
+        finally:
+            self._e.life.leave()
 
-    def _async_attached(self) -> bool:
-        return self._loop is not None
-
-    def _async_peer_changed(self) -> None:
-        if self._loop is not None:
-            self._detach_loop()  # re-registered, with the new pidfd, by the next async call
-
-    def _async_close(self) -> None:
+    def close(self) -> None:
+        """Channel.close (any thread): detach now if we are on the loop or it is stopped,
+        else on the loop, where the readers run."""
         loop = self._loop
         if loop is None:
             return
@@ -92,28 +87,30 @@ class AsyncChannelMixin:
         except RuntimeError:
             running = None
         if running is loop or not loop.is_running():
-            self._detach_loop()
+            self.detach()
             return
-
-        def detach_and_release() -> None:
-            self._detach_loop()
-            self._maybe_release()
         try:
-            loop.call_soon_threadsafe(detach_and_release)
-        except RuntimeError:  # the loop closed meanwhile
-            self._loop = None
+            loop.call_soon_threadsafe(self._detach_from, loop)
+        except RuntimeError:  # the loop closed meanwhile: nothing can call back any more
+            self._detach_from(loop)
+
+    def _detach_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Detach, unless the channel has meanwhile moved on to another loop."""
+        if self._loop is loop:
+            self.detach()
 
     def _on_rx_event(self) -> None:
-        clear_eventfd(self._rx.data_efd)
+        clear_eventfd(self._e.rx.data_efd)
         _resolve(self._rx_fut)
 
     def _on_tx_event(self) -> None:
-        clear_eventfd(self._tx.space_efd)
+        clear_eventfd(self._e.tx.space_efd)
         _resolve(self._tx_fut)
 
     def _on_peer_event(self) -> None:
-        self._peer_dead = True
-        fd = self._res.peer.fd if self._res and self._res.peer else None
+        e = self._e
+        e.peer_dead = True
+        fd = e.res.peer.fd if e.res.peer else None
         if self._loop is not None and fd in self._loop_fds:
             self._loop.remove_reader(fd)  # stays readable forever: stop polling it
             self._loop_fds.remove(fd)
@@ -123,7 +120,7 @@ class AsyncChannelMixin:
     def _loop_for_wait(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._attach_loop(loop)
+            self._attach(loop)
         return loop
 
     async def _sleep_on(self, slot: str, deadline: Optional[float]) -> None:
@@ -138,100 +135,106 @@ class AsyncChannelMixin:
             if timer is not None:
                 timer.cancel()
 
+    def _disarm(self, disarm: Any, handle: Any) -> None:
+        """Undo an arm after the wait, unless the channel has been closed meanwhile."""
+        life = self._e.life
+        if life.try_enter():
+            try:
+                disarm(handle)
+            finally:
+                life.leave()
+
     # ------------------------------------------------------------------ receiving
-    async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
+    async def recv_batch(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
         """Await at least one message, then return all available (at most ``max_messages``);
         ``[]`` once ``timeout`` passes."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
+        e = self._e
         out: list = []
-        self._drain(out, max_messages)
         room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
-        if not out and self._async_spin_ns:
-            self._drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
-        if out:
-            return out
-        loop = self._loop_for_wait()
+        with e.life:
+            e.drain(out, max_messages)
+            if not out and self.spin_ns:
+                e.drain_ring(out, room, self.spin_ns, self.spin_ns)
+            if out:
+                return out
+            loop = self._loop_for_wait()
         if self._rx_fut is not None:
             raise RuntimeError("another task is already awaiting a receive on this channel")
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            if not lib.ring_arm_data(self._c):
+            with e.life:
+                armed = not lib.ring_arm_data(e.c)
+            if armed:
                 try:
-                    if not (self._peer_dead or (deadline is not None and loop.time() >= deadline)):
+                    if not (e.peer_dead or (deadline is not None and loop.time() >= deadline)):
                         await self._sleep_on("_rx_fut", deadline)
                 finally:
-                    if not self._closed:
-                        lib.ring_disarm_data(self._c)
-            if self._closed:
-                raise ChannelClosed("channel is closed (by this process)")
-            self._drain(out, max_messages)
-            if out:
-                return out
-            if lib.ring_is_closed(self._rx.segment.base):
-                raise ChannelClosed("recv: the peer closed the channel")
-            if not self._peer_alive():
-                raise self._peer_error()
+                    self._disarm(lib.ring_disarm_data, e.c)
+            with e.life:
+                e.drain(out, max_messages)
+                if out:
+                    return out
+                if e.rx_closed():
+                    raise e.peer_closed_error("recv")
+            if not e.peer_alive():
+                raise e.peer_error()
             if deadline is not None and loop.time() >= deadline:
                 return out
 
-    async def recv_async(self, timeout: Optional[float] = None) -> Any:
+    async def recv(self, timeout: Optional[float] = None) -> Any:
         """The next message; TimeoutError if none came within ``timeout``."""
-        msg = self._next_ready()
-        if msg is not None:
-            return msg
-        ready = self._ready
+        e = self._e
         batch: list = []
-        self._drain_ring(batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)  # the fast path
+        with e.life:  # the fast path
+            if e.ready:
+                return e.ready.popleft()
+            e.drain_ring(batch, BATCH_RECORDS, self.spin_ns, self.spin_ns)
         if not batch:
-            batch = await self.recv_batch_async(timeout=timeout)
+            batch = await self.recv_batch(timeout=timeout)
             if not batch:
                 raise TimeoutError("recv_async timed out")
         if len(batch) > 1:
-            ready.extend(batch[1:])
+            e.ready.extend(batch[1:])
         return batch[0]
 
     # ------------------------------------------------------------------ sending
-    async def send_async(self, msg: Any, timeout: Optional[float] = None) -> None:
+    async def send(self, msg: Any, timeout: Optional[float] = None) -> None:
         """Send, awaiting space without blocking the loop (TimeoutError after ``timeout``)."""
-        if self._closed:
-            raise ChannelClosed("channel is closed (by this process)")
-        kind, body = self._encode(msg)
-        mine: Optional[tuple] = (kind, body, 0)
-        lock = self._send_lock
-        if self._pending is None and (lock is None or not lock.locked()):
-            done = self._write(kind, body, 0)
-            if done == len(body) + 1:
-                return
-            if done < 0:
-                raise_status(done, "send")
-            if done:
-                self._pending, mine = (kind, body, done), None
-        loop = self._loop_for_wait()
+        e = self._e
+        with e.life:
+            kind, body = e.encode(msg)
+            mine: Optional[tuple] = (kind, body, 0)
+            lock = self._send_lock
+            if e.pending is None and (lock is None or not lock.locked()):
+                done = e.write(kind, body, 0)
+                if done == len(body) + 1:
+                    return
+                if done < 0:
+                    raise_status(done, "send")
+                if done:
+                    e.pending, mine = (kind, body, done), None
+            loop = self._loop_for_wait()
         deadline = None if timeout is None else loop.time() + timeout
         async with self._send_lock:
             try:
                 while True:
-                    if self._closed:
-                        raise ChannelClosed("channel is closed (by this process)")
-                    if self._pending is None:
-                        if mine is None:
-                            return
-                        self._pending, mine = mine, None
-                    if self._flush_pending():
-                        continue
-                    if not self._peer_alive():
-                        raise self._peer_error()
-                    if deadline is not None and loop.time() >= deadline:
-                        raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
-                    if not lib.ring_arm_space(self._p):
+                    with e.life:
+                        if e.pending is None:
+                            if mine is None:
+                                return
+                            e.pending, mine = mine, None
+                        if e.flush_pending():
+                            continue
+                        if not e.peer_alive():
+                            raise e.peer_error()
+                        if deadline is not None and loop.time() >= deadline:
+                            raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
+                        armed = not lib.ring_arm_space(e.p)
+                    if armed:
                         try:
                             await self._sleep_on("_tx_fut", deadline)
                         finally:
-                            if not self._closed:
-                                lib.ring_disarm_space(self._p)
+                            self._disarm(lib.ring_disarm_space, e.p)
             except BaseException:
-                pending = self._pending
-                if pending is not None and pending[1] is body and pending[2] == 0:
-                    self._pending = None  # ours never started: the send did not happen
+                e.forget_unsent(body)
                 raise

@@ -1,7 +1,8 @@
 """Typed messages on the wire: one kind byte, then the msgpack body (msgspec).
 
-The kind byte is the index of the message's type in the list the codec was built with, so both
-sides must build their codec from the same list, in the same order. No pickle ever crosses.
+The kind byte of each type is given explicitly (``MsgspecCodec({0: Ping, 1: Pong})``), never
+derived from a position, so reordering or removing a type cannot silently change what another
+type's byte means; both sides build their codec from the same mapping. No pickle ever crosses.
 
 Large ``bytes`` fields can travel *out of band* (kind byte ``OOB_KIND``), so that the sender
 copies them once, straight into the ring, instead of encoding them into a new buffer first:
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import msgspec
 
@@ -62,11 +63,31 @@ def _probe(names: tuple) -> Any:
 class _UnknownKind:
     """The decoder of a kind byte outside the codec (IndexError: the ring reports it by name)."""
 
-    def __init__(self, kind: int, count: int) -> None:
-        self.kind, self.count = kind, count
+    def __init__(self, kind: int, known: tuple) -> None:
+        self.kind, self.known = kind, known
 
     def decode(self, buf: Any) -> Any:
-        raise IndexError(f"kind {self.kind} (codec has {self.count} types)")
+        raise IndexError(f"kind {self.kind} (the codec's kinds are {list(self.known)})")
+
+
+def _kinds(types: Union[Mapping[int, type], Iterable[tuple[int, type]]]) -> dict[int, type]:
+    """Validate the kind -> type table: explicit ints below OOB_KIND, no kind or type twice."""
+    pairs = list(types.items() if isinstance(types, Mapping) else types)
+    if not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise TypeError("MsgspecCodec takes a mapping kind byte -> type, or (kind, type) pairs: "
+                        "a kind is never a position")
+    if not pairs:
+        raise ValueError("MsgspecCodec needs at least one message type")
+    out: dict[int, type] = {}
+    for kind, t in pairs:
+        if isinstance(kind, bool) or not isinstance(kind, int) or not 0 <= kind < OOB_KIND:
+            raise ValueError(f"MsgspecCodec kinds are ints in [0, {OOB_KIND}), got {kind!r} for {t!r}")
+        if kind in out:
+            raise ValueError(f"MsgspecCodec kind {kind} given twice ({out[kind]!r} and {t!r})")
+        out[int(kind)] = t
+    if len(set(out.values())) != len(out):
+        raise ValueError("MsgspecCodec types must be distinct (one kind per type)")
+    return out
 
 
 class _OobDecoder:
@@ -114,6 +135,8 @@ class _OobDecoder:
 class MsgspecCodec:
     """Encode/decode msgspec Structs with a one-byte kind prefix.
 
+    Built from a mapping (or pairs) kind byte -> type; see the module docstring.
+
     ``encode(msg) -> bytes`` and ``decode(buf) -> msg`` give the whole frame; the channel uses
     ``kind_of``/``encode_body``/``oob_parts`` and ``decoders`` directly, so the kind byte is
     written by the ring and never concatenated in Python. Decoding always produces owned
@@ -121,34 +144,31 @@ class MsgspecCodec:
     would keep pointing into shared memory after its space is released.
     """
 
-    def __init__(self, types: Sequence[type]) -> None:
-        types = list(types)
-        if not types:
-            raise ValueError("MsgspecCodec needs at least one message type")
-        if len(types) > OOB_KIND:
-            raise ValueError(f"MsgspecCodec takes at most {OOB_KIND} message types (one kind byte), "
-                             f"got {len(types)}")
-        for t in types:
+    def __init__(self, types: Union[Mapping[int, type], Iterable[tuple[int, type]]]) -> None:
+        by_kind = _kinds(types)
+        for t in by_kind.values():
             if not (isinstance(t, type) and issubclass(t, msgspec.Struct)):
                 raise TypeError(f"MsgspecCodec types must be msgspec.Struct subclasses, got {t!r}")
             for f in msgspec.structs.fields(t):
                 if f.type in _FORBIDDEN:
                     raise TypeError(f"{t.__name__}.{f.name} is {f.type.__name__}: it would alias shared "
                                     "memory after decode; use bytes")
-        if len(set(types)) != len(types):
-            raise ValueError("MsgspecCodec types must be distinct")
-        self.types = tuple(types)
-        self.kind_of = {t: i for i, t in enumerate(types)}  # type -> kind byte
-        self.oob_fields = tuple(_oob_eligible(t) for t in types)  # kind -> eligible field names
+        self.types = tuple(by_kind.values())
+        self.kind_of = {t: k for k, t in by_kind.items()}  # type -> kind byte
+        kinds = range(OOB_KIND)
+        # kind byte -> eligible field names (empty for kinds outside the codec)
+        self.oob_fields = tuple(_oob_eligible(by_kind[k]) if k in by_kind else () for k in kinds)
         # type -> (kind byte, probe or None): one lookup on the send path; probe(msg) is the
         # value of the type's eligible field (or the largest bytes among several), for a
         # cheap "is anything large enough to go out of band?"
-        self.send_info = {t: (i, _probe(self.oob_fields[i])) for i, t in enumerate(types)}
+        self.send_info = {t: (k, _probe(self.oob_fields[k])) for k, t in by_kind.items()}
         self.encode_body = msgspec.msgpack.Encoder().encode  # msg -> msgpack body (no kind byte)
-        typed = tuple(msgspec.msgpack.Decoder(t) for t in types)
-        oob = _OobDecoder(typed, self.oob_fields, tuple(t.__struct_config__.frozen for t in types))
+        known = tuple(sorted(by_kind))
+        typed = tuple(msgspec.msgpack.Decoder(by_kind[k]) if k in by_kind else _UnknownKind(k, known)
+                      for k in kinds)
+        frozen = tuple(k in by_kind and by_kind[k].__struct_config__.frozen for k in kinds)
         # kind byte -> decoder, for all 256 values (unknown kinds raise IndexError when used)
-        self.decoders = typed + tuple(_UnknownKind(k, len(types)) for k in range(len(types), OOB_KIND)) + (oob,)
+        self.decoders = typed + (_OobDecoder(typed, self.oob_fields, frozen),)
 
     def kind_and_body(self, msg: Any) -> tuple[int, bytes]:
         """The kind byte and msgpack body of ``msg``; TypeError for a type not in the codec."""
@@ -187,8 +207,9 @@ class MsgspecCodec:
         if length < 1:
             raise msgspec.DecodeError("empty frame: no kind byte")
         kind = buf[offset]
-        if kind >= len(self.types) and kind != OOB_KIND:
-            raise msgspec.DecodeError(f"unknown message kind {kind} (codec has {len(self.types)} types)")
+        if isinstance(self.decoders[kind], _UnknownKind):
+            raise msgspec.DecodeError(f"unknown message kind {kind} (the codec's kinds are "
+                                      f"{sorted(self.kind_of.values())})")
         return self.decoders[kind].decode(buf[offset + 1:offset + length])
 
     def decode(self, frame: Any) -> Any:

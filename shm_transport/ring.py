@@ -303,9 +303,6 @@ class Consumer(_End):
             self.release()
         return out
 
-    def used_bytes(self) -> int:
-        return lib.ring_used_bytes(self.handle)
-
 
 def new_ring(capacity: int) -> Segment:
     """Create, size and initialise a segment holding an empty ring of ``capacity`` bytes."""

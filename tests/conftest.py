@@ -23,10 +23,16 @@ _SHM_PREFIX = "ringllm-"
 
 
 def _shm_entries() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(_SHM_PREFIX)}
-    except FileNotFoundError:
-        return set()
+    """Our /dev/shm entries, and the private ipc:// socket directories (shm_transport/ipc_dir.py)."""
+    import tempfile
+
+    out = set()
+    for d in {"/dev/shm", tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR") or "/dev/shm"}:
+        try:
+            out |= {os.path.join(d, n) for n in os.listdir(d) if n.startswith(_SHM_PREFIX)}
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def _live_children() -> dict[int, str]:
@@ -83,5 +89,5 @@ def _nothing_left_behind(_adopt_orphans):
         except (ProcessLookupError, ChildProcessError):
             pass
     shm_left = _shm_entries() - shm_before
-    assert not shm_left, f"/dev/shm entries left behind: {sorted(shm_left)}"
+    assert not shm_left, f"/dev/shm entries or ipc socket directories left behind: {sorted(shm_left)}"
     assert not left, f"child processes left behind (killed now): {left}"

@@ -394,15 +394,41 @@ def test_sending_a_type_outside_the_codec_is_a_type_error(pair):
 
 def test_codec_refuses_bad_types():
     with pytest.raises(TypeError, match="msgspec.Struct"):
-        MsgspecCodec([dict])
+        MsgspecCodec({0: dict})
     with pytest.raises(ValueError, match="at least one"):
-        MsgspecCodec([])
+        MsgspecCodec({})
 
     class Aliasing(msgspec.Struct):
         raw: msgspec.Raw
 
     with pytest.raises(TypeError, match="alias"):
-        MsgspecCodec([Aliasing])
+        MsgspecCodec({0: Aliasing})
+
+
+def test_codec_kinds_are_explicit_never_positions():
+    with pytest.raises(TypeError, match="never a position"):
+        MsgspecCodec([Data, Ctl])
+    with pytest.raises(ValueError, match="kind 3 given twice"):
+        MsgspecCodec([(3, Data), (3, Ctl)])
+    with pytest.raises(ValueError, match="distinct"):
+        MsgspecCodec({0: Data, 1: Data})
+    for bad in (-1, 255, 1.0, True):
+        with pytest.raises(ValueError, match="kinds are ints"):
+            MsgspecCodec({bad: Data})
+    # The byte is the declared kind, whatever the order; a kind not declared is refused by name.
+    sparse = MsgspecCodec({200: Ctl, 7: Data})
+    assert sparse.encode(Data(1, 2, b"x"))[0] == 7 and sparse.encode(Ctl("x"))[0] == 200
+    assert MsgspecCodec({7: Data, 200: Ctl}).decode(sparse.encode(Ctl("x"))) == Ctl("x")
+    with pytest.raises(msgspec.DecodeError, match="unknown message kind 8"):
+        sparse.decode(b"\x08\x90")
+
+
+def test_engine_protocol_kinds_are_pinned():
+    from engine.protocol import MESSAGE_TYPES, MessageKind, EngineCoreRequest, EngineDead
+
+    assert MESSAGE_TYPES[MessageKind.ENGINE_CORE_REQUEST] is EngineCoreRequest and MessageKind.ENGINE_CORE_REQUEST == 0
+    assert MESSAGE_TYPES[MessageKind.ENGINE_DEAD] is EngineDead and MessageKind.ENGINE_DEAD == 7
+    assert set(MESSAGE_TYPES) == set(MessageKind)
 
 
 @pytest.mark.parametrize("kwargs, err, match", [
@@ -448,7 +474,8 @@ def test_attach_with_fds_that_were_not_passed_names_the_problem():
                               "try:\n Channel.attach(p.codec(), sys.argv[1])\n"
                               "except Exception as e: print(type(e).__name__, e)", token],
                              capture_output=True, text=True, timeout=60,
-                             cwd=os.path.dirname(peer.HERE))  # no pass_fds
+                             cwd=os.path.dirname(peer.HERE),  # no pass_fds
+                             env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(peer.HERE))))
         assert "SegmentError" in res.stdout and "pass_fds" in res.stdout, res.stdout + res.stderr
     finally:
         ch.close()
@@ -457,7 +484,7 @@ def test_attach_with_fds_that_were_not_passed_names_the_problem():
 def test_corrupt_message_is_reported_and_the_others_still_arrive(pair):
     a, b = pair
     a.send(Data(1, 0, b""))
-    a._tx.write(b"\x00\xc1garbage", prefix=-1)  # kind 0 (Data) with a body msgpack refuses
+    a._ends.tx.write(b"\x00\xc1garbage", prefix=-1)  # kind 0 (Data) with a body msgpack refuses
     a.send(Data(2, 0, b""))
     with pytest.raises(CorruptRing, match="decode"):
         b.poll()

@@ -18,6 +18,9 @@ import zlib
 
 import msgspec
 
+if __name__ == "__main__":  # run as a script: this checkout's shm_transport, not the installed one
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from shm_transport import Channel, ChannelClosed, MsgspecCodec, PeerDied, set_parent_death_signal
 
 HERE = os.path.abspath(__file__)
@@ -36,7 +39,7 @@ class Ctl(msgspec.Struct, array_like=True):
 
 
 def codec() -> MsgspecCodec:
-    return MsgspecCodec([Data, Ctl])
+    return MsgspecCodec({0: Data, 1: Ctl})
 
 
 def spawn(ch: Channel, mode: str, *args: object, pdeathsig: bool = True) -> subprocess.Popen:

@@ -58,7 +58,7 @@ class CoreLaunchSpec(msgspec.Struct):
 def make_codec():
     from shm_transport import MsgspecCodec
 
-    return MsgspecCodec(list(MESSAGE_TYPES))
+    return MsgspecCodec(MESSAGE_TYPES)
 
 
 def channel_class(transport: str):
