@@ -10,7 +10,7 @@ straight into it), which ``generate()`` awaits.
 
 Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
 are refused with it at once; a request the core refuses fails alone with
-``EngineGenerateError``.
+``EngineGenerateError``, and one whose engine step failed fails alone with ``EngineStepError``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import msgspec
 from engine import envs
 from engine.client import EngineCoreClient
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
-from engine.exceptions import EngineDeadError, EngineGenerateError
+from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.outputs import RequestOutput
@@ -43,6 +43,7 @@ def _merge(pending: RequestOutput, new: RequestOutput, aggregate: bool) -> None:
     completion's increments, the other kinds keep each completion's latest state."""
     pending.finished |= new.finished
     pending.metrics, pending.error = new.metrics, new.error or pending.error
+    pending.internal_error |= new.internal_error
     if new.prompt_logprobs is not None:
         pending.prompt_logprobs = ((pending.prompt_logprobs or []) + new.prompt_logprobs
                                    if aggregate else new.prompt_logprobs)
@@ -292,7 +293,8 @@ class AsyncLLM:
             while not finished:
                 output = collector.get_nowait() or await collector.get()
                 if output.error is not None:
-                    raise EngineGenerateError(f"request {request_id!r} failed: {output.error}")
+                    error = EngineStepError if output.internal_error else EngineGenerateError
+                    raise error(f"request {request_id!r} failed: {output.error}")
                 finished = output.finished
                 yield output
         except (asyncio.CancelledError, GeneratorExit):

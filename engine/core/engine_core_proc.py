@@ -53,6 +53,9 @@ class CoreLaunchSpec(msgspec.Struct):
     # signal follows the launching *thread*, which may end long before the frontend.
     pdeathsig: bool
     engine_args: dict[str, Any]  # EngineArgs fields; the core derives its own config
+    # The frontend's import path, appended to the core's own, so a worker_cls the frontend
+    # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
+    sys_path: list[str] = []
 
 
 def make_codec():
@@ -108,12 +111,13 @@ class CoreProcess:
         self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
         try:
             args = engine_args_dict(config.engine_args)
+            args["worker_cls"] = config.worker_cls  # a class travels by its name
             if config.parallel_config.data_parallel_size > 1:
                 args["data_parallel_rank"] = engine_index
             spec = CoreLaunchSpec(
                 transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                engine_args=args)
+                engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path])
             # The OpenMP settings go in the environment too, so they hold even if something
             # imports torch before the core's own start-up code runs (FACTS.md: threads).
             env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
@@ -212,7 +216,8 @@ def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
         elif b is not None:
             setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
                                               a.ranks + b.ranks))
-    into.finish_reason, into.stop_reason, into.error = new.finish_reason, new.stop_reason, new.error
+    into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
+    into.error, into.internal_error = new.error, new.internal_error
 
 
 def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
@@ -353,6 +358,7 @@ def _send_dead(channel: Any, engine_index: int, error: str) -> None:
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
+    sys.path.extend(p for p in spec.sys_path if p not in sys.path)
     _setup_process(spec)
     logging.basicConfig(level=envs.RINGLLM_LOGGING_LEVEL,
                         format=f"(EngineCore_{spec.engine_index} pid={os.getpid()}) %(levelname)s %(name)s: %(message)s")

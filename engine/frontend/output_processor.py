@@ -79,7 +79,8 @@ class RequestState:
         self.queue = queue  # AsyncLLM: the request's collector, which takes each output at once
 
     def make_request_output(self, new_token_ids: list[int], finish_reason: Optional[FinishReason],
-                            stop_reason, error: Optional[str]) -> Optional[RequestOutput]:
+                            stop_reason, error: Optional[str], internal_error: bool = False
+                            ) -> Optional[RequestOutput]:
         finished = finish_reason is not None
         if not finished and (not new_token_ids or self.final_only):
             return None
@@ -105,7 +106,7 @@ class RequestState:
             if not outputs:
                 return None
         return RequestOutput(self.output_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
-                             finished, self.stats, self.num_cached_tokens, error)
+                             finished, self.stats, self.num_cached_tokens, error, internal_error)
 
 
 @dataclass
@@ -187,7 +188,8 @@ class OutputProcessor:
                         finish_reason, stop_reason = FinishReason.STOP, stop_str
             if state.logprobs is not None:
                 state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error)
+            request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
+                                                       out.internal_error)
             if finish_reason is not None:
                 del states[out.request_id]
                 parent = state.parent
