@@ -1,5 +1,5 @@
-"""A step that raises fails its own requests, not the EngineCore; ``worker_cls`` is checked
-before any launch.
+"""A step that raises fails its own requests, not the EngineCore; a core that cannot go on
+ends with ENGINE_DEAD and is reaped at once; ``worker_cls`` is checked before any launch.
 
 Faults are injected in a real EngineCore process through ``worker_cls`` (tests/faulty_runner.py,
 imported by name in the core), not by mocking.
@@ -7,17 +7,23 @@ imported by name in the core), not by mocking.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from engine.async_llm import AsyncLLM
 from engine.client.mp_client import SyncMPClient
 from engine.config import AsyncEngineArgs, EngineArgs
-from engine.exceptions import EngineStepError
+from engine.exceptions import EngineDeadError, EngineStepError
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
-from faulty_runner import FAULT_TEXT, POISON, FaultyRunner, NotARunner
-from test_engine_proc import TINY, nothing_left_behind, request, tiny_config  # noqa: F401
+from faulty_runner import FAULT_TEXT, POISON, BrokenRunner, FaultyRunner, NotARunner
+from test_engine_proc import EXIT_DEADLINE_S, TINY, nothing_left_behind, request, tiny_config, wait_until  # noqa: F401
+
+
+def reaped(pid: int) -> bool:
+    """The process has exited and its parent has collected it (no zombie left)."""
+    return not os.path.exists(f"/proc/{pid}")
 
 
 def final_outputs(client, ids: set[str]) -> dict:
@@ -71,6 +77,22 @@ def test_requests_sharing_the_failed_step_fail_with_it_and_their_blocks_return(t
         client.shutdown()
 
 
+def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_model_dir):
+    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=BrokenRunner, max_num_seqs=1))
+    pid = client.ready.pid
+    try:
+        for i in range(4):
+            client.add_request(request(f"r{i}"))
+        errors = []
+        with pytest.raises(EngineDeadError):
+            while True:
+                errors += [o for o in client.get_output().outputs if o.finish_reason is FinishReason.ERROR]
+        assert 1 <= len(errors) < 4  # the first failures were blamed on their requests, then it gave up
+        wait_until(lambda: reaped(pid), timeout=EXIT_DEADLINE_S)
+    finally:
+        client.shutdown()
+
+
 async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(tiny_model_dir):
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=FaultyRunner,
                                                        **{**TINY, "max_num_seqs": 1}))
@@ -88,6 +110,25 @@ async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(t
         assert len((await run("later", "c"))[-1].outputs[0].token_ids) == 4
         stats = await engine.engine_core.call_utility_async("get_stats")
         assert (stats["num_running_reqs"], stats["num_waiting_reqs"], stats["kv_cache_usage"]) == (0, 0, 0.0)
+    finally:
+        engine.shutdown()
+
+
+async def test_async_engine_dead_of_failed_steps_reaps_its_core(tiny_model_dir):
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=BrokenRunner,
+                                                       **{**TINY, "max_num_seqs": 1}))
+    pid = engine.engine_core.ready.pid
+
+    async def run(i):
+        return [out async for out in engine.generate(f"p{i}", SamplingParams(max_tokens=4), f"r{i}")]
+
+    try:
+        results = await asyncio.gather(*(run(i) for i in range(4)), return_exceptions=True)
+        assert isinstance(results[0], EngineStepError) and isinstance(results[-1], EngineDeadError)
+        deadline = asyncio.get_running_loop().time() + EXIT_DEADLINE_S
+        while not reaped(pid) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # the loop runs the pidfd watch, which reaps it
+        assert reaped(pid)
     finally:
         engine.shutdown()
 

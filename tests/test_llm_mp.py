@@ -20,7 +20,7 @@ from engine.client.mp_client import SyncMPClient
 from engine.config import CompilationConfig
 from engine.exceptions import EngineDeadError
 from engine.sampling_params import BeamSearchParams
-from test_engine_proc import TINY, nothing_left_behind, pid_gone, wait_until  # noqa: F401
+from test_engine_proc import EXIT_DEADLINE_S, TINY, nothing_left_behind, pid_gone, wait_until  # noqa: F401
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS = ["Hello, my name is", "The future of AI is", [1, 2, 3], {"prompt": "A story:"}]
@@ -116,7 +116,7 @@ def test_keyword_normalisation_and_del_frees_the_core_and_its_fds(tiny_model_dir
     pid = llm.llm_engine.engine_core.ready.pid
     del llm
     gc.collect()
-    wait_until(lambda: pid_gone(pid), timeout=5)
+    wait_until(lambda: pid_gone(pid), timeout=EXIT_DEADLINE_S)
     assert set(os.listdir("/proc/self/fd")) <= fds
 
 

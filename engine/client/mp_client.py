@@ -29,6 +29,10 @@ from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
 
+# How long a core that reported its death may take to exit before it is killed: it exits
+# right after ENGINE_DEAD, so only a machine under heavy load needs more than moments.
+_DEAD_CORE_EXIT_S = 30.0
+
 
 class SyncMPClient(EngineCoreClient):
     """For ``LLM``/``LLMEngine``: one thread, blocking (futex) reads with liveness checks."""
@@ -52,16 +56,21 @@ class SyncMPClient(EngineCoreClient):
         try:
             batch = self._core.channel.recv_batch(timeout=timeout)
         except TransportError:
-            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
-            raise self._dead from None
+            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
                 self._outputs.append(msg)
             elif isinstance(msg, UtilityResult):
                 self._results[msg.call_id] = msg
             elif isinstance(msg, EngineDead):
-                self._dead = EngineDeadError(msg.error)
-                raise self._dead
+                raise self._die(msg.error)
+
+    def _die(self, cause: str) -> EngineDeadError:
+        """The core is gone or going: reap it and free its rings now, not at shutdown (a dead
+        core left unwaited stays a zombie for as long as this process lives)."""
+        self._dead = EngineDeadError(cause)
+        self._core.close(timeout=_DEAD_CORE_EXIT_S)
+        return self._dead
 
     def _send(self, msg: Any) -> None:
         if self._dead is not None:
@@ -72,8 +81,7 @@ class SyncMPClient(EngineCoreClient):
             while not channel.try_send(msg):
                 self._receive(timeout=0.001)
         except TransportError:
-            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
-            raise self._dead from None
+            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
 
     def get_output(self) -> EngineCoreOutputs:
         while not self._outputs:
@@ -159,7 +167,7 @@ class AsyncMPClient:
             batch = await core.channel.recv_batch_async()
             self._dispatch(core, batch)
         except TransportError:
-            self._on_core_exit(core)
+            self._on_core_lost(core)
         finally:
             self._wake_waiters()
 
@@ -202,6 +210,14 @@ class AsyncMPClient:
         """Called for each OUTPUTS message as it arrives (the DP client counts finished work)."""
 
     def _on_core_exit(self, core: CoreProcess) -> None:
+        """The core's pidfd is readable: it has exited. Reap it at once (the wait cannot
+        block), whether or not it said why first, then fail whatever still waits on it."""
+        self._loop.remove_reader(core.pidfd)
+        core.proc.wait()
+        self._on_core_lost(core)
+
+    def _on_core_lost(self, core: CoreProcess) -> None:
+        """The core exited or its channel broke: the engine is dead (unless shutting down)."""
         if self._closing or self._dead is not None:
             return
         try:  # the core may have said why before it exited: read that first
@@ -246,7 +262,7 @@ class AsyncMPClient:
                 if core.channel.try_send(msg):
                     return None
             except TransportError:
-                self._on_core_exit(core)
+                self._on_core_lost(core)
                 raise self._dead from None
         fut = self._loop.create_future()
         pending.append((msg, fut))
@@ -263,7 +279,7 @@ class AsyncMPClient:
                 if not fut.done():
                     fut.set_result(None)
         except TransportError:
-            self._on_core_exit(core)
+            self._on_core_lost(core)
 
     async def _send(self, core: CoreProcess, msg: Any) -> None:
         fut = self._send_nowait(core, msg)
