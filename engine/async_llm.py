@@ -27,7 +27,7 @@ from typing import AsyncGenerator, Iterable, Optional, Union
 import msgspec
 
 from engine import envs
-from engine.client import EngineCoreClient
+from engine.client import make_client
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
@@ -169,7 +169,7 @@ class AsyncLLM:
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
         self.output_handler: Optional[asyncio.Task] = None
-        self.engine_core = EngineCoreClient.make_client(True, True, config)
+        self.engine_core = make_client(True, True, config)
         # Everything built so far (torch, transformers, the tokenizer) lives as long as the
         # server: out of the collector's way, a step's burst of small objects no longer
         # triggers full collections over it (they cost milliseconds per output batch).
@@ -315,7 +315,8 @@ class AsyncLLM:
             self.engine_core.abort_requests_nowait(core_ids)
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
-        """Abort requests; their generators end (a consumer waiting on one is not woken)."""
+        """Abort requests: each one's generator yields a last output, finished with
+        finish_reason "abort", and ends."""
         self._abort_now([request_id] if isinstance(request_id, str) else request_id)
 
     # -- lifetime --------------------------------------------------------------------

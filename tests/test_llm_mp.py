@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,20 @@ def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_pa
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["3"]
+
+
+def test_each_core_log_line_is_printed_once_with_the_core_prefix(tiny_model_dir, tmp_path):
+    script = tmp_path / "logs.py"
+    script.write_text(textwrap.dedent(f"""
+        from engine import LLM, SamplingParams
+        llm = LLM(model={tiny_model_dir!r}, **{TINY!r})
+        llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
+        llm.shutdown()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, RINGLLM_LOGGING_LEVEL="INFO"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Two messages only the core logs: its KV cache and its readiness.
+    lines = [line for line in done.stderr.splitlines() if "KV cache: " in line or "EngineCore ready: " in line]
+    assert len(lines) == 2, done.stderr[-3000:]
+    assert all(re.match(r"\(EngineCore_0 pid=\d+\) INFO ", line) for line in lines), lines

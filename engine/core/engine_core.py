@@ -57,6 +57,7 @@ class EngineCore:
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive
+        self._abort_batches = 0  # abort_requests calls (AbortRequests messages) since start
         logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
                     self.num_kv_blocks, block_size, self.max_model_len)
 
@@ -70,6 +71,7 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        self._abort_batches += 1
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._refused)
@@ -100,7 +102,7 @@ class EngineCore:
         return {"num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
                 "kv_cache_usage": s.kv_cache.usage, "num_kv_blocks": self.num_kv_blocks,
                 "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
-                "num_preemptions": s.total_preemptions}
+                "num_preemptions": s.total_preemptions, "num_abort_batches": self._abort_batches}
 
     def shutdown(self) -> None:
         self.model_runner = None

@@ -148,13 +148,21 @@ class OutputProcessor:
         return len(self.request_states)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
-        """Forget these requests (a parent id covers its children); returns the ids to abort in the core."""
+        """Forget these requests (a parent id covers its children); returns the ids to abort in
+        the core. A request with a queue gets a last output there, finished with "abort" (as
+        vLLM's), so a consumer waiting on it ends instead of waiting forever."""
         core_ids = []
         for req_id in request_ids:
             parent = self.parent_requests.pop(req_id, None)
-            for child_id in (parent.unfinished if parent is not None else (req_id,)):
-                if self.request_states.pop(child_id, None) is not None:
-                    core_ids.append(child_id)
+            for child_id in (list(parent.unfinished) if parent is not None else (req_id,)):
+                state = self.request_states.pop(child_id, None)
+                if state is None:
+                    continue
+                core_ids.append(child_id)
+                if state.queue is not None:
+                    output = state.make_request_output([], FinishReason.ABORT, None, None)
+                    if output is not None:
+                        state.queue.put(output)
         return core_ids
 
     def process_outputs(self, outputs: list[EngineCoreOutput],
