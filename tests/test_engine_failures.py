@@ -84,10 +84,11 @@ def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_
         for i in range(4):
             client.add_request(request(f"r{i}"))
         errors = []
-        with pytest.raises(EngineDeadError):
+        with pytest.raises(EngineDeadError, match="RuntimeError") as dead:
             while True:
                 errors += [o for o in client.get_output().outputs if o.finish_reason is FinishReason.ERROR]
         assert 1 <= len(errors) < 4  # the first failures were blamed on their requests, then it gave up
+        assert FAULT_TEXT not in str(dead.value) and "Traceback" not in str(dead.value)
         wait_until(lambda: reaped(pid), timeout=EXIT_DEADLINE_S)
     finally:
         client.shutdown()

@@ -270,9 +270,11 @@ def main(argv: list[str]) -> int:
             EngineCoreProc(core, channel, spec.engine_index).run_busy_loop()
         except TransportError:
             return 1  # the frontend is gone or closed the channel: nobody left to tell
-        except Exception:
+        except Exception as e:
+            # The traceback goes to the log; the frontend (and any HTTP client) gets no paths.
             logger.exception("EngineCore %d died", spec.engine_index)
-            _send_dead(channel, spec.engine_index, traceback.format_exc())
+            _send_dead(channel, spec.engine_index, f"it died of {type(e).__name__} (the EngineCore log has the "
+                                                   "traceback)")
             return 1
         return 0
     finally:
