@@ -148,3 +148,16 @@ def test_worker_cls_must_be_an_importable_model_runner(tiny_model_dir):
     for good in (FaultyRunner, "faulty_runner.FaultyRunner"):
         assert EngineArgs(model=tiny_model_dir, worker_cls=good, **TINY).create_engine_config().worker_cls == \
             "faulty_runner.FaultyRunner"
+
+
+def test_llm_generate_returns_the_failed_request_with_an_internal_error(tiny_model_dir):
+    from engine import LLM
+
+    llm = LLM(model=tiny_model_dir, worker_cls=FaultyRunner, **{**TINY, "max_num_seqs": 1})
+    try:
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        failed, ok = llm.generate([{"prompt_token_ids": [1, POISON]}, "fine"], params, use_tqdm=False)
+        assert failed.outputs[0].finish_reason == "error" and failed.internal_error and failed.error
+        assert ok.outputs[0].finish_reason == "length" and len(ok.outputs[0].token_ids) == 3
+    finally:
+        llm.shutdown()
