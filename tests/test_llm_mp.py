@@ -144,6 +144,14 @@ def test_data_parallel_is_refused_with_the_route_to_use(tiny_model_dir):
         LLM(model=tiny_model_dir, data_parallel_size=2, **TINY)
 
 
+def run_script(script, **env) -> subprocess.CompletedProcess:
+    """Run a user script with this checkout's ``engine`` (a script's own directory, not the
+    working directory, heads its sys.path)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=root, **env))
+
+
 def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_path):
     script = tmp_path / "no_guard.py"
     script.write_text(textwrap.dedent(f"""
@@ -152,7 +160,7 @@ def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_pa
         out = llm.generate(["hi"], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0), use_tqdm=False)
         print(len(out[0].outputs[0].token_ids))
     """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["3"]
 
@@ -165,8 +173,7 @@ def test_each_core_log_line_is_printed_once_with_the_core_prefix(tiny_model_dir,
         llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
         llm.shutdown()
     """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, RINGLLM_LOGGING_LEVEL="INFO"))
+    done = run_script(script, RINGLLM_LOGGING_LEVEL="INFO")
     assert done.returncode == 0, done.stderr[-3000:]
     # Two messages only the core logs: its KV cache and its readiness.
     lines = [line for line in done.stderr.splitlines() if "KV cache: " in line or "EngineCore ready: " in line]
