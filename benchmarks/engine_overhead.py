@@ -110,11 +110,11 @@ def simulated_engine(model_dir: str):
     """An AsyncLLM whose EngineCore client is a SimulatedCore (method ``none``)."""
     from unittest import mock
 
+    import engine.async_llm
     from engine import AsyncLLM
-    from engine.client import EngineCoreClient
 
     core = SimulatedCore()
-    with mock.patch.object(EngineCoreClient, "make_client", staticmethod(lambda *args: core)):
+    with mock.patch.object(engine.async_llm, "make_client", lambda *args: core):
         return AsyncLLM.from_engine_args(tiny_engine_args(model_dir, "shm"))
 
 

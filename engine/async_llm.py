@@ -10,7 +10,7 @@ straight into it), which ``generate()`` awaits.
 
 Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
 are refused with it at once; a request the core refuses fails alone with
-``EngineGenerateError``.
+``EngineGenerateError``, and one whose engine step failed fails alone with ``EngineStepError``.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from typing import AsyncGenerator, Iterable, Optional, Union
 import msgspec
 
 from engine import envs
-from engine.client import EngineCoreClient
+from engine.client import make_client
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
-from engine.exceptions import EngineDeadError, EngineGenerateError
+from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.outputs import RequestOutput
@@ -43,6 +43,7 @@ def _merge(pending: RequestOutput, new: RequestOutput, aggregate: bool) -> None:
     completion's increments, the other kinds keep each completion's latest state."""
     pending.finished |= new.finished
     pending.metrics, pending.error = new.metrics, new.error or pending.error
+    pending.internal_error |= new.internal_error
     if new.prompt_logprobs is not None:
         pending.prompt_logprobs = ((pending.prompt_logprobs or []) + new.prompt_logprobs
                                    if aggregate else new.prompt_logprobs)
@@ -168,7 +169,7 @@ class AsyncLLM:
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
         self.output_handler: Optional[asyncio.Task] = None
-        self.engine_core = EngineCoreClient.make_client(True, True, config)
+        self.engine_core = make_client(True, True, config)
         # Everything built so far (torch, transformers, the tokenizer) lives as long as the
         # server: out of the collector's way, a step's burst of small objects no longer
         # triggers full collections over it (they cost milliseconds per output batch).
@@ -292,7 +293,8 @@ class AsyncLLM:
             while not finished:
                 output = collector.get_nowait() or await collector.get()
                 if output.error is not None:
-                    raise EngineGenerateError(f"request {request_id!r} failed: {output.error}")
+                    error = EngineStepError if output.internal_error else EngineGenerateError
+                    raise error(f"request {request_id!r} failed: {output.error}")
                 finished = output.finished
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
@@ -313,7 +315,8 @@ class AsyncLLM:
             self.engine_core.abort_requests_nowait(core_ids)
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
-        """Abort requests; their generators end (a consumer waiting on one is not woken)."""
+        """Abort requests: each one's generator yields a last output, finished with
+        finish_reason "abort", and ends."""
         self._abort_now([request_id] if isinstance(request_id, str) else request_id)
 
     # -- lifetime --------------------------------------------------------------------

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,9 @@ class EngineArgs:
     renderer_num_workers: int = 1
     served_model_name: Optional[str] = None
     hf_overrides: Optional[dict] = None
+    # The EngineCore's model runner: "auto" (ModelRunner), a ModelRunner subclass, or its
+    # qualified name "module.Class" (see _worker_cls_name).
+    worker_cls: Union[str, type] = "auto"
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -146,6 +149,7 @@ class EngineConfig:
     ring_capacity: int
     disable_log_stats: bool
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
+    worker_cls: str = "auto"  # "auto" or the qualified name of a ModelRunner subclass
 
 
 def _resolve_model(args: EngineArgs) -> tuple[str, str]:
@@ -244,6 +248,31 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
     return CompilationConfig(mode=0) if enforce_eager else cfg
 
 
+def _worker_cls_name(value: Any) -> str:
+    """``worker_cls`` as the name the EngineCore process imports it by. vLLM cloudpickles a
+    class; here a class is sent by reference: its module must be importable by name in the
+    core, which gets this process's ``sys.path`` (so a class defined in ``__main__`` or inside
+    a function is refused now, before any launch)."""
+    if isinstance(value, type):
+        name = f"{value.__module__}.{value.__qualname__}"
+        if value.__module__ == "__main__" or "." in value.__qualname__:
+            raise ValueError(f"worker_cls: {name} cannot be imported by name in the EngineCore process; "
+                             "define it at the top level of an importable module (it is sent by reference, "
+                             "not pickled)")
+    elif isinstance(value, str):
+        name = value
+    else:
+        raise _bad("worker_cls", "'auto', a ModelRunner subclass or its qualified name 'module.Class'", value)
+    if name == "auto":
+        return name
+    from engine.worker.model_runner import load_worker_cls
+
+    cls = load_worker_cls(name)
+    if isinstance(value, type) and cls is not value:
+        raise ValueError(f"worker_cls: importing {name} by name gives another object than the class given")
+    return name
+
+
 def default_num_threads() -> int:
     """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
     "Threads on a small CPU")."""
@@ -273,6 +302,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
+    worker_cls = _worker_cls_name(args.worker_cls)
 
     path, load_format = _resolve_model(args)
     hf_config = _load_hf_config(path, load_format, args)
@@ -328,7 +358,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                        data_parallel_external_lb=args.data_parallel_external_lb),
         compilation_config=compilation, device=device, num_threads=num_threads,
         transport=args.transport, ring_capacity=ring_capacity,
-        disable_log_stats=args.disable_log_stats, engine_args=args,
+        disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=worker_cls,
     )
 
 

@@ -49,6 +49,12 @@ class EngineGenerateError(Exception):
     """One request failed (for example a bad input found late); the engine keeps serving."""
 
 
+class EngineStepError(Exception):
+    """One request failed because the engine step running it raised (a fault of the engine,
+    not of the request: HTTP 500). The requests of that step fail with it; the engine keeps
+    serving, and the core's log holds the traceback."""
+
+
 class EngineStartupError(RuntimeError):
     """The EngineCore process could not start (bad model, out of memory, crash before
     READY); the message carries the cause reported by the core or its exit status."""

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Union
 
 import msgspec
 
-from engine.client import EngineCoreClient
+from engine.client import make_client
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
@@ -34,7 +34,7 @@ class LLMEngine:
         self.tokenizer = get_tokenizer(config)
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, config)
+        self.engine_core = make_client(multiprocess_mode, False, config)
         self._internal_ids: dict[str, str] = {}  # the caller's request id -> the core's
         self._sequence = itertools.count()
 

@@ -60,3 +60,5 @@ class RequestOutput:
     num_cached_tokens: Optional[int] = None  # prompt tokens served from the prefix cache
     # ringllm: why the engine refused the request (finish_reason "error"); None otherwise.
     error: Optional[str] = None
+    # ringllm: with error set, the engine failed running the request (its fault, not a refusal).
+    internal_error: bool = False

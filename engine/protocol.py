@@ -21,7 +21,7 @@ class FinishReason(enum.IntEnum):
     STOP = 0  # eos, stop token id or (in the frontend) stop string
     LENGTH = 1  # max_tokens or max_model_len reached
     ABORT = 2  # aborted by the client, or failed
-    ERROR = 3  # the request itself was invalid inside the core
+    ERROR = 3  # refused inside the core, or its step failed (EngineCoreOutput.internal_error)
 
     def __str__(self) -> str:
         return ("stop", "length", "abort", "error")[self.value]
@@ -58,6 +58,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: Optional[int] = None  # the stop token id that ended the request
     num_cached_tokens: int = 0
     error: Optional[str] = None  # set with FinishReason.ERROR: why the core refused it
+    # With FinishReason.ERROR: the step that ran the request raised, so the engine is at fault,
+    # not the request (HTTP 500, where a refusal is a 400); ``error`` names no path or traceback.
+    internal_error: bool = False
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from engine.client.mp_client import SyncMPClient
 from engine.config import CompilationConfig
 from engine.exceptions import EngineDeadError
 from engine.sampling_params import BeamSearchParams
-from test_engine_proc import TINY, nothing_left_behind, pid_gone, wait_until  # noqa: F401
+from test_engine_proc import EXIT_DEADLINE_S, TINY, nothing_left_behind, pid_gone, wait_until  # noqa: F401
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS = ["Hello, my name is", "The future of AI is", [1, 2, 3], {"prompt": "A story:"}]
@@ -116,7 +117,7 @@ def test_keyword_normalisation_and_del_frees_the_core_and_its_fds(tiny_model_dir
     pid = llm.llm_engine.engine_core.ready.pid
     del llm
     gc.collect()
-    wait_until(lambda: pid_gone(pid), timeout=5)
+    wait_until(lambda: pid_gone(pid), timeout=EXIT_DEADLINE_S)
     assert set(os.listdir("/proc/self/fd")) <= fds
 
 
@@ -143,6 +144,14 @@ def test_data_parallel_is_refused_with_the_route_to_use(tiny_model_dir):
         LLM(model=tiny_model_dir, data_parallel_size=2, **TINY)
 
 
+def run_script(script, **env) -> subprocess.CompletedProcess:
+    """Run a user script with this checkout's ``engine`` (a script's own directory, not the
+    working directory, heads its sys.path)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=root, **env))
+
+
 def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_path):
     script = tmp_path / "no_guard.py"
     script.write_text(textwrap.dedent(f"""
@@ -151,6 +160,22 @@ def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_pa
         out = llm.generate(["hi"], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0), use_tqdm=False)
         print(len(out[0].outputs[0].token_ids))
     """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["3"]
+
+
+def test_each_core_log_line_is_printed_once_with_the_core_prefix(tiny_model_dir, tmp_path):
+    script = tmp_path / "logs.py"
+    script.write_text(textwrap.dedent(f"""
+        from engine import LLM, SamplingParams
+        llm = LLM(model={tiny_model_dir!r}, **{TINY!r})
+        llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
+        llm.shutdown()
+    """))
+    done = run_script(script, RINGLLM_LOGGING_LEVEL="INFO")
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Two messages only the core logs: its KV cache and its readiness.
+    lines = [line for line in done.stderr.splitlines() if "KV cache: " in line or "EngineCore ready: " in line]
+    assert len(lines) == 2, done.stderr[-3000:]
+    assert all(re.match(r"\(EngineCore_0 pid=\d+\) INFO ", line) for line in lines), lines

@@ -1,31 +1,26 @@
-"""The seam between the frontend (LLMEngine, AsyncLLM) and the EngineCore.
+"""The seam between the frontend (LLMEngine, AsyncLLM) and the EngineCore: the two client
+interfaces, and the in-process client.
 
-The frontend talks to the core only through ``EngineCoreClient``; ``make_client`` picks
-where the core lives. In this process (``InprocClient``) a call is a method call and
-``get_output`` runs one step. Behind the shared-memory ring (SyncMP/AsyncMP clients) the
-same calls become messages; the frontend's code does not change.
+The frontend talks to the core only through a client; ``engine.client.factory.make_client``
+picks where the core lives. ``EngineCoreClient`` is the synchronous interface (LLMEngine):
+in this process (``InprocClient``) a call is a method call and ``get_output`` runs one
+step; behind the ring (``SyncMPClient``) the same calls become messages.
+``AsyncEngineCoreClient`` is the asyncio interface (AsyncLLM), always over the ring
+(``AsyncMPClient`` and its data-parallel kinds). Implementations import this module; it
+imports none of them.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from engine.config import EngineConfig
-from engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from engine.exceptions import EngineDeadError
+from engine.protocol import EngineCoreOutputs, EngineCoreRequest, EngineReady
 
 
 class EngineCoreClient(ABC):
-    @staticmethod
-    def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig) -> "EngineCoreClient":
-        if asyncio_mode:  # AsyncLLM: always a core process (or several, data parallel)
-            from engine.client.dp_client import make_async_mp_client
-
-            return make_async_mp_client(config)
-        if multiprocess_mode:
-            from engine.client.mp_client import SyncMPClient
-
-            return SyncMPClient(config)
-        return InprocClient(config)
+    """Synchronous client (vLLM's ``EngineCoreClient``)."""
 
     @abstractmethod
     def add_request(self, request: EngineCoreRequest) -> None: ...
@@ -43,6 +38,38 @@ class EngineCoreClient(ABC):
 
     @abstractmethod
     def shutdown(self) -> None: ...
+
+
+class AsyncEngineCoreClient(ABC):
+    """Asyncio client (the ``*_async`` half of vLLM's client): the core runs in its own
+    process(es). Once the engine is dead every call raises ``EngineDeadError``."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> EngineReady:
+        """The (first) core's handshake: KV blocks, model limits, pid."""
+
+    @property
+    @abstractmethod
+    def dead_error(self) -> Optional[EngineDeadError]:
+        """Why the engine is dead, or None while it serves."""
+
+    @abstractmethod
+    async def get_output_async(self) -> EngineCoreOutputs:
+        """The next OUTPUTS of any core, in each core's order."""
+
+    @abstractmethod
+    async def add_request_async(self, request: EngineCoreRequest) -> None: ...
+
+    @abstractmethod
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        """Abort without awaiting (usable from a cancellation handler), ordered with the sends."""
+
+    @abstractmethod
+    async def call_utility_async(self, method: str, *args: Any, engine_index: int = 0) -> Any: ...
+
+    @abstractmethod
+    def shutdown(self, timeout: float = 5.0) -> None: ...
 
 
 class InprocClient(EngineCoreClient):

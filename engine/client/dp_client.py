@@ -3,21 +3,22 @@
 ``DPLBAsyncMPClient`` balances requests over N cores by outstanding work and routes each
 abort to the rank that owns the request. ``DPAsyncMPClient`` serves a single rank behind an
 external load balancer (``data_parallel_external_lb``): one core, tagged with its rank.
-``make_async_mp_client`` makes the choice once, at start-up.
+``engine.client.factory.make_client`` makes the choice once, at start-up.
 """
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from engine.client.mp_client import AsyncMPClient
-from engine.protocol import AbortRequests, EngineCoreOutputs, EngineCoreRequest
+from engine.config import EngineConfig
+from engine.core.core_process import CoreProcess
+from engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 
 class DPAsyncMPClient(AsyncMPClient):
     """This frontend serves rank ``data_parallel_rank`` only; a balancer in front spreads load."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         super().__init__(config, [config.parallel_config.data_parallel_rank or 0])
 
 
@@ -29,7 +30,7 @@ class DPLBAsyncMPClient(AsyncMPClient):
     of adds spreads evenly even before any core has answered.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         super().__init__(config, list(range(config.parallel_config.data_parallel_size)))
         self._owner: dict[str, int] = {}  # request id -> index into self._cores
         self._load = [0] * len(self._cores)
@@ -46,17 +47,14 @@ class DPLBAsyncMPClient(AsyncMPClient):
         self._load[rank] += 1
         await self._send(self._cores[rank], request)
 
-    def abort_requests_nowait(self, request_ids: list[str]) -> None:
-        if self._dead is not None:
-            return
+    def _aborts_by_core(self, request_ids: list[str]) -> list[tuple[CoreProcess, list[str]]]:
         by_rank: dict[int, list[str]] = {}
         for req_id in request_ids:
             rank = self._owner.pop(req_id, None)
             if rank is not None:
                 self._load[rank] -= 1
                 by_rank.setdefault(rank, []).append(req_id)
-        for rank, ids in by_rank.items():
-            self._send_nowait(self._cores[rank], AbortRequests(ids))
+        return [(self._cores[rank], ids) for rank, ids in by_rank.items()]
 
     def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
         for out in outputs.outputs:
@@ -70,11 +68,3 @@ class DPLBAsyncMPClient(AsyncMPClient):
         """Unfinished requests per rank, as the balancer sees them."""
         return list(self._load)
 
-
-def make_async_mp_client(config: Any) -> AsyncMPClient:
-    parallel = config.parallel_config
-    if parallel.data_parallel_size == 1:
-        return AsyncMPClient(config)
-    if parallel.data_parallel_external_lb:
-        return DPAsyncMPClient(config)
-    return DPLBAsyncMPClient(config)

@@ -20,8 +20,9 @@ from collections import deque
 from typing import Any, Optional
 
 from engine import envs
-from engine.client.core_client import EngineCoreClient
-from engine.core.engine_core_proc import CoreProcess, close_cores, launch_cores
+from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
+from engine.config import EngineConfig
+from engine.core.core_process import CoreProcess, close_cores, launch_cores
 from engine.exceptions import EngineDeadError
 from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
                              EngineReady, UtilityCall, UtilityResult)
@@ -29,11 +30,15 @@ from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
 
+# How long a core that reported its death may take to exit before it is killed: it exits
+# right after ENGINE_DEAD, so only a machine under heavy load needs more than moments.
+_DEAD_CORE_EXIT_S = 30.0
+
 
 class SyncMPClient(EngineCoreClient):
     """For ``LLM``/``LLMEngine``: one thread, blocking (futex) reads with liveness checks."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self._cores = launch_cores(config, [0])
         self._core = self._cores[0]
         self._finalizer = weakref.finalize(self, close_cores, self._cores)
@@ -52,16 +57,21 @@ class SyncMPClient(EngineCoreClient):
         try:
             batch = self._core.channel.recv_batch(timeout=timeout)
         except TransportError:
-            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
-            raise self._dead from None
+            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
                 self._outputs.append(msg)
             elif isinstance(msg, UtilityResult):
                 self._results[msg.call_id] = msg
             elif isinstance(msg, EngineDead):
-                self._dead = EngineDeadError(msg.error)
-                raise self._dead
+                raise self._die(msg.error)
+
+    def _die(self, cause: str) -> EngineDeadError:
+        """The core is gone or going: reap it and free its rings now, not at shutdown (a dead
+        core left unwaited stays a zombie for as long as this process lives)."""
+        self._dead = EngineDeadError(cause)
+        self._core.close(timeout=_DEAD_CORE_EXIT_S)
+        return self._dead
 
     def _send(self, msg: Any) -> None:
         if self._dead is not None:
@@ -72,8 +82,7 @@ class SyncMPClient(EngineCoreClient):
             while not channel.try_send(msg):
                 self._receive(timeout=0.001)
         except TransportError:
-            self._dead = EngineDeadError(f"{self._core.name} {self._core.exit_status()}")
-            raise self._dead from None
+            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
 
     def get_output(self) -> EngineCoreOutputs:
         while not self._outputs:
@@ -104,7 +113,7 @@ def _utility_value(result: UtilityResult) -> Any:
     return result.result
 
 
-class AsyncMPClient:
+class AsyncMPClient(AsyncEngineCoreClient):
     """For ``AsyncLLM``: the core's channel is read on the event loop, woken through an
     eventfd (``loop.add_reader``); each core's pidfd is watched on the loop too.
 
@@ -112,11 +121,10 @@ class AsyncMPClient:
     itself: no task or queue between the eventfd and the handler. A utility call made while
     nobody reads does the reading; one reader at a time, the others wait for its batch. With
     several cores (data parallel) one task per core reads. Work starts on first use inside a
-    running loop, so the client can be built before the loop exists. Its interface is the
-    async half of vLLM's client (``*_async``), hence no EngineCoreClient base.
+    running loop, so the client can be built before the loop exists.
     """
 
-    def __init__(self, config: Any, engine_indices: Optional[list[int]] = None) -> None:
+    def __init__(self, config: EngineConfig, engine_indices: Optional[list[int]] = None) -> None:
         self._cores = launch_cores(config, engine_indices or [0])
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -127,6 +135,7 @@ class AsyncMPClient:
         self._futures: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._pending: dict[int, deque] = {}  # per core: (message, future) waiting for ring space
+        self._aborts: dict[CoreProcess, list[str]] = {}  # ids aborted this loop turn, per core
         self._dead: Optional[EngineDeadError] = None
         self._closing = False
 
@@ -159,7 +168,7 @@ class AsyncMPClient:
             batch = await core.channel.recv_batch_async()
             self._dispatch(core, batch)
         except TransportError:
-            self._on_core_exit(core)
+            self._on_core_lost(core)
         finally:
             self._wake_waiters()
 
@@ -202,6 +211,14 @@ class AsyncMPClient:
         """Called for each OUTPUTS message as it arrives (the DP client counts finished work)."""
 
     def _on_core_exit(self, core: CoreProcess) -> None:
+        """The core's pidfd is readable: it has exited. Reap it at once (the wait cannot
+        block), whether or not it said why first, then fail whatever still waits on it."""
+        self._loop.remove_reader(core.pidfd)
+        core.proc.wait()
+        self._on_core_lost(core)
+
+    def _on_core_lost(self, core: CoreProcess) -> None:
+        """The core exited or its channel broke: the engine is dead (unless shutting down)."""
         if self._closing or self._dead is not None:
             return
         try:  # the core may have said why before it exited: read that first
@@ -240,13 +257,15 @@ class AsyncMPClient:
         self._ensure_started()
         if self._dead is not None:
             raise self._dead
+        if core in self._aborts:  # aborts made earlier in this turn go first
+            self._send_aborts(core)
         pending = self._pending[core.engine_index]
         if not pending:
             try:
                 if core.channel.try_send(msg):
                     return None
             except TransportError:
-                self._on_core_exit(core)
+                self._on_core_lost(core)
                 raise self._dead from None
         fut = self._loop.create_future()
         pending.append((msg, fut))
@@ -263,7 +282,7 @@ class AsyncMPClient:
                 if not fut.done():
                     fut.set_result(None)
         except TransportError:
-            self._on_core_exit(core)
+            self._on_core_lost(core)
 
     async def _send(self, core: CoreProcess, msg: Any) -> None:
         fut = self._send_nowait(core, msg)
@@ -274,10 +293,32 @@ class AsyncMPClient:
         await self._send(self._cores[0], request)
 
     def abort_requests_nowait(self, request_ids: list[str]) -> None:
-        """Abort without awaiting: usable from cancellation handlers; ordered after every
-        earlier send, so an id aborted here can be reused at once."""
-        if request_ids and self._dead is None:
-            self._send_nowait(self._cores[0], AbortRequests(list(request_ids)))
+        """Abort without awaiting: usable from cancellation handlers. Every abort made in one
+        turn of the event loop travels in one AbortRequests per core (an HTTP request that
+        goes away cancels one stream per prompt; a thousand aborts are one message, not a
+        thousand), sent at the end of the turn or before the next message to that core: still
+        after every earlier send and before every later one, so an aborted id can be reused."""
+        if not request_ids or self._dead is not None:
+            return
+        self._ensure_started()
+        if not self._aborts:
+            self._loop.call_soon(self._send_aborts)
+        for core, ids in self._aborts_by_core(request_ids):
+            self._aborts.setdefault(core, []).extend(ids)
+
+    def _aborts_by_core(self, request_ids: list[str]) -> list[tuple[CoreProcess, list[str]]]:
+        """Which core runs each request (the data-parallel balancer knows)."""
+        return [(self._cores[0], list(request_ids))]
+
+    def _send_aborts(self, core: Optional[CoreProcess] = None) -> None:
+        """Send the aborts gathered so far, to every core or to ``core`` only."""
+        for target in [core] if core is not None else list(self._aborts):
+            ids = self._aborts.pop(target, None)
+            if ids and self._dead is None:
+                try:
+                    self._send_nowait(target, AbortRequests(ids))
+                except EngineDeadError:  # nothing left to abort
+                    pass
 
     async def call_utility_async(self, method: str, *args: Any, engine_index: int = 0) -> Any:
         self._ensure_started()

@@ -6,7 +6,11 @@ in the caller's process (``InprocClient``) or behind the ring in its own process
 
 A request the core cannot serve (empty prompt, too long, bad parameters, duplicate id)
 must not raise into the caller, who may be a busy loop serving everyone else: it is
-answered with a finished output carrying ``FinishReason.ERROR`` and the reason.
+answered with a finished output carrying ``FinishReason.ERROR`` and the reason. A step
+that raises (scheduling, preparing inputs, the model, sampling) is answered the same way:
+the requests it ran finish with ``FinishReason.ERROR`` and ``internal_error`` set, their
+blocks are freed, the traceback goes to this process's log and the next step runs. Only a
+core that cannot go on raises out of ``step`` (the busy loop then sends ENGINE_DEAD).
 """
 from __future__ import annotations
 
@@ -18,24 +22,29 @@ from engine.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.core.sched_output import ModelRunnerOutput
+from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 
 logger = logging.getLogger(__name__)
 
 _NOTHING_RUN = ModelRunnerOutput()
 
+# Steps in a row that may fail before the core gives up. A failed step's requests are gone by
+# the next step, so failures that go on with fresh requests are not theirs: the engine itself
+# (its device, its state) is broken.
+MAX_CONSECUTIVE_FAILED_STEPS = 3
+
 
 class EngineCore:
     def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
-        from engine.worker.model_runner import ModelRunner
+        from engine.worker.model_runner import load_worker_cls
 
         self.config = config
         self.engine_index = engine_index
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
         self.max_logprobs = config.model_config.max_logprobs
-        self.model_runner = ModelRunner(config)
+        self.model_runner = load_worker_cls(config.worker_cls)(config)
         self.num_kv_blocks = self.model_runner.initialize_kv_cache()
         block_size = config.cache_config.block_size
         if self.num_kv_blocks * block_size < self.max_model_len:
@@ -47,6 +56,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len)
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
+        self._failed_steps = 0  # consecutive
+        self._abort_batches = 0  # abort_requests calls (AbortRequests messages) since start
         logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
                     self.num_kv_blocks, block_size, self.max_model_len)
 
@@ -60,17 +71,23 @@ class EngineCore:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        self._abort_batches += 1
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._refused)
 
     def step(self) -> EngineCoreOutputs:
-        # 1) schedule: pick the batch and allocate its KV blocks
-        sched = self.scheduler.schedule()
-        # 2) run the model and sample (nothing to run: nothing scheduled)
-        result = self.model_runner.execute_model(sched) if sched.requests else _NOTHING_RUN
-        # 3) append tokens, check stops, free finished requests
-        outputs = self.scheduler.update_from_output(sched, result)
+        sched = None
+        try:
+            # 1) schedule: pick the batch and allocate its KV blocks
+            sched = self.scheduler.schedule()
+            # 2) run the model and sample (nothing to run: nothing scheduled)
+            result = self.model_runner.execute_model(sched) if sched.requests else _NOTHING_RUN
+            # 3) append tokens, check stops, free finished requests
+            outputs = self.scheduler.update_from_output(sched, result)
+            self._failed_steps = 0
+        except Exception as exc:  # the step's requests fail, not the core
+            outputs = self._fail_step(sched, exc)
         # 4) package with this step's refusals and stats
         return self._package(outputs)
 
@@ -85,10 +102,23 @@ class EngineCore:
         return {"num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
                 "kv_cache_usage": s.kv_cache.usage, "num_kv_blocks": self.num_kv_blocks,
                 "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
-                "num_preemptions": s.total_preemptions}
+                "num_preemptions": s.total_preemptions, "num_abort_batches": self._abort_batches}
 
     def shutdown(self) -> None:
         self.model_runner = None
+
+    def _fail_step(self, sched: Optional[SchedulerOutput], exc: Exception) -> list[EngineCoreOutput]:
+        """Finish the failed step's requests with an error (called while ``exc`` is handled).
+        Re-raises when there is no request to blame or when too many steps failed in a row."""
+        self._failed_steps += 1
+        failed = self.scheduler.fail_step(sched)
+        if not failed or self._failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+            raise
+        logger.exception("EngineCore step failed: its %d request(s) finish with an error", len(failed))
+        # For the client: what failed, never the exception's text (it may name local paths).
+        error = f"the engine failed while running this request ({type(exc).__name__}); see the server log"
+        return [EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR, error=error, internal_error=True)
+                for req_id in failed]
 
     def _package(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
         if self._refused:

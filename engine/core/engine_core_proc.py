@@ -1,43 +1,43 @@
-"""The EngineCore in its own process: launched by the frontend (``CoreProcess``) as
-``python -m engine.core.engine_core_proc TOKEN SPEC``, where it runs ``EngineCoreProc``.
+"""The EngineCore process: ``python -m engine.core.engine_core_proc TOKEN SPEC``, launched by
+the frontend's ``engine.core.core_process``, runs ``EngineCoreProc``'s busy loop here.
 
-``subprocess`` rather than multiprocessing: the user's ``__main__`` is never re-imported
-and the ring's file descriptors arrive through ``pass_fds``. ``SPEC`` is a JSON
-``CoreLaunchSpec``. torch is imported only after the thread count and ``OMP_WAIT_POLICY``
-are set (FACTS.md: an OpenMP thread that spins while its partner core runs the frontend
-makes a decode step many times slower).
-
-This module's top level imports no torch: the frontend side lives here too.
+``SPEC`` is a JSON ``CoreLaunchSpec``: the launch contract, defined here with the codec and
+channel both sides use. torch is imported only after the thread count and
+``OMP_WAIT_POLICY`` are set (FACTS.md: an OpenMP thread that spins while its partner core
+runs the frontend makes a decode step many times slower), so this module's top level
+imports no torch: the frontend imports it for the contract.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
 
 from engine import envs
-from engine.exceptions import EngineStartupError
 from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
                              EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
                              UtilityCall, UtilityResult)
 from shm_transport import TransportError
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.core.engine_core import EngineCore
+
+# Named, not __name__: run as ``-m`` this module is __main__, outside the ``engine`` logger.
+logger = logging.getLogger("engine.core.engine_core_proc")
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "has_unfinished_requests"})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
 
 # How long the loop waits for a request when it holds outputs the full ring refused:
 # short enough to retry promptly, long enough not to spin a core the frontend needs.
@@ -53,6 +53,9 @@ class CoreLaunchSpec(msgspec.Struct):
     # signal follows the launching *thread*, which may end long before the frontend.
     pdeathsig: bool
     engine_args: dict[str, Any]  # EngineArgs fields; the core derives its own config
+    # The frontend's import path, appended to the core's own, so a worker_cls the frontend
+    # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
+    sys_path: list[str] = []
 
 
 def make_codec():
@@ -71,138 +74,6 @@ def channel_class(transport: str):
     return Channel
 
 
-def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
-    return [sys.executable, "-m", "engine.core.engine_core_proc", token, msgspec.json.encode(spec).decode()]
-
-
-def engine_args_dict(args: Any) -> dict[str, Any]:
-    """The EngineArgs fields of ``args`` as JSON-able values (an AsyncEngineArgs carries
-    frontend-only extras; a CompilationConfig travels as its dict)."""
-    from engine.config import EngineArgs
-
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
-    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
-
-
-def describe_exit(returncode: Optional[int]) -> str:
-    if returncode is None:
-        return "is still running"
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"exited with code {returncode}"
-
-
-class CoreProcess:
-    """One EngineCore process and the frontend end of its channel.
-
-    Launched with ``subprocess`` (never multiprocessing: the user's ``__main__`` is not
-    re-imported, no resource tracker starts) and given its fds explicitly. Whatever fails
-    after the launch, ``close`` leaves no child, fd or segment behind.
-    """
-
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        self.engine_index = engine_index
-        self.ready: Optional[EngineReady] = None
-        self.proc: Optional[subprocess.Popen] = None
-        self.pidfd: Optional[int] = None
-        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
-        try:
-            args = engine_args_dict(config.engine_args)
-            if config.parallel_config.data_parallel_size > 1:
-                args["data_parallel_rank"] = engine_index
-            spec = CoreLaunchSpec(
-                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
-                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                engine_args=args)
-            # The OpenMP settings go in the environment too, so they hold even if something
-            # imports torch before the core's own start-up code runs (FACTS.md: threads).
-            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
-            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
-                                         pass_fds=self.channel.peer_fds(), env=env,
-                                         stdin=subprocess.DEVNULL)
-            self.channel.set_peer(self.proc.pid)
-            self.channel.close_peer_fds()
-            self.pidfd = os.pidfd_open(self.proc.pid)
-        except BaseException:
-            self.close(timeout=0)
-            raise
-
-    @property
-    def name(self) -> str:
-        return f"EngineCore_{self.engine_index} (pid {self.proc.pid if self.proc else '?'})"
-
-    def wait_ready(self, timeout: float) -> EngineReady:
-        """Block until READY; a core that fails or dies first raises EngineStartupError
-        carrying its cause (its traceback, or how it exited)."""
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise EngineStartupError(f"{self.name} sent no READY within {timeout:.0f} s")
-                for msg in self.channel.recv_batch(timeout=min(left, 1.0)):
-                    if isinstance(msg, EngineReady):
-                        self.ready = msg
-                        return msg
-                    if isinstance(msg, EngineDead):
-                        raise EngineStartupError(f"{self.name} failed to start: {msg.error}")
-        except TransportError:
-            raise EngineStartupError(f"{self.name} {self.exit_status()} before it was ready") from None
-
-    def exit_status(self, wait: float = 1.0) -> str:
-        try:
-            return describe_exit(self.proc.wait(wait))
-        except subprocess.TimeoutExpired:
-            return "stopped answering"
-
-    def request_exit(self) -> None:
-        """SHUTDOWN, then close our end: the core reads what was sent, then sees the close,
-        so it exits promptly even if SHUTDOWN found the ring full."""
-        if self.channel.closed:
-            return
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.channel.try_send(Shutdown())
-            except TransportError:
-                pass
-        self.channel.close()
-
-    def close(self, timeout: float) -> None:
-        """Stop the core (killed after ``timeout``) and free its fds and rings."""
-        self.request_exit()
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-def launch_cores(config: Any, engine_indices: list[int]) -> list[CoreProcess]:
-    """Start the cores together (each imports torch and loads the model), then wait for all."""
-    cores: list[CoreProcess] = []
-    try:
-        for i in engine_indices:
-            cores.append(CoreProcess(config, i))
-        for core in cores:
-            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
-        return cores
-    except BaseException:
-        close_cores(cores, timeout=0)
-        raise
-
-
-def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
-    for core in cores:  # all told first, so data-parallel cores wind down together
-        core.request_exit()
-    for core in cores:
-        core.close(timeout)
-
-
 def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
     into.new_token_ids.extend(new.new_token_ids)
     for name in ("new_logprobs", "new_prompt_logprobs"):
@@ -212,7 +83,8 @@ def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
         elif b is not None:
             setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
                                               a.ranks + b.ranks))
-    into.finish_reason, into.stop_reason, into.error = new.finish_reason, new.stop_reason, new.error
+    into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
+    into.error, into.internal_error = new.error, new.internal_error
 
 
 def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
@@ -239,7 +111,7 @@ class EngineCoreProc:
     requests and stepping. Consecutive outputs waiting in the outbox merge into one.
     """
 
-    def __init__(self, core: Any, channel: Any, engine_index: int) -> None:
+    def __init__(self, core: EngineCore, channel: Any, engine_index: int) -> None:
         self.core = core
         self.channel = channel
         self.engine_index = engine_index
@@ -335,7 +207,32 @@ def _setup_process(spec: CoreLaunchSpec) -> None:
     torch.set_num_threads(spec.num_threads)
 
 
-def _start_core(spec: CoreLaunchSpec) -> Any:
+class _PrefixFormatter(logging.Formatter):
+    """Puts the core's name in front of what the frontend's formatter writes."""
+
+    def __init__(self, prefix: str, inner: Optional[logging.Formatter]) -> None:
+        super().__init__()
+        self.prefix, self.inner = prefix, inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.prefix + self.inner.format(record)
+
+
+def _configure_logging(engine_index: int) -> None:
+    """One line per record, prefixed (vLLM's ``(EngineCore_DP0 pid=...)``), on the stderr the
+    core shares with its frontend. Importing ``engine`` gave its loggers their own handler;
+    that handler moves to the root logger with the prefix, so ringllm's records (which
+    propagate) and other libraries' warnings all come out once, marked as the core's."""
+    ours = [logging.getLogger(name) for name in ("engine", "shm_transport")]
+    handler = next((h for logger in ours for h in logger.handlers), None) or logging.StreamHandler()
+    handler.setFormatter(_PrefixFormatter(f"(EngineCore_{engine_index} pid={os.getpid()}) ", handler.formatter))
+    for logger in ours:
+        logger.handlers.clear()
+        logger.setLevel(envs.RINGLLM_LOGGING_LEVEL)
+    logging.getLogger().handlers[:] = [handler]
+
+
+def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
     from engine.config import EngineArgs, create_engine_config
     from engine.core.engine_core import EngineCore
 
@@ -353,9 +250,9 @@ def _send_dead(channel: Any, engine_index: int, error: str) -> None:
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
+    sys.path.extend(p for p in spec.sys_path if p not in sys.path)
     _setup_process(spec)
-    logging.basicConfig(level=envs.RINGLLM_LOGGING_LEVEL,
-                        format=f"(EngineCore_{spec.engine_index} pid={os.getpid()}) %(levelname)s %(name)s: %(message)s")
+    _configure_logging(spec.engine_index)
     channel = channel_class(spec.transport).attach(make_codec(), token, peer_pid=spec.parent_pid)
     try:
         try:
@@ -373,9 +270,11 @@ def main(argv: list[str]) -> int:
             EngineCoreProc(core, channel, spec.engine_index).run_busy_loop()
         except TransportError:
             return 1  # the frontend is gone or closed the channel: nobody left to tell
-        except Exception:
+        except Exception as e:
+            # The traceback goes to the log; the frontend (and any HTTP client) gets no paths.
             logger.exception("EngineCore %d died", spec.engine_index)
-            _send_dead(channel, spec.engine_index, traceback.format_exc())
+            _send_dead(channel, spec.engine_index, f"it died of {type(e).__name__} (the EngineCore log has the "
+                                                   "traceback)")
             return 1
         return 0
     finally:

@@ -103,9 +103,6 @@ class Request:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
 
-    def is_finished(self) -> bool:
-        return self.status.finished
-
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
                 f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")

@@ -53,8 +53,8 @@ class FCFSQueue:
     def pop(self) -> Request:
         return self._q.popleft()
 
-    def remove(self, req: Request) -> None:
-        self._q.remove(req)
+    def remove_finished(self) -> None:
+        self._q = deque(r for r in self._q if not r.status.finished)
 
     def __len__(self) -> int:
         return len(self._q)
@@ -82,8 +82,8 @@ class PriorityQueue:
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[3]
 
-    def remove(self, req: Request) -> None:
-        self._heap = [item for item in self._heap if item[3] is not req]
+    def remove_finished(self) -> None:
+        self._heap = [item for item in self._heap if not item[3].status.finished]
         heapq.heapify(self._heap)
 
     def __len__(self) -> int:
@@ -243,20 +243,37 @@ class Scheduler:
         return outputs
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
-        """End requests from outside (abort); unknown or finished ids are ignored."""
+        """End requests from outside (abort, a failed step) and free their blocks; unknown or
+        finished ids are ignored. One pass over each queue however many ids come (a client
+        aborting a thousand requests at once), and whatever state a failed step left a
+        request in: running, waiting, taken off the waiting queue but not yet running, or
+        already finished by a half-done ``update_from_output``."""
         ended = []
         for req_id in request_ids:
             req = self.requests.get(req_id)
             if req is None:
                 continue
-            if req.status is RequestStatus.RUNNING:
-                self.running.remove(req)
-            else:
-                self.waiting.remove(req)
             req.status = status
             self._free(req)
             ended.append(req)
+        if ended:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.waiting.remove_finished()
         return ended
+
+    def fail_step(self, sched: Optional[SchedulerOutput]) -> list[str]:
+        """End with FINISHED_ERROR, freeing their blocks, the requests of a step that raised:
+        its batch, or every request held when ``schedule`` itself raised (``sched`` None).
+        Returns their ids (each needs a final output, even one the half-done step already
+        finished). The runner may never have seen the ids the batch told it to drop: they are
+        handed to the next batch again."""
+        if sched is None:
+            failed = list(self.requests)
+        else:
+            failed = [req.request_id for req in sched.requests]
+            self.finished_req_ids |= sched.finished_req_ids
+        self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        return failed
 
     def make_stats(self) -> SchedulerStats:
         return SchedulerStats(

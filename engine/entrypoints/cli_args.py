@@ -58,6 +58,8 @@ ENGINE_ARG_HELP = {
     "renderer_num_workers": "Threads that tokenize prompts (1: on the event loop).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
+    "worker_cls": "The EngineCore's model runner: auto, or the qualified name (module.Class) of a "
+                  "ModelRunner subclass.",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 
@@ -94,6 +96,8 @@ def _flag_kwargs(hint: Any) -> dict[str, Any]:
         return {"choices": list(typing.get_args(hint))}
     if hint in (int, float, str):
         return {"type": hint}
+    if str in args:  # a name on the command line, an object in Python (worker_cls)
+        return {"type": str}
     if hint is dict:
         return {"type": _json_object, "metavar": "JSON"}
     return {"type": _json_or_int, "metavar": "INT|JSON"}  # compilation_config

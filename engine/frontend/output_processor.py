@@ -79,7 +79,8 @@ class RequestState:
         self.queue = queue  # AsyncLLM: the request's collector, which takes each output at once
 
     def make_request_output(self, new_token_ids: list[int], finish_reason: Optional[FinishReason],
-                            stop_reason, error: Optional[str]) -> Optional[RequestOutput]:
+                            stop_reason, error: Optional[str], internal_error: bool = False
+                            ) -> Optional[RequestOutput]:
         finished = finish_reason is not None
         if not finished and (not new_token_ids or self.final_only):
             return None
@@ -105,7 +106,7 @@ class RequestState:
             if not outputs:
                 return None
         return RequestOutput(self.output_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
-                             finished, self.stats, self.num_cached_tokens, error)
+                             finished, self.stats, self.num_cached_tokens, error, internal_error)
 
 
 @dataclass
@@ -147,13 +148,21 @@ class OutputProcessor:
         return len(self.request_states)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
-        """Forget these requests (a parent id covers its children); returns the ids to abort in the core."""
+        """Forget these requests (a parent id covers its children); returns the ids to abort in
+        the core. A request with a queue gets a last output there, finished with "abort" (as
+        vLLM's), so a consumer waiting on it ends instead of waiting forever."""
         core_ids = []
         for req_id in request_ids:
             parent = self.parent_requests.pop(req_id, None)
-            for child_id in (parent.unfinished if parent is not None else (req_id,)):
-                if self.request_states.pop(child_id, None) is not None:
-                    core_ids.append(child_id)
+            for child_id in (list(parent.unfinished) if parent is not None else (req_id,)):
+                state = self.request_states.pop(child_id, None)
+                if state is None:
+                    continue
+                core_ids.append(child_id)
+                if state.queue is not None:
+                    output = state.make_request_output([], FinishReason.ABORT, None, None)
+                    if output is not None:
+                        state.queue.put(output)
         return core_ids
 
     def process_outputs(self, outputs: list[EngineCoreOutput],
@@ -187,7 +196,8 @@ class OutputProcessor:
                         finish_reason, stop_reason = FinishReason.STOP, stop_str
             if state.logprobs is not None:
                 state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error)
+            request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
+                                                       out.internal_error)
             if finish_reason is not None:
                 del states[out.request_id]
                 parent = state.parent

@@ -35,7 +35,7 @@ class OpenAIServingMisc:
         self.engine = chat.engine
         self.created = now()
         parallel = self.engine.config.parallel_config
-        # The ranks this frontend talks to (as make_async_mp_client chose): all of them, or only
+        # The ranks this frontend talks to (as make_client chose): all of them, or only
         # its own behind an external balancer.
         external = parallel.data_parallel_size > 1 and parallel.data_parallel_external_lb
         self.engine_indices = ([parallel.data_parallel_rank or 0] if external

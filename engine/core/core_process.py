@@ -1,0 +1,159 @@
+"""The frontend's handle on EngineCore processes: launch (``CoreProcess``, ``launch_cores``),
+the READY handshake, and a clean end (``close_cores``) whatever failed on the way.
+
+The other side of the process boundary, what runs in the core, is ``engine_core_proc``
+(whose ``CoreLaunchSpec`` is the launch contract). Launched with ``subprocess`` as
+``python -m engine.core.engine_core_proc TOKEN SPEC``, never multiprocessing: the user's
+``__main__`` is not re-imported, no resource tracker starts, and the ring's file descriptors
+arrive through ``pass_fds``. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import msgspec
+
+from engine import envs
+from engine.config import EngineArgs, EngineConfig
+from engine.core.engine_core_proc import CoreLaunchSpec, channel_class, make_codec
+from engine.exceptions import EngineStartupError
+from engine.protocol import EngineDead, EngineReady, Shutdown
+from shm_transport import TransportError
+
+
+def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
+    return [sys.executable, "-m", "engine.core.engine_core_proc", token, msgspec.json.encode(spec).decode()]
+
+
+def engine_args_dict(args: EngineArgs) -> dict[str, Any]:
+    """The EngineArgs fields of ``args`` as JSON-able values (an AsyncEngineArgs carries
+    frontend-only extras; a CompilationConfig travels as its dict)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
+
+
+def describe_exit(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+class CoreProcess:
+    """One EngineCore process and the frontend end of its channel.
+
+    Launched with ``subprocess`` (never multiprocessing: the user's ``__main__`` is not
+    re-imported, no resource tracker starts) and given its fds explicitly. Whatever fails
+    after the launch, ``close`` leaves no child, fd or segment behind.
+    """
+
+    def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.ready: Optional[EngineReady] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd: Optional[int] = None
+        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
+        try:
+            args = engine_args_dict(config.engine_args)
+            args["worker_cls"] = config.worker_cls  # a class travels by its name
+            if config.parallel_config.data_parallel_size > 1:
+                args["data_parallel_rank"] = engine_index
+            spec = CoreLaunchSpec(
+                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
+                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
+                engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path])
+            # The OpenMP settings go in the environment too, so they hold even if something
+            # imports torch before the core's own start-up code runs (FACTS.md: threads).
+            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
+                                         pass_fds=self.channel.peer_fds(), env=env,
+                                         stdin=subprocess.DEVNULL)
+            self.channel.set_peer(self.proc.pid)
+            self.channel.close_peer_fds()
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except BaseException:
+            self.close(timeout=0)
+            raise
+
+    @property
+    def name(self) -> str:
+        return f"EngineCore_{self.engine_index} (pid {self.proc.pid if self.proc else '?'})"
+
+    def wait_ready(self, timeout: float) -> EngineReady:
+        """Block until READY; a core that fails or dies first raises EngineStartupError
+        carrying its cause (its traceback, or how it exited)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineStartupError(f"{self.name} sent no READY within {timeout:.0f} s")
+                for msg in self.channel.recv_batch(timeout=min(left, 1.0)):
+                    if isinstance(msg, EngineReady):
+                        self.ready = msg
+                        return msg
+                    if isinstance(msg, EngineDead):
+                        raise EngineStartupError(f"{self.name} failed to start: {msg.error}")
+        except TransportError:
+            raise EngineStartupError(f"{self.name} {self.exit_status()} before it was ready") from None
+
+    def exit_status(self, wait: float = 1.0) -> str:
+        try:
+            return describe_exit(self.proc.wait(wait))
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+
+    def request_exit(self) -> None:
+        """SHUTDOWN, then close our end: the core reads what was sent, then sees the close,
+        so it exits promptly even if SHUTDOWN found the ring full."""
+        if self.channel.closed:
+            return
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.channel.try_send(Shutdown())
+            except TransportError:
+                pass
+        self.channel.close()
+
+    def close(self, timeout: float) -> None:
+        """Stop the core (killed after ``timeout``) and free its fds and rings."""
+        self.request_exit()
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def launch_cores(config: EngineConfig, engine_indices: list[int]) -> list[CoreProcess]:
+    """Start the cores together (each imports torch and loads the model), then wait for all."""
+    cores: list[CoreProcess] = []
+    try:
+        for i in engine_indices:
+            cores.append(CoreProcess(config, i))
+        for core in cores:
+            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
+        return cores
+    except BaseException:
+        close_cores(cores, timeout=0)
+        raise
+
+
+def close_cores(cores: list[CoreProcess], timeout: float = 5.0) -> None:
+    for core in cores:  # all told first, so data-parallel cores wind down together
+        core.request_exit()
+    for core in cores:
+        core.close(timeout)
