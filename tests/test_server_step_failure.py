@@ -17,7 +17,7 @@ def test_a_failed_step_is_a_500_for_its_request_alone(tiny_model_dir):
                       "--worker-cls", "faulty_runner.FaultyRunner", env={"PYTHONPATH": path}) as remote:
         status, body, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": [1, 2, POISON],
                                                                "max_tokens": 4})
-        assert status == 500, body
+        assert status == 500 and body["error"]["code"] == "engine_step_failed", body
         assert FAULT_TEXT not in json.dumps(body) and "Traceback" not in json.dumps(body)
         status, body, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": "Hello",
                                                                "max_tokens": 4, "ignore_eos": True})

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
-from engine.exceptions import EngineDeadError, EngineGenerateError, ParameterError
+from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -59,6 +59,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, TimeoutError):
         return OpenAIError(504, "the request took longer than the server's request timeout",
                            type="server_error", code="timeout")
+    if isinstance(exc, EngineStepError):  # a step failed while running this request: a server fault
+        return OpenAIError(500, str(exc), type="server_error", code="engine_step_failed")
     if isinstance(exc, EngineGenerateError):  # the core refused the request: its input is at fault
         return OpenAIError(400, str(exc), code="invalid_value")
     logger.exception("unexpected error while serving a request", exc_info=exc)
