@@ -55,7 +55,8 @@ ENGINE_ARG_HELP = {
     "ring_capacity": "Bytes per ring direction (a power of two).",
     "skip_tokenizer_init": "Do not load a tokenizer (token-id prompts only).",
     "disable_log_stats": "Do not collect per-step scheduler stats.",
-    "renderer_num_workers": "Threads that tokenize prompts (1: on the event loop).",
+    "renderer_num_workers": "Threads that tokenize prompts, render chat templates and detokenize off the event "
+                            "loop (short inputs stay on it).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
     "enable_log_requests": "Log every request as it is added and aborted.",
