@@ -27,21 +27,24 @@ ROLE = "assistant"
 
 class OpenAIServingChat(OpenAIServing):
     async def render(self, body_messages, add_generation_prompt: bool = True,
-                     chat_template_kwargs: Optional[dict] = None) -> tuple[str, list[int]]:
+                     chat_template_kwargs: Optional[dict] = None, must_fit: bool = True) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids (also used by /tokenize), rendered
-        and tokenized off the event loop unless it is short."""
+        and tokenized off the event loop unless it is short. ``must_fit``: text too long for the
+        context is refused before it is tokenized (/tokenize counts any length)."""
         conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
         # The template's work grows with the text and with the number of messages.
         size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
-        return await self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs)
+        return await self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs,
+                                  must_fit)
 
-    def _render(self, conversation: list[dict], add_generation_prompt: bool,
-                chat_template_kwargs: Optional[dict]) -> tuple[str, list[int]]:
+    def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
+                must_fit: bool) -> tuple[str, list[int]]:
         processor = self.engine.input_processor
         try:
             text = processor.render_chat(conversation, add_generation_prompt=add_generation_prompt,
                                          chat_template_kwargs=chat_template_kwargs)
-            processor.check_text_fits(text, param="messages")  # before the costly part: tokenizing
+            if must_fit:
+                processor.check_text_fits(text, param="messages")  # before the costly part: tokenizing
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
         return text, encode(self.tokenizer, text, add_special_tokens=False)

@@ -76,7 +76,7 @@ class OpenAIServingMisc:
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
         if body.messages is not None:
-            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt)
+            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False)
         else:
             tokens = await self.chat.offload(len(body.prompt), encode, self.chat.tokenizer, body.prompt,
                                              body.add_special_tokens)
