@@ -41,8 +41,10 @@ def rss_bytes(pid: int) -> int:
 
 def random_request(rng: random.Random) -> tuple[str, dict]:
     """A valid request with random parameters (what a varied crowd of clients sends)."""
-    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
-    body = {"model": "tiny", "max_tokens": rng.randint(1, 48), "n": rng.choice([1, 1, 1, 2, 3]),
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
+    if rng.random() < 0.1:
+        return "/tokenize", {"prompt": prompt, "add_special_tokens": rng.random() < 0.5, "stream": False}
+    body = {"model": "tiny", "max_tokens": rng.randint(1, 24), "n": rng.choice([1, 1, 1, 1, 2, 3]),
             "temperature": rng.choice([0.0, 0.7, 1.0]), "ignore_eos": rng.random() < 0.5,
             "stream": rng.random() < 0.6}
     if rng.random() < 0.3:
@@ -104,7 +106,8 @@ def rss(server: RemoteServer, core: int) -> dict[str, int]:
 def soak(model_dir: str) -> dict:
     rng = random.Random(SEED)
     counts: collections.Counter = collections.Counter()
-    with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
+    # No prefill cap: the tiny model prefills a whole step's prompts in a millisecond or two.
+    with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-num-prefill-tokens", "0",
                       "--max-waiting-requests", str(4 * CONCURRENCY)) as server:
         (core,) = server.core_pids()
         asyncio.run(drive(server.url, WARMUP_SECONDS, rng, collections.Counter()))
@@ -130,7 +133,8 @@ def soak(model_dir: str) -> dict:
 def test_soak_leaves_the_server_as_it_found_it(tiny_model_dir):
     result = soak(tiny_model_dir)
     figures = result["figures"]
-    assert figures["requests"] >= 1000 and figures["disconnects"] > 0, figures
+    # Thousands at the default size on a quiet machine; the floor leaves room for a busy one.
+    assert figures["requests"] >= 10 * CONCURRENCY and figures["disconnects"] > 0, figures
     for name in ("server", "core"):
         before, after = result["before"][name], result["after"][name]
         assert abs(after - before) <= RSS_TOLERANCE * before, (name, figures)
