@@ -50,12 +50,12 @@ class ServingLimits:
     retry_after_s: int
     max_seqs_per_request: int  # prompts x n of one request; more is a 400
 
-    @staticmethod
-    def for_engine(config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float],
+    @classmethod
+    def for_engine(cls, config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float],
                    retry_after_s: int) -> "ServingLimits":
         """The limits of a server over the engine of ``config`` (an ``EngineConfig``)."""
         batch = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
-        return ServingLimits(max_waiting_requests, request_timeout_s, retry_after_s,
+        return cls(max_waiting_requests, request_timeout_s, retry_after_s,
                              SEQS_PER_REQUEST_IN_BATCHES * batch)
 
 
@@ -72,14 +72,17 @@ class Deadlines:
 
     @contextlib.asynccontextmanager
     async def limit(self, when: Optional[float]) -> AsyncIterator[None]:
+        scope = asyncio.timeout_at(0.0 if self.ended else when)
         try:
-            async with asyncio.timeout_at(0.0 if self.ended else when) as scope:
+            async with scope:
                 self._scopes.add(scope)
                 try:
                     yield
                 finally:
                     self._scopes.discard(scope)
         except TimeoutError:
+            if not scope.expired():  # not this limit's: some other TimeoutError from below
+                raise
             if self.ended:
                 raise OpenAIError(503, "the server is shutting down", type="server_error",
                                   code="server_shutdown") from None
