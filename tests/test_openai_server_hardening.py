@@ -7,14 +7,13 @@ tiny dummy-weight model (one in-process app where the core's messages are counte
 from __future__ import annotations
 
 import asyncio
-import http.client
 import inspect
 import json
 import os
 import random
 import signal
-import threading
-import time
+import subprocess
+import sys
 import typing
 
 import aiohttp
@@ -41,31 +40,44 @@ def server(tiny_model_dir):
         yield remote
 
 
-class HealthProber(threading.Thread):
-    """Probes /health back to back on one keep-alive connection, from its own thread (the test's
-    event loop, busy uploading megabytes, cannot delay a probe), recording each latency."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(daemon=True)
-        self.port, self.latencies, self.statuses = port, [], []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        while not self.stop.is_set():
-            start = time.perf_counter()
-            try:
-                conn.request("GET", "/health")
-                response = conn.getresponse()
-                response.read()
-                status = response.status
-            except OSError as exc:  # a probe that timed out or failed counts, with its time
-                status = repr(exc)
-                conn.close()
-            self.latencies.append(time.perf_counter() - start)
-            self.statuses.append(status)
-            time.sleep(0.01)
+# Probes /health back to back on one keep-alive connection until its stdin closes, then prints
+# each probe's (seconds, status) as JSON. A process of its own: neither the test's event loop,
+# busy uploading megabytes, nor its GIL (parsing megabytes of JSON) can delay a probe.
+PROBER = """
+import http.client, json, sys, threading, time
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+conn, probes = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10), []
+while not stop.is_set():
+    start = time.perf_counter()
+    try:
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        response.read()
+        status = response.status
+    except OSError as exc:  # a probe that timed out or failed counts, with its time
+        status = repr(exc)
         conn.close()
+    probes.append((time.perf_counter() - start, status))
+    if len(probes) <= 3:  # up and probing
+        print(len(probes), flush=True, file=sys.stderr)
+    time.sleep(0.01)
+print(json.dumps(probes))
+"""
+
+
+class HealthProber:
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBER, str(port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_started(self, probes: int = 3) -> None:
+        for _ in range(probes):
+            assert self.proc.stderr.readline(), "the prober died"
+
+    def finish(self) -> list[tuple[float, object]]:
+        out, _ = self.proc.communicate("", timeout=60)
+        return [tuple(p) for p in json.loads(out)]
 
 
 def test_health_answers_within_200ms_while_4mb_prompts_are_refused_or_tokenized(server):
@@ -88,14 +100,11 @@ def test_health_answers_within_200ms_while_4mb_prompts_are_refused_or_tokenized(
             return await asyncio.gather(*(one(session, path, data) for path, data in encoded))
 
     prober = HealthProber(server.port)
-    prober.start()
     try:
-        assert wait_for(lambda: len(prober.latencies) >= 3, timeout=10)
+        prober.wait_started()
         results = asyncio.run(send_all())
     finally:
-        prober.stop.set()
-        prober.join(30)
-    assert not prober.is_alive()
+        probes = prober.finish()
     by_path = {}
     for path, status, body in results:
         by_path.setdefault(path, []).append((status, body))
@@ -105,9 +114,9 @@ def test_health_answers_within_200ms_while_4mb_prompts_are_refused_or_tokenized(
         for status, body in by_path[path]:
             assert status == 400 and body["error"]["param"] in ("prompt", "messages"), (path, body)
             assert "max_model_len" in body["error"]["message"]
-    assert set(prober.statuses) == {200}
-    slow = [round(t, 3) for t in prober.latencies if t > HEALTH_BUDGET_S]
-    assert not slow, f"/health took {slow} s of {len(prober.latencies)} probes while 4 MB prompts were in flight"
+    assert {status for _, status in probes} == {200}
+    slow = [round(t, 3) for t, _ in probes if t > HEALTH_BUDGET_S]
+    assert not slow, f"/health took {slow} s of {len(probes)} probes while 4 MB prompts were in flight"
 
 
 def test_a_prompt_too_long_for_the_model_is_refused_from_its_size(server):
