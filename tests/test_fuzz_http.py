@@ -23,7 +23,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST", "/detokenize": "POST",
           "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET"}
 # No shrinking: against a live server it costs minutes, and the failing example is printed as is.
-FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "150")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "300")), deadline=None,
                 derandomize=True, database=None, phases=(Phase.explicit, Phase.generate),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
@@ -100,10 +100,9 @@ def deep(depth: int, kind: str) -> bytes:
 
 
 def raw_bodies(path: str):
-    """Bytes on the wire: JSON of the route's fields, any JSON, deep nesting, garbage."""
+    """Bytes on the wire: JSON of the route's fields, any JSON, garbage (deep nesting: below)."""
     as_json = (field_bodies(path) if path in FIELDS else JSON).map(lambda v: json.dumps(v).encode())
     return st.one_of(as_json, as_json, JSON.map(lambda v: json.dumps(v).encode()),
-                     st.builds(deep, st.sampled_from([64, 2000, 100_000]), st.sampled_from(["list", "object", "prompt"])),
                      st.binary(max_size=200), st.just(b""), st.just(b"\xff\xfe{\"prompt\": \"\xc3\x28\"}"))
 
 
@@ -144,6 +143,15 @@ def test_small_routes_answer_200_or_an_openai_4xx(server):
         check_answer(server, ROUTES[path], path, body, {"Content-Type": "application/json", **AUTH})
 
     fuzz()
+
+
+# Until decode_request refuses deep nesting itself (protocol.py, the validation work), msgspec's
+# RecursionError surfaces as a 500 here: these assert the invariant that work restores.
+@pytest.mark.parametrize("path", sorted(FIELDS))
+@pytest.mark.parametrize("depth", [64, 2000, 100_000])
+@pytest.mark.parametrize("kind", ["list", "object", "prompt"])
+def test_deeply_nested_bodies_answer_an_openai_4xx(server, path, depth, kind):
+    check_answer(server, "POST", path, deep(depth, kind), {"Content-Type": "application/json", **AUTH})
 
 
 def test_wrong_methods_and_unknown_paths_answer_an_openai_4xx(server):
