@@ -1,7 +1,9 @@
 """AsyncLLM: the asyncio entry point for serving (vLLM's v1 ``AsyncLLM``).
 
-Requests are tokenized here (optionally on a ``renderer_num_workers`` thread pool) and
-sent to the EngineCore process(es) through an ``AsyncMPClient``. One background task, the
+Requests are tokenized here and sent to the EngineCore process(es) through an
+``AsyncMPClient``. Tokenizing anything but a short prompt runs on ``renderer``, a pool of
+``renderer_num_workers`` threads bounded in queued work (engine/frontend/renderer.py), so
+the event loop never waits on it; the server renders chat templates and detokenizes there too. One background task, the
 output handler, pulls the core's outputs, detokenizes them in slices of
 ``RINGLLM_OUTPUT_PROC_CHUNK_SIZE`` (yielding to the loop between slices, so a step of 256
 requests never stalls the server for its whole length) and drops each request's output
@@ -20,7 +22,6 @@ import itertools
 import logging
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import AsyncGenerator, Iterable, Optional, Union
 
@@ -32,6 +33,7 @@ from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
+from engine.frontend.renderer import Renderer
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -167,7 +169,7 @@ class AsyncLLM:
         self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
-        self._renderer = ThreadPoolExecutor(workers, thread_name_prefix="renderer") if workers > 1 else None
+        self.renderer = Renderer(workers)
         self.output_handler: Optional[asyncio.Task] = None
         self.engine_core = make_client(True, True, config)
         # Everything built so far (torch, transformers, the tokenizer) lives as long as the
@@ -253,12 +255,10 @@ class AsyncLLM:
                                            asyncio.get_running_loop())
         self._requests[request_id] = collector  # reserved across awaits
         try:
-            process = self.input_processor.process
-            if self._renderer is None:
-                request, text = process(internal_id, prompt, params, arrival_time, priority)
-            else:
-                request, text = await asyncio.get_running_loop().run_in_executor(
-                    self._renderer, process, internal_id, prompt, params, arrival_time, priority)
+            processor = self.input_processor
+            processor.check_prompt_fits(prompt)  # a prompt too long to fit is refused before the queue
+            request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
+                                                    prompt, params, arrival_time, priority)
             if params.n == 1:
                 children = [(request, None, 0)]
             else:
@@ -316,7 +316,8 @@ class AsyncLLM:
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         """Abort requests: each one's generator yields a last output, finished with
-        finish_reason "abort", and ends."""
+        finish_reason "abort", and ends. All of them go to the core in one message (one per
+        data-parallel rank)."""
         self._abort_now([request_id] if isinstance(request_id, str) else request_id)
 
     # -- lifetime --------------------------------------------------------------------
@@ -336,9 +337,9 @@ class AsyncLLM:
         engine_core = getattr(self, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown(timeout)
-        renderer = getattr(self, "_renderer", None)
+        renderer = getattr(self, "renderer", None)
         if renderer is not None:
-            renderer.shutdown(wait=False)
+            renderer.shutdown()
 
     def __del__(self) -> None:
         self.shutdown()

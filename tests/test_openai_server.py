@@ -44,7 +44,7 @@ def greedy(**kw):
 
 def test_completion_reports_text_finish_reason_and_usage(server, client):
     out = client.completions.create(prompt=PROMPT, max_tokens=7, extra_body={"ignore_eos": True}, **greedy())
-    prompt_tokens = server.post_json("/tokenize", {"prompt": PROMPT})[1]["count"]
+    prompt_tokens = server.post_json("/tokenize", {"prompt": PROMPT}, AUTH)[1]["count"]
     assert out.object == "text_completion" and out.model == "tiny" and out.id.startswith("cmpl-")
     assert len(out.choices) == 1 and out.choices[0].finish_reason == "length"
     assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
@@ -70,7 +70,7 @@ def test_batch_of_prompts_with_n_numbers_choices_prompt_major(client):
 
 
 def test_token_id_prompt_with_echo_and_logprobs(server, client):
-    ids = server.post_json("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+    ids = server.post_json("/tokenize", {"prompt": PROMPT}, AUTH)[1]["tokens"]
     out = client.completions.create(prompt=ids, echo=True, logprobs=2, max_tokens=3, **greedy())
     choice = out.choices[0]
     assert choice.text.startswith(PROMPT)
@@ -102,7 +102,7 @@ MESSAGES = [{"role": "user", "content": "Hello! Who are you?"}]
 
 def test_chat_completion_uses_the_tokenizer_chat_template(server, client):
     out = client.chat.completions.create(messages=MESSAGES, max_tokens=6, **greedy())
-    rendered = server.post_json("/tokenize", {"messages": MESSAGES})[1]["count"]
+    rendered = server.post_json("/tokenize", {"messages": MESSAGES}, AUTH)[1]["count"]
     assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
     assert out.usage.prompt_tokens == rendered > 10  # the ChatML template wraps the message
     assert out.choices[0].finish_reason in ("length", "stop")
@@ -132,11 +132,12 @@ def test_chat_n_and_logprobs(client):
 # ---- the small endpoints ----
 
 def test_models_health_version_tokenize_detokenize(server, client):
-    assert [m.id for m in client.models.list().data] == ["tiny"]
+    models = client.models.list().data
+    assert [(m.id, m.root) for m in models] == [("tiny", "tiny")]  # the served name, never the local path
     assert server.get("/health")[0] == 200
     assert "version" in json.loads(server.get("/version")[1])
-    ids = server.post_json("/tokenize", {"prompt": PROMPT})[1]["tokens"]
-    assert server.post_json("/detokenize", {"tokens": ids})[1] == {"prompt": PROMPT}
+    ids = server.post_json("/tokenize", {"prompt": PROMPT}, AUTH)[1]["tokens"]
+    assert server.post_json("/detokenize", {"tokens": ids}, AUTH)[1] == {"prompt": PROMPT}
 
 
 def test_metrics_count_requests_and_latencies(server, client):
@@ -258,9 +259,12 @@ def test_missing_or_wrong_api_key_is_401(server):
     bad = openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
-    status, err = _error(server.post_json("/v1/completions", {"prompt": "x"}))
-    assert status == 401 and err["type"] == "authentication_error"
-    assert server.get("/health")[0] == 200  # only /v1 is behind the key
+    for path, payload in [("/v1/completions", {"prompt": "x"}), ("/tokenize", {"prompt": "x"}),
+                          ("/detokenize", {"tokens": [1]}), ("/v1/nothing-here", {})]:
+        status, err = _error(server.post_json(path, payload))
+        assert status == 401 and err["type"] == "authentication_error", path
+    # The probes stay open: a load balancer or a scraper holds no key.
+    assert [server.get(path)[0] for path in ("/health", "/metrics", "/version")] == [200, 200, 200]
 
 
 def test_unknown_model_is_404(client):

@@ -55,7 +55,8 @@ ENGINE_ARG_HELP = {
     "ring_capacity": "Bytes per ring direction (a power of two).",
     "skip_tokenizer_init": "Do not load a tokenizer (token-id prompts only).",
     "disable_log_stats": "Do not collect per-step scheduler stats.",
-    "renderer_num_workers": "Threads that tokenize prompts (1: on the event loop).",
+    "renderer_num_workers": "Threads that tokenize prompts, render chat templates and detokenize off the event "
+                            "loop (short inputs stay on it).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
     "worker_cls": "The EngineCore's model runner: auto, or the qualified name (module.Class) of a "
@@ -132,16 +133,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", default=d.host, help="Address to bind (default: %(default)s, this host only).")
     group.add_argument("--port", type=int, default=d.port, help="Port (default: %(default)s).")
     group.add_argument("--api-key", default=d.api_key,
-                       help="Require 'Authorization: Bearer KEY' on /v1 requests (default: no key).")
+                       help="Require 'Authorization: Bearer KEY' on every route but the probes /health, /metrics "
+                            "and /version (default: no key).")
     group.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
-                       help="Most requests waiting for their first token; more get 503 with Retry-After "
-                            "(default: unbounded).")
+                       help="Most sequences (prompts x n) waiting for their first token; more get 503 with "
+                            "Retry-After (default: unbounded). A request of more sequences than 8 scheduler batches "
+                            "(8 x --max-num-seqs) is refused with 400 whatever this is.")
     group.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="SECONDS",
                        help="Abort a request still running after this long (default: no timeout).")
     group.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
                        help="Larger request bodies get 413 (default: %(default)s).")
     group.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, metavar="SECONDS",
-                       help="On SIGTERM, how long in-flight requests may finish before they are aborted "
+                       help="On SIGTERM, how long in-flight requests may finish; then each stream still running "
+                            "gets an error event and [DONE], other requests a 503, and all are aborted "
                             "(default: %(default)s).")
 
 

@@ -16,6 +16,7 @@ import msgspec
 
 from engine.config import EngineConfig
 from engine.exceptions import ParameterError
+from engine.frontend.renderer import encode, max_token_bytes
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import SamplingParams
 
@@ -101,6 +102,8 @@ class InputProcessor:
         self.extra_eos_ids = [i for i in eos_ids if i != self.eos_token_id]
         self.default_params = {param: generation[key] for key, param in _GENERATION_DEFAULTS.items()
                                if generation.get(key) is not None}
+        # Longer prompt text cannot fit the context whatever its tokens: refused before tokenizing.
+        self.max_prompt_bytes = None if tokenizer is None else self.max_model_len * max_token_bytes(tokenizer)
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's generation-config defaults applied."""
@@ -124,6 +127,32 @@ class InputProcessor:
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
                                     _arrival_time(arrival_time), priority)
         return request, text
+
+    def prompt_size(self, prompt: PromptType) -> int:
+        """The work tokenizing ``prompt`` is (characters, or token ids to check), to decide whether
+        it runs off the event loop; a cheap look, no validation."""
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        return len(prompt) if isinstance(prompt, (str, list, tuple)) else 0
+
+    def check_text_fits(self, text: str, param: str = "prompt") -> None:
+        """Refuse text too long for ``max_model_len`` whatever its tokens, before tokenizing it:
+        O(1) for short text (a character is at most 4 bytes), one UTF-8 encode otherwise."""
+        limit = self.max_prompt_bytes
+        if limit is None or 4 * len(text) <= limit:
+            return
+        size = len(text.encode())  # ~1 ms a megabyte
+        if size > limit:
+            raise ParameterError(f"the prompt ({size} bytes of text) is longer than the maximum model length "
+                                 f"max_model_len={self.max_model_len} can hold (at most {limit} bytes)",
+                                 parameter=param)
+
+    def check_prompt_fits(self, prompt: PromptType) -> None:
+        """``check_text_fits`` for a prompt in any of its forms (token ids are counted later)."""
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            self.check_text_fits(prompt)
 
     def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
@@ -153,7 +182,8 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ParameterError("text prompts need a tokenizer (skip_tokenizer_init=True); "
                                      "pass {'prompt_token_ids': [...]}", parameter="prompt")
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            self.check_text_fits(prompt)
+            return prompt, encode(self.tokenizer, prompt, add_special_tokens)
         if isinstance(prompt, (list, tuple)):
             return None, self._token_ids(prompt)
         raise TypeError("prompt must be a str, a list of token ids, {'prompt': str} or "

@@ -8,9 +8,9 @@ request to one method of the ``serving_*`` modules, where the work is.
 
 Middlewares, outermost first: error shaping (every failure, aiohttp's own 404/405/413
 included, leaves in OpenAI's ``{"error": ...}`` shape, and each request is counted), the
-API key (``/v1`` only, compared in constant time), and the body-size limit (413 from the
-declared length, before anything is read; aiohttp's ``client_max_size`` catches bodies
-that declare none).
+API key (every route but the probes /health, /metrics and /version; compared in constant
+time), and the body-size limit (413 from the declared length, before anything is read;
+aiohttp's ``client_max_size`` catches bodies that declare none).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import hmac
 import logging
 import signal
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, AsyncContextManager, Optional
 
 import uvloop
@@ -29,7 +28,7 @@ from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from engine.entrypoints.openai.serving_engine import ServingLimits, json_response, to_openai_error
+from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
 
 logger = logging.getLogger(__name__)
@@ -39,9 +38,9 @@ logger = logging.getLogger(__name__)
 class ServerSettings:
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000
-    api_key: Optional[str] = None  # when set, /v1 requests need "Authorization: Bearer <key>"
+    api_key: Optional[str] = None  # when set, all but OPEN_PATHS need "Authorization: Bearer <key>"
     max_request_body_bytes: int = 4 << 20
-    max_waiting_requests: Optional[int] = None  # None: unbounded; beyond it 503 + Retry-After
+    max_waiting_requests: Optional[int] = None  # sequences (prompts x n); None: unbounded; beyond: 503
     request_timeout_s: Optional[float] = None  # None: no per-request timeout
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
@@ -65,6 +64,7 @@ class Serving:
     chat: OpenAIServingChat
     misc: OpenAIServingMisc
     metrics: ServerMetrics
+    deadlines: Deadlines  # every request's time limit: the end of a drain fires them all
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -72,28 +72,53 @@ SERVING = web.AppKey("serving", Serving)
 
 
 # ---- routes: each hands the request to one ``Serving`` method ----
+# (The serving objects exist only once the engine has started, after the route table is frozen,
+# so each handler finds them through the app.)
 
-def _to(method: str):
-    """The handler for a route: ``request.app[SERVING].<method>(request)``, ``method`` dotted."""
-    find = attrgetter(method)
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVING].completion.create_completion(request)
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await find(request.app[SERVING])(request)
 
-    handler.__name__ = handler.__qualname__ = method.rpartition(".")[2]
-    return handler
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    return await request.app[SERVING].chat.create_chat_completion(request)
+
+
+async def show_models(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.show_models(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.health(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.metrics(request)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.tokenize(request)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.detokenize(request)
+
+
+async def show_version(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.show_version(request)
 
 
 ROUTES = [
-    web.post("/v1/completions", _to("completion.create_completion")),
-    web.post("/v1/chat/completions", _to("chat.create_chat_completion")),
-    web.get("/v1/models", _to("misc.show_models")),
-    web.get("/health", _to("misc.health")),
-    web.get("/metrics", _to("misc.metrics")),
-    web.post("/tokenize", _to("misc.tokenize")),
-    web.post("/detokenize", _to("misc.detokenize")),
-    web.get("/version", _to("misc.show_version")),
+    web.post("/v1/completions", create_completion),
+    web.post("/v1/chat/completions", create_chat_completion),
+    web.get("/v1/models", show_models),
+    web.get("/health", health),
+    web.get("/metrics", metrics),
+    web.post("/tokenize", tokenize),
+    web.post("/detokenize", detokenize),
+    web.get("/version", show_version),
 ]
+# What a load balancer or a scraper probes: open even when an API key is set.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 
 
 # ---- middlewares ----
@@ -133,7 +158,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 @web.middleware
 async def api_key_middleware(request: web.Request, handler) -> web.StreamResponse:
     key = request.app[SETTINGS].api_key
-    if key is not None and request.path.startswith("/v1"):
+    if key is not None and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, f"Bearer {key}".encode()):
             raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
@@ -176,16 +201,25 @@ async def _make_serving(engine: Any, settings: ServerSettings) -> Serving:
     model_config = engine.model_config
     names = [model_config.served_model_name]
     metrics = ServerMetrics(names[0])
-    limits = ServingLimits(settings.max_waiting_requests, settings.request_timeout_s, settings.retry_after_s)
+    limits = ServingLimits.for_engine(engine.config, settings.max_waiting_requests, settings.request_timeout_s,
+                                      settings.retry_after_s)
+    deadlines = Deadlines()
     tokenizer = await engine.get_tokenizer()
-    shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics)
+    shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
     chat = OpenAIServingChat(*shared)
-    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics)
+    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics, deadlines)
+
+
+# After the drain, how long the requests still running get to write their ending (an error
+# event and [DONE] for a stream, a 503 otherwise) before they are cancelled outright.
+END_GRACE_S = 5.0
 
 
 def run_server(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> None:
     """Serve until SIGINT/SIGTERM, then drain: stop accepting, let in-flight requests finish for
-    up to ``drain_timeout_s`` (the rest are cancelled, which aborts them), shut the engine down."""
+    up to ``drain_timeout_s``, end the rest cleanly (a stream gets an ``{"error": ...}`` event
+    and ``[DONE]``, a whole response a 503; their engine requests are aborted), shut the
+    engine down."""
     uvloop.run(_serve(build_app(engine_client, settings), settings))
 
 
@@ -193,19 +227,32 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
     # Signals are handled here rather than by aiohttp's run_app: a second SIGTERM while draining
     # (a process manager repeating itself) must not abort the shutdown half-way.
     runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=settings.drain_timeout_s)
+                           shutdown_timeout=settings.drain_timeout_s + END_GRACE_S)
     await runner.setup()  # enters the engine's lifetime: the port opens once the engine is ready
+    loop = asyncio.get_running_loop()
     try:
         site = web.TCPSite(runner, settings.host, settings.port)
         await site.start()
         logger.info("serving on %s", site.name)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _on_signal, stop, sig, settings.drain_timeout_s)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        # runner.cleanup stops accepting at once, then waits for the requests in flight; the end
+        # of the drain ends those still running.
+        end = loop.call_later(settings.drain_timeout_s, _end_drain, app)
+        try:
+            await runner.cleanup()
+        finally:
+            end.cancel()
+
+
+def _end_drain(app: web.Application) -> None:
+    serving = app.get(SERVING)
+    if serving is not None:
+        logger.info("drain timeout: ending the requests still running")
+        serving.deadlines.end_all()
 
 
 def _on_signal(stop: asyncio.Event, sig: signal.Signals, drain_timeout_s: float) -> None:

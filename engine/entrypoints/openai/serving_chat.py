@@ -8,7 +8,7 @@ the request, so a refused request still gets its 4xx instead of a stream.
 """
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from typing import AsyncIterator, Optional
 
 from aiohttp import web
@@ -18,37 +18,51 @@ from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                 ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
                                                 DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
                                                 random_id)
-from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response, merge_streams
+from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
+from engine.frontend.renderer import encode
 from engine.outputs import CompletionOutput, RequestOutput
 
 ROLE = "assistant"
 
 
 class OpenAIServingChat(OpenAIServing):
-    def render(self, body_messages, add_generation_prompt: bool = True,
-               chat_template_kwargs: Optional[dict] = None) -> tuple[str, list[int]]:
-        """The conversation as prompt text and its token ids (also used by /tokenize)."""
+    async def render(self, body_messages, add_generation_prompt: bool = True,
+                     chat_template_kwargs: Optional[dict] = None, must_fit: bool = True) -> tuple[str, list[int]]:
+        """The conversation as prompt text and its token ids (also used by /tokenize), rendered
+        and tokenized off the event loop unless it is short. ``must_fit``: text too long for the
+        context is refused before it is tokenized (/tokenize counts any length)."""
         conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
+        # The template's work grows with the text and with the number of messages.
+        size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
+        return await self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs,
+                                  must_fit)
+
+    def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
+                must_fit: bool) -> tuple[str, list[int]]:
+        processor = self.engine.input_processor
         try:
-            text = self.engine.input_processor.render_chat(conversation, add_generation_prompt=add_generation_prompt,
-                                                           chat_template_kwargs=chat_template_kwargs)
+            text = processor.render_chat(conversation, add_generation_prompt=add_generation_prompt,
+                                         chat_template_kwargs=chat_template_kwargs)
+            if must_fit:
+                processor.check_text_fits(text, param="messages")  # before the costly part: tokenizing
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
-        return text, self.tokenizer.encode(text, add_special_tokens=False)
+        return text, encode(self.tokenizer, text, add_special_tokens=False)
 
     async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), ChatCompletionRequest)
         model = self.check_model(body.model)
         params = body.to_sampling_params(self.model_defaults)
-        text, token_ids = self.render(body.messages, body.add_generation_prompt, body.chat_template_kwargs)
         request_id, created = random_id("chatcmpl"), now()
-        with self.admit(1) as started:
+        with self.admit(1, params.n) as started:
+            text, token_ids = await self.render(body.messages, body.add_generation_prompt,
+                                                body.chat_template_kwargs)
             stream = self.generate({"prompt_token_ids": token_ids, "prompt": text}, params, request_id, started)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream))
             final: Optional[RequestOutput] = None
-            async with asyncio.timeout_at(self.deadline()):
-                async for _, final in merge_streams([stream]):
+            async with contextlib.aclosing(stream), self.time_limit(self.deadline()):
+                async for final in stream:
                     pass
         choices = [ChatChoice(c.index, ChatResponseMessage(ROLE, c.text), self._logprobs(body, c),
                               c.finish_reason, c.stop_reason) for c in final.outputs]
@@ -60,21 +74,22 @@ class OpenAIServingChat(OpenAIServing):
                       stream: AsyncIterator[RequestOutput]) -> AsyncIterator[ChatCompletionChunk]:
         usage = UsageInfo()
         first = True
-        async for _, output in merge_streams([stream]):
-            if first:  # the engine accepted the request: open every choice with its role
-                first = False
-                usage.prompt_tokens = len(output.prompt_token_ids or ())
-                for index in range(body.n):
-                    yield ChatCompletionChunk(request_id, created, model,
-                                              [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))])
-            for c in output.outputs:
-                usage.completion_tokens += len(c.token_ids)
-                logprobs = self._logprobs(body, c)
-                if not c.text and logprobs is None and c.finish_reason is None:
-                    continue  # text held back (stop strings, partial UTF-8): nothing to say yet
-                delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
-                yield ChatCompletionChunk(request_id, created, model, [
-                    ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason)])
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                if first:  # the engine accepted the request: open every choice with its role
+                    first = False
+                    usage.prompt_tokens = len(output.prompt_token_ids or ())
+                    for index in range(body.n):
+                        yield ChatCompletionChunk(request_id, created, model,
+                                                  [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))])
+                for c in output.outputs:
+                    usage.completion_tokens += len(c.token_ids)
+                    logprobs = self._logprobs(body, c)
+                    if not c.text and logprobs is None and c.finish_reason is None:
+                        continue  # text held back (stop strings, partial UTF-8): nothing to say yet
+                    delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
+                    yield ChatCompletionChunk(request_id, created, model, [
+                        ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason)])
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield ChatCompletionChunk(request_id, created, model, [], usage=usage)

@@ -7,15 +7,15 @@ logprobs come first, the first prompt token having none.
 """
 from __future__ import annotations
 
-import asyncio
-from typing import AsyncIterator, Optional, Sequence, Union
+import contextlib
+from typing import AsyncIterator, Optional
 
 from aiohttp import web
 
 from engine.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
                                                 CompletionResponse, UsageInfo, decode_request, now,
                                                 random_id)
-from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response, merge_streams
+from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -26,14 +26,14 @@ class OpenAIServingCompletion(OpenAIServing):
         params = body.to_sampling_params(self.model_defaults)
         prompts = body.prompts()
         request_id, created = random_id("cmpl"), now()
-        with self.admit(len(prompts)) as started:
-            streams = [self.generate(p if isinstance(p, str) else {"prompt_token_ids": p}, params,
-                                     f"{request_id}-{i}", started) for i, p in enumerate(prompts)]
+        with self.admit(len(prompts), params.n) as started:
+            outputs = self.generate_all([p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
+                                        params, request_id, started)
             if body.stream:
-                return await self.sse_response(request, self._chunks(body, model, request_id, created, streams))
+                return await self.sse_response(request, self._chunks(body, model, request_id, created, outputs))
             finals: dict[int, RequestOutput] = {}
-            async with asyncio.timeout_at(self.deadline()):
-                async for i, output in merge_streams(streams):
+            async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
+                async for i, output in outputs:
                     finals[i] = output
         choices, usage = [], UsageInfo()
         for i in range(len(prompts)):
@@ -51,30 +51,31 @@ class OpenAIServingCompletion(OpenAIServing):
         return json_response(CompletionResponse(request_id, created, model, choices, usage=usage))
 
     async def _chunks(self, body: CompletionRequest, model: str, request_id: str, created: int,
-                      streams: Sequence[AsyncIterator[RequestOutput]]) -> AsyncIterator[CompletionResponse]:
+                      outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[CompletionResponse]:
         n = body.n
         seen: set[int] = set()  # prompts counted in usage
         echoed: set[int] = set()  # choices whose prompt has been echoed
         offsets: dict[int, int] = {}  # text_offset reached by each choice
         usage = UsageInfo()
-        async for i, output in merge_streams(streams):
-            if i not in seen:
-                seen.add(i)
-                usage.prompt_tokens += len(output.prompt_token_ids or ())
-            for completion in output.outputs:
-                index = i * n + completion.index
-                echo = body.echo and index not in echoed
-                if echo:
-                    echoed.add(index)
-                usage.completion_tokens += len(completion.token_ids)
-                text = (self._prompt_text(output) if echo else "") + completion.text
-                logprobs = self._logprobs(body, output, completion, echo=echo, offset=offsets.get(index, 0))
-                if logprobs is not None and logprobs.text_offset:
-                    offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-                if not text and logprobs is None and completion.finish_reason is None:
-                    continue  # text held back (stop strings, partial UTF-8): nothing to say yet
-                yield CompletionResponse(request_id, created, model, [CompletionChoice(
-                    index, text, logprobs, completion.finish_reason, completion.stop_reason)])
+        async with contextlib.aclosing(outputs):
+            async for i, output in outputs:
+                if i not in seen:
+                    seen.add(i)
+                    usage.prompt_tokens += len(output.prompt_token_ids or ())
+                for completion in output.outputs:
+                    index = i * n + completion.index
+                    echo = body.echo and index not in echoed
+                    if echo:
+                        echoed.add(index)
+                    usage.completion_tokens += len(completion.token_ids)
+                    text = (self._prompt_text(output) if echo else "") + completion.text
+                    logprobs = self._logprobs(body, output, completion, echo=echo, offset=offsets.get(index, 0))
+                    if logprobs is not None and logprobs.text_offset:
+                        offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                    if not text and logprobs is None and completion.finish_reason is None:
+                        continue  # text held back (stop strings, partial UTF-8): nothing to say yet
+                    yield CompletionResponse(request_id, created, model, [CompletionChoice(
+                        index, text, logprobs, completion.finish_reason, completion.stop_reason)])
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield CompletionResponse(request_id, created, model, [], usage=usage)

@@ -1,11 +1,15 @@
-"""What both generation endpoints share: the model check, overload control, the engine call
-(with its abort and metrics), the request timeout, and Server-Sent Events framing.
+"""What both generation endpoints share: the model check, admission (overload control), the
+engine call (with its abort and metrics), off-loop rendering, time limits, and Server-Sent
+Events framing.
 
 Cancellation is the one mechanism behind disconnects, timeouts and shutdown: aiohttp
-cancels the handler when its client goes away (``handler_cancellation``), a timeout cancels
-the work under it, and either way the engine stream is closed, which aborts its request
-in the core. Errors before the first byte of a stream get an ordinary HTTP status; after
-it, an ``{"error": ...}`` event followed by ``[DONE]``, so the client sees a clean end.
+cancels the handler when its client goes away (``handler_cancellation``), a time limit
+cancels the work under it, and either way the engine streams are closed, which aborts their
+requests in the core (all of one HTTP request's in one message). Every request's time limit
+is registered in ``Deadlines``, so the end of a SIGTERM drain is one more deadline: it
+fires them all at once. Errors before the first byte of a stream get an ordinary HTTP
+status; after it, an ``{"error": ...}`` event followed by ``[DONE]``, so the client sees a
+clean end, be it a timeout, a dead engine or the server going down.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -21,6 +25,7 @@ from aiohttp import web
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
+from engine.frontend.renderer import RendererBusyError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -32,11 +37,64 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
                 "X-Accel-Buffering": "no"}
 
 
+# A request may hold at most this many scheduler batches (max_num_seqs, over all data-parallel
+# ranks) of sequences (prompts x n): more could never run together and would hold the engine for
+# many batch lengths, so it is refused as a 400 (split it) rather than queued.
+SEQS_PER_REQUEST_IN_BATCHES = 8
+
+
 @dataclass(frozen=True)
 class ServingLimits:
-    max_waiting_requests: Optional[int]  # None: unbounded
+    max_waiting_requests: Optional[int]  # sequences (prompts x n) without a first output; None: unbounded
     request_timeout_s: Optional[float]  # None: no timeout
     retry_after_s: int
+    max_seqs_per_request: int  # prompts x n of one request; more is a 400
+
+    @classmethod
+    def for_engine(cls, config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float],
+                   retry_after_s: int) -> "ServingLimits":
+        """The limits of a server over the engine of ``config`` (an ``EngineConfig``)."""
+        batch = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
+        return cls(max_waiting_requests, request_timeout_s, retry_after_s,
+                             SEQS_PER_REQUEST_IN_BATCHES * batch)
+
+
+class Deadlines:
+    """The time limit of every request in flight, so that the end of a drain can end them all.
+
+    ``limit`` is ``asyncio.timeout_at`` that answers in OpenAI's shape: 504 when the request's
+    own timeout passes, 503 ``server_shutdown`` once ``end_all`` has fired it.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: set[asyncio.Timeout] = set()
+        self.ended = False
+
+    @contextlib.asynccontextmanager
+    async def limit(self, when: Optional[float]) -> AsyncIterator[None]:
+        scope = asyncio.timeout_at(0.0 if self.ended else when)
+        try:
+            async with scope:
+                self._scopes.add(scope)
+                try:
+                    yield
+                finally:
+                    self._scopes.discard(scope)
+        except TimeoutError:
+            if not scope.expired():  # not this limit's: some other TimeoutError from below
+                raise
+            if self.ended:
+                raise OpenAIError(503, "the server is shutting down", type="server_error",
+                                  code="server_shutdown") from None
+            raise OpenAIError(504, "the request took longer than the server's request timeout",
+                              type="server_error", code="timeout") from None
+
+    def end_all(self) -> None:
+        """Fire every limit now (and every later one at once): the drain is over."""
+        self.ended = True
+        now = asyncio.get_running_loop().time()
+        for scope in list(self._scopes):
+            scope.reschedule(now)
 
 
 def json_response(body: Any, status: int = 200, headers: Optional[dict[str, str]] = None) -> web.Response:
@@ -82,16 +140,17 @@ def _log_engine_death(exc: EngineDeadError) -> None:
 
 class OpenAIServing:
     def __init__(self, engine: Any, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
-                 limits: ServingLimits, metrics: ServerMetrics) -> None:
+                 limits: ServingLimits, metrics: ServerMetrics, deadlines: Deadlines) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_names = tuple(model_names)
         self.max_model_len = max_model_len
         self.limits = limits
         self.metrics = metrics
+        self.deadlines = deadlines
         # Sampling defaults from the model's generation config (vLLM's generation_config="auto").
         self.model_defaults = dict(engine.input_processor.default_params)
-        # Engine requests accepted but without a first output yet (queued or in prefill).
+        # Sequences (prompts x n) accepted but without a first output yet (queued or in prefill).
         self.num_waiting = 0
 
     def check_model(self, model: Optional[str]) -> str:
@@ -103,51 +162,84 @@ class OpenAIServing:
                               f"{', '.join(self.model_names)}", param="model", code="model_not_found")
         return model
 
-    @contextlib.contextmanager
-    def admit(self, count: int) -> Iterator[Callable[[], None]]:
-        """Hold ``count`` waiting slots for one HTTP request, or refuse it with 503 + Retry-After.
+    def overloaded(self, message: str) -> OpenAIError:
+        self.metrics.rejected.labels(self.model_names[0]).inc()
+        return OpenAIError(503, f"{message}; retry later", type="server_error", code="overloaded",
+                           headers={"Retry-After": str(self.limits.retry_after_s)})
 
-        Yields the callback that ``generate`` calls on each engine request's first output; slots
-        still held when the handler ends (errors, disconnects) are given back on exit. The check
-        and the reservation run without an await between them, so they cannot interleave.
+    @contextlib.contextmanager
+    def admit(self, num_prompts: int, n: int) -> Iterator[Callable[[], None]]:
+        """Hold a waiting slot for each of the ``num_prompts x n`` sequences of one HTTP request,
+        or refuse it before anything reaches the engine: 400 past ``max_seqs_per_request``, else
+        503 + Retry-After past the waiting limit.
+
+        Yields the callback that ``generate`` calls on each prompt's first output (its ``n``
+        slots are given back); slots still held when the handler ends (errors, disconnects)
+        are given back on exit. The check and the reservation run without an await between
+        them, so they cannot interleave.
         """
+        count = num_prompts * n
+        if count > self.limits.max_seqs_per_request:
+            raise OpenAIError(400, f"the request asks for {count} sequences ({num_prompts} prompts x n={n}); "
+                              f"this server takes at most {self.limits.max_seqs_per_request} in one request",
+                              param="n" if num_prompts == 1 else "prompt", code="too_many_sequences")
         limit = self.limits.max_waiting_requests
         if limit is not None and self.num_waiting + count > limit:
-            self.metrics.rejected.labels(self.model_names[0]).inc()
-            raise OpenAIError(503, f"the server is overloaded ({self.num_waiting} requests waiting, "
-                              f"limit {limit}); retry later", type="server_error", code="overloaded",
-                              headers={"Retry-After": str(self.limits.retry_after_s)})
+            raise self.overloaded(f"the server is overloaded ({self.num_waiting} sequences waiting, limit "
+                                  f"{limit}, this request {count})")
         held = count
         self.num_waiting += count
 
         def started() -> None:
             nonlocal held
-            held -= 1
-            self.num_waiting -= 1
+            held -= n
+            self.num_waiting -= n
 
         try:
             yield started
         finally:
             self.num_waiting -= held
 
+    async def offload(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine's renderer pool (tokenizing, chat templates, detokenizing)."""
+        try:
+            return await self.engine.renderer.run(size, fn, *args)
+        except RendererBusyError as exc:
+            raise self.overloaded(str(exc).removesuffix("; retry later")) from None
+
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
                        started: Callable[[], None]) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one admitted request. Closing this stream early (cancel,
         timeout, error) aborts the request in the core; a request refused by the core raises."""
         first = True
-        async with contextlib.aclosing(self.engine.generate(prompt, params, request_id)) as outputs:
-            async for output in outputs:
-                if first:
-                    first = False
-                    started()
-                if output.finished:
-                    self.metrics.observe_finished(output)
-                yield output
+        try:
+            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id)) as outputs:
+                async for output in outputs:
+                    if first:
+                        first = False
+                        started()
+                    if output.finished:
+                        self.metrics.observe_finished(output)
+                    yield output
+        except RendererBusyError as exc:
+            raise self.overloaded(str(exc).removesuffix("; retry later")) from None
+
+    def generate_all(self, prompts: Sequence[Any], params: SamplingParams, request_id: str,
+                     started: Callable[[], None]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Every prompt's outputs as ``(prompt index, output)``; leaving early aborts the
+        requests still running with one message to the core, not one per prompt."""
+        ids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        return merge_streams([self.generate(p, params, i, started) for p, i in zip(prompts, ids)],
+                             abort=lambda: self.engine.abort(ids))
 
     def deadline(self) -> Optional[float]:
-        """When a request arriving now must be done (loop time, for ``asyncio.timeout_at``)."""
+        """When a request arriving now must be done (loop time), or None: no timeout."""
         timeout = self.limits.request_timeout_s
         return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    def time_limit(self, deadline: Optional[float]) -> contextlib.AbstractAsyncContextManager[None]:
+        """Work under the request's ``deadline``, also ended by the end of a drain."""
+        return self.deadlines.limit(deadline)
 
     async def sse_response(self, request: web.Request, events: AsyncIterator[Any]) -> web.StreamResponse:
         """Stream ``events`` (msgspec structs) as ``data: {json}`` chunks, then ``data: [DONE]``.
@@ -157,12 +249,12 @@ class OpenAIServing:
         """
         deadline = self.deadline()
         async with contextlib.aclosing(events):
-            async with asyncio.timeout_at(deadline):
+            async with self.time_limit(deadline):
                 first = await anext(events, None)
             response = web.StreamResponse(headers=_SSE_HEADERS)
             await response.prepare(request)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with self.time_limit(deadline):
                     if first is not None:
                         await response.write(b"data: " + _encode(first) + b"\n\n")
                     async for event in events:
@@ -178,11 +270,13 @@ class OpenAIServing:
             return response
 
 
-async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge_streams(streams: Sequence[AsyncIterator[T]],
+                        abort: Optional[Callable[[], Awaitable[None]]] = None) -> AsyncIterator[tuple[int, T]]:
     """Interleave several streams as ``(stream index, item)`` in arrival order.
 
-    Each stream is drained by its own task; leaving early (error, cancellation) cancels them
-    all, which closes, and so aborts, every engine request still running.
+    Each stream is drained by its own task; leaving early (error, cancellation) first awaits
+    ``abort`` (which may end all the streams' engine requests at once), then cancels the
+    tasks, which closes, and so aborts, every engine request still running.
     """
     if len(streams) == 1:
         async with contextlib.aclosing(streams[0]) as only:
@@ -202,8 +296,8 @@ async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tu
             queue.put_nowait((index, None, exc))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
     try:
-        remaining = len(tasks)
         while remaining:
             index, item, exc = await queue.get()
             if exc is not None:
@@ -213,6 +307,8 @@ async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tu
             else:
                 yield index, item
     finally:
+        if remaining and abort is not None:
+            await abort()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

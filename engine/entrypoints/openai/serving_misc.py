@@ -18,6 +18,7 @@ from engine.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeRes
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_engine import json_response
 from engine.exceptions import EngineDeadError
+from engine.frontend.renderer import decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ class OpenAIServingMisc:
                                else list(range(parallel.data_parallel_size)))
 
     async def show_models(self, request: web.Request) -> web.Response:
-        root = self.engine.model_config.model
+        """Each served name, with the first as ``root`` (never the local path the model came from)."""
+        root = self.chat.model_names[0]
         return json_response(ModelList([ModelCard(name, self.created, self.chat.max_model_len, root=root)
                                         for name in self.chat.model_names]))
 
@@ -74,20 +76,22 @@ class OpenAIServingMisc:
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
         if body.messages is not None:
-            _, tokens = self.chat.render(body.messages, body.add_generation_prompt)
+            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False)
         else:
-            tokens = self.chat.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await self.chat.offload(len(body.prompt), encode, self.chat.tokenizer, body.prompt,
+                                             body.add_special_tokens)
         return json_response(TokenizeResponse(len(tokens), self.chat.max_model_len, tokens))
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = decode_request(await request.read(), DetokenizeRequest)
         self.chat.check_model(body.model)
         vocab = len(self.chat.tokenizer)
-        bad = next((t for t in body.tokens if t >= vocab), None)
-        if bad is not None:
+        bad = max(body.tokens, default=-1)
+        if bad >= vocab:
             raise OpenAIError(400, f"token id {bad} is out of the vocabulary [0, {vocab})", param="tokens",
                               code="invalid_value")
-        return json_response(DetokenizeResponse(self.chat.tokenizer.decode(body.tokens)))
+        text = await self.chat.offload(len(body.tokens), decode, self.chat.tokenizer, body.tokens)
+        return json_response(DetokenizeResponse(text))
 
     async def show_version(self, request: web.Request) -> web.Response:
         return json_response({"version": ringllm_version()})
