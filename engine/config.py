@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -72,6 +74,8 @@ class EngineArgs:
     renderer_num_workers: int = 1
     served_model_name: Optional[str] = None
     hf_overrides: Optional[dict] = None
+    # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
+    kv_transfer_config: Optional[KVTransferConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -146,6 +150,7 @@ class EngineConfig:
     ring_capacity: int
     disable_log_stats: bool
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
+    kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
 
 
 def _resolve_model(args: EngineArgs) -> tuple[str, str]:
@@ -273,6 +278,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
+    kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
 
     path, load_format = _resolve_model(args)
     hf_config = _load_hf_config(path, load_format, args)
@@ -328,7 +334,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                        data_parallel_external_lb=args.data_parallel_external_lb),
         compilation_config=compilation, device=device, num_threads=num_threads,
         transport=args.transport, ring_capacity=ring_capacity,
-        disable_log_stats=args.disable_log_stats, engine_args=args,
+        disable_log_stats=args.disable_log_stats, engine_args=args, kv_transfer_config=kv_transfer,
     )
 
 

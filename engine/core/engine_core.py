@@ -44,7 +44,8 @@ class EngineCore:
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
                 "raise kv_cache_memory or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len)
+        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
+                                   kv_connector=self.model_runner.kv_connector)
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",

@@ -58,6 +58,10 @@ ENGINE_ARG_HELP = {
     "renderer_num_workers": "Threads that tokenize prompts (1: on the event loop).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
+    "kv_transfer_config": "KV connector as a JSON object with vLLM's fields, e.g. "
+                          '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
+                          '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
+                          "(kv_role: kv_producer, kv_consumer or kv_both).",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 
@@ -94,7 +98,7 @@ def _flag_kwargs(hint: Any) -> dict[str, Any]:
         return {"choices": list(typing.get_args(hint))}
     if hint in (int, float, str):
         return {"type": hint}
-    if hint is dict:
+    if hint is dict or (dict in args and int not in args):  # a dict, or a config given as one
         return {"type": _json_object, "metavar": "JSON"}
     return {"type": _json_or_int, "metavar": "INT|JSON"}  # compilation_config
 
