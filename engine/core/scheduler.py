@@ -172,8 +172,10 @@ class Scheduler:
             req = self.waiting.peek()
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(req)
             # Blocks the connector can load after the local hits: allocated here, not computed.
-            num_external = (self.kv_connector.get_num_new_matched_tokens(req, num_hit_tokens, self.kv_cache.block_hashes)
-                            if self.kv_connector is not None else 0)
+            num_external = 0
+            if self.kv_connector is not None:
+                num_external = self.kv_connector.get_num_new_matched_tokens(req, num_hit_tokens,
+                                                                            self.kv_cache.block_hashes)
             n = req.num_tokens - num_hit_tokens - num_external
             if n > budget:
                 if not self.chunked_prefill:
