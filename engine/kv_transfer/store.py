@@ -8,9 +8,9 @@
 - Any failure to read (missing, truncated, corrupt, mismatched, unreadable) is a miss, and any
   failure to write (a full disk) is logged and skipped: the store never fails a request.
 - Size bound: least recently used entries (by mtime; a hit touches its file) are deleted when
-  the directory's entries exceed ``max_bytes``, down to 90% of it. Each writer rescans the
-  directory after writing a sixteenth of the bound, so with W writers the directory exceeds
-  the bound by at most about W/16 of it between scans.
+  the directory's entries exceed ``max_bytes``, down to 90% of it. Only writers evict: each
+  scans the directory at its first write and again after writing a sixteenth of the bound, so
+  with W writers the directory exceeds the bound by at most about W/16 of it between scans.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class BlockStore:
         self.entry_size = HEADER_SIZE + layout.payload_size
         self._suffix = f"-{layout.tag}{_SUFFIX}"
         self._written_since_scan = 0
-        self._bytes_at_scan = self.evict()
+        self._bytes_at_scan: Optional[int] = None  # scanned at the first save: readers never evict
         self._warned = False
 
     def entry_path(self, block_hash: bytes) -> str:
@@ -87,7 +87,7 @@ class BlockStore:
                 self._warned = True
             return
         self._written_since_scan += self.entry_size
-        if (self._bytes_at_scan + self._written_since_scan > self.max_bytes
+        if (self._bytes_at_scan is None or self._bytes_at_scan + self._written_since_scan > self.max_bytes
                 or self._written_since_scan * 16 > self.max_bytes):
             self._bytes_at_scan = self.evict()
 
