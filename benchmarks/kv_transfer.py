@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         shutil.rmtree(store, ignore_errors=True)
 
     columns = [Column("TTFT s", "ttft", "ttft_s", "{:.3f}"),
-               Column("speed-up vs cold", "ttft", "ttft_s", ratio_to="cold"),
+               Column("TTFT / cold", "ttft", "ttft_s", ratio_to="cold"),
                Column("cached tokens", "ttft", "cached_tokens", "{:.0f}")]
     print(bench.table(f"Time to first token, {a.prompt_tokens}-token prompt", columns) + "\n")
     speedup = 1 / bench.ratio("ttft", "ttft_s", "loaded (consumer)", "cold")

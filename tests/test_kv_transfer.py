@@ -273,6 +273,9 @@ def test_kv_both_engines_share_prefixes_while_both_run(tiny_model_dir, tmp_path)
         again = first.generate(PROMPTS[2:], GREEDY, use_tqdm=False)  # computed and saved by the second
         assert again[0].num_cached_tokens == full_blocks(b[1])
         assert_same_outputs(again, b[1:])
+        # Prompt logprobs need every prompt position computed: nothing is loaded for them.
+        scored = second.generate(PROMPTS[:1], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+        assert scored.num_cached_tokens == 0 and len(scored.prompt_logprobs) == len(a[0].prompt_token_ids)
     finally:
         first.shutdown()
         second.shutdown()

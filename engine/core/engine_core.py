@@ -45,7 +45,7 @@ class EngineCore:
                 "raise kv_cache_memory or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
-                                   kv_connector=self.model_runner.kv_connector)
+                                   kv_connector=getattr(self.model_runner, "kv_connector", None))
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
