@@ -244,8 +244,6 @@ def test_a_corrupted_entry_ends_the_loaded_run_and_the_rest_is_computed(tiny_mod
 def test_entries_of_another_model_or_block_size_are_ignored(tiny_model_dir, produced, store_copy):
     other_seed = run(tiny_model_dir, store_copy, "kv_consumer", seed=1)  # other dummy weights
     assert [o.num_cached_tokens for o in other_seed] == [0, 0, 0]
-    alone = run(tiny_model_dir, store_copy, "kv_producer", seed=1, prompts=PROMPTS[:1])
-    assert_same_outputs(other_seed[:1], alone)  # computed, not loaded
     bigger_blocks = run(tiny_model_dir, store_copy, "kv_consumer", block_size=32)
     assert [o.num_cached_tokens for o in bigger_blocks] == [0, 0, 0]
 
