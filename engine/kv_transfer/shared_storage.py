@@ -57,7 +57,9 @@ class SharedStorageConnector:
         self.block_size = layout.block_size
         self.is_producer = config.is_kv_producer
         self.is_consumer = config.is_kv_consumer
-        self._pending: dict[str, tuple[int, list[memoryview]]] = {}  # req id -> (first block, payloads)
+        # Entries read for the request at the head of the waiting queue, kept while it waits for
+        # room (request id, first block, payloads): one request's worth at most.
+        self._pending: Optional[tuple[str, int, list[memoryview]]] = None
         self._loads: list[tuple[int, memoryview]] = []
         logger.info("KV connector: SharedStorageConnector, %s, %s (bound %.0f MiB)", config.kv_role, path,
                     max_bytes / 2**20)
@@ -70,8 +72,7 @@ class SharedStorageConnector:
             return 0
         bs = self.block_size
         first = num_computed_tokens // bs
-        pending = self._pending.get(request.request_id)
-        if pending is None or pending[0] != first:
+        if self._pending is None or self._pending[:2] != (request.request_id, first):
             max_blocks = (request.num_tokens - 1) // bs
             payloads = []
             for block_hash in block_hashes(request, max_blocks * bs)[first:max_blocks]:
@@ -79,16 +80,17 @@ class SharedStorageConnector:
                 if payload is None:
                     break
                 payloads.append(payload)
-            pending = self._pending[request.request_id] = (first, payloads)
-        return len(pending[1]) * bs
+            self._pending = (request.request_id, first, payloads)
+        return len(self._pending[2]) * bs
 
     def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """The request was admitted with ``num_external_tokens`` from the store: its blocks are
         allocated, so the loads can be queued for this step."""
-        first, payloads = self._pending.pop(request.request_id, (0, []))
         if num_external_tokens:
+            _, first, payloads = self._pending
             count = num_external_tokens // self.block_size
             self._loads.extend(zip(request.block_ids[first:first + count], payloads[:count]))
+        self._pending = None
 
     def build_connector_meta(self, requests: list, num_scheduled_tokens: list[int],
                              block_hashes: BlockHashes) -> Optional[KVConnectorMetadata]:
@@ -106,7 +108,8 @@ class SharedStorageConnector:
         return meta if meta.loads or meta.saves else None
 
     def request_finished(self, request: Any) -> None:
-        self._pending.pop(request.request_id, None)
+        if self._pending is not None and self._pending[0] == request.request_id:
+            self._pending = None
 
     # ------------------------------------------------------------------ worker side
     def start_load_kv(self, kv_caches: torch.Tensor, meta: KVConnectorMetadata) -> None:
