@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -75,6 +77,8 @@ class EngineArgs:
     # The EngineCore's model runner: "auto" (ModelRunner), a ModelRunner subclass, or its
     # qualified name "module.Class" (see _worker_cls_name).
     worker_cls: Union[str, type] = "auto"
+    # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
+    kv_transfer_config: Optional[KVTransferConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -150,6 +154,7 @@ class EngineConfig:
     disable_log_stats: bool
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
     worker_cls: str = "auto"  # "auto" or the qualified name of a ModelRunner subclass
+    kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
 
 
 def _resolve_model(args: EngineArgs) -> tuple[str, str]:
@@ -303,6 +308,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
     worker_cls = _worker_cls_name(args.worker_cls)
+    kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
 
     path, load_format = _resolve_model(args)
     hf_config = _load_hf_config(path, load_format, args)
@@ -359,6 +365,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         compilation_config=compilation, device=device, num_threads=num_threads,
         transport=args.transport, ring_capacity=ring_capacity,
         disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=worker_cls,
+        kv_transfer_config=kv_transfer,
     )
 
 

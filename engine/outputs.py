@@ -57,7 +57,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: Optional[RequestStateStats] = None
-    num_cached_tokens: Optional[int] = None  # prompt tokens served from the prefix cache
+    num_cached_tokens: Optional[int] = None  # prompt tokens not computed: prefix cache or KV connector
     # ringllm: why the engine refused the request (finish_reason "error"); None otherwise.
     error: Optional[str] = None
     # ringllm: with error set, the engine failed running the request (its fault, not a refusal).

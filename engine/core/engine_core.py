@@ -53,7 +53,8 @@ class EngineCore:
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
                 "raise kv_cache_memory or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len)
+        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
+                                   kv_connector=getattr(self.model_runner, "kv_connector", None))
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive

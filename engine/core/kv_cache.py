@@ -115,7 +115,7 @@ class KVCacheManager:
         model must run on the last token to sample the next one. Nothing is reserved yet."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed
-        hashes = self._block_hashes(request, request.num_tokens)
+        hashes = self.block_hashes(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
         for block_hash in hashes[:max_blocks]:
@@ -159,7 +159,7 @@ class KVCacheManager:
         start = self._num_registered.get(req_id, 0)
         if num_full <= start:
             return
-        hashes = self._block_hashes(request, num_full * self.block_size)
+        hashes = self.block_hashes(request, num_full * self.block_size)
         cached = self.cached
         for i in range(start, num_full):
             block = self.blocks[request.block_ids[i]]
@@ -204,7 +204,7 @@ class KVCacheManager:
         block.ref_cnt = 1
         return block
 
-    def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+    def block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
         """Digests of the full blocks among the first ``num_tokens`` tokens, extended lazily."""
         hashes = request.block_hashes
         bs = self.block_size

@@ -65,7 +65,9 @@ class Request:
         self.block_ids: list[int] = []  # the block table, in position order
         # Prefix-cache digests of the full blocks of all_token_ids (see kv_cache.py), filled lazily.
         self.block_hashes: list[bytes] = []
-        self.num_cached_tokens = -1  # prefix-cache hits at first scheduling; -1 = not yet scheduled
+        # Prompt tokens not computed at first scheduling (prefix-cache hits and KV loaded by a
+        # connector); -1 = not yet scheduled.
+        self.num_cached_tokens = -1
         self.stop_reason: Optional[int] = None
         self.num_preemptions = 0
         # Prompt-logprob rows already sent: a preempted request recomputes its prompt, and

@@ -15,6 +15,7 @@ Contract (stated once, here):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from engine.core.request import Request
 from engine.protocol import LogprobsLists
@@ -29,6 +30,9 @@ class SchedulerOutput:
     # whatever per-request state it keeps for them (a preempted one comes back from scratch)
     # *before* setting up this batch, where the same id may already be back as a new request.
     finished_req_ids: set[str] = field(default_factory=set)
+    # The KV connector's loads (into the paged cache, before the forward pass) and saves (after
+    # it) for this step: engine/kv_transfer/shared_storage.py KVConnectorMetadata, or None.
+    kv_connector_metadata: Optional[Any] = None
 
     @property
     def is_empty(self) -> bool:

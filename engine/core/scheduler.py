@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
@@ -94,7 +94,8 @@ class PriorityQueue:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 kv_connector: Optional[Any] = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
@@ -102,6 +103,8 @@ class Scheduler:
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
+        # Loads prompt blocks from, and saves them to, other engines (engine/kv_transfer/); or None.
+        self.kv_connector = kv_connector
         self.waiting = PriorityQueue() if self.priority else FCFSQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -168,7 +171,12 @@ class Scheduler:
                and len(self.running) < self.max_num_seqs):
             req = self.waiting.peek()
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(req)
-            n = req.num_tokens - num_hit_tokens
+            # Blocks the connector can load after the local hits: allocated here, not computed.
+            num_external = 0
+            if self.kv_connector is not None:
+                num_external = self.kv_connector.get_num_new_matched_tokens(req, num_hit_tokens,
+                                                                            self.kv_cache.block_hashes)
+            n = req.num_tokens - num_hit_tokens - num_external
             if n > budget:
                 if not self.chunked_prefill:
                     break
@@ -178,12 +186,14 @@ class Scheduler:
                     n = prefill_left
                 elif not first_prompt:
                     break
-            if not self.kv_cache.allocate_slots(req, n, hits):
+            if not self.kv_cache.allocate_slots(req, n + num_external, hits):
                 break
             self.waiting.pop()
-            req.num_computed_tokens = num_hit_tokens
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit_tokens
+            req.num_computed_tokens = num_hit_tokens + num_external
+            if self.kv_connector is not None:
+                self.kv_connector.update_state_after_alloc(req, num_external)
+            if req.num_cached_tokens < 0:  # prompt tokens not computed: local hits and loaded ones
+                req.num_cached_tokens = num_hit_tokens + num_external
             self._step_queries += req.num_tokens
             self._step_hits += num_hit_tokens
             req.status = RequestStatus.RUNNING
@@ -200,6 +210,9 @@ class Scheduler:
         self._step_tokens = out.total_num_scheduled_tokens
         if batch:  # a runner that is not called cannot drop state; keep the ids for later
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
+            if self.kv_connector is not None:
+                out.kv_connector_metadata = self.kv_connector.build_connector_meta(
+                    batch, num_tokens, self.kv_cache.block_hashes)
         return out
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -330,5 +343,7 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         self.kv_cache.free(req)
+        if self.kv_connector is not None:
+            self.kv_connector.request_finished(req)
         del self.requests[req.request_id]
         self.finished_req_ids.add(req.request_id)

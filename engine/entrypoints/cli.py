@@ -24,6 +24,8 @@ BENCH_SCENARIOS = {
     "engine-overhead": ("benchmarks.engine_overhead", "engine overhead per step, ring vs zmq"),
     "offline": ("benchmarks.offline", "offline batch throughput with LLM.generate"),
     "serving": ("benchmarks.serving", "the OpenAI server under concurrent streams"),
+    "kv-transfer": ("benchmarks.kv_transfer", "time to first token of a long prompt, computed vs loaded "
+                                              "through the SharedStorageConnector"),
 }
 
 

@@ -61,6 +61,10 @@ ENGINE_ARG_HELP = {
     "hf_overrides": "JSON object of HF config fields to override.",
     "worker_cls": "The EngineCore's model runner: auto, or the qualified name (module.Class) of a "
                   "ModelRunner subclass.",
+    "kv_transfer_config": "KV connector as a JSON object with vLLM's fields, e.g. "
+                          '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
+                          '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
+                          "(kv_role: kv_producer, kv_consumer or kv_both).",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 
@@ -99,7 +103,7 @@ def _flag_kwargs(hint: Any) -> dict[str, Any]:
         return {"type": hint}
     if str in args:  # a name on the command line, an object in Python (worker_cls)
         return {"type": str}
-    if hint is dict:
+    if hint is dict or (dict in args and int not in args):  # a dict, or a config given as one
         return {"type": _json_object, "metavar": "JSON"}
     return {"type": _json_or_int, "metavar": "INT|JSON"}  # compilation_config
 

@@ -29,7 +29,8 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
     where the whole 2048-token budget is prefilled in milliseconds."""
     engine_args = engine_args_from(args, AsyncEngineArgs)
-    if engine_args.max_num_prefill_tokens is None and resolve_device(engine_args.device) == "cpu":
+    on_cpu = engine_args.device != "cuda" and resolve_device(engine_args.device) == "cpu"
+    if engine_args.max_num_prefill_tokens is None and on_cpu:
         engine_args.max_num_prefill_tokens = SERVE_CPU_MAX_NUM_PREFILL_TOKENS
     return engine_args
 

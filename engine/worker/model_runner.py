@@ -27,6 +27,7 @@ from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.kernels import paged_attention
+from engine.kv_transfer import make_kv_connector
 from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
@@ -72,6 +73,7 @@ class ModelRunner:
                                                       self.model.head_dim)
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
+        self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
         self._states: dict[str, _RequestState] = {}
         if config.compilation_config.mode >= 1:
             self.model.compile()
@@ -134,7 +136,12 @@ class ModelRunner:
         if not so.requests:
             return ModelRunnerOutput()
         batch = self._prepare(so)
+        kv_meta = so.kv_connector_metadata
+        if kv_meta is not None:
+            self.kv_connector.start_load_kv(self.kv_caches, kv_meta)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        if kv_meta is not None:
+            self.kv_connector.save_kv(self.kv_caches, kv_meta)
         out = ModelRunnerOutput()
         if batch.sampled:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))

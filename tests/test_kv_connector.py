@@ -1,0 +1,192 @@
+"""The SharedStorageConnector without a model: the entry store never hands out a bad entry and
+keeps its size bound, and the scheduler's side saves and loads exactly the right blocks (an
+emulated runner writes each token's KV as a function of its token and position)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from core_utils import fake_runner_output, make_request
+from engine.config import KVTransferConfig, SchedulerConfig
+from engine.core.kv_cache import KVCacheManager, hash_block
+from engine.core.request import RequestStatus
+from engine.core.scheduler import Scheduler
+from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout
+from engine.kv_transfer.shared_storage import SharedStorageConnector
+from engine.kv_transfer.store import BlockStore
+from test_kv_transfer import kv_config
+
+
+# ---------------------------------------------------------------- the store, entry by entry
+LAYOUT = EntryLayout(model_id="m", dtype="float32", block_size=4, num_layers=2, num_kv_heads=1, head_dim=8)
+
+
+def payload(i: int) -> memoryview:
+    return memoryview(bytes([i % 251]) * LAYOUT.payload_size)
+
+
+def digest(i: int) -> bytes:
+    return hash_block(b"", [i] * 4)
+
+
+def test_an_entry_round_trips_through_a_temporary_file_and_a_rename(tmp_path):
+    store = BlockStore(str(tmp_path), LAYOUT, max_bytes=1 << 20)
+    assert store.load(digest(1)) is None and not store.contains(digest(1))
+    store.save(digest(1), payload(1))
+    assert bytes(store.load(digest(1))) == bytes(payload(1))
+    assert os.listdir(tmp_path) == [os.path.basename(store.entry_path(digest(1)))]  # no temporary file left
+    assert os.path.getsize(store.entry_path(digest(1))) == HEADER_SIZE + LAYOUT.payload_size
+    assert store.load(digest(2)) is None
+
+
+@pytest.mark.parametrize("damage", ["flip_payload", "flip_header", "truncate", "append", "empty"])
+def test_a_damaged_entry_is_a_miss(tmp_path, damage):
+    store = BlockStore(str(tmp_path), LAYOUT, max_bytes=1 << 20)
+    store.save(digest(1), payload(1))
+    path = store.entry_path(digest(1))
+    data = bytearray(open(path, "rb").read())
+    if damage == "flip_payload":
+        data[-1] ^= 1
+    elif damage == "flip_header":
+        data[60] ^= 1  # block_size
+    elif damage == "truncate":
+        del data[-1]
+    elif damage == "append":
+        data.append(0)
+    else:
+        data.clear()
+    open(path, "wb").write(data)
+    assert store.load(digest(1)) is None
+
+
+@pytest.mark.parametrize("change", [dict(model_id="other"), dict(dtype="bfloat16", head_dim=16),
+                                    dict(block_size=8, num_layers=1), dict(num_kv_heads=2, head_dim=4)])
+def test_an_entry_written_for_another_model_or_geometry_is_a_miss_even_under_the_right_name(tmp_path, change):
+    other = EntryLayout(**{**LAYOUT.__dict__, **change})
+    assert other.payload_size == LAYOUT.payload_size  # so that only the header can tell them apart
+    writer = BlockStore(str(tmp_path), other, max_bytes=1 << 20)
+    writer.save(digest(1), memoryview(bytes(other.payload_size)))
+    reader = BlockStore(str(tmp_path), LAYOUT, max_bytes=1 << 20)
+    assert reader.load(digest(1)) is None  # a different name: the layouts share the directory
+    os.rename(writer.entry_path(digest(1)), reader.entry_path(digest(1)))
+    assert reader.load(digest(1)) is None  # and the header is checked, whatever the name
+    writer.save(digest(2), memoryview(bytes(other.payload_size)))
+    os.rename(writer.entry_path(digest(2)), writer.entry_path(digest(1)))
+    assert reader.load(digest(1)) is None and writer.load(digest(1)) is None  # the wrong block
+
+
+def test_the_size_bound_evicts_the_least_recently_used_entries(tmp_path):
+    entry = HEADER_SIZE + LAYOUT.payload_size
+    store = BlockStore(str(tmp_path), LAYOUT, max_bytes=4 * entry + entry // 2)
+    for i in range(4):
+        store.save(digest(i), payload(i))
+        os.utime(store.entry_path(digest(i)), (1000 + i, 1000 + i))  # an explicit order of use
+    assert store.load(digest(0)) is not None  # a hit makes entry 0 the most recently used
+    (tmp_path / ".tmp-dead.kv").write_bytes(b"x")  # left by a killed writer long ago
+    os.utime(tmp_path / ".tmp-dead.kv", (1000, 1000))
+    (tmp_path / "notes.txt").write_text("not an entry")
+    store.save(digest(4), payload(4))  # 5 entries > 4.5: evict down to 90% of the bound
+    left = {i for i in range(5) if store.contains(digest(i))}
+    assert left == {0, 2, 3, 4}  # 4 entries: within 90% of the bound
+    assert (tmp_path / "notes.txt").exists() and not (tmp_path / ".tmp-dead.kv").exists()
+    assert all(bytes(store.load(digest(i))) == bytes(payload(i)) for i in left)
+
+
+# ---------------------------------------------------------------- the scheduler's side, no model
+SMALL = EntryLayout(model_id="m", dtype="float32", block_size=4, num_layers=2, num_kv_heads=1, head_dim=4)
+
+
+def connector(path, role: str):
+    return SharedStorageConnector(KVTransferConfig(**kv_config(path, role)), SMALL)
+
+
+def scheduler_with(conn, num_blocks: int = 64, budget: int = 64, caching: bool = True):
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, enable_chunked_prefill=True, policy="fcfs")
+    return Scheduler(config, KVCacheManager(num_blocks, 4, caching), 256, kv_connector=conn)
+
+
+def emulated_step(scheduler, kv):
+    """The runner's part of a step without a model: load, write each computed token's KV as
+    (its token id, its position) into every layer, save, sample token 7. Returns the step's
+    SchedulerOutput and its block tables (a finished request's blocks are freed after)."""
+    sched = scheduler.schedule()
+    tables = {req.request_id: list(req.block_ids) for req in sched.requests}
+    meta = sched.kv_connector_metadata
+    if meta is not None:
+        scheduler.kv_connector.start_load_kv(kv, meta)
+    for req, n in zip(sched.requests, sched.num_scheduled_tokens):
+        for p in range(req.num_computed_tokens, req.num_computed_tokens + n):
+            kv[:, req.block_ids[p // 4], p % 4] = float(req.all_token_ids[p] * 1000 + p)
+    if meta is not None:
+        scheduler.kv_connector.save_kv(kv, meta)
+    scheduler.update_from_output(sched, fake_runner_output(sched))
+    return sched, tables
+
+
+def expected_kv(req, num_tokens: int):
+    return torch.tensor([float(t * 1000 + p) for p, t in enumerate(req.all_token_ids[:num_tokens])])
+
+
+def test_a_producer_saves_each_prompt_block_once_as_chunks_complete_it(tmp_path):
+
+    producer = scheduler_with(connector(tmp_path, "kv_producer"), budget=6)  # chunks of 6 tokens
+    kv = torch.zeros(2, 64, 4, 8)
+    req = make_request("a", list(range(100, 118)), max_tokens=3)  # 18 tokens: 4 full blocks
+    producer.add_request(req)
+    saved = []
+    while producer.has_unfinished_requests():
+        sched, tables = emulated_step(producer, kv)
+        meta = sched.kv_connector_metadata
+        saved += [tables["a"].index(b) for b, _ in meta.saves] if meta else []
+    assert saved == [0, 1, 2, 3]  # in order, once each, and no block holding output tokens
+    assert len(os.listdir(tmp_path)) == 4
+
+    consumer = scheduler_with(connector(tmp_path, "kv_consumer"))
+    kv2 = torch.zeros(2, 64, 4, 8)
+    consumer.add_request(make_request("local", list(range(100, 109)), max_tokens=1))  # blocks 0-1, cached here
+    consumer.add_request(make_request("other", list(range(900, 909)), max_tokens=1))  # so block ids differ
+    emulated_step(consumer, kv2)
+    twin = make_request("b", list(range(100, 118)), max_tokens=1)
+    consumer.add_request(twin)
+    sched, tables = emulated_step(consumer, kv2)
+    assert sched.num_scheduled_tokens == [2] and twin.num_cached_tokens == 16  # 8 local + 8 loaded
+    assert consumer.make_stats().prefix_cache_hits == 8
+    got = kv2[0, torch.tensor(tables["b"])].reshape(-1, 8)[:18, 0]
+    assert torch.equal(got, expected_kv(twin, 18))  # local blocks 0-1, loaded 2-3, computed tokens 16-17
+
+
+def test_a_consumer_request_waiting_for_blocks_is_loaded_when_admitted_and_forgotten_when_aborted(tmp_path):
+
+    producer = scheduler_with(connector(tmp_path, "kv_producer"))
+    producer.add_request(make_request("p", list(range(200, 217)), max_tokens=1))  # 17 tokens: 4 blocks saved
+    emulated_step(producer, torch.zeros(2, 64, 4, 8))
+
+    conn = connector(tmp_path, "kv_consumer")
+    consumer = scheduler_with(conn, num_blocks=7, caching=False)  # only the connector saves work here
+    kv = torch.zeros(2, 7, 4, 8)
+    hog = make_request("hog", list(range(300, 312)), max_tokens=4)  # 3 blocks, then a 4th to decode
+    wanted = make_request("w", list(range(200, 217)), max_tokens=1)  # needs 5 blocks, 4 of them loaded
+    consumer.add_request(hog)
+    consumer.add_request(wanted)
+    emulated_step(consumer, kv)
+    assert wanted.status is RequestStatus.WAITING  # no room: its entries wait with it (read once)
+    while wanted.status is RequestStatus.WAITING:
+        sched, tables = emulated_step(consumer, kv)
+    assert wanted.num_cached_tokens == 16 and sched.num_scheduled_tokens[-1] == 1
+    assert torch.equal(kv[1, torch.tensor(tables["w"])].reshape(-1, 8)[:17, 3], expected_kv(wanted, 17))
+
+    late = make_request("late", list(range(200, 217)) + [5], max_tokens=1)
+    consumer.add_request(make_request("hog2", list(range(400, 416)), max_tokens=4))  # up to 5 of 7 blocks
+    consumer.add_request(late)
+    emulated_step(consumer, kv)
+    assert late.status is RequestStatus.WAITING  # its entries are read and held
+    consumer.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)
+    for name in os.listdir(tmp_path):
+        os.unlink(tmp_path / name)
+    again = make_request("late", list(range(200, 217)) + [5], max_tokens=1)  # the id reused
+    consumer.add_request(again)
+    while again.status is RequestStatus.WAITING:
+        emulated_step(consumer, kv)
+    assert again.num_cached_tokens == 0  # what was read for the aborted request went with it

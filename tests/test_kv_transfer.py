@@ -1,0 +1,220 @@
+"""kv_transfer_config and the SharedStorageConnector end to end: the config refuses bad values
+before any process starts, and two engines (each an LLM with its EngineCore process) share prompt
+KV through a directory with the same results (the store and the scheduler's side, without a
+model: test_kv_connector.py).
+
+The tiny dummy-weight model echoes its input token whatever the KV holds, so equal tokens alone
+would not show that the loaded KV is right: the outputs' logprobs are compared too (zeroed KV
+moves them by ~0.02; loaded KV matches computed KV to ~1e-6)."""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+
+import msgspec
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import AsyncEngineArgs, EngineArgs, KVTransferConfig
+from engine.core.kv_cache import hash_block
+from engine.entrypoints.cli_args import add_engine_args, engine_args_from
+from engine.kv_transfer.entry import HEADER_SIZE
+
+TINY = dict(load_format="dummy", dtype="float32", max_model_len=1024, kv_cache_memory=16 << 20, num_threads=1,
+            seed=0)
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+# Long prompts with no common prefix (so that no entry is shared between them): ~370 to ~760 tokens.
+PROMPTS = [f"Inventory {k}: " + " ".join(f"item {i} weighs {i * 7 % 13} kg and costs {i * 11 % 17} euros."
+                                        for i in range(n)) for k, n in enumerate((30, 45, 61))]
+
+
+def kv_config(path, role: str, **extra) -> dict:
+    return {"kv_connector": "SharedStorageConnector", "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(path), **extra}}
+
+
+def run(model: str, path, role: str, prompts=PROMPTS, **overrides):
+    """Generate in a fresh LLM (and so a fresh EngineCore process) that is shut down after."""
+    extra = overrides.pop("extra", {})
+    llm = LLM(model=model, kv_transfer_config=kv_config(path, role, **extra), **{**TINY, **overrides})
+    try:
+        return llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+
+
+def assert_same_outputs(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs, strict=True):
+            assert lp_g.keys() == lp_w.keys()
+            for tok in lp_g:
+                assert lp_g[tok].logprob == pytest.approx(lp_w[tok].logprob, abs=1e-4)
+
+
+def full_blocks(output) -> int:
+    """Prompt tokens a consumer can load: whole blocks, leaving at least one token to compute."""
+    return (len(output.prompt_token_ids) - 1) // BLOCK * BLOCK
+
+
+def entry_files(path, output) -> list[str]:
+    """The store's file for each full prompt block of ``output``, in block order."""
+    ids, digest, files = output.prompt_token_ids, b"", []
+    for i in range(len(ids) // BLOCK):
+        digest = hash_block(digest, ids[i * BLOCK:(i + 1) * BLOCK])
+        files.append(glob.glob(os.path.join(path, digest.hex() + "-*.kv")))
+    return files
+
+
+@pytest.fixture(scope="module")
+def produced(tiny_model_dir, tmp_path_factory):
+    """A store written by a producer, with the producer's (computed) outputs."""
+    path = tmp_path_factory.mktemp("kv-produced")
+    return path, run(tiny_model_dir, path, "kv_producer")
+
+
+@pytest.fixture
+def store_copy(produced, tmp_path):
+    path = tmp_path / "kv"
+    shutil.copytree(produced[0], path)
+    return path
+
+
+# ---------------------------------------------------------------- the config
+@pytest.mark.parametrize("config, field, cause", [
+    ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector", msgspec.ValidationError),
+    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_server"}, "kv_role", msgspec.ValidationError),
+    ({"kv_connector": "SharedStorageConnector", "kv_role": 1}, "kv_role", msgspec.ValidationError),
+    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_both"}, "shared_storage_path", msgspec.ValidationError),
+    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", "kv_connector_extra_config": []},
+     "kv_connector_extra_config", msgspec.ValidationError),
+    (kv_config("{tmp}/x", "kv_both", max_bytes="1G"), "max_bytes", msgspec.ValidationError),
+    ({**kv_config("{tmp}/x", "kv_both"), "kv_ip": "127.0.0.1"}, "kv_ip", msgspec.ValidationError),
+    (kv_config("{tmp}/file", "kv_producer"), "shared_storage_path", OSError),
+    ("SharedStorageConnector", "kv_transfer_config", msgspec.ValidationError),
+])
+def test_invalid_config_is_a_value_error_naming_the_field_before_any_process_starts(
+        tiny_model_dir, tmp_path, monkeypatch, config, field, cause):
+    (tmp_path / "file").write_text("not a directory")
+    config = msgspec.json.decode(msgspec.json.encode(config).replace(b"{tmp}", str(tmp_path).encode()))
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started for an invalid config")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    with pytest.raises(ValueError, match=field) as err:
+        LLM(model=tiny_model_dir, kv_transfer_config=config, **TINY)
+    assert isinstance(err.value.__cause__, cause)
+    with pytest.raises(ValueError, match=field):
+        AsyncEngineArgs(model=tiny_model_dir, kv_transfer_config=config, **TINY).create_engine_config()
+
+
+def test_a_kv_transfer_config_object_is_checked_like_a_dict(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="kv_role"):
+        KVTransferConfig(kv_connector="SharedStorageConnector", kv_role="kv_server")
+    with pytest.raises(ValueError, match="kv_role") as err:  # no type check at construction: done later
+        EngineArgs(model=tiny_model_dir, kv_transfer_config=KVTransferConfig(kv_role=3), **TINY).create_engine_config()
+    assert isinstance(err.value.__cause__, msgspec.ValidationError)
+    obj = KVTransferConfig(kv_connector="SharedStorageConnector", kv_role="kv_consumer",
+                           kv_connector_extra_config={"shared_storage_path": str(tmp_path / "new" / "dir")})
+    config = EngineArgs(model=tiny_model_dir, kv_transfer_config=obj, **TINY).create_engine_config()
+    assert config.kv_transfer_config == obj and config.kv_transfer_config.is_kv_consumer
+    assert os.path.isdir(tmp_path / "new" / "dir")  # created, so that a producer can write at once
+    assert EngineArgs(model=tiny_model_dir, **TINY).create_engine_config().kv_transfer_config is None
+
+
+def test_serve_flag_takes_the_config_as_json(tiny_model_dir, tmp_path):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_engine_args(parser, AsyncEngineArgs)
+    text = msgspec.json.encode(kv_config(tmp_path, "kv_producer")).decode()
+    args = engine_args_from(parser.parse_args(["--model", tiny_model_dir, "--kv-transfer-config", text]))
+    assert args.kv_transfer_config == kv_config(tmp_path, "kv_producer")
+    assert args.create_engine_config().kv_transfer_config.is_kv_producer
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parser.parse_args(["--kv-transfer-config", "SharedStorageConnector"])
+
+
+# ---------------------------------------------------------------- two engines, one directory
+def test_a_consumer_loads_every_full_prompt_block_and_gives_the_producers_outputs(tiny_model_dir, produced,
+                                                                                  store_copy):
+    path, cold = produced
+    assert [o.num_cached_tokens for o in cold] == [0, 0, 0]
+    assert all(len(o.prompt_token_ids) > 350 for o in cold)
+    assert all(all(len(f) == 1 for f in entry_files(path, o)) for o in cold)  # every full prompt block saved
+    warm = run(tiny_model_dir, store_copy, "kv_consumer")
+    assert [o.num_cached_tokens for o in warm] == [full_blocks(o) for o in cold]
+    assert_same_outputs(warm, cold)
+    assert sorted(os.listdir(store_copy)) == sorted(os.listdir(path))  # a consumer writes nothing
+
+
+def test_a_corrupted_entry_ends_the_loaded_run_and_the_rest_is_computed(tiny_model_dir, produced, store_copy):
+    _, cold = produced
+    for k, out in enumerate(cold):  # prompt k: damage block 3 (k=0), block 0 (k=1), the last block (k=2)
+        files = entry_files(store_copy, out)
+        victim = {0: 3, 1: 0, 2: full_blocks(out) // BLOCK - 1}[k]
+        with open(files[victim][0], "r+b") as f:
+            f.seek(HEADER_SIZE + 100)
+            byte = f.read(1)
+            f.seek(HEADER_SIZE + 100)
+            f.write(bytes([byte[0] ^ 0x40]))
+    warm = run(tiny_model_dir, store_copy, "kv_consumer")
+    assert [o.num_cached_tokens for o in warm] == [3 * BLOCK, 0, full_blocks(cold[2]) - BLOCK]
+    assert_same_outputs(warm, cold)
+
+
+def test_entries_of_another_model_or_block_size_are_ignored(tiny_model_dir, produced, store_copy):
+    other_seed = run(tiny_model_dir, store_copy, "kv_consumer", seed=1)  # other dummy weights
+    assert [o.num_cached_tokens for o in other_seed] == [0, 0, 0]
+    bigger_blocks = run(tiny_model_dir, store_copy, "kv_consumer", block_size=32)
+    assert [o.num_cached_tokens for o in bigger_blocks] == [0, 0, 0]
+
+
+def test_a_producer_keeps_the_directory_within_its_size_bound(tiny_model_dir, tmp_path):
+    entry = HEADER_SIZE + 2 * BLOCK * 2 * 2 * 16 * 4  # tiny model: 2 layers, 2 KV heads of 16, float32
+    outs = run(tiny_model_dir, tmp_path, "kv_producer", extra={"max_bytes": 10 * entry})
+    assert sum(len(o.prompt_token_ids) // BLOCK for o in outs) > 50  # far more blocks than the bound
+    sizes = [os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path)]
+    assert all(size == entry for size in sizes) and 0 < sum(sizes) <= 10 * entry
+    warm = run(tiny_model_dir, tmp_path, "kv_consumer")  # what survived still loads (a run of its blocks)
+    assert_same_outputs(warm, outs)
+
+
+def test_kv_both_engines_share_prefixes_while_both_run(tiny_model_dir, tmp_path):
+    config = kv_config(tmp_path, "kv_both")
+    first = LLM(model=tiny_model_dir, kv_transfer_config=config, **TINY)
+    second = LLM(model=tiny_model_dir, kv_transfer_config=config, **TINY)
+    try:
+        a = first.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        b = second.generate(PROMPTS[1:], GREEDY, use_tqdm=False)  # PROMPTS[1] computed by the first
+        assert [o.num_cached_tokens for o in a] == [0, 0]
+        assert [o.num_cached_tokens for o in b] == [full_blocks(a[1]), 0]
+        assert_same_outputs(b[:1], a[1:])
+        again = first.generate(PROMPTS[2:], GREEDY, use_tqdm=False)  # computed and saved by the second
+        assert again[0].num_cached_tokens == full_blocks(b[1])
+        assert_same_outputs(again, b[1:])
+        # Prompt logprobs need every prompt position computed: nothing is loaded for them.
+        scored = second.generate(PROMPTS[:1], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+        assert scored.num_cached_tokens == 0 and len(scored.prompt_logprobs) == len(a[0].prompt_token_ids)
+    finally:
+        first.shutdown()
+        second.shutdown()
+
+
+@pytest.mark.model
+def test_the_default_model_gives_the_same_greedy_tokens_from_loaded_kv(tmp_path):
+    prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(40))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    outs = {}
+    for role in ("kv_producer", "kv_consumer"):
+        llm = LLM(kv_transfer_config=kv_config(tmp_path, role), dtype="float32", max_model_len=2048)
+        try:
+            outs[role] = llm.generate([prompt], params, use_tqdm=False)[0]
+        finally:
+            llm.shutdown()
+    assert outs["kv_producer"].num_cached_tokens == 0
+    assert outs["kv_consumer"].num_cached_tokens == full_blocks(outs["kv_producer"]) > 400
+    assert outs["kv_consumer"].outputs[0].token_ids == outs["kv_producer"].outputs[0].token_ids
