@@ -37,11 +37,9 @@ from torch import nn
 from engine.kernels import activation, bf16_gemv
 from engine.kernels.bf16_gemv import PackedBF16
 from engine.models.attention import AttentionMetadata, paged_attention
+from engine.models.half_logits import refine_near_max
 
 _ROPE_TYPES = ("default", "linear", "llama3")
-# At most this many near-maximal logits per row are recomputed in float32 (``_refine_near_max``);
-# more only in a nearly flat row, where the work would grow with the vocabulary.
-_REFINE_MAX = 64
 
 
 def rope_parameters(cfg: Any) -> dict:
@@ -101,25 +99,6 @@ def _proj(x: torch.Tensor, w: torch.Tensor | PackedBF16, bias: Optional[torch.Te
     if not in_major:
         return F.linear(x, w, bias)
     return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
-
-
-def _refine_near_max(logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """Recompute in float32, in place, the logits of each row that may be its true maximum.
-
-    A bf16/fp16 GEMM accumulates in float32 but rounds its output to the half dtype: at
-    |logit| 16-32 a bf16 logit moves in steps of 0.125, so two candidates closer than that
-    often become an exact tie, which argmax breaks towards the lower token id (measured on
-    SmolLM2 with native bf16 GEMMs: 10 of 477 teacher-forced positions chose another token
-    than float32 did, 2 once the head's output was not rounded). Each rounding moves a value
-    by at most eps/2 of it, so any token that can beat the row's maximum lies within
-    eps * |max| of it; the few such tokens (bounded by ``_REFINE_MAX``) are recomputed.
-    """
-    top = logits.max(dim=-1, keepdim=True).values
-    near = logits >= top - 2 * torch.finfo(x.dtype).eps * top.abs()
-    k = min(int(near.sum(dim=-1).max()), _REFINE_MAX)
-    idx = logits.topk(k, dim=-1).indices
-    exact = torch.bmm(weight[idx].float(), x.float().unsqueeze(-1)).squeeze(-1)
-    logits.scatter_(-1, idx, exact)
 
 
 class DecoderLayer(nn.Module):
@@ -279,7 +258,7 @@ class LlamaForCausalLM(nn.Module):
             return torch.mm(x, self.lm_head_t)
         logits = F.linear(x, self.lm_head).float()
         if x.dtype != torch.float32:
-            _refine_near_max(logits, x, self.lm_head)
+            refine_near_max(logits, x, self.lm_head)  # bf16 output rounding made ties
         return logits
 
     # ------------------------------------------------------------------ weights
