@@ -10,10 +10,11 @@ positions of 7 chat prompts, 10 argmaxes differed from float32's with rounded lo
 without (transformers in bf16: 8).
 
 Rounding moves each value by at most eps/2 of it, so only a token within about eps * |max|
-of its row's rounded maximum can be the true maximum. Those few are recomputed from the
-same bf16 operands in float32; the rest keep their rounded values (they cannot win the
-argmax, and a 0.4% error in a logit far from the top barely moves a probability). A full
-float32 head would read a float32 copy of the weights, twice the bytes at every step.
+of its row's rounded maximum can be the true maximum (twice that margin is searched). Those
+few are recomputed from the same bf16 operands in float32; the rest keep their rounded
+values (they cannot win the argmax, and a 0.4% error in a logit far from the top barely
+moves a probability). A float32 head instead would keep a float32 copy of the weights and
+read twice the bytes at every step (measured 2.2-2.7x the bf16 head's time at 64 rows).
 
 Finding the candidates cheaply: the columns are split into ``_GROUPS`` strided groups and
 each group's maximum is taken over a ``[rows, _GROUPS, vocab / _GROUPS]`` view, the one

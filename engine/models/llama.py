@@ -249,7 +249,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
-        here, so rows that are never sampled skip it along with the LM head)."""
+        here, so rows that are never sampled skip it along with the LM head). A bf16/fp16 head
+        rounds its output; the logits that could be a row's maximum are recomputed unrounded."""
         x = (activation.rms_norm(hidden, self.norm, self.eps) if self.c_activations
              else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps))
         if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
@@ -258,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
             return torch.mm(x, self.lm_head_t)
         logits = F.linear(x, self.lm_head).float()
         if x.dtype != torch.float32:
-            refine_near_max(logits, x, self.lm_head)  # bf16 output rounding made ties
+            refine_near_max(logits, x, self.lm_head)
         return logits
 
     # ------------------------------------------------------------------ weights
