@@ -37,6 +37,7 @@ from torch import nn
 from engine.kernels import activation, bf16_gemv
 from engine.kernels.bf16_gemv import PackedBF16
 from engine.models.attention import AttentionMetadata, paged_attention
+from engine.models.half_logits import refine_near_max
 
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -248,14 +249,18 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
-        here, so rows that are never sampled skip it along with the LM head)."""
+        here, so rows that are never sampled skip it along with the LM head). A bf16/fp16 head
+        rounds its output; the logits that could be a row's maximum are recomputed unrounded."""
         x = (activation.rms_norm(hidden, self.norm, self.eps) if self.c_activations
              else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps))
         if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
             return self.packed_lm_head.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:
             return torch.mm(x, self.lm_head_t)
-        return F.linear(x, self.lm_head).float()
+        logits = F.linear(x, self.lm_head).float()
+        if x.dtype != torch.float32:
+            refine_near_max(logits, x, self.lm_head)
+        return logits
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
