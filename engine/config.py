@@ -139,6 +139,14 @@ class ParallelConfig:
     data_parallel_rank: Optional[int]
     data_parallel_external_lb: bool
 
+    @property
+    def frontend_engine_indices(self) -> list[int]:
+        """The ranks one frontend launches and talks to: all of them, or only its own when an
+        external load balancer spreads requests over one frontend per rank."""
+        if self.data_parallel_size > 1 and self.data_parallel_external_lb:
+            return [self.data_parallel_rank or 0]
+        return list(range(self.data_parallel_size))
+
 
 @dataclass(frozen=True)
 class EngineConfig:

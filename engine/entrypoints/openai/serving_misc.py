@@ -35,12 +35,7 @@ class OpenAIServingMisc:
         self.chat = chat
         self.engine = chat.engine
         self.created = now()
-        parallel = self.engine.config.parallel_config
-        # The ranks this frontend talks to (as make_client chose): all of them, or only
-        # its own behind an external balancer.
-        external = parallel.data_parallel_size > 1 and parallel.data_parallel_external_lb
-        self.engine_indices = ([parallel.data_parallel_rank or 0] if external
-                               else list(range(parallel.data_parallel_size)))
+        self.engine_indices = self.engine.config.parallel_config.frontend_engine_indices
 
     async def show_models(self, request: web.Request) -> web.Response:
         """Each served name, with the first as ``root`` (never the local path the model came from)."""
