@@ -18,6 +18,7 @@ from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_conf
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -163,6 +164,15 @@ class EngineConfig:
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
     worker_cls: str = "auto"  # "auto" or the qualified name of a ModelRunner subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
+
+    @property
+    def max_seqs_per_request(self) -> int:
+        """The most sequences (prompts x n) one request may ask for: SEQS_PER_REQUEST_IN_BATCHES
+        scheduler batches (max_num_seqs, over all data-parallel ranks). More could never run
+        together and would hold the engine for many batch lengths; the server refuses such a
+        request with a 400 (split it), and every entry point refuses such an ``n``."""
+        batch = self.scheduler_config.max_num_seqs * self.parallel_config.data_parallel_size
+        return SEQS_PER_REQUEST_IN_BATCHES * batch
 
 
 def _resolve_model(args: EngineArgs) -> tuple[str, str]:

@@ -92,6 +92,7 @@ class InputProcessor:
         self.max_model_len = model_config.max_model_len
         self.vocab_size = model_config.vocab_size
         self.max_logprobs = model_config.max_logprobs
+        self.max_n = config.max_seqs_per_request
         self.priority_scheduling = config.scheduler_config.policy == "priority"
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
         self.eos_token_id: Optional[int] = eos[0] if isinstance(eos, list) else eos
@@ -196,6 +197,9 @@ class InputProcessor:
         return list(ids)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if params.n > self.max_n:  # each of n is a sequence the engine would hold
+            raise ParameterError(f"SamplingParams.n must be <= {self.max_n} (the sequences one request may hold), "
+                                 f"got {params.n}", parameter="n", value=params.n)
         if not token_ids:
             raise ParameterError("the prompt is empty; it must have at least one token", parameter="prompt")
         if len(token_ids) > self.max_model_len:
