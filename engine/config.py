@@ -22,6 +22,9 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+_RUNNERS = ("auto", "generate", "pooling")
+_CONVERTS = ("auto", "none", "embed")
+_POOLING_TYPES = ("LAST", "MEAN")
 
 
 def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
@@ -37,6 +40,17 @@ class CompilationConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
             raise _bad("compilation_config.mode", "an int in [0, 3]", self.mode)
+
+
+@dataclass
+class PoolerConfig:
+    """How a pooling model turns its final normed hidden states into one vector (vLLM's
+    PoolerConfig): ``pooling_type`` LAST (the last prompt token, vLLM's default for decoders) or
+    MEAN (the mean over the prompt), and ``normalize`` (L2; default True) unless a request's
+    PoolingParams says otherwise."""
+
+    pooling_type: Optional[str] = None
+    normalize: Optional[bool] = None
 
 
 @dataclass
@@ -79,6 +93,11 @@ class EngineArgs:
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
+    # vLLM's runner and convert: "pooling" serves a *ForCausalLM as an embedding model
+    # (convert "embed": the final normed hidden states, pooled as pooler_config says).
+    runner: Literal["auto", "generate", "pooling"] = "auto"
+    convert: Literal["auto", "none", "embed"] = "auto"
+    pooler_config: Optional[PoolerConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -110,6 +129,9 @@ class ModelConfig:
     max_logprobs: int
     served_model_name: str
     skip_tokenizer_init: bool
+    runner_type: str = "generate"  # resolved: generate | pooling
+    convert_type: str = "none"  # resolved: none | embed
+    pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -278,6 +300,44 @@ def _worker_cls_name(value: Any) -> str:
     return name
 
 
+def _resolve_runner(args: EngineArgs, arch: str) -> tuple[str, str, Optional[PoolerConfig]]:
+    """(runner, convert, pooler config) as vLLM resolves them for a *ForCausalLM architecture:
+    "auto" generates; "pooling" needs the "embed" conversion (what "auto" picks then)."""
+    if args.runner not in _RUNNERS:
+        raise _bad("runner", f"one of {_RUNNERS}", args.runner)
+    if args.convert not in _CONVERTS:
+        raise _bad("convert", f"one of {_CONVERTS}", args.convert)
+    runner = args.runner
+    if runner == "auto":
+        runner = "pooling" if args.convert == "embed" else "generate"
+    if runner == "generate":
+        if args.convert == "embed":
+            raise ValueError("convert: 'embed' makes a pooling model; it needs runner='pooling' (or 'auto')")
+        if args.pooler_config is not None:
+            raise ValueError("pooler_config: only a pooling model has a pooler; pass runner='pooling'")
+        return runner, "none", None
+    if args.convert == "none":
+        raise ValueError(f"convert: {arch} has no pooling head of its own; runner='pooling' needs "
+                         "convert='embed' (or 'auto')")
+    pooler = args.pooler_config
+    if pooler is None:
+        pooler = PoolerConfig()
+    elif isinstance(pooler, dict):
+        try:
+            pooler = PoolerConfig(**pooler)
+        except TypeError as e:
+            raise ValueError(f"pooler_config: {e} (fields: pooling_type, normalize)") from e
+    elif not isinstance(pooler, PoolerConfig):
+        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
+    pooling_type = "LAST" if pooler.pooling_type is None else str(pooler.pooling_type).upper()
+    if pooling_type not in _POOLING_TYPES:
+        raise _bad("pooler_config.pooling_type", f"one of {_POOLING_TYPES}", pooler.pooling_type)
+    normalize = True if pooler.normalize is None else pooler.normalize
+    if not isinstance(normalize, bool):
+        raise _bad("pooler_config.normalize", "a bool", pooler.normalize)
+    return runner, "embed", PoolerConfig(pooling_type, normalize)
+
+
 def default_num_threads() -> int:
     """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
     "Threads on a small CPU")."""
@@ -321,6 +381,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    runner, convert, pooler = _resolve_runner(args, arch)
+    # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector
+    # (LAST pooling always computes the last prompt token, so both are fine there).
+    mean_pooling = pooler is not None and pooler.pooling_type == "MEAN"
+    if mean_pooling and kv_transfer is not None:
+        raise ValueError("kv_transfer_config: MEAN pooling computes every prompt token, so KV loaded from a "
+                         "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
 
     device = resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, device, hf_config)
@@ -354,8 +421,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,
-            skip_tokenizer_init=args.skip_tokenizer_init),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=bool(args.enable_prefix_caching),
+            skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
+            pooler_config=pooler),
+        cache_config=CacheConfig(block_size=block_size,
+                                 enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),
