@@ -1,11 +1,13 @@
 """runner="pooling": a Llama-family *ForCausalLM served as an embedding model (vLLM's convert
-"embed"). The pooled vectors come from a real EngineCore process over the ring and must match
-transformers' final hidden states; the runner check refuses calls that need the other runner."""
+"embed"). The pooled vectors come from a real EngineCore process over the ring (and from a real
+``ringllm serve --runner pooling`` through the ``openai`` client) and must match transformers'
+final hidden states; the runner check refuses calls and routes that need the other runner."""
 from __future__ import annotations
 
 import asyncio
 import math
 
+import openai
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from engine import (LLM, AsyncEngineArgs, AsyncLLM, EmbeddingRequestOutput, Pool
                     SamplingParams)
 from engine.config import EngineArgs
 from engine.sampling_params import BeamSearchParams
+from openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 
 SHARED = "You are a careful assistant. Answer briefly and precisely, and never make anything up. "
 PROMPTS = ["Hello", SHARED + "What is two plus two?", SHARED * 2 + "Name a color.", "Hello"]
@@ -186,3 +189,57 @@ def test_async_llm_encode_yields_one_final_output(model_dir, hf_states):
     outputs = asyncio.run(run())
     assert len(outputs) == 1 and outputs[0].finished and outputs[0].request_id == "r1"
     assert close(outputs[0].outputs.data, torch.nn.functional.normalize(hf_states[PROMPTS[1]][1][-1], dim=0))
+
+
+API_KEY = "sk-pool"
+
+
+@pytest.fixture(scope="module")
+def pooling_server(model_dir):
+    with RemoteServer(model_dir, "--runner", "pooling", "--dtype", "float32", "--num-threads", "1",
+                      "--kv-cache-memory", str(16 << 20), "--max-num-batched-tokens", "16",
+                      "--served-model-name", "tiny-embed", "--api-key", API_KEY) as remote:
+        yield remote
+
+
+def test_openai_client_embeddings_match_transformers(pooling_server, hf_states):
+    client = openai.OpenAI(base_url=pooling_server.base_url, api_key=API_KEY, max_retries=0)
+    prompts = PROMPTS[:3]
+    expected = [torch.nn.functional.normalize(hf_states[p][1][-1], dim=0) for p in prompts]
+    # The client asks for base64 unless told otherwise; then the plain float lists.
+    for fmt in (openai.NOT_GIVEN, "float"):
+        response = client.embeddings.create(input=prompts, model="tiny-embed", encoding_format=fmt)
+        assert response.object == "list" and response.model == "tiny-embed"
+        assert [d.index for d in response.data] == [0, 1, 2] and all(d.object == "embedding" for d in response.data)
+        for data, want in zip(response.data, expected):
+            assert close(data.embedding, want)
+        tokens = sum(len(hf_states[p][0]) for p in prompts)
+        assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    ids = hf_states[prompts[1]][0]
+    one = client.embeddings.create(input=ids, model="tiny-embed", encoding_format="float")
+    many = client.embeddings.create(input=[ids, hf_states[prompts[0]][0]], model="tiny-embed", encoding_format="float")
+    assert close(one.data[0].embedding, expected[1]) and close(many.data[1].embedding, expected[0])
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(input="Hi", model="tiny-embed", dimensions=8)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(input="Hi", model="other")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=pooling_server.base_url, api_key="wrong", max_retries=0).embeddings.create(
+            input="Hi", model="tiny-embed")
+
+
+def test_pooling_server_refuses_generation_routes(pooling_server):
+    client = openai.OpenAI(base_url=pooling_server.base_url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="does not support Completions API.*--runner generate"):
+        client.completions.create(model="tiny-embed", prompt="Hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="does not support Chat Completions API"):
+        client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "Hi"}])
+    assert client.embeddings.create(input="Hi", model="tiny-embed").data  # and it keeps serving
+
+
+def test_generating_server_refuses_embeddings(tiny_model_dir):
+    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS) as remote:
+        client = openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="does not support Embeddings API.*--runner pooling"):
+            client.embeddings.create(input="Hi", model=tiny_model_dir)
+        assert client.completions.create(model=tiny_model_dir, prompt="Hi", max_tokens=2).choices
