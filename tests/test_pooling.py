@@ -50,7 +50,7 @@ def hf_states(model_dir):
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
     out = {}
     with torch.no_grad():
         for prompt in set(PROMPTS):
@@ -243,3 +243,27 @@ def test_generating_server_refuses_embeddings(tiny_model_dir):
         with pytest.raises(openai.BadRequestError, match="does not support Embeddings API.*--runner pooling"):
             client.embeddings.create(input="Hi", model=tiny_model_dir)
         assert client.completions.create(model=tiny_model_dir, prompt="Hi", max_tokens=2).choices
+
+
+@pytest.mark.model
+def test_default_model_embeddings_match_transformers_in_float32():
+    from transformers import AutoModel, AutoTokenizer
+
+    from engine.models.default_model import default_model_path
+
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = ["The capital of France is Paris.", SHARED * 2 + "Embed this sentence, please."]
+    llm = LLM(runner="pooling", dtype="float32", device="cpu", max_model_len=512, max_num_batched_tokens=32)
+    try:
+        outputs = llm.embed(prompts, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    with torch.no_grad():
+        for prompt, output in zip(prompts, outputs):
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            assert output.prompt_token_ids == ids[0].tolist()
+            want = torch.nn.functional.normalize(hf(ids).last_hidden_state[0, -1], dim=0)
+            got = torch.tensor(output.outputs.embedding)
+            assert torch.allclose(got, want, atol=2e-4), (got - want).abs().max()
