@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.pooler_config import PoolerConfig, resolve_runner
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +23,6 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-_RUNNERS = ("auto", "generate", "pooling")
-_CONVERTS = ("auto", "none", "embed")
-_POOLING_TYPES = ("LAST", "MEAN")
 
 
 def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
@@ -40,17 +38,6 @@ class CompilationConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
             raise _bad("compilation_config.mode", "an int in [0, 3]", self.mode)
-
-
-@dataclass
-class PoolerConfig:
-    """How a pooling model turns its final normed hidden states into one vector (vLLM's
-    PoolerConfig): ``pooling_type`` LAST (the last prompt token, vLLM's default for decoders) or
-    MEAN (the mean over the prompt), and ``normalize`` (L2; default True) unless a request's
-    PoolingParams says otherwise."""
-
-    pooling_type: Optional[str] = None
-    normalize: Optional[bool] = None
 
 
 @dataclass
@@ -300,44 +287,6 @@ def _worker_cls_name(value: Any) -> str:
     return name
 
 
-def _resolve_runner(args: EngineArgs, arch: str) -> tuple[str, str, Optional[PoolerConfig]]:
-    """(runner, convert, pooler config) as vLLM resolves them for a *ForCausalLM architecture:
-    "auto" generates; "pooling" needs the "embed" conversion (what "auto" picks then)."""
-    if args.runner not in _RUNNERS:
-        raise _bad("runner", f"one of {_RUNNERS}", args.runner)
-    if args.convert not in _CONVERTS:
-        raise _bad("convert", f"one of {_CONVERTS}", args.convert)
-    runner = args.runner
-    if runner == "auto":
-        runner = "pooling" if args.convert == "embed" else "generate"
-    if runner == "generate":
-        if args.convert == "embed":
-            raise ValueError("convert: 'embed' makes a pooling model; it needs runner='pooling' (or 'auto')")
-        if args.pooler_config is not None:
-            raise ValueError("pooler_config: only a pooling model has a pooler; pass runner='pooling'")
-        return runner, "none", None
-    if args.convert == "none":
-        raise ValueError(f"convert: {arch} has no pooling head of its own; runner='pooling' needs "
-                         "convert='embed' (or 'auto')")
-    pooler = args.pooler_config
-    if pooler is None:
-        pooler = PoolerConfig()
-    elif isinstance(pooler, dict):
-        try:
-            pooler = PoolerConfig(**pooler)
-        except TypeError as e:
-            raise ValueError(f"pooler_config: {e} (fields: pooling_type, normalize)") from e
-    elif not isinstance(pooler, PoolerConfig):
-        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
-    pooling_type = "LAST" if pooler.pooling_type is None else str(pooler.pooling_type).upper()
-    if pooling_type not in _POOLING_TYPES:
-        raise _bad("pooler_config.pooling_type", f"one of {_POOLING_TYPES}", pooler.pooling_type)
-    normalize = True if pooler.normalize is None else pooler.normalize
-    if not isinstance(normalize, bool):
-        raise _bad("pooler_config.normalize", "a bool", pooler.normalize)
-    return runner, "embed", PoolerConfig(pooling_type, normalize)
-
-
 def default_num_threads() -> int:
     """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
     "Threads on a small CPU")."""
@@ -381,7 +330,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    runner, convert, pooler = _resolve_runner(args, arch)
+    runner, convert, pooler = resolve_runner(args.runner, args.convert, args.pooler_config, arch)
     # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector
     # (LAST pooling always computes the last prompt token, so both are fine there).
     mean_pooling = pooler is not None and pooler.pooling_type == "MEAN"

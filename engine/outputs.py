@@ -6,7 +6,10 @@ token id, the chosen token first, then the top-N.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Generic, Optional, TypeVar, Union
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -68,7 +71,7 @@ class RequestOutput:
 class PoolingOutput:
     """The pooled vector of one prompt (vLLM's name): a float32 tensor of hidden_size values."""
 
-    data: "torch.Tensor"  # noqa: F821 (torch is imported where one is made)
+    data: torch.Tensor
 
 
 _O = TypeVar("_O")

@@ -140,7 +140,8 @@ def test_generating_llm_refuses_embed_and_encode(model_dir):
     try:
         assert llm.llm_engine.config.model_config.runner_type == "generate"  # "auto" on a *ForCausalLM
         for call in (lambda: llm.embed("Hi"), lambda: llm.encode("Hi", pooling_task="embed")):
-            with pytest.raises(ValueError, match=r"LLM\.e\w+\(\) is only supported for pooling models.*--runner pooling"):
+            with pytest.raises(ValueError,
+                               match=r"LLM\.e\w+\(\) is only supported for pooling models.*--runner pooling"):
                 call()
         assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
     finally:
