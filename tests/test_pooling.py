@@ -268,3 +268,13 @@ def test_default_model_embeddings_match_transformers_in_float32():
             want = torch.nn.functional.normalize(hf(ids).last_hidden_state[0, -1], dim=0)
             got = torch.tensor(output.outputs.embedding)
             assert torch.allclose(got, want, atol=2e-4), (got - want).abs().max()
+
+
+def test_mean_pooling_refuses_a_kv_connector(model_dir, tmp_path):
+    kv = {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+    with pytest.raises(ValueError, match="^kv_transfer_config: MEAN pooling"):
+        EngineArgs(model=model_dir, device="cpu", runner="pooling", pooler_config={"pooling_type": "MEAN"},
+                   kv_transfer_config=kv).create_engine_config()
+    config = EngineArgs(model=model_dir, device="cpu", runner="pooling", kv_transfer_config=kv).create_engine_config()
+    assert config.kv_transfer_config is not None  # LAST pooling always computes the last token: allowed
