@@ -34,7 +34,8 @@ from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepEr
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.frontend.renderer import Renderer
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class RequestOutputCollector:
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
-        if type(output) is not RequestOutput:
+        if isinstance(output, BaseException):
             raise output
         return output
 
@@ -259,7 +260,7 @@ class AsyncLLM:
             processor.check_prompt_fits(prompt)  # a prompt too long to fit is refused before the queue
             request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
                                                     prompt, params, arrival_time, priority)
-            if params.n == 1:
+            if getattr(params, "n", 1) == 1:  # PoolingParams: one request
                 children = [(request, None, 0)]
             else:
                 parent = ParentRequest(internal_id, request.sampling_params)
@@ -303,6 +304,16 @@ class AsyncLLM:
                 if self.log_requests:
                     logger.info("Request %s aborted", request_id)
             raise
+
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *,
+                     priority: int = 0) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """vLLM's pooling counterpart of ``generate`` (a model served with runner="pooling"):
+        yields the request's one PoolingRequestOutput, made once its prompt is computed."""
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}")
+        self.input_processor.check_runner(pooling=True)
+        async for output in self.generate(prompt, pooling_params, request_id, priority=priority):
+            yield output
 
     def _abort_now(self, request_ids: Iterable[str]) -> None:
         internal_ids = []

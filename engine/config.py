@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.pooler_config import PoolerConfig, resolve_runner
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,11 @@ class EngineArgs:
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
+    # vLLM's runner and convert: "pooling" serves a *ForCausalLM as an embedding model
+    # (convert "embed": the final normed hidden states, pooled as pooler_config says).
+    runner: Literal["auto", "generate", "pooling"] = "auto"
+    convert: Literal["auto", "none", "embed"] = "auto"
+    pooler_config: Optional[PoolerConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -111,6 +117,9 @@ class ModelConfig:
     max_logprobs: int
     served_model_name: str
     skip_tokenizer_init: bool
+    runner_type: str = "generate"  # resolved: generate | pooling
+    convert_type: str = "none"  # resolved: none | embed
+    pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -339,6 +348,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    runner, convert, pooler = resolve_runner(args.runner, args.convert, args.pooler_config, arch)
+    # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector
+    # (LAST pooling always computes the last prompt token, so both are fine there).
+    mean_pooling = pooler is not None and pooler.pooling_type == "MEAN"
+    if mean_pooling and kv_transfer is not None:
+        raise ValueError("kv_transfer_config: MEAN pooling computes every prompt token, so KV loaded from a "
+                         "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
 
     device = resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, device, hf_config)
@@ -372,8 +388,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,
-            skip_tokenizer_init=args.skip_tokenizer_init),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=bool(args.enable_prefix_caching),
+            skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
+            pooler_config=pooler),
+        cache_config=CacheConfig(block_size=block_size,
+                                 enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),

@@ -20,7 +20,8 @@ from engine import envs
 from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
-from engine.outputs import Logprob, RequestOutput
+from engine.outputs import EmbeddingRequestOutput, Logprob, PoolingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,10 @@ class LLM:
         """One RequestOutput per prompt, in input order. ``prompts``: a str, a token-id list, a
         ``{"prompt": ...}``/``{"prompt_token_ids": [...]}`` dict, or a list of these;
         ``sampling_params``: one for all prompts or a list of the same length."""
+        self._check_runner("generate", "LLM.generate()")
         prompt_list = self._as_list(prompts)
-        return self._run(prompt_list, sampling_params, use_tqdm, priority, add_special_tokens=True)
+        return self._run(prompt_list, self._params_list(sampling_params, len(prompt_list)), use_tqdm, priority,
+                         add_special_tokens=True)
 
     def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
              sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
@@ -97,6 +100,7 @@ class LLM:
              chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
         list of conversations, rendered with the tokenizer's chat template."""
+        self._check_runner("generate", "LLM.chat()")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages or of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else messages
@@ -104,12 +108,14 @@ class LLM:
         prompts = [render(conv, chat_template, add_generation_prompt, continue_final_message, tools,
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
-        return self._run(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
+        return self._run(prompts, self._params_list(sampling_params, len(prompts)), use_tqdm, None,
+                         add_special_tokens=False)
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
         """vLLM's beam search, driven from here: each round asks the engine for one token with
         the top ``2 * beam_width`` logprobs for every live beam, then keeps the best
         ``beam_width`` per prompt by length-penalised cumulative logprob."""
+        self._check_runner("generate", "LLM.beam_search()")
         tokenizer = self.get_tokenizer()
         eos = self.llm_engine.input_processor.eos_token_id
         width = params.beam_width
@@ -151,6 +157,48 @@ class LLM:
             outputs.append(BeamSearchOutput(best))
         return outputs
 
+    def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+              pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None
+              ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in input order (a model served with runner="pooling"):
+        the pooled final hidden states, L2-normalised unless ``pooling_params`` says otherwise."""
+        self._check_runner("pooling", "LLM.embed()")
+        outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="embed")
+        return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None, *,
+               use_tqdm: bool = True, pooling_task: Optional[str] = "embed") -> list[PoolingRequestOutput]:
+        """One PoolingRequestOutput per prompt, in input order; ``outputs.data`` is the pooled
+        float32 tensor. ``pooling_task``: what the pooler computes ("embed", the one task a
+        converted decoder serves)."""
+        self._check_runner("pooling", "LLM.encode()")
+        prompt_list = self._as_list(prompts)
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        params = [pooling_params] * len(prompt_list) if isinstance(pooling_params, PoolingParams) else pooling_params
+        if not isinstance(params, (list, tuple)) or len(params) != len(prompt_list):
+            raise ValueError(f"pooling_params must be a PoolingParams or a list of {len(prompt_list)} (one per "
+                             f"prompt), got {pooling_params!r}")
+        for i, p in enumerate(params):
+            if not isinstance(p, PoolingParams):
+                raise TypeError(f"pooling_params[{i}] must be a PoolingParams, got {type(p).__name__}")
+            p.verify(pooling_task)
+        params = [msgspec.structs.replace(p, task=pooling_task) for p in params]
+        outputs = self._run(prompt_list, params, use_tqdm, None, add_special_tokens=True)
+        for output in outputs:
+            if output.error is not None:  # refused by the core: not a pooled vector
+                raise ValueError(f"request {output.request_id!r} failed: {output.error}")
+        return outputs
+
+    def _check_runner(self, runner: str, call: str) -> None:
+        """vLLM's runner check: a call that needs the other runner is a ValueError naming it."""
+        if self.llm_engine.config.model_config.runner_type == runner:
+            return
+        kind = "pooling" if runner == "pooling" else "generative"
+        raise ValueError(f"{call} is only supported for {kind} models. Try passing `--runner {runner}` "
+                         f"(LLM(runner={runner!r})) to use the model as a {kind} model.")
+
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
@@ -188,9 +236,10 @@ class LLM:
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
-    def _run(self, prompts: list, sampling_params: Any, use_tqdm: bool, priority: Optional[list[int]],
-             add_special_tokens: bool) -> list[RequestOutput]:
-        params = self._params_list(sampling_params, len(prompts))
+    def _run(self, prompts: list, params: list, use_tqdm: bool, priority: Optional[list[int]],
+             add_special_tokens: bool) -> list:
+        """Queue one request per prompt (``params``: one SamplingParams or PoolingParams each)
+        and drive the engine until all are done."""
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority must have one entry per prompt ({len(prompts)}), got {len(priority)}")
         engine = self.llm_engine
@@ -220,7 +269,8 @@ class LLM:
                     finished[output.request_id] = output
                     if use_tqdm:
                         in_tokens += len(output.prompt_token_ids or ())
-                        out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        if isinstance(output, RequestOutput):
+                            out_tokens += sum(len(c.token_ids) for c in output.outputs)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
                                             f"output: {out_tokens / elapsed:.2f} toks/s", refresh=False)
