@@ -23,11 +23,10 @@ _SHM_PREFIX = "ringllm-"
 
 
 def _shm_entries() -> set[str]:
-    """Our /dev/shm entries, and the private ipc:// socket directories (shm_transport/ipc_dir.py)."""
-    import tempfile
-
+    """Our /dev/shm entries, and the private ipc:// socket directories (shm_transport/ipc_dir.py)
+    in this session's own runtime directory (see ``_private_runtime_dir``)."""
     out = set()
-    for d in {"/dev/shm", tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR") or "/dev/shm"}:
+    for d in {"/dev/shm", os.environ.get("XDG_RUNTIME_DIR") or "/dev/shm"}:
         try:
             out |= {os.path.join(d, n) for n in os.listdir(d) if n.startswith(_SHM_PREFIX)}
         except FileNotFoundError:
@@ -65,7 +64,27 @@ def _live_children() -> dict[int, str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _adopt_orphans():
+def _private_runtime_dir():
+    """A runtime directory of this session's own, inherited by every process it starts: the ipc://
+    socket directories land there, so another test run on the machine can neither collide with
+    nor be mistaken for ours."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="pytest-run-")  # short: socket paths have a 108-byte limit
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("XDG_RUNTIME_DIR", None)
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = old
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)  # empty, or a leak was already reported
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _adopt_orphans(_private_runtime_dir):
     from shm_transport import set_child_subreaper
 
     set_child_subreaper(True)

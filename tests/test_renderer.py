@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from engine.exceptions import ParameterError
 from engine.frontend.renderer import INLINE_MAX_BYTES, Renderer, RendererBusyError, decode, encode, max_token_bytes
 
 SAMPLES = ["Hello , world . it's", "<|im_start|>user\nhi<|im_end|>", "  spaces\tand\nlines  ", "é漢字🙂 mixed",
@@ -44,10 +45,12 @@ def test_a_text_longer_than_the_context_can_hold_is_refused_before_tokenizing(ti
     limit = processor.max_prompt_bytes
     assert limit == processor.max_model_len * max_token_bytes(tokenizer)
     processor.check_text_fits("a" * limit)
-    with pytest.raises(ValueError, match=r"^prompt: .*bytes"):
+    with pytest.raises(ParameterError, match=r"bytes") as refused:
         processor.check_text_fits("a" * (limit + 1))
-    with pytest.raises(ValueError, match=r"^messages: "):
+    assert refused.value.parameter == "prompt"
+    with pytest.raises(ParameterError) as refused:
         processor.check_text_fits("é" * limit, param="messages")  # 2 bytes a character
+    assert refused.value.parameter == "messages"
 
 
 async def test_small_work_runs_inline_and_large_work_on_the_pool():

@@ -9,6 +9,7 @@ imports no torch: the frontend imports it for the contract.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -38,6 +39,12 @@ logger = logging.getLogger("engine.core.engine_core_proc")
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
 UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
+
+# After this long with nothing to do, an EngineCore that has stepped hands its free heap back to the
+# OS (glibc's malloc_trim): a burst of varied batch shapes leaves hundreds of MB of freed but mapped
+# arenas behind. A request arriving sooner wakes the loop as usual, so busy serving never pays for it.
+_TRIM_AFTER_IDLE_S = 1.0
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
 
 # How long the loop waits for a request when it holds outputs the full ring refused:
 # short enough to retry promptly, long enough not to spin a core the frontend needs.
@@ -117,6 +124,7 @@ class EngineCoreProc:
         self.engine_index = engine_index
         self._outbox: deque = deque()
         self._running = True
+        self._stepped_since_trim = False
 
     def run_busy_loop(self) -> None:
         while self._running:
@@ -124,15 +132,29 @@ class EngineCoreProc:
             if self.core.has_unfinished_requests():
                 msgs = self.channel.poll()
             else:
-                msgs = self.channel.recv_batch(timeout=_HELD_RETRY_S if self._outbox else None)
+                msgs = self._wait_for_requests()
             for msg in msgs:
                 self._handle(msg)
             # 2) step and publish (never blocking on a full output ring)
             if self._running and self.core.has_unfinished_requests():
+                self._stepped_since_trim = True
                 outputs = self.core.step()
                 if outputs.outputs or outputs.finished_requests:
                     self._publish(outputs)
             self._flush()
+
+    def _wait_for_requests(self) -> list:
+        """Block until requests come (briefly while outputs wait for ring space); after a second
+        of idleness following work, return freed heap to the OS once."""
+        if self._outbox:
+            return self.channel.recv_batch(timeout=_HELD_RETRY_S)
+        if not (self._stepped_since_trim and _malloc_trim is not None):
+            return self.channel.recv_batch(timeout=None)
+        msgs = self.channel.recv_batch(timeout=_TRIM_AFTER_IDLE_S)
+        if not msgs:
+            _malloc_trim(0)
+            self._stepped_since_trim = False
+        return msgs
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, EngineCoreRequest):
