@@ -34,6 +34,7 @@ from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepEr
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.frontend.renderer import Renderer
+from engine.llm_engine import rpc_args
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -237,6 +238,21 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")
+
+    async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                             kwargs: Optional[dict] = None) -> list:
+        """Call a public method of every EngineCore's worker by name: one result per
+        data-parallel rank, as plain data."""
+        call = rpc_args(method, timeout, args, kwargs)
+        return [result for rank in self._engine_ranks()
+                for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)]
+
+    def _engine_ranks(self) -> list[int]:
+        """The data-parallel ranks this frontend's cores run (engine/client/factory.py)."""
+        parallel = self.config.parallel_config
+        if parallel.data_parallel_size == 1 or parallel.data_parallel_external_lb:
+            return [parallel.data_parallel_rank or 0]
+        return list(range(parallel.data_parallel_size))
 
     # -- requests --------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,

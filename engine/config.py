@@ -74,8 +74,8 @@ class EngineArgs:
     renderer_num_workers: int = 1
     served_model_name: Optional[str] = None
     hf_overrides: Optional[dict] = None
-    # The EngineCore's model runner: "auto" (ModelRunner), a ModelRunner subclass, or its
-    # qualified name "module.Class" (see _worker_cls_name).
+    # The EngineCore's worker: "auto" (engine.worker.Worker), a dotted path "module.Class" or
+    # a Worker subclass, cloudpickled to the EngineCore process at launch (see _worker_cls).
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
@@ -153,7 +153,7 @@ class EngineConfig:
     ring_capacity: int
     disable_log_stats: bool
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
-    worker_cls: str = "auto"  # "auto" or the qualified name of a ModelRunner subclass
+    worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
 
 
@@ -253,29 +253,16 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
     return CompilationConfig(mode=0) if enforce_eager else cfg
 
 
-def _worker_cls_name(value: Any) -> str:
-    """``worker_cls`` as the name the EngineCore process imports it by. vLLM cloudpickles a
-    class; here a class is sent by reference: its module must be importable by name in the
-    core, which gets this process's ``sys.path`` (so a class defined in ``__main__`` or inside
-    a function is refused now, before any launch)."""
-    if isinstance(value, type):
-        name = f"{value.__module__}.{value.__qualname__}"
-        if value.__module__ == "__main__" or "." in value.__qualname__:
-            raise ValueError(f"worker_cls: {name} cannot be imported by name in the EngineCore process; "
-                             "define it at the top level of an importable module (it is sent by reference, "
-                             "not pickled)")
-    elif isinstance(value, str):
-        name = value
-    else:
-        raise _bad("worker_cls", "'auto', a ModelRunner subclass or its qualified name 'module.Class'", value)
-    if name == "auto":
-        return name
-    from engine.worker.model_runner import load_worker_cls
+def _worker_cls(value: Any) -> Union[str, type]:
+    """``worker_cls`` checked before any launch: "auto", a dotted path (imported here, and by
+    the EngineCore at launch) or a class (cloudpickled into the launch spec,
+    engine/core/core_process.py). ValueError unless it names an ``engine.worker.Worker``."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    from engine.worker import resolve_worker_cls
 
-    cls = load_worker_cls(name)
-    if isinstance(value, type) and cls is not value:
-        raise ValueError(f"worker_cls: importing {name} by name gives another object than the class given")
-    return name
+    resolve_worker_cls(value)
+    return value
 
 
 def default_num_threads() -> int:
@@ -307,7 +294,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
-    worker_cls = _worker_cls_name(args.worker_cls)
+    worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
 
     path, load_format = _resolve_model(args)

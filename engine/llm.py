@@ -154,6 +154,12 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """Call a public method of the EngineCore's worker by name (vLLM's collective_rpc):
+        one result per worker, as plain data (lists, dicts, numbers, strings)."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 

@@ -104,5 +104,22 @@ class LLMEngine:
         """Engine totals: running and waiting requests, KV usage, prefix-cache queries and hits."""
         return self.engine_core.call_utility("get_stats")
 
+    def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """``method`` called by name on the EngineCore's worker (engine/worker/worker.py); one
+        result per worker (one here), as plain data."""
+        return self.engine_core.call_utility("collective_rpc", *rpc_args(method, timeout, args, kwargs))
+
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+
+
+def rpc_args(method: Any, timeout: Optional[float], args: tuple, kwargs: Optional[dict]) -> tuple:
+    """The UTILITY arguments of a collective_rpc: a method *name* only (a callable would have
+    to be pickled onto the ring, which carries no pickle); ``timeout`` is not supported."""
+    if not isinstance(method, str):
+        raise TypeError(f"collective_rpc takes the name of a worker method, got {type(method).__name__} "
+                        "(the rings carry no pickled callables)")
+    if timeout is not None:
+        raise ValueError("collective_rpc(timeout=...) is not supported: the call waits for the worker")
+    return method, list(args), dict(kwargs or {})

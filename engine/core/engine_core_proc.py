@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("engine.core.engine_core_proc")
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc"})
 
 # How long the loop waits for a request when it holds outputs the full ring refused:
 # short enough to retry promptly, long enough not to spin a core the frontend needs.
@@ -56,6 +56,9 @@ class CoreLaunchSpec(msgspec.Struct):
     # The frontend's import path, appended to the core's own, so a worker_cls the frontend
     # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
     sys_path: list[str] = []
+    # A worker_cls given as a class: its cloudpickle, base64 (engine_args holds "auto" then).
+    # It travels only here, at launch; the request rings carry no pickle.
+    worker_cls_pickle: Optional[str] = None
 
 
 def make_codec():
@@ -236,7 +239,14 @@ def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
     from engine.config import EngineArgs, create_engine_config
     from engine.core.engine_core import EngineCore
 
-    config = create_engine_config(EngineArgs(**spec.engine_args))
+    args = dict(spec.engine_args)
+    if spec.worker_cls_pickle is not None:
+        import base64
+
+        import cloudpickle
+
+        args["worker_cls"] = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
+    config = create_engine_config(EngineArgs(**args))
     return config, EngineCore(config)
 
 

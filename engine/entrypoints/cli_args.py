@@ -59,8 +59,8 @@ ENGINE_ARG_HELP = {
                             "loop (short inputs stay on it).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
-    "worker_cls": "The EngineCore's model runner: auto, or the qualified name (module.Class) of a "
-                  "ModelRunner subclass.",
+    "worker_cls": "The EngineCore's worker: auto, or the dotted path (module.Class) of an "
+                  "engine.worker.Worker subclass.",
     "kv_transfer_config": "KV connector as a JSON object with vLLM's fields, e.g. "
                           '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
                           '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
