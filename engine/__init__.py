@@ -16,7 +16,7 @@ from engine.frontend.input_processor import TextPrompt, TokensPrompt  # noqa: E4
 from engine.llm import LLM  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
-from engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams  # noqa: E402
 
 
 def _configure_logging() -> None:
@@ -33,5 +33,5 @@ def _configure_logging() -> None:
 
 _configure_logging()
 
-__all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "RequestOutputKind", "EngineArgs", "AsyncEngineArgs",
-           "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt"]
+__all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutputKind", "EngineArgs",
+           "AsyncEngineArgs", "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt"]

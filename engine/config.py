@@ -58,7 +58,8 @@ class EngineArgs:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     load_format: str = "auto"
     device: str = "auto"
-    kv_cache_memory: Optional[int] = None  # bytes for the KV cache on CPU
+    kv_cache_memory_bytes: Optional[int] = None  # bytes for the KV cache on CPU (vLLM's name)
+    kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
@@ -74,6 +75,12 @@ class EngineArgs:
     renderer_num_workers: int = 1
     served_model_name: Optional[str] = None
     hf_overrides: Optional[dict] = None
+    # vLLM keywords for what ringllm runs one way only: accepted at that value, refused otherwise.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    quantization: Optional[str] = None
+    # Seconds AsyncLLM.shutdown() gives the EngineCore(s) to exit before killing them.
+    shutdown_timeout: float = 5.0
     # The EngineCore's worker: "auto" (engine.worker.Worker), a dotted path "module.Class" or
     # a Worker subclass, cloudpickled to the EngineCore process at launch (see _worker_cls).
     worker_cls: Union[str, type] = "auto"
@@ -265,6 +272,31 @@ def _worker_cls(value: Any) -> Union[str, type]:
     return value
 
 
+def _kv_cache_memory_bytes(args: EngineArgs) -> int:
+    """``kv_cache_memory_bytes``, or its alias ``kv_cache_memory``; default 2 GiB."""
+    given = {name: getattr(args, name) for name in ("kv_cache_memory_bytes", "kv_cache_memory")
+             if getattr(args, name) is not None}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"kv_cache_memory_bytes and its alias kv_cache_memory disagree: {given}")
+    name, value = next(iter(given.items()), ("kv_cache_memory_bytes", 2 << 30))
+    return _positive_int(name, value, 1)
+
+
+def _check_single_device(args: EngineArgs) -> None:
+    """vLLM's parallelism and quantization keywords, at the one value ringllm runs."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(args, name)
+        if value != 1:
+            raise ValueError(f"{name}={value!r} is not supported: each EngineCore runs the whole model on one "
+                             f"device, so {name} must be 1 (for more engines use data_parallel_size)")
+    if args.quantization is not None:
+        raise ValueError(f"quantization={args.quantization!r} is not supported; supported: None (weights run in "
+                         "the model's dtype; a .gguf model is dequantized at load)")
+    if not isinstance(args.shutdown_timeout, (int, float)) or isinstance(args.shutdown_timeout, bool) \
+            or not 0 <= args.shutdown_timeout < float("inf"):
+        raise _bad("shutdown_timeout", "a finite number of seconds >= 0", args.shutdown_timeout)
+
+
 def default_num_threads() -> int:
     """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
     "Threads on a small CPU")."""
@@ -293,6 +325,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
+    _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
     worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
@@ -328,8 +361,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
-    kv_mem = args.kv_cache_memory if args.kv_cache_memory is not None else 2 << 30
-    _positive_int("kv_cache_memory", kv_mem, 1)
+    kv_mem = _kv_cache_memory_bytes(args)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
 

@@ -21,6 +21,8 @@ from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_defa
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
 from engine.outputs import Logprob, RequestOutput
+from engine.request_options import (check_lora_request, check_tokenization_kwargs, load_chat_template,
+                                    tokenize_with_kwargs)
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -47,11 +49,14 @@ class LLM:
             kwargs.pop("swap_space")
             warnings.warn("LLM(swap_space=...) is deprecated and ignored: preempted requests are "
                           "recomputed, never swapped", DeprecationWarning, stacklevel=2)
+        chat_template = load_chat_template(kwargs.pop("chat_template", None))
+        kwargs.setdefault("disable_log_stats", True)  # as vLLM's LLM: no per-step stats offline
         compilation = kwargs.get("compilation_config")
         if isinstance(compilation, int) and not isinstance(compilation, bool):
             kwargs["compilation_config"] = CompilationConfig(mode=compilation)
         engine_args = EngineArgs(model=model, **kwargs)
         self._init(engine_args)
+        self.chat_template = chat_template
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
@@ -74,6 +79,9 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(
             engine_args, enable_multiprocessing=envs.RINGLLM_ENABLE_MULTIPROCESSING)
         self._counter = itertools.count()
+        self.chat_template: Optional[str] = None  # chat()'s default template (LLM(chat_template=...))
+        self._queued: list[str] = []  # ids enqueue() added, in order, for wait_for_completion()
+        self._done: dict[str, RequestOutput] = {}  # finished outputs of queued requests
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
@@ -83,28 +91,66 @@ class LLM:
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
-                 use_tqdm: bool = True, priority: Optional[list[int]] = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: Any = None, priority: Optional[list[int]] = None,
+                 tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. ``prompts``: a str, a token-id list, a
         ``{"prompt": ...}``/``{"prompt_token_ids": [...]}`` dict, or a list of these;
-        ``sampling_params``: one for all prompts or a list of the same length."""
-        prompt_list = self._as_list(prompts)
-        return self._run(prompt_list, sampling_params, use_tqdm, priority, add_special_tokens=True)
+        ``sampling_params``: one for all prompts or a list of the same length;
+        ``tokenization_kwargs``: e.g. ``{"truncation": True, "max_length": N}``."""
+        ids = self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority,
+                           tokenization_kwargs=tokenization_kwargs, _queue=False)
+        return self._wait(ids, use_tqdm)
 
-    def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
-             sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
-             use_tqdm: bool = True, chat_template: Optional[str] = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, tools: Optional[list[dict]] = None,
-             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
-        """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
-        list of conversations, rendered with the tokenizer's chat template."""
+    def enqueue(self, prompts: Union[PromptType, Sequence[PromptType]],
+                sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+                lora_request: Any = None, priority: Optional[list[int]] = None, use_tqdm: bool = False,
+                tokenization_kwargs: Optional[dict[str, Any]] = None, _queue: bool = True) -> list[str]:
+        """Queue prompts without running them (vLLM's queued offline API); returns their
+        request ids. ``wait_for_completion()`` runs the engine and returns their outputs."""
+        check_lora_request(lora_request)
+        check_tokenization_kwargs(tokenization_kwargs)
+        tokenizer = self.get_tokenizer()
+        prompt_list = [tokenize_with_kwargs(tokenizer, p, tokenization_kwargs) for p in self._as_list(prompts)]
+        return self._add(prompt_list, sampling_params, priority, add_special_tokens=True, queue=_queue)
+
+    def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
+                     sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+                     lora_request: Any = None, chat_template: Optional[str] = None,
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict[str, Any]] = None,
+                     _queue: bool = True) -> list[str]:
+        """``enqueue`` for conversations, rendered as ``chat()`` renders them."""
+        check_lora_request(lora_request)
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages or of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else messages
+        template = load_chat_template(chat_template) or self.chat_template
         render = self.llm_engine.input_processor.render_chat
-        prompts = [render(conv, chat_template, add_generation_prompt, continue_final_message, tools,
+        prompts = [render(conv, template, add_generation_prompt, continue_final_message, tools,
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
-        return self._run(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
+        return self._add(prompts, sampling_params, None, add_special_tokens=False, queue=_queue)
+
+    def wait_for_completion(self, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run the engine until every request ``enqueue``/``enqueue_chat`` queued is done; their
+        outputs, in the order they were queued."""
+        ids, self._queued = self._queued, []
+        return self._wait(ids, use_tqdm)
+
+    def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
+             sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+             use_tqdm: bool = True, lora_request: Any = None, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict[str, Any]] = None
+             ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
+        list of conversations, rendered with ``chat_template`` (a template or a file path), else
+        the one given to ``LLM(chat_template=...)``, else the tokenizer's."""
+        ids = self.enqueue_chat(messages, sampling_params, lora_request=lora_request, chat_template=chat_template,
+                                add_generation_prompt=add_generation_prompt,
+                                continue_final_message=continue_final_message, tools=tools,
+                                chat_template_kwargs=chat_template_kwargs, _queue=False)
+        return self._wait(ids, use_tqdm)
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
         """vLLM's beam search, driven from here: each round asks the engine for one token with
@@ -194,8 +240,10 @@ class LLM:
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
-    def _run(self, prompts: list, sampling_params: Any, use_tqdm: bool, priority: Optional[list[int]],
-             add_special_tokens: bool) -> list[RequestOutput]:
+    def _add(self, prompts: list, sampling_params: Any, priority: Optional[list[int]], add_special_tokens: bool,
+             queue: bool) -> list[str]:
+        """Add every prompt or none: a bad one (or Ctrl-C) aborts those already added. With
+        ``queue`` the ids wait for ``wait_for_completion``; else the caller waits for them."""
         params = self._params_list(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority must have one entry per prompt ({len(prompts)}), got {len(priority)}")
@@ -207,11 +255,22 @@ class LLM:
                 request_ids.append(request_id)  # first: Ctrl-C inside add_request must abort it too
                 engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
                                    add_special_tokens=add_special_tokens)
-            finished = self._run_engine(len(request_ids), use_tqdm)
-        except BaseException:  # a bad prompt, Ctrl-C, an engine error: leave nothing queued
+        except BaseException:  # a bad prompt, Ctrl-C: leave nothing queued
             engine.abort_request(request_ids)
             raise
-        return [finished[request_id] for request_id in request_ids]
+        if queue:
+            self._queued += request_ids
+        return request_ids
+
+    def _wait(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Run the engine until nothing is left; the outputs of ``request_ids``. Outputs of
+        queued requests finished on the way are kept for ``wait_for_completion``."""
+        try:
+            self._done.update(self._run_engine(self.llm_engine.get_num_unfinished_requests(), use_tqdm))
+        except BaseException:  # Ctrl-C, an engine error: abort what this call waited for
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return [self._done.pop(request_id) for request_id in request_ids]
 
     def _run_engine(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
         engine = self.llm_engine

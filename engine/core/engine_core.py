@@ -54,9 +54,9 @@ class EngineCore:
         block_size = config.cache_config.block_size
         if self.num_kv_blocks * block_size < self.max_model_len:
             raise ValueError(
-                f"kv_cache_memory: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
+                f"kv_cache_memory_bytes: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
-                "raise kv_cache_memory or lower max_model_len")
+                "raise kv_cache_memory_bytes or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector)
