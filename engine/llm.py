@@ -21,8 +21,7 @@ from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_defa
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
 from engine.outputs import Logprob, RequestOutput
-from engine.request_options import (check_lora_request, check_tokenization_kwargs, load_chat_template,
-                                    tokenize_with_kwargs)
+from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -109,9 +108,8 @@ class LLM:
         request ids. ``wait_for_completion()`` runs the engine and returns their outputs."""
         check_lora_request(lora_request)
         check_tokenization_kwargs(tokenization_kwargs)
-        tokenizer = self.get_tokenizer()
-        prompt_list = [tokenize_with_kwargs(tokenizer, p, tokenization_kwargs) for p in self._as_list(prompts)]
-        return self._add(prompt_list, sampling_params, priority, add_special_tokens=True, queue=_queue)
+        return self._add(self._as_list(prompts), sampling_params, priority, add_special_tokens=True, queue=_queue,
+                         tokenization_kwargs=tokenization_kwargs)
 
     def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
                      sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
@@ -241,7 +239,7 @@ class LLM:
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
     def _add(self, prompts: list, sampling_params: Any, priority: Optional[list[int]], add_special_tokens: bool,
-             queue: bool) -> list[str]:
+             queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[str]:
         """Add every prompt or none: a bad one (or Ctrl-C) aborts those already added. With
         ``queue`` the ids wait for ``wait_for_completion``; else the caller waits for them."""
         params = self._params_list(sampling_params, len(prompts))
@@ -254,7 +252,7 @@ class LLM:
                 request_id = str(next(self._counter))
                 request_ids.append(request_id)  # first: Ctrl-C inside add_request must abort it too
                 engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
-                                   add_special_tokens=add_special_tokens)
+                                   add_special_tokens=add_special_tokens, tokenization_kwargs=tokenization_kwargs)
         except BaseException:  # a bad prompt, Ctrl-C: leave nothing queued
             engine.abort_request(request_ids)
             raise

@@ -9,6 +9,7 @@ import os
 from typing import Any, Optional
 
 from engine.frontend.input_processor import PromptType
+from engine.frontend.renderer import encode
 
 # What tokenization_kwargs may hold: the tokenizer's own truncation arguments.
 TOKENIZATION_KWARGS = ("truncation", "max_length", "add_special_tokens")
@@ -36,17 +37,35 @@ def check_tokenization_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
 
 def tokenize_with_kwargs(tokenizer: Any, prompt: PromptType, kwargs: Optional[dict[str, Any]],
                          add_special_tokens: bool = True) -> PromptType:
-    """A text prompt tokenized by ``tokenizer.encode(text, **kwargs)`` as vLLM does it, so
-    ``{"truncation": True, "max_length": N}`` keeps N tokens (from the side the tokenizer's
-    ``truncation_side`` says, the end by default), as ``{"prompt_token_ids", "prompt"}``.
-    Token-id prompts, and every prompt when ``kwargs`` is None, are returned as given."""
+    """A text prompt tokenized as vLLM's ``tokenizer.encode(text, **kwargs)`` tokenizes it, as
+    ``{"prompt_token_ids", "prompt"}``: ``{"truncation": True, "max_length": N}`` gives at most
+    N tokens, special tokens included, the text cut on the tokenizer's ``truncation_side``.
+    Token-id prompts, and every prompt when ``kwargs`` is empty, are returned as given."""
     if not kwargs:
         return prompt
     text = prompt.get("prompt") if isinstance(prompt, dict) and "prompt_token_ids" not in prompt else prompt
     if not isinstance(text, str) or tokenizer is None:
         return prompt
-    options = {"add_special_tokens": add_special_tokens, **kwargs}
-    return {"prompt_token_ids": tokenizer.encode(text, **options), "prompt": text}
+    add_special_tokens = kwargs.get("add_special_tokens", add_special_tokens)
+    truncation, max_length = kwargs.get("truncation"), kwargs.get("max_length")
+    # As Hugging Face: max_length alone truncates too; truncation alone cuts at model_max_length.
+    if truncation in (None, False, "do_not_truncate") and not (truncation is None and max_length is not None):
+        return {"prompt_token_ids": encode(tokenizer, text, add_special_tokens), "prompt": text}
+    return {"prompt_token_ids": _encode_truncated(tokenizer, text, max_length or tokenizer.model_max_length,
+                                                  add_special_tokens), "prompt": text}
+
+
+def _encode_truncated(tokenizer: Any, text: str, max_length: int, add_special_tokens: bool) -> list[int]:
+    """What the tokenizers library does for a truncating encode (cut the text's tokens, then
+    add the special tokens), without ``tokenizer.encode(truncation=...)``: that sets truncation
+    on the shared backend tokenizer, where every later encode (on any thread) would keep it."""
+    backend = tokenizer.backend_tokenizer
+    encoding = backend.encode(text, add_special_tokens=False)
+    special = backend.num_special_tokens_to_add(False) if add_special_tokens else 0
+    encoding.truncate(max(0, int(max_length) - special), direction=tokenizer.truncation_side)
+    if add_special_tokens:
+        encoding = backend.post_process(encoding, add_special_tokens=True)
+    return encoding.ids
 
 
 def load_chat_template(chat_template: Optional[str]) -> Optional[str]:
