@@ -1,4 +1,4 @@
-"""The EngineCore: a model runner, a KV cache and a scheduler, driven one step at a time.
+"""The EngineCore: a worker (engine/worker/worker.py), a KV cache and a scheduler, driven one step at a time.
 
 It knows nothing of tokenizers or transports: requests come in as ``EngineCoreRequest``
 (token ids), results go out as ``EngineCoreOutputs`` (token ids). The same object runs
