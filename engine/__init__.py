@@ -15,7 +15,9 @@ from engine.config import AsyncEngineArgs, EngineArgs  # noqa: E402
 from engine.frontend.input_processor import TextPrompt, TokensPrompt  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from engine.outputs import (CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput,  # noqa: E402
+                            RequestOutput)
+from engine.pooling_params import PoolingParams  # noqa: E402
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams  # noqa: E402
 
 
@@ -34,4 +36,5 @@ def _configure_logging() -> None:
 _configure_logging()
 
 __all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutputKind", "EngineArgs",
-           "AsyncEngineArgs", "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt"]
+           "AsyncEngineArgs", "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt",
+           "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput"]

@@ -36,8 +36,9 @@ from engine.frontend.input_processor import InputProcessor, PromptType, get_toke
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.frontend.renderer import Renderer
 from engine.llm_engine import rpc_args
+from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
-from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class RequestOutputCollector:
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
-        if type(output) is not RequestOutput:
+        if isinstance(output, BaseException):
             raise output
         return output
 
@@ -247,7 +248,7 @@ class AsyncLLM(EngineClient):
         """Each EngineCore's totals, in rank order (running and waiting requests, KV usage,
         prefix-cache queries and hits)."""
         return list(await asyncio.gather(*(self.engine_core.call_utility_async("get_stats", engine_index=rank)
-                                           for rank in self._engine_ranks())))
+                                           for rank in self.config.parallel_config.frontend_engine_indices)))
 
     def take_transport_latencies(self) -> list[float]:
         """Seconds from the core publishing each OUTPUTS message to the output handler taking
@@ -264,15 +265,8 @@ class AsyncLLM(EngineClient):
         """Call a public method of every EngineCore's worker by name: one result per
         data-parallel rank, as plain data."""
         call = rpc_args(method, timeout, args, kwargs)
-        return [result for rank in self._engine_ranks()
+        return [result for rank in self.config.parallel_config.frontend_engine_indices
                 for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)]
-
-    def _engine_ranks(self) -> list[int]:
-        """The data-parallel ranks this frontend's cores run (engine/client/factory.py)."""
-        parallel = self.config.parallel_config
-        if parallel.data_parallel_size == 1 or parallel.data_parallel_external_lb:
-            return [parallel.data_parallel_rank or 0]
-        return list(range(parallel.data_parallel_size))
 
     # -- requests --------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
@@ -290,9 +284,9 @@ class AsyncLLM(EngineClient):
             raise ValueError(f"request id {request_id!r} is already in use")
         check_lora_request(lora_request)
         check_tokenization_kwargs(tokenization_kwargs)
-        if data_parallel_rank is not None and data_parallel_rank not in self._engine_ranks():
-            raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) "
-                             f"{self._engine_ranks()}")
+        ranks = self.config.parallel_config.frontend_engine_indices
+        if data_parallel_rank is not None and data_parallel_rank not in ranks:
+            raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")
         self._run_output_handler()
         internal_id = f"{request_id}-{next(self._internal_ids)}"
         collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
@@ -306,7 +300,7 @@ class AsyncLLM(EngineClient):
                                                  self.tokenizer, prompt, tokenization_kwargs)
             request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
                                                     prompt, params, arrival_time, priority)
-            if params.n == 1:
+            if getattr(params, "n", 1) == 1:  # PoolingParams: one request
                 children = [(request, None, 0)]
             else:
                 parent = ParentRequest(internal_id, request.sampling_params)
@@ -354,6 +348,16 @@ class AsyncLLM(EngineClient):
                 if self.log_requests:
                     logger.info("Request %s aborted", request_id)
             raise
+
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *,
+                     priority: int = 0) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """vLLM's pooling counterpart of ``generate`` (a model served with runner="pooling"):
+        yields the request's one PoolingRequestOutput, made once its prompt is computed."""
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}")
+        self.input_processor.check_runner(pooling=True)
+        async for output in self.generate(prompt, pooling_params, request_id, priority=priority):
+            yield output
 
     def _abort_now(self, request_ids: Iterable[str]) -> None:
         internal_ids = []

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.pooler_config import PoolerConfig, resolve_runner
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -86,6 +88,11 @@ class EngineArgs:
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
+    # vLLM's runner and convert: "pooling" serves a *ForCausalLM as an embedding model
+    # (convert "embed": the final normed hidden states, pooled as pooler_config says).
+    runner: Literal["auto", "generate", "pooling"] = "auto"
+    convert: Literal["auto", "none", "embed"] = "auto"
+    pooler_config: Optional[PoolerConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -117,6 +124,9 @@ class ModelConfig:
     max_logprobs: int
     served_model_name: str
     skip_tokenizer_init: bool
+    runner_type: str = "generate"  # resolved: generate | pooling
+    convert_type: str = "none"  # resolved: none | embed
+    pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -146,6 +156,14 @@ class ParallelConfig:
     data_parallel_rank: Optional[int]
     data_parallel_external_lb: bool
 
+    @property
+    def frontend_engine_indices(self) -> list[int]:
+        """The ranks one frontend launches and talks to: all of them, or only its own when an
+        external load balancer spreads requests over one frontend per rank."""
+        if self.data_parallel_size > 1 and self.data_parallel_external_lb:
+            return [self.data_parallel_rank or 0]
+        return list(range(self.data_parallel_size))
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -162,6 +180,15 @@ class EngineConfig:
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
     worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
+
+    @property
+    def max_seqs_per_request(self) -> int:
+        """The most sequences (prompts x n) one request may ask for: SEQS_PER_REQUEST_IN_BATCHES
+        scheduler batches (max_num_seqs, over all data-parallel ranks). More could never run
+        together and would hold the engine for many batch lengths; the server refuses such a
+        request with a 400 (split it), and every entry point refuses such an ``n``."""
+        batch = self.scheduler_config.max_num_seqs * self.parallel_config.data_parallel_size
+        return SEQS_PER_REQUEST_IN_BATCHES * batch
 
 
 def _resolve_model(args: EngineArgs) -> tuple[str, str]:
@@ -341,6 +368,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    runner, convert, pooler = resolve_runner(args.runner, args.convert, args.pooler_config, arch)
+    # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector
+    # (LAST pooling always computes the last prompt token, so both are fine there).
+    mean_pooling = pooler is not None and pooler.pooling_type == "MEAN"
+    if mean_pooling and kv_transfer is not None:
+        raise ValueError("kv_transfer_config: MEAN pooling computes every prompt token, so KV loaded from a "
+                         "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
 
     device = resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, device, hf_config)
@@ -373,8 +407,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,
-            skip_tokenizer_init=args.skip_tokenizer_init),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=bool(args.enable_prefix_caching),
+            skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
+            pooler_config=pooler),
+        cache_config=CacheConfig(block_size=block_size,
+                                 enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),

@@ -20,7 +20,8 @@ from engine import envs
 from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
-from engine.outputs import Logprob, RequestOutput
+from engine.outputs import EmbeddingRequestOutput, Logprob, PoolingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -96,6 +97,7 @@ class LLM:
         ``{"prompt": ...}``/``{"prompt_token_ids": [...]}`` dict, or a list of these;
         ``sampling_params``: one for all prompts or a list of the same length;
         ``tokenization_kwargs``: e.g. ``{"truncation": True, "max_length": N}``."""
+        self._check_runner("generate", "LLM.generate()")
         ids = self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority,
                            tokenization_kwargs=tokenization_kwargs, _queue=False)
         return self._wait(ids, use_tqdm)
@@ -106,10 +108,12 @@ class LLM:
                 tokenization_kwargs: Optional[dict[str, Any]] = None, _queue: bool = True) -> list[str]:
         """Queue prompts without running them (vLLM's queued offline API); returns their
         request ids. ``wait_for_completion()`` runs the engine and returns their outputs."""
+        self._check_runner("generate", "LLM.enqueue()")
         check_lora_request(lora_request)
         check_tokenization_kwargs(tokenization_kwargs)
-        return self._add(self._as_list(prompts), sampling_params, priority, add_special_tokens=True, queue=_queue,
-                         tokenization_kwargs=tokenization_kwargs)
+        prompt_list = self._as_list(prompts)
+        return self._add(prompt_list, self._params_list(sampling_params, len(prompt_list)), priority,
+                         add_special_tokens=True, queue=_queue, tokenization_kwargs=tokenization_kwargs)
 
     def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
                      sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
@@ -118,6 +122,7 @@ class LLM:
                      tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict[str, Any]] = None,
                      _queue: bool = True) -> list[str]:
         """``enqueue`` for conversations, rendered as ``chat()`` renders them."""
+        self._check_runner("generate", "LLM.enqueue_chat()")
         check_lora_request(lora_request)
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages or of conversations")
@@ -127,7 +132,8 @@ class LLM:
         prompts = [render(conv, template, add_generation_prompt, continue_final_message, tools,
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
-        return self._add(prompts, sampling_params, None, add_special_tokens=False, queue=_queue)
+        return self._add(prompts, self._params_list(sampling_params, len(prompts)), None, add_special_tokens=False,
+                         queue=_queue)
 
     def wait_for_completion(self, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run the engine until every request ``enqueue``/``enqueue_chat`` queued is done; their
@@ -144,6 +150,7 @@ class LLM:
         """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
         list of conversations, rendered with ``chat_template`` (a template or a file path), else
         the one given to ``LLM(chat_template=...)``, else the tokenizer's."""
+        self._check_runner("generate", "LLM.chat()")
         ids = self.enqueue_chat(messages, sampling_params, lora_request=lora_request, chat_template=chat_template,
                                 add_generation_prompt=add_generation_prompt,
                                 continue_final_message=continue_final_message, tools=tools,
@@ -154,6 +161,7 @@ class LLM:
         """vLLM's beam search, driven from here: each round asks the engine for one token with
         the top ``2 * beam_width`` logprobs for every live beam, then keeps the best
         ``beam_width`` per prompt by length-penalised cumulative logprob."""
+        self._check_runner("generate", "LLM.beam_search()")
         tokenizer = self.get_tokenizer()
         eos = self.llm_engine.input_processor.eos_token_id
         width = params.beam_width
@@ -194,6 +202,48 @@ class LLM:
                 beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
             outputs.append(BeamSearchOutput(best))
         return outputs
+
+    def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+              pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None
+              ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in input order (a model served with runner="pooling"):
+        the pooled final hidden states, L2-normalised unless ``pooling_params`` says otherwise."""
+        self._check_runner("pooling", "LLM.embed()")
+        outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="embed")
+        return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None, *,
+               use_tqdm: bool = True, pooling_task: Optional[str] = "embed") -> list[PoolingRequestOutput]:
+        """One PoolingRequestOutput per prompt, in input order; ``outputs.data`` is the pooled
+        float32 tensor. ``pooling_task``: what the pooler computes ("embed", the one task a
+        converted decoder serves)."""
+        self._check_runner("pooling", "LLM.encode()")
+        prompt_list = self._as_list(prompts)
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        params = [pooling_params] * len(prompt_list) if isinstance(pooling_params, PoolingParams) else pooling_params
+        if not isinstance(params, (list, tuple)) or len(params) != len(prompt_list):
+            raise ValueError(f"pooling_params must be a PoolingParams or a list of {len(prompt_list)} (one per "
+                             f"prompt), got {pooling_params!r}")
+        for i, p in enumerate(params):
+            if not isinstance(p, PoolingParams):
+                raise TypeError(f"pooling_params[{i}] must be a PoolingParams, got {type(p).__name__}")
+            p.verify(pooling_task)
+        params = [msgspec.structs.replace(p, task=pooling_task) for p in params]
+        outputs = self._wait(self._add(prompt_list, params, None, add_special_tokens=True, queue=False), use_tqdm)
+        for output in outputs:
+            if output.error is not None:  # refused by the core: not a pooled vector
+                raise ValueError(f"request {output.request_id!r} failed: {output.error}")
+        return outputs
+
+    def _check_runner(self, runner: str, call: str) -> None:
+        """vLLM's runner check: a call that needs the other runner is a ValueError naming it."""
+        if self.llm_engine.config.model_config.runner_type == runner:
+            return
+        kind = "pooling" if runner == "pooling" else "generative"
+        raise ValueError(f"{call} is only supported for {kind} models. Try passing `--runner {runner}` "
+                         f"(LLM(runner={runner!r})) to use the model as a {kind} model.")
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
@@ -238,11 +288,11 @@ class LLM:
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
-    def _add(self, prompts: list, sampling_params: Any, priority: Optional[list[int]], add_special_tokens: bool,
+    def _add(self, prompts: list, params: list, priority: Optional[list[int]], add_special_tokens: bool,
              queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[str]:
-        """Add every prompt or none: a bad one (or Ctrl-C) aborts those already added. With
-        ``queue`` the ids wait for ``wait_for_completion``; else the caller waits for them."""
-        params = self._params_list(sampling_params, len(prompts))
+        """Add every prompt or none (``params``: one SamplingParams or PoolingParams each): a bad
+        one (or Ctrl-C) aborts those already added. With ``queue`` the ids wait for
+        ``wait_for_completion``; else the caller waits for them."""
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority must have one entry per prompt ({len(prompts)}), got {len(priority)}")
         engine = self.llm_engine
@@ -283,7 +333,8 @@ class LLM:
                     finished[output.request_id] = output
                     if use_tqdm:
                         in_tokens += len(output.prompt_token_ids or ())
-                        out_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        if isinstance(output, RequestOutput):
+                            out_tokens += sum(len(c.token_ids) for c in output.outputs)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
                                             f"output: {out_tokens / elapsed:.2f} toks/s", refresh=False)

@@ -65,7 +65,7 @@ class LLMEngine:
         request, text = self.input_processor.process(internal_id, prompt, params, arrival_time, priority,
                                                      add_special_tokens)
         self._internal_ids[request_id] = internal_id
-        if params.n == 1:
+        if getattr(params, "n", 1) == 1:  # PoolingParams: one request
             self.output_processor.add_request(request, text, output_id=request_id)
             self.engine_core.add_request(request)
             return request_id

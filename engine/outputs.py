@@ -6,7 +6,10 @@ token id, the chosen token first, then the top-N.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Generic, Optional, TypeVar, Union
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -62,3 +65,55 @@ class RequestOutput:
     error: Optional[str] = None
     # ringllm: with error set, the engine failed running the request (its fault, not a refusal).
     internal_error: bool = False
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    """The pooled vector of one prompt (vLLM's name): a float32 tensor of hidden_size values."""
+
+    data: torch.Tensor
+
+
+_O = TypeVar("_O")
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput(Generic[_O]):
+    """What ``LLM.encode`` and ``AsyncLLM.encode`` hand back: one per prompt, made once the
+    whole prompt is computed (``finished`` is always True), with vLLM's fields."""
+
+    request_id: str
+    outputs: _O
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
+    # ringllm, as on RequestOutput: why the engine refused or failed the request; None otherwise.
+    error: Optional[str] = None
+    internal_error: bool = False
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> "EmbeddingOutput":
+        data = pooling_output.data
+        if data.dim() != 1:
+            raise ValueError(f"an embedding is one vector; the pooled output has shape {tuple(data.shape)}")
+        return EmbeddingOutput(data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    """What ``LLM.embed`` hands back: ``outputs.embedding`` is a list of floats."""
+
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return EmbeddingRequestOutput(request_output.request_id, EmbeddingOutput.from_base(request_output.outputs),
+                                      request_output.prompt_token_ids, request_output.num_cached_tokens,
+                                      request_output.finished, request_output.error, request_output.internal_error)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import msgspec
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -34,6 +35,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: Optional[int] = None
     arrival_time: float = 0.0
     priority: int = 0
+    # A pooling request (runner="pooling"): prefill only, one output with ``pooled``, no sampling.
+    pooling_params: Optional[PoolingParams] = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -61,6 +64,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # With FinishReason.ERROR: the step that ran the request raised, so the engine is at fault,
     # not the request (HTTP 500, where a refusal is a 400); ``error`` names no path or traceback.
     internal_error: bool = False
+    # A pooling request's vector: little-endian float32 bytes (finished with FinishReason.STOP).
+    pooled: Optional[bytes] = None
 
     @property
     def finished(self) -> bool:

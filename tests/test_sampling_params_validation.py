@@ -133,6 +133,15 @@ def test_top_k_above_the_vocabulary_with_top_p_samples_like_no_top_k(llm, top_k)
     still_serves(llm)
 
 
+def test_an_n_beyond_the_engines_capacity_is_refused_before_the_fan_out(llm):
+    """``n=2**31`` used to be fanned out into 2**31 requests in the frontend (tens of GB)."""
+    with pytest.raises(ParameterError, match="n must be") as info:
+        llm.generate(PROMPT, SamplingParams(n=2 ** 31, max_tokens=1), use_tqdm=False)
+    assert info.value.parameter == "n"
+    assert not llm.llm_engine.has_unfinished_requests()
+    still_serves(llm)
+
+
 def test_logprobs_true_is_refused_before_it_reaches_the_core(llm):
     """``logprobs=True`` used to reach the sampler's ``topk`` and kill the EngineCore."""
     with pytest.raises(ParameterError, match="logprobs"):

@@ -17,10 +17,8 @@ from engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 
 class DPAsyncMPClient(AsyncMPClient):
-    """This frontend serves rank ``data_parallel_rank`` only; a balancer in front spreads load."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config, [config.parallel_config.data_parallel_rank or 0])
+    """This frontend serves rank ``data_parallel_rank`` only (``frontend_engine_indices``); a
+    balancer in front spreads load."""
 
 
 class DPLBAsyncMPClient(AsyncMPClient):
@@ -32,7 +30,7 @@ class DPLBAsyncMPClient(AsyncMPClient):
     """
 
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config, list(range(config.parallel_config.data_parallel_size)))
+        super().__init__(config)
         self._owner: dict[str, int] = {}  # request id -> index into self._cores
         self._load = [0] * len(self._cores)
         self._rotate = itertools.cycle(range(len(self._cores)))

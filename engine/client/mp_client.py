@@ -1,7 +1,7 @@
 """Clients of an EngineCore in another process: ``SyncMPClient`` (LLM) and ``AsyncMPClient``
 (AsyncLLM), both over one channel per core (the shm ring by default, zmq as baseline).
 
-Who gives way (DESIGN.md): the core never blocks on a full output ring, so the frontend
+Who gives way (docs/ARCHITECTURE.md): the core never blocks on a full output ring, so the frontend
 may block on a full request ring, but only while still taking outputs: the sync client
 drains outputs between send attempts and the async client waits for space in a task on
 the event loop, while the output handler keeps pulling outputs.
@@ -19,7 +19,6 @@ import weakref
 from collections import deque
 from typing import Any, Optional
 
-from engine import envs
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
 from engine.config import EngineConfig
 from engine.core.core_process import CoreProcess, close_cores, launch_cores
@@ -124,8 +123,8 @@ class AsyncMPClient(AsyncEngineCoreClient):
     running loop, so the client can be built before the loop exists.
     """
 
-    def __init__(self, config: EngineConfig, engine_indices: Optional[list[int]] = None) -> None:
-        self._cores = launch_cores(config, engine_indices or [0])
+    def __init__(self, config: EngineConfig) -> None:
+        self._cores = launch_cores(config, config.parallel_config.frontend_engine_indices)
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._outputs: deque[EngineCoreOutputs] = deque()

@@ -83,10 +83,10 @@ class CoreProcess:
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
                 engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path],
                 worker_cls_pickle=worker_pickle)
-            # The OpenMP settings go in the environment too, so they hold even if something
-            # imports torch before the core's own start-up code runs (FACTS.md: threads).
+            # The thread count goes in the environment too, so it holds even if something imports
+            # torch before the core's own start-up code runs; OMP_WAIT_POLICY is already in our
+            # environment (importing ``engine`` sets its default).
             env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
-            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
                                          pass_fds=self.channel.peer_fds(), env=env,
                                          stdin=subprocess.DEVNULL)

@@ -3,8 +3,8 @@ the frontend's ``engine.core.core_process``, runs ``EngineCoreProc``'s busy loop
 
 ``SPEC`` is a JSON ``CoreLaunchSpec``: the launch contract, defined here with the codec and
 channel both sides use. torch is imported only after the thread count and
-``OMP_WAIT_POLICY`` are set (FACTS.md: an OpenMP thread that spins while its partner core
-runs the frontend makes a decode step many times slower), so this module's top level
+``OMP_WAIT_POLICY`` are set (docs/ARCHITECTURE.md, "Threads": an OpenMP thread that spins
+while its partner core runs the frontend makes a decode step many times slower), so this module's top level
 imports no torch: the frontend imports it for the contract.
 """
 from __future__ import annotations
@@ -203,9 +203,10 @@ def _setup_process(spec: CoreLaunchSpec) -> None:
         set_parent_death_signal(signal.SIGKILL)
     threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True,
                      name="parent-watch").start()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(spec.num_threads)
-    import torch  # first import of torch in this process, after the two settings above
+    # first import of torch in this process: after the thread count, and after importing
+    # ``engine`` (as ``python -m`` did before this module ran) set OMP_WAIT_POLICY's default
+    import torch
 
     torch.set_num_threads(spec.num_threads)
 

@@ -10,6 +10,7 @@ import enum
 import time
 from typing import Optional
 
+from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest, FinishReason
 from engine.sampling_params import SamplingParams
 
@@ -44,11 +45,12 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
-                 "num_prompt_logprobs_sent", "_max_tokens")
+                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
-                 priority: int = 0, max_model_len: Optional[int] = None) -> None:
+                 priority: int = 0, max_model_len: Optional[int] = None,
+                 pooling_params: Optional[PoolingParams] = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -78,11 +80,13 @@ class Request:
             room = max_model_len - len(self.prompt_token_ids)
             limit = room if limit is None else min(limit, room)
         self._max_tokens = limit
+        # Set for a pooling request: it finishes once its prompt is computed, with the pooled vector.
+        self.pooling_params = pooling_params
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                   req.arrival_time or None, req.priority, max_model_len)
+                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params)
 
     @property
     def num_prompt_tokens(self) -> int:

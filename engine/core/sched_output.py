@@ -6,7 +6,9 @@ Contract (stated once, here):
   starting at ``req.num_computed_tokens``; their KV goes into the slots given by
   ``req.block_ids`` (block ``p // block_size``, offset ``p % block_size``). The scheduler has
   allocated every block needed before returning.
-- A request is sampled this step iff its scheduled tokens reach the end of its known tokens
+- A pooling request (``req.pooling_params``) is never sampled: when its scheduled tokens reach
+  the end of its prompt, its pooled vector is in ``ModelRunnerOutput.pooler_output``.
+- Any other request is sampled this step iff its scheduled tokens reach the end of its known tokens
   (``num_computed_tokens + n == num_tokens``): a final prefill chunk or a decode. Otherwise
   (an intermediate prefill chunk) only its KV and, if asked, its prompt logprobs are produced.
 - The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
@@ -50,3 +52,6 @@ class ModelRunnerOutput:
     # one row per prompt position p computed this step that has a next prompt token
     # (the logprob of prompt token p + 1). Concatenated across chunks they give len(prompt) - 1 rows.
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # Pooling requests whose prompt was completed this step: the pooled vector as float32 bytes.
+    # They are never sampled (not in req_ids).
+    pooler_output: dict[str, bytes] = field(default_factory=dict)

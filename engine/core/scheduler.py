@@ -32,7 +32,7 @@ from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import EngineCoreOutput, LogprobsLists, SchedulerStats
+from engine.protocol import EngineCoreOutput, FinishReason, LogprobsLists, SchedulerStats
 
 
 class FCFSQueue:
@@ -217,7 +217,8 @@ class Scheduler:
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance the scheduled requests by what the runner computed and sampled; returns one
-        output per request with a new token or new prompt logprobs."""
+        output per request with a new token or new prompt logprobs, and a finished output with
+        the pooled vector for each pooling request whose prompt is now computed."""
         outputs: list[EngineCoreOutput] = []
         sampled_ids, sampled_tokens = result.req_ids, result.sampled_token_ids
         logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
@@ -235,6 +236,16 @@ class Scheduler:
                     outputs.append(EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp))
                 continue
             req_id = req.request_id
+            if req.pooling_params is not None:  # prompt computed: its one output, and it is done
+                if caching:
+                    self.kv_cache.cache_blocks(req)
+                req.status = RequestStatus.FINISHED_STOPPED
+                outputs.append(EngineCoreOutput(req_id, [], finish_reason=FinishReason.STOP,
+                                                num_cached_tokens=req.num_cached_tokens,
+                                                pooled=result.pooler_output[req_id]))
+                self._free(req)
+                finished = True
+                continue
             if sampled_ids[j] != req_id:
                 raise RuntimeError(f"runner output out of batch order: {sampled_ids[j]!r} for {req_id!r}")
             token = sampled_tokens[j]

@@ -70,6 +70,11 @@ ENGINE_ARG_HELP = {
                           '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
                           '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
                           "(kv_role: kv_producer, kv_consumer or kv_both).",
+    "runner": "auto (generate for the *ForCausalLM models here), generate, or pooling (an embedding model: "
+              "LLM.embed, /v1/embeddings).",
+    "convert": "auto, none, or embed: how a *ForCausalLM becomes a pooling model (runner pooling).",
+    "pooler_config": 'Pooling model: JSON object, e.g. \'{"pooling_type": "MEAN", "normalize": true}\' '
+                     "(pooling_type LAST, the default, or MEAN).",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 

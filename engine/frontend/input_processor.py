@@ -17,8 +17,12 @@ import msgspec
 from engine.config import EngineConfig
 from engine.exceptions import ParameterError
 from engine.frontend.renderer import encode, max_token_bytes
+from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+# What a pooling request carries as its (unused) sampling params: nothing to sample or detokenize.
+_POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 class TextPrompt(TypedDict, total=False):
@@ -92,7 +96,9 @@ class InputProcessor:
         self.max_model_len = model_config.max_model_len
         self.vocab_size = model_config.vocab_size
         self.max_logprobs = model_config.max_logprobs
+        self.max_n = config.max_seqs_per_request
         self.priority_scheduling = config.scheduler_config.policy == "priority"
+        self.runner_type = model_config.runner_type  # "generate": SamplingParams only; "pooling": PoolingParams only
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
         self.eos_token_id: Optional[int] = eos[0] if isinstance(eos, list) else eos
         generation = _generation_config(config)
@@ -109,12 +115,17 @@ class InputProcessor:
         """SamplingParams() with the model's generation-config defaults applied."""
         return SamplingParams(**self.default_params)
 
-    def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
+    def process(self, request_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
                 arrival_time: Optional[float] = None, priority: int = 0,
                 add_special_tokens: bool = True) -> tuple[EngineCoreRequest, Optional[str]]:
-        """The request for the core, and the prompt text to echo in outputs."""
-        if not isinstance(params, SamplingParams):
+        """The request for the core, and the prompt text to echo in outputs. ``params``: a
+        SamplingParams on a generating model, a PoolingParams on a pooling one (runner)."""
+        pooling = isinstance(params, PoolingParams)
+        if not pooling and not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        self.check_runner(pooling)
+        if pooling:
+            params.verify()
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if not -(1 << 63) <= priority < (1 << 63):
@@ -123,10 +134,24 @@ class InputProcessor:
             raise ParameterError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
                                  parameter="priority", value=priority)
         text, token_ids = self._tokenize(prompt, add_special_tokens)
+        if pooling:
+            self._validate(token_ids, _POOLING_SAMPLING)
+            return EngineCoreRequest(request_id, token_ids, _POOLING_SAMPLING, None, _arrival_time(arrival_time),
+                                     priority, pooling_params=params), text
         self._validate(token_ids, params)
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
                                     _arrival_time(arrival_time), priority)
         return request, text
+
+    def check_runner(self, pooling: bool) -> None:
+        """A generation request on a pooling model, or a pooling one on a generating model, is a
+        ValueError naming the runner it needs (vLLM's runner check)."""
+        if pooling and self.runner_type != "pooling":
+            raise ValueError("pooling requests (PoolingParams: embed, encode) are only supported for pooling "
+                             "models. Try passing `--runner pooling` to use the model as a pooling model.")
+        if not pooling and self.runner_type == "pooling":
+            raise ValueError("generation requests (SamplingParams) are only supported for generative models. "
+                             "Try passing `--runner generate` to use the model as a generative model.")
 
     def prompt_size(self, prompt: PromptType) -> int:
         """The work tokenizing ``prompt`` is (characters, or token ids to check), to decide whether
@@ -196,6 +221,9 @@ class InputProcessor:
         return list(ids)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if params.n > self.max_n:  # each of n is a sequence the engine would hold
+            raise ParameterError(f"SamplingParams.n must be <= {self.max_n} (the sequences one request may hold), "
+                                 f"got {params.n}", parameter="n", value=params.n)
         if not token_ids:
             raise ParameterError("the prompt is empty; it must have at least one token", parameter="prompt")
         if len(token_ids) > self.max_model_len:

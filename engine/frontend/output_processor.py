@@ -15,9 +15,18 @@ import msgspec
 
 from engine.frontend.detokenizer import ByteLevelTable, IncrementalDetokenizer, make_detokenizer
 from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
-from engine.outputs import CompletionOutput, RequestOutput, RequestStateStats
+from engine.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput, RequestStateStats
 from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 from engine.sampling_params import RequestOutputKind, SamplingParams
+
+
+def _pooling_output(state: "RequestState", out: EngineCoreOutput) -> PoolingRequestOutput:
+    """A pooling request's one output: the core's float32 bytes as vLLM's tensor."""
+    import torch
+
+    data = torch.frombuffer(bytearray(out.pooled), dtype=torch.float32)
+    return PoolingRequestOutput(state.output_id, PoolingOutput(data), state.prompt_token_ids,
+                                out.num_cached_tokens, True)
 
 
 class ParentRequest:
@@ -196,8 +205,9 @@ class OutputProcessor:
                         finish_reason, stop_reason = FinishReason.STOP, stop_str
             if state.logprobs is not None:
                 state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            request_output = state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
-                                                       out.internal_error)
+            request_output = (_pooling_output(state, out) if out.pooled is not None else
+                              state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
+                                                        out.internal_error))
             if finish_reason is not None:
                 del states[out.request_id]
                 parent = state.parent

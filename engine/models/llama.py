@@ -247,6 +247,11 @@ class LlamaForCausalLM(nn.Module):
             act = F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]
         return h + _proj(act, down, None, False)
 
+    def norm_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm of the given rows of ``forward``'s output, in float32: the decoder's
+        last hidden states (transformers' ``hidden_states[-1]``), which a pooling model pools."""
+        return F.rms_norm(hidden.float(), (self.hidden,), self.norm.float(), self.eps)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head). A bf16/fp16 head

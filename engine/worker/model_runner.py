@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -39,11 +39,12 @@ _PROMPT_LOGPROBS_ROWS = 256
 
 
 class _RequestState:
-    __slots__ = ("generator", "prompt_mask")
+    __slots__ = ("generator", "prompt_mask", "pool_sum")
 
     def __init__(self) -> None:
         self.generator: Optional[torch.Generator] = None
         self.prompt_mask: Optional[torch.Tensor] = None
+        self.pool_sum: Optional[torch.Tensor] = None  # MEAN pooling: the normed rows of earlier chunks, summed
 
 
 @dataclass
@@ -54,6 +55,8 @@ class _Batch:
     sampled: list[Request]  # in batch order
     sample_rows: torch.Tensor  # row of each sampled request's last token
     prompt_lp: list[tuple[Request, int, list[int]]]  # (request, first row, next prompt tokens)
+    # Pooling requests with rows to pool this step: (request, first row, rows, prompt completed).
+    pooling: list[tuple[Request, int, int, bool]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -153,10 +156,33 @@ class ModelRunner:
                     if num is not None:
                         out.logprobs[req.request_id] = to_logprobs_lists(
                             result.logprob_token_ids[j:j + 1], result.logprobs[j:j + 1], result.ranks[j:j + 1], num)
+        for req, row, n, last in batch.pooling:
+            pooled = self._pool(req, hidden[row:row + n], last)
+            if pooled is not None:
+                out.pooler_output[req.request_id] = pooled
         for req, row, targets in batch.prompt_lp:
             out.prompt_logprobs[req.request_id] = self._prompt_logprobs(hidden, row, targets,
                                                                         req.sampling_params.prompt_logprobs)
         return out
+
+    def _pool(self, req: Request, rows: torch.Tensor, last: bool) -> Optional[bytes]:
+        """A pooling request's vector once its prompt is complete (None before): the final normed
+        hidden state of its last token (LAST) or their mean over the prompt (MEAN, summed chunk by
+        chunk), L2-normalised unless the request says otherwise; float32 bytes for the wire."""
+        pooler = self.config.model_config.pooler_config
+        if pooler.pooling_type == "LAST":
+            vec = self.model.norm_rows(rows[-1:])[0]
+        else:
+            state = self._state(req)
+            part = self.model.norm_rows(rows).sum(dim=0)
+            state.pool_sum = part if state.pool_sum is None else state.pool_sum + part
+            if not last:
+                return None
+            vec = state.pool_sum / req.num_prompt_tokens
+        normalize = req.pooling_params.normalize
+        if normalize if normalize is not None else pooler.normalize:
+            vec = torch.nn.functional.normalize(vec, dim=0)
+        return vec.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
 
     def _prompt_logprobs(self, hidden: torch.Tensor, row: int, targets: list[int], num: int) -> LogprobsLists:
         """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once."""
@@ -217,9 +243,15 @@ class ModelRunner:
             md.prefills.append(chunk)
         md.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
 
-        sampled, rows, prompt_lp = [], [], []
+        sampled, rows, prompt_lp, pooling = [], [], [], []
+        mean_pooling = getattr(self.config.model_config.pooler_config, "pooling_type", None) == "MEAN"
         for i, r in enumerate(reqs):
             n, p0 = counts[i], r.num_computed_tokens
+            if r.pooling_params is not None:  # never sampled: pooled once its prompt is computed
+                last = p0 + n == r.num_tokens
+                if last or mean_pooling:
+                    pooling.append((r, first_row[i], n, last))
+                continue
             if p0 + n == r.num_tokens:
                 sampled.append(r)
                 rows.append(first_row[i] + n - 1)
@@ -229,7 +261,7 @@ class ModelRunner:
                     prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
         return _Batch(torch.tensor(ids, dtype=torch.long, device=self.device),
                       torch.tensor(pos, dtype=torch.long, device=self.device), md, sampled,
-                      torch.tensor(rows, dtype=torch.long, device=self.device), prompt_lp)
+                      torch.tensor(rows, dtype=torch.long, device=self.device), prompt_lp, pooling)
 
     # ------------------------------------------------------------------ sampling inputs
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:

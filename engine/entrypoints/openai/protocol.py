@@ -151,21 +151,39 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The batch of prompts, each a string or a list of token ids."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if p and all(isinstance(x, int) for x in p):
-            return [list(p)]
-        if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
-            return list(p)
-        raise OpenAIError(400, "prompt must be a string, a list of strings, a list of token ids or a "
-                          "list of non-empty token-id lists", param="prompt", code="invalid_value")
+        return _prompt_batch(self.prompt, "prompt")
 
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
         return self._sampling_params(model_defaults, self.max_tokens, self.logprobs,
                                      self.logprobs if self.echo and self.logprobs is not None else None)
+
+
+def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
+    """OpenAI's prompt/input: a string, a batch of strings, one prompt of token ids, or a batch of
+    token-id prompts; as a list of prompts, each a string or a list of token ids."""
+    if isinstance(p, str):
+        return [p]
+    if p and all(isinstance(x, int) for x in p):
+        return [list(p)]
+    if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
+        return list(p)
+    raise OpenAIError(400, f"{param} must be a string, a list of strings, a list of token ids or a "
+                      "list of non-empty token-id lists", param=param, code="invalid_value")
+
+
+class EmbeddingRequest(Struct, kw_only=True):
+    """POST /v1/embeddings (a server started with ``--runner pooling``)."""
+
+    input: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[PositiveInt] = None  # matryoshka truncation: refused, no model here has it
+    user: Optional[str] = None
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        return _prompt_batch(self.input, "input")
 
 
 class ContentPart(Struct, kw_only=True):
@@ -316,3 +334,21 @@ class TokenizeResponse(Struct):
 
 class DetokenizeResponse(Struct):
     prompt: str
+
+
+class EmbeddingData(Struct, kw_only=True):
+    object: str = "embedding"
+    index: int
+    embedding: Union[list[float], str]  # a list of floats, or base64 of little-endian float32
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(Struct, kw_only=True):
+    object: str = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage

@@ -29,6 +29,7 @@ from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
 
@@ -66,6 +67,14 @@ class Serving:
     misc: OpenAIServingMisc
     metrics: ServerMetrics
     deadlines: Deadlines  # every request's time limit: the end of a drain fires them all
+    # /v1/embeddings, on a pooling engine (runner "pooling"); None on a generating one.
+    embedding: Optional[OpenAIServingEmbedding] = None
+
+    def check_runner(self, runner: str, api: str) -> None:
+        """A route of the other runner is a 400, as vLLM answers it ("does not support ...")."""
+        if (self.embedding is not None) != (runner == "pooling"):
+            raise OpenAIError(400, f"The model does not support {api} API: start the server with "
+                              f"`--runner {runner}` to serve it", code="model_not_supported")
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -77,11 +86,18 @@ SERVING = web.AppKey("serving", Serving)
 # so each handler finds them through the app.)
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
+    request.app[SERVING].check_runner("generate", "Completions")
     return await request.app[SERVING].completion.create_completion(request)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    request.app[SERVING].check_runner("generate", "Chat Completions")
     return await request.app[SERVING].chat.create_chat_completion(request)
+
+
+async def create_embedding(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("pooling", "Embeddings")
+    return await request.app[SERVING].embedding.create_embedding(request)
 
 
 async def show_models(request: web.Request) -> web.Response:
@@ -111,6 +127,7 @@ async def show_version(request: web.Request) -> web.Response:
 ROUTES = [
     web.post("/v1/completions", create_completion),
     web.post("/v1/chat/completions", create_chat_completion),
+    web.post("/v1/embeddings", create_embedding),
     web.get("/v1/models", show_models),
     web.get("/health", health),
     web.get("/metrics", metrics),
@@ -210,7 +227,8 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Servi
     tokenizer = await engine.get_tokenizer()
     shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
     chat = OpenAIServingChat(*shared)
-    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics, deadlines)
+    embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
+    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics, deadlines, embedding)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

@@ -38,12 +38,6 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
                 "X-Accel-Buffering": "no"}
 
 
-# A request may hold at most this many scheduler batches (max_num_seqs, over all data-parallel
-# ranks) of sequences (prompts x n): more could never run together and would hold the engine for
-# many batch lengths, so it is refused as a 400 (split it) rather than queued.
-SEQS_PER_REQUEST_IN_BATCHES = 8
-
-
 @dataclass(frozen=True)
 class ServingLimits:
     max_waiting_requests: Optional[int]  # sequences (prompts x n) without a first output; None: unbounded
@@ -55,9 +49,7 @@ class ServingLimits:
     def for_engine(cls, config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float],
                    retry_after_s: int) -> "ServingLimits":
         """The limits of a server over the engine of ``config`` (an ``EngineConfig``)."""
-        batch = config.scheduler_config.max_num_seqs * config.parallel_config.data_parallel_size
-        return cls(max_waiting_requests, request_timeout_s, retry_after_s,
-                             SEQS_PER_REQUEST_IN_BATCHES * batch)
+        return cls(max_waiting_requests, request_timeout_s, retry_after_s, config.max_seqs_per_request)
 
 
 class Deadlines:

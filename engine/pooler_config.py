@@ -1,0 +1,65 @@
+"""vLLM's runner / convert / pooler_config for the *ForCausalLM architectures served here.
+
+``runner="pooling"`` serves a decoder as an embedding model (convert "embed"): the final normed
+hidden states, pooled as ``PoolerConfig`` says. Validated here for ``create_engine_config``: a
+bad value is a ValueError naming the field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
+POOLING_TYPES = ("LAST", "MEAN")
+
+
+def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
+    return ValueError(f"{field_name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class PoolerConfig:
+    """How a pooling model turns its final normed hidden states into one vector (vLLM's
+    PoolerConfig): ``pooling_type`` LAST (the last prompt token, vLLM's default for decoders) or
+    MEAN (the mean over the prompt), and ``normalize`` (L2; default True) unless a request's
+    PoolingParams says otherwise."""
+
+    pooling_type: Optional[str] = None
+    normalize: Optional[bool] = None
+
+
+def resolve_runner(runner: str, convert: str, pooler: Any, arch: str) -> tuple[str, str, Optional[PoolerConfig]]:
+    """(runner, convert, pooler config) as vLLM resolves them for a *ForCausalLM architecture:
+    "auto" generates; "pooling" needs the "embed" conversion (what "auto" picks then)."""
+    if runner not in RUNNERS:
+        raise _bad("runner", f"one of {RUNNERS}", runner)
+    if convert not in CONVERTS:
+        raise _bad("convert", f"one of {CONVERTS}", convert)
+    if runner == "auto":
+        runner = "pooling" if convert == "embed" else "generate"
+    if runner == "generate":
+        if convert == "embed":
+            raise ValueError("convert: 'embed' makes a pooling model; it needs runner='pooling' (or 'auto')")
+        if pooler is not None:
+            raise ValueError("pooler_config: only a pooling model has a pooler; pass runner='pooling'")
+        return runner, "none", None
+    if convert == "none":
+        raise ValueError(f"convert: {arch} has no pooling head of its own; runner='pooling' needs "
+                         "convert='embed' (or 'auto')")
+    if pooler is None:
+        pooler = PoolerConfig()
+    elif isinstance(pooler, dict):
+        try:
+            pooler = PoolerConfig(**pooler)
+        except TypeError as e:
+            raise ValueError(f"pooler_config: {e} (fields: pooling_type, normalize)") from e
+    elif not isinstance(pooler, PoolerConfig):
+        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
+    pooling_type = "LAST" if pooler.pooling_type is None else str(pooler.pooling_type).upper()
+    if pooling_type not in POOLING_TYPES:
+        raise _bad("pooler_config.pooling_type", f"one of {POOLING_TYPES}", pooler.pooling_type)
+    normalize = True if pooler.normalize is None else pooler.normalize
+    if not isinstance(normalize, bool):
+        raise _bad("pooler_config.normalize", "a bool", pooler.normalize)
+    return runner, "embed", PoolerConfig(pooling_type, normalize)
