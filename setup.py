@@ -22,6 +22,7 @@ setup(
         "cffi>=1.16",
         "posix_ipc>=1.1",
         "msgspec>=0.18",
+        "cloudpickle",
         "pyzmq>=25",
         "transformers>=4.45",
         "tokenizers",

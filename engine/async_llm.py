@@ -23,19 +23,22 @@ import logging
 import time
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import AsyncGenerator, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 import msgspec
 
 from engine import envs
 from engine.client import make_client
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
+from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.frontend.renderer import Renderer
+from engine.llm_engine import rpc_args
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
+from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -158,8 +161,8 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
         requests.clear()  # the task ends here; AsyncLLM.errored reports it from now on
 
 
-class AsyncLLM:
-    def __init__(self, config: EngineConfig, *, log_requests: bool = False) -> None:
+class AsyncLLM(EngineClient):
+    def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True) -> None:
         self.config = config
         self.model_config = config.model_config
         self.log_requests = log_requests
@@ -180,14 +183,23 @@ class AsyncLLM:
         gc.freeze()
         try:
             asyncio.get_running_loop()
-            self._run_output_handler()
+            if start_engine_loop:
+                self._run_output_handler()
         except RuntimeError:
             pass  # no loop yet: the handler starts with the first request
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "AsyncLLM":
-        return cls(engine_args.create_engine_config(),
+    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True) -> "AsyncLLM":
+        """``start_engine_loop``: start the output handler now (when called inside a running
+        event loop); False leaves it to the first request."""
+        return cls(engine_args.create_engine_config(), start_engine_loop=start_engine_loop,
                    log_requests=getattr(engine_args, "enable_log_requests", False))
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: EngineConfig, start_engine_loop: bool = True,
+                         enable_log_requests: bool = False) -> "AsyncLLM":
+        """From the config ``EngineArgs.create_engine_config()`` derived (vLLM's VllmConfig)."""
+        return cls(vllm_config, log_requests=enable_log_requests, start_engine_loop=start_engine_loop)
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, *, log_requests: bool = False) -> "AsyncLLM":
@@ -229,6 +241,15 @@ class AsyncLLM:
     async def get_model_config(self):
         return self.model_config
 
+    async def get_vllm_config(self) -> EngineConfig:
+        return self.config
+
+    async def get_stats(self) -> list[dict[str, Any]]:
+        """Each EngineCore's totals, in rank order (running and waiting requests, KV usage,
+        prefix-cache queries and hits)."""
+        return list(await asyncio.gather(*(self.engine_core.call_utility_async("get_stats", engine_index=rank)
+                                           for rank in self.config.parallel_config.frontend_engine_indices)))
+
     def take_transport_latencies(self) -> list[float]:
         """Seconds from the core publishing each OUTPUTS message to the output handler taking
         it, for every message since the previous call (the ring's own latency, for /metrics)."""
@@ -239,17 +260,33 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache")
 
+    async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                             kwargs: Optional[dict] = None) -> list:
+        """Call a public method of every EngineCore's worker by name: one result per
+        data-parallel rank, as plain data."""
+        call = rpc_args(method, timeout, args, kwargs)
+        return [result for rank in self.config.parallel_config.frontend_engine_indices
+                for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)]
+
     # -- requests --------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                          arrival_time: Optional[float] = None, priority: int = 0) -> RequestOutputCollector:
+                          arrival_time: Optional[float] = None, priority: int = 0, *, lora_request: Any = None,
+                          tokenization_kwargs: Optional[dict[str, Any]] = None,
+                          data_parallel_rank: Optional[int] = None) -> RequestOutputCollector:
         """Tokenize, validate and send; returns the request's collector at once (the first
-        output comes later). Bad input raises ValueError/TypeError and nothing is sent."""
+        output comes later). Bad input raises ValueError/TypeError and nothing is sent.
+        ``data_parallel_rank`` sends it to that rank's EngineCore."""
         if self.errored:
             raise self.dead_error
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        check_lora_request(lora_request)
+        check_tokenization_kwargs(tokenization_kwargs)
+        ranks = self.config.parallel_config.frontend_engine_indices
+        if data_parallel_rank is not None and data_parallel_rank not in ranks:
+            raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")
         self._run_output_handler()
         internal_id = f"{request_id}-{next(self._internal_ids)}"
         collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
@@ -258,6 +295,9 @@ class AsyncLLM:
         try:
             processor = self.input_processor
             processor.check_prompt_fits(prompt)  # a prompt too long to fit is refused before the queue
+            if tokenization_kwargs:
+                prompt = await self.renderer.run(processor.prompt_size(prompt), tokenize_with_kwargs,
+                                                 self.tokenizer, prompt, tokenization_kwargs)
             request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
                                                     prompt, params, arrival_time, priority)
             if getattr(params, "n", 1) == 1:  # PoolingParams: one request
@@ -273,7 +313,7 @@ class AsyncLLM:
                 self.output_processor.add_request(child, text, parent, index, output_id=request_id,
                                                   queue=collector)
             for child, _, _ in children:
-                await self.engine_core.add_request_async(child)
+                await self.engine_core.add_request_async(child, data_parallel_rank)
         except BaseException:
             self._abort_now([request_id])
             raise
@@ -283,13 +323,17 @@ class AsyncLLM:
         return collector
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,
-                       priority: int = 0, arrival_time: Optional[float] = None
-                       ) -> AsyncGenerator[RequestOutput, None]:
+                       lora_request: Any = None, tokenization_kwargs: Optional[dict[str, Any]] = None,
+                       priority: int = 0, data_parallel_rank: Optional[int] = None,
+                       arrival_time: Optional[float] = None) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs until it finishes. Cancelling the consumer (or closing
-        the generator) aborts the request in the core."""
+        the generator) aborts the request in the core; ``abort(request_id)`` ends it with a last
+        output finished with "abort"."""
         collector = None
         try:
-            collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority)
+            collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority,
+                                               lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                                               data_parallel_rank=data_parallel_rank)
             finished = False
             while not finished:
                 output = collector.get_nowait() or await collector.get()
@@ -332,8 +376,13 @@ class AsyncLLM:
         self._abort_now([request_id] if isinstance(request_id, str) else request_id)
 
     # -- lifetime --------------------------------------------------------------------
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop the handler, the core process(es) and the tokenizer pool; idempotent."""
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        """Stop the handler, the core process(es) and the tokenizer pool; idempotent. The
+        cores get ``timeout`` seconds (default: the ``shutdown_timeout`` setting) to exit
+        before they are killed."""
+        if timeout is None:
+            engine_args = getattr(getattr(self, "config", None), "engine_args", None)
+            timeout = engine_args.shutdown_timeout if engine_args is not None else EngineArgs.shutdown_timeout
         handler = getattr(self, "output_handler", None)
         if handler is not None and not handler.done():
             loop = handler.get_loop()
@@ -358,7 +407,7 @@ class AsyncLLM:
 
 @asynccontextmanager
 async def build_async_engine_client_from_engine_args(engine_args: AsyncEngineArgs
-                                                     ) -> AsyncGenerator[AsyncLLM, None]:
+                                                     ) -> AsyncGenerator[EngineClient, None]:
     """The AsyncLLM a server runs on, shut down whatever way the server exits."""
     engine = None
     try:

@@ -60,7 +60,8 @@ class EngineArgs:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     load_format: str = "auto"
     device: str = "auto"
-    kv_cache_memory: Optional[int] = None  # bytes for the KV cache on CPU
+    kv_cache_memory_bytes: Optional[int] = None  # bytes for the KV cache on CPU (vLLM's name)
+    kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
@@ -76,8 +77,14 @@ class EngineArgs:
     renderer_num_workers: int = 1
     served_model_name: Optional[str] = None
     hf_overrides: Optional[dict] = None
-    # The EngineCore's model runner: "auto" (ModelRunner), a ModelRunner subclass, or its
-    # qualified name "module.Class" (see _worker_cls_name).
+    # vLLM keywords for what ringllm runs one way only: accepted at that value, refused otherwise.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    quantization: Optional[str] = None
+    # Seconds AsyncLLM.shutdown() gives the EngineCore(s) to exit before killing them.
+    shutdown_timeout: float = 5.0
+    # The EngineCore's worker: "auto" (engine.worker.Worker), a dotted path "module.Class" or
+    # a Worker subclass, cloudpickled to the EngineCore process at launch (see _worker_cls).
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
@@ -171,7 +178,7 @@ class EngineConfig:
     ring_capacity: int
     disable_log_stats: bool
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
-    worker_cls: str = "auto"  # "auto" or the qualified name of a ModelRunner subclass
+    worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
 
     @property
@@ -280,29 +287,41 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
     return CompilationConfig(mode=0) if enforce_eager else cfg
 
 
-def _worker_cls_name(value: Any) -> str:
-    """``worker_cls`` as the name the EngineCore process imports it by. vLLM cloudpickles a
-    class; here a class is sent by reference: its module must be importable by name in the
-    core, which gets this process's ``sys.path`` (so a class defined in ``__main__`` or inside
-    a function is refused now, before any launch)."""
-    if isinstance(value, type):
-        name = f"{value.__module__}.{value.__qualname__}"
-        if value.__module__ == "__main__" or "." in value.__qualname__:
-            raise ValueError(f"worker_cls: {name} cannot be imported by name in the EngineCore process; "
-                             "define it at the top level of an importable module (it is sent by reference, "
-                             "not pickled)")
-    elif isinstance(value, str):
-        name = value
-    else:
-        raise _bad("worker_cls", "'auto', a ModelRunner subclass or its qualified name 'module.Class'", value)
-    if name == "auto":
-        return name
-    from engine.worker.model_runner import load_worker_cls
+def _worker_cls(value: Any) -> Union[str, type]:
+    """``worker_cls`` checked before any launch: "auto", a dotted path (imported here, and by
+    the EngineCore at launch) or a class (cloudpickled into the launch spec,
+    engine/core/core_process.py). ValueError unless it names an ``engine.worker.Worker``."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    from engine.worker import resolve_worker_cls
 
-    cls = load_worker_cls(name)
-    if isinstance(value, type) and cls is not value:
-        raise ValueError(f"worker_cls: importing {name} by name gives another object than the class given")
-    return name
+    resolve_worker_cls(value)
+    return value
+
+
+def _kv_cache_memory_bytes(args: EngineArgs) -> int:
+    """``kv_cache_memory_bytes``, or its alias ``kv_cache_memory``; default 2 GiB."""
+    given = {name: getattr(args, name) for name in ("kv_cache_memory_bytes", "kv_cache_memory")
+             if getattr(args, name) is not None}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"kv_cache_memory_bytes and its alias kv_cache_memory disagree: {given}")
+    name, value = next(iter(given.items()), ("kv_cache_memory_bytes", 2 << 30))
+    return _positive_int(name, value, 1)
+
+
+def _check_single_device(args: EngineArgs) -> None:
+    """vLLM's parallelism and quantization keywords, at the one value ringllm runs."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(args, name)
+        if value != 1:
+            raise ValueError(f"{name}={value!r} is not supported: each EngineCore runs the whole model on one "
+                             f"device, so {name} must be 1 (for more engines use data_parallel_size)")
+    if args.quantization is not None:
+        raise ValueError(f"quantization={args.quantization!r} is not supported; supported: None (weights run in "
+                         "the model's dtype; a .gguf model is dequantized at load)")
+    if not isinstance(args.shutdown_timeout, (int, float)) or isinstance(args.shutdown_timeout, bool) \
+            or not 0 <= args.shutdown_timeout < float("inf"):
+        raise _bad("shutdown_timeout", "a finite number of seconds >= 0", args.shutdown_timeout)
 
 
 def default_num_threads() -> int:
@@ -333,8 +352,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
+    _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
-    worker_cls = _worker_cls_name(args.worker_cls)
+    worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
 
     path, load_format = _resolve_model(args)
@@ -375,8 +395,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
-    kv_mem = args.kv_cache_memory if args.kv_cache_memory is not None else 2 << 30
-    _positive_int("kv_cache_memory", kv_mem, 1)
+    kv_mem = _kv_cache_memory_bytes(args)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
 

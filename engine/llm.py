@@ -22,6 +22,7 @@ from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
 from engine.outputs import EmbeddingRequestOutput, Logprob, PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
+from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,14 @@ class LLM:
             kwargs.pop("swap_space")
             warnings.warn("LLM(swap_space=...) is deprecated and ignored: preempted requests are "
                           "recomputed, never swapped", DeprecationWarning, stacklevel=2)
+        chat_template = load_chat_template(kwargs.pop("chat_template", None))
+        kwargs.setdefault("disable_log_stats", True)  # as vLLM's LLM: no per-step stats offline
         compilation = kwargs.get("compilation_config")
         if isinstance(compilation, int) and not isinstance(compilation, bool):
             kwargs["compilation_config"] = CompilationConfig(mode=compilation)
         engine_args = EngineArgs(model=model, **kwargs)
         self._init(engine_args)
+        self.chat_template = chat_template
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
@@ -75,6 +79,9 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(
             engine_args, enable_multiprocessing=envs.RINGLLM_ENABLE_MULTIPROCESSING)
         self._counter = itertools.count()
+        self.chat_template: Optional[str] = None  # chat()'s default template (LLM(chat_template=...))
+        self._queued: list[str] = []  # ids enqueue() added, in order, for wait_for_completion()
+        self._done: dict[str, RequestOutput] = {}  # finished outputs of queued requests
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
@@ -84,32 +91,71 @@ class LLM:
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
-                 use_tqdm: bool = True, priority: Optional[list[int]] = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: Any = None, priority: Optional[list[int]] = None,
+                 tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in input order. ``prompts``: a str, a token-id list, a
         ``{"prompt": ...}``/``{"prompt_token_ids": [...]}`` dict, or a list of these;
-        ``sampling_params``: one for all prompts or a list of the same length."""
+        ``sampling_params``: one for all prompts or a list of the same length;
+        ``tokenization_kwargs``: e.g. ``{"truncation": True, "max_length": N}``."""
         self._check_runner("generate", "LLM.generate()")
-        prompt_list = self._as_list(prompts)
-        return self._run(prompt_list, self._params_list(sampling_params, len(prompt_list)), use_tqdm, priority,
-                         add_special_tokens=True)
+        ids = self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority,
+                           tokenization_kwargs=tokenization_kwargs, _queue=False)
+        return self._wait(ids, use_tqdm)
 
-    def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
-             sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
-             use_tqdm: bool = True, chat_template: Optional[str] = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, tools: Optional[list[dict]] = None,
-             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
-        """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
-        list of conversations, rendered with the tokenizer's chat template."""
-        self._check_runner("generate", "LLM.chat()")
+    def enqueue(self, prompts: Union[PromptType, Sequence[PromptType]],
+                sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+                lora_request: Any = None, priority: Optional[list[int]] = None, use_tqdm: bool = False,
+                tokenization_kwargs: Optional[dict[str, Any]] = None, _queue: bool = True) -> list[str]:
+        """Queue prompts without running them (vLLM's queued offline API); returns their
+        request ids. ``wait_for_completion()`` runs the engine and returns their outputs."""
+        self._check_runner("generate", "LLM.enqueue()")
+        check_lora_request(lora_request)
+        check_tokenization_kwargs(tokenization_kwargs)
+        prompt_list = self._as_list(prompts)
+        return self._add(prompt_list, self._params_list(sampling_params, len(prompt_list)), priority,
+                         add_special_tokens=True, queue=_queue, tokenization_kwargs=tokenization_kwargs)
+
+    def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
+                     sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+                     lora_request: Any = None, chat_template: Optional[str] = None,
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict[str, Any]] = None,
+                     _queue: bool = True) -> list[str]:
+        """``enqueue`` for conversations, rendered as ``chat()`` renders them."""
+        self._check_runner("generate", "LLM.enqueue_chat()")
+        check_lora_request(lora_request)
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages or of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else messages
+        template = load_chat_template(chat_template) or self.chat_template
         render = self.llm_engine.input_processor.render_chat
-        prompts = [render(conv, chat_template, add_generation_prompt, continue_final_message, tools,
+        prompts = [render(conv, template, add_generation_prompt, continue_final_message, tools,
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
-        return self._run(prompts, self._params_list(sampling_params, len(prompts)), use_tqdm, None,
-                         add_special_tokens=False)
+        return self._add(prompts, self._params_list(sampling_params, len(prompts)), None, add_special_tokens=False,
+                         queue=_queue)
+
+    def wait_for_completion(self, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run the engine until every request ``enqueue``/``enqueue_chat`` queued is done; their
+        outputs, in the order they were queued."""
+        ids, self._queued = self._queued, []
+        return self._wait(ids, use_tqdm)
+
+    def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
+             sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
+             use_tqdm: bool = True, lora_request: Any = None, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict[str, Any]] = None
+             ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} messages) or to a
+        list of conversations, rendered with ``chat_template`` (a template or a file path), else
+        the one given to ``LLM(chat_template=...)``, else the tokenizer's."""
+        self._check_runner("generate", "LLM.chat()")
+        ids = self.enqueue_chat(messages, sampling_params, lora_request=lora_request, chat_template=chat_template,
+                                add_generation_prompt=add_generation_prompt,
+                                continue_final_message=continue_final_message, tools=tools,
+                                chat_template_kwargs=chat_template_kwargs, _queue=False)
+        return self._wait(ids, use_tqdm)
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
         """vLLM's beam search, driven from here: each round asks the engine for one token with
@@ -185,7 +231,7 @@ class LLM:
                 raise TypeError(f"pooling_params[{i}] must be a PoolingParams, got {type(p).__name__}")
             p.verify(pooling_task)
         params = [msgspec.structs.replace(p, task=pooling_task) for p in params]
-        outputs = self._run(prompt_list, params, use_tqdm, None, add_special_tokens=True)
+        outputs = self._wait(self._add(prompt_list, params, None, add_special_tokens=True, queue=False), use_tqdm)
         for output in outputs:
             if output.error is not None:  # refused by the core: not a pooled vector
                 raise ValueError(f"request {output.request_id!r} failed: {output.error}")
@@ -201,6 +247,12 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
+
+    def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """Call a public method of the EngineCore's worker by name (vLLM's collective_rpc):
+        one result per worker, as plain data (lists, dicts, numbers, strings)."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
@@ -236,10 +288,11 @@ class LLM:
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
                 msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
-    def _run(self, prompts: list, params: list, use_tqdm: bool, priority: Optional[list[int]],
-             add_special_tokens: bool) -> list:
-        """Queue one request per prompt (``params``: one SamplingParams or PoolingParams each)
-        and drive the engine until all are done."""
+    def _add(self, prompts: list, params: list, priority: Optional[list[int]], add_special_tokens: bool,
+             queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[str]:
+        """Add every prompt or none (``params``: one SamplingParams or PoolingParams each): a bad
+        one (or Ctrl-C) aborts those already added. With ``queue`` the ids wait for
+        ``wait_for_completion``; else the caller waits for them."""
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority must have one entry per prompt ({len(prompts)}), got {len(priority)}")
         engine = self.llm_engine
@@ -249,12 +302,23 @@ class LLM:
                 request_id = str(next(self._counter))
                 request_ids.append(request_id)  # first: Ctrl-C inside add_request must abort it too
                 engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
-                                   add_special_tokens=add_special_tokens)
-            finished = self._run_engine(len(request_ids), use_tqdm)
-        except BaseException:  # a bad prompt, Ctrl-C, an engine error: leave nothing queued
+                                   add_special_tokens=add_special_tokens, tokenization_kwargs=tokenization_kwargs)
+        except BaseException:  # a bad prompt, Ctrl-C: leave nothing queued
             engine.abort_request(request_ids)
             raise
-        return [finished[request_id] for request_id in request_ids]
+        if queue:
+            self._queued += request_ids
+        return request_ids
+
+    def _wait(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Run the engine until nothing is left; the outputs of ``request_ids``. Outputs of
+        queued requests finished on the way are kept for ``wait_for_completion``."""
+        try:
+            self._done.update(self._run_engine(self.llm_engine.get_num_unfinished_requests(), use_tqdm))
+        except BaseException:  # Ctrl-C, an engine error: abort what this call waited for
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return [self._done.pop(request_id) for request_id in request_ids]
 
     def _run_engine(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
         engine = self.llm_engine

@@ -23,6 +23,7 @@ from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.outputs import RequestOutput
+from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,9 +49,14 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: Optional[float] = None, priority: int = 0,
-                    add_special_tokens: bool = True) -> str:
+                    add_special_tokens: bool = True, *, lora_request: Any = None,
+                    tokenization_kwargs: Optional[dict[str, Any]] = None) -> str:
         """Queue a request; a bad prompt or bad params raise ValueError/TypeError here and
-        nothing is queued. With ``params.n > 1`` the core runs n child requests."""
+        nothing is queued. With ``params.n > 1`` the core runs n child requests.
+        ``lora_request`` must be None; ``tokenization_kwargs`` truncates a text prompt."""
+        check_lora_request(lora_request)
+        check_tokenization_kwargs(tokenization_kwargs)
+        prompt = tokenize_with_kwargs(self.tokenizer, prompt, tokenization_kwargs, add_special_tokens)
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
         if request_id in self._internal_ids:
@@ -104,5 +110,22 @@ class LLMEngine:
         """Engine totals: running and waiting requests, KV usage, prefix-cache queries and hits."""
         return self.engine_core.call_utility("get_stats")
 
+    def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """``method`` called by name on the EngineCore's worker (engine/worker/worker.py); one
+        result per worker (one here), as plain data."""
+        return self.engine_core.call_utility("collective_rpc", *rpc_args(method, timeout, args, kwargs))
+
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+
+
+def rpc_args(method: Any, timeout: Optional[float], args: tuple, kwargs: Optional[dict]) -> tuple:
+    """The UTILITY arguments of a collective_rpc: a method *name* only (a callable would have
+    to be pickled onto the ring, which carries no pickle); ``timeout`` is not supported."""
+    if not isinstance(method, str):
+        raise TypeError(f"collective_rpc takes the name of a worker method, got {type(method).__name__} "
+                        "(the rings carry no pickled callables)")
+    if timeout is not None:
+        raise ValueError("collective_rpc(timeout=...) is not supported: the call waits for the worker")
+    return method, list(args), dict(kwargs or {})

@@ -1,9 +1,10 @@
-"""Model runners with injected faults, for the failure tests. The EngineCore process imports
-them by name (``worker_cls``), so they live at the top level of this importable module."""
+"""Workers with injected faults, for the failure tests. Top-level classes of an importable
+module, so both forms of ``worker_cls`` work: the class (cloudpickled by reference) and its
+dotted path ``faulty_runner.FaultyWorker`` (``ringllm serve --worker-cls``)."""
 from __future__ import annotations
 
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.worker.model_runner import ModelRunner
+from engine.worker import Worker
 
 # A prompt holding this token id makes its step fail (no other test prompt uses it).
 POISON = 4321
@@ -11,7 +12,7 @@ POISON = 4321
 FAULT_TEXT = "injected fault in /secret/site-packages/kernel.py"
 
 
-class FaultyRunner(ModelRunner):
+class FaultyWorker(Worker):
     """Raises in any step whose batch holds a request with POISON in its prompt."""
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -20,7 +21,7 @@ class FaultyRunner(ModelRunner):
         return super().execute_model(so)
 
 
-class BrokenRunner(ModelRunner):
+class BrokenWorker(Worker):
     """Every step that runs a request raises: a device that no longer works."""
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -29,8 +30,8 @@ class BrokenRunner(ModelRunner):
         return super().execute_model(so)
 
 
-class NotARunner:
-    """Has the method but is no ModelRunner: refused as a worker_cls."""
+class NotAWorker:
+    """Has the method but is no Worker: refused as a worker_cls."""
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         return ModelRunnerOutput()

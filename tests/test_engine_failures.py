@@ -2,7 +2,7 @@
 ends with ENGINE_DEAD and is reaped at once; ``worker_cls`` is checked before any launch.
 
 Faults are injected in a real EngineCore process through ``worker_cls`` (tests/faulty_runner.py,
-imported by name in the core), not by mocking.
+Worker subclasses), not by mocking.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from engine.config import AsyncEngineArgs, EngineArgs
 from engine.exceptions import EngineDeadError, EngineStepError
 from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
-from faulty_runner import FAULT_TEXT, POISON, BrokenRunner, FaultyRunner, NotARunner
+from faulty_runner import FAULT_TEXT, POISON, BrokenWorker, FaultyWorker, NotAWorker
 from test_engine_proc import EXIT_DEADLINE_S, TINY, nothing_left_behind, request, tiny_config, wait_until  # noqa: F401
 
 
@@ -40,7 +40,7 @@ def final_outputs(client, ids: set[str]) -> dict:
 
 def test_a_failed_step_fails_its_request_and_the_core_serves_on(tiny_model_dir, capfd):
     # One request per step, so the poisoned request's step holds it alone.
-    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=FaultyRunner, max_num_seqs=1))
+    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=FaultyWorker, max_num_seqs=1))
     try:
         client.add_request(request("a", max_tokens=5))
         client.add_request(request("poisoned", prompt=(1, 2, POISON)))
@@ -62,7 +62,7 @@ def test_a_failed_step_fails_its_request_and_the_core_serves_on(tiny_model_dir, 
 
 
 def test_requests_sharing_the_failed_step_fail_with_it_and_their_blocks_return(tiny_model_dir):
-    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=FaultyRunner))
+    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=FaultyWorker))
     try:
         client.add_request(request("running", max_tokens=200))
         client.get_output()  # it runs
@@ -78,7 +78,7 @@ def test_requests_sharing_the_failed_step_fail_with_it_and_their_blocks_return(t
 
 
 def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_model_dir):
-    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=BrokenRunner, max_num_seqs=1))
+    client = SyncMPClient(tiny_config(tiny_model_dir, worker_cls=BrokenWorker, max_num_seqs=1))
     pid = client.ready.pid
     try:
         for i in range(4):
@@ -95,7 +95,7 @@ def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_
 
 
 async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=FaultyRunner,
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=FaultyWorker,
                                                        **{**TINY, "max_num_seqs": 1}))
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
@@ -116,7 +116,7 @@ async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(t
 
 
 async def test_async_engine_dead_of_failed_steps_reaps_its_core(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=BrokenRunner,
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=BrokenWorker,
                                                        **{**TINY, "max_num_seqs": 1}))
     pid = engine.engine_core.ready.pid
 
@@ -134,26 +134,23 @@ async def test_async_engine_dead_of_failed_steps_reaps_its_core(tiny_model_dir):
         engine.shutdown()
 
 
-def test_worker_cls_must_be_an_importable_model_runner(tiny_model_dir):
-    class Local(FaultyRunner):
+def test_worker_cls_must_be_a_worker_before_any_launch(tiny_model_dir):
+    class Local(FaultyWorker):  # not importable by name: cloudpickled by value at launch
         pass
 
-    main_class = type("MainRunner", (FaultyRunner,), {"__module__": "__main__"})
-    for bad, match in [(NotARunner, "subclass of engine.worker.model_runner.ModelRunner"),
-                       ("faulty_runner.NotARunner", "subclass"), (Local, "top level of an importable module"),
-                       (main_class, "top level"), ("no_such_module.Runner", "cannot import"),
-                       ("faulty_runner.Missing", "has no"), ("Runner", "qualified name"), (3, "worker_cls")]:
+    for bad, match in [(NotAWorker, "subclass of engine.worker.Worker"),
+                       ("faulty_runner.NotAWorker", "subclass"), ("no_such_module.Worker", "cannot import"),
+                       ("faulty_runner.Missing", "has no"), ("Worker", "dotted path"), (3, "worker_cls")]:
         with pytest.raises(ValueError, match=match):
             EngineArgs(model=tiny_model_dir, worker_cls=bad, **TINY).create_engine_config()
-    for good in (FaultyRunner, "faulty_runner.FaultyRunner"):
-        assert EngineArgs(model=tiny_model_dir, worker_cls=good, **TINY).create_engine_config().worker_cls == \
-            "faulty_runner.FaultyRunner"
+    for good in (FaultyWorker, "faulty_runner.FaultyWorker", Local, "engine.worker.Worker"):
+        assert EngineArgs(model=tiny_model_dir, worker_cls=good, **TINY).create_engine_config().worker_cls is good
 
 
 def test_llm_generate_returns_the_failed_request_with_an_internal_error(tiny_model_dir):
     from engine import LLM
 
-    llm = LLM(model=tiny_model_dir, worker_cls=FaultyRunner, **{**TINY, "max_num_seqs": 1})
+    llm = LLM(model=tiny_model_dir, worker_cls=FaultyWorker, **{**TINY, "max_num_seqs": 1})
     try:
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         failed, ok = llm.generate([{"prompt_token_ids": [1, POISON]}, "fine"], params, use_tqdm=False)

@@ -14,7 +14,7 @@ def test_a_failed_step_is_a_500_for_its_request_alone(tiny_model_dir):
     # The server imports the runner by name, and its core gets the server's sys.path.
     path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
     with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-num-seqs", "1",
-                      "--worker-cls", "faulty_runner.FaultyRunner", env={"PYTHONPATH": path}) as remote:
+                      "--worker-cls", "faulty_runner.FaultyWorker", env={"PYTHONPATH": path}) as remote:
         status, body, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": [1, 2, POISON],
                                                                "max_tokens": 4})
         assert status == 500 and body["error"]["code"] == "engine_step_failed", body

@@ -59,7 +59,9 @@ class AsyncEngineCoreClient(ABC):
         """The next OUTPUTS of any core, in each core's order."""
 
     @abstractmethod
-    async def add_request_async(self, request: EngineCoreRequest) -> None: ...
+    async def add_request_async(self, request: EngineCoreRequest, data_parallel_rank: Optional[int] = None) -> None:
+        """Send a request; ``data_parallel_rank`` (one of this client's ranks, checked by the
+        caller) picks the core that runs it, else the client chooses."""
 
     @abstractmethod
     def abort_requests_nowait(self, request_ids: list[str]) -> None:

@@ -8,6 +8,7 @@ external load balancer (``data_parallel_external_lb``): one core, tagged with it
 from __future__ import annotations
 
 import itertools
+from typing import Optional
 
 from engine.client.mp_client import AsyncMPClient
 from engine.config import EngineConfig
@@ -39,8 +40,10 @@ class DPLBAsyncMPClient(AsyncMPClient):
         n = len(self._load)
         return min(((start + i) % n for i in range(n)), key=self._load.__getitem__)
 
-    async def add_request_async(self, request: EngineCoreRequest) -> None:
-        rank = self._pick()
+    async def add_request_async(self, request: EngineCoreRequest, data_parallel_rank: Optional[int] = None) -> None:
+        """To ``data_parallel_rank`` when given (vLLM's AsyncLLM.generate keyword), else to the
+        least loaded core."""
+        rank = self._pick() if data_parallel_rank is None else data_parallel_rank
         self._owner[request.request_id] = rank
         self._load[rank] += 1
         await self._send(self._cores[rank], request)

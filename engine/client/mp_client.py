@@ -288,8 +288,8 @@ class AsyncMPClient(AsyncEngineCoreClient):
         if fut is not None:
             await fut
 
-    async def add_request_async(self, request: EngineCoreRequest) -> None:
-        await self._send(self._cores[0], request)
+    async def add_request_async(self, request: EngineCoreRequest, data_parallel_rank: Optional[int] = None) -> None:
+        await self._send(self._cores[0], request)  # one core: the rank can only be its own
 
     def abort_requests_nowait(self, request_ids: list[str]) -> None:
         """Abort without awaiting: usable from cancellation handlers. Every abort made in one

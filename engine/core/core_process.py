@@ -39,6 +39,16 @@ def engine_args_dict(args: EngineArgs) -> dict[str, Any]:
     return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
 
 
+def pickle_class(cls: type) -> str:
+    """A class as base64 text for the JSON launch spec: cloudpickle carries a class the core
+    could not import (defined in ``__main__``, a test module or a function) by value."""
+    import base64
+
+    import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps(cls)).decode()
+
+
 def describe_exit(returncode: Optional[int]) -> str:
     if returncode is None:
         return "is still running"
@@ -63,13 +73,16 @@ class CoreProcess:
         self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
         try:
             args = engine_args_dict(config.engine_args)
-            args["worker_cls"] = config.worker_cls  # a class travels by its name
+            worker_pickle = None
+            if isinstance(config.worker_cls, type):  # cloudpickled (by value when not importable)
+                args["worker_cls"], worker_pickle = "auto", pickle_class(config.worker_cls)
             if config.parallel_config.data_parallel_size > 1:
                 args["data_parallel_rank"] = engine_index
             spec = CoreLaunchSpec(
                 transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path])
+                engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path],
+                worker_cls_pickle=worker_pickle)
             # The thread count goes in the environment too, so it holds even if something imports
             # torch before the core's own start-up code runs; OMP_WAIT_POLICY is already in our
             # environment (importing ``engine`` sets its default).

@@ -1,4 +1,4 @@
-"""The EngineCore: a model runner, a KV cache and a scheduler, driven one step at a time.
+"""The EngineCore: a worker (engine/worker/worker.py), a KV cache and a scheduler, driven one step at a time.
 
 It knows nothing of tokenizers or transports: requests come in as ``EngineCoreRequest``
 (token ids), results go out as ``EngineCoreOutputs`` (token ids). The same object runs
@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any, Iterable, Optional
+
+import msgspec
 
 from engine.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
@@ -37,24 +39,27 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 class EngineCore:
     def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
-        from engine.worker.model_runner import load_worker_cls
+        from engine.worker import resolve_worker_cls
 
         self.config = config
         self.engine_index = engine_index
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.vocab_size
         self.max_logprobs = config.model_config.max_logprobs
-        self.model_runner = load_worker_cls(config.worker_cls)(config)
-        self.num_kv_blocks = self.model_runner.initialize_kv_cache()
+        # The Worker interface, in vLLM's order (engine/worker/worker.py).
+        self.worker = resolve_worker_cls(config.worker_cls)(config)
+        self.worker.init_device()
+        self.worker.load_model()
+        self.num_kv_blocks = self.worker.initialize_kv_cache()
         block_size = config.cache_config.block_size
         if self.num_kv_blocks * block_size < self.max_model_len:
             raise ValueError(
-                f"kv_cache_memory: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
+                f"kv_cache_memory_bytes: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
-                "raise kv_cache_memory or lower max_model_len")
+                "raise kv_cache_memory_bytes or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
-                                   kv_connector=getattr(self.model_runner, "kv_connector", None))
+                                   kv_connector=self.worker.kv_connector)
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive
@@ -83,7 +88,7 @@ class EngineCore:
             # 1) schedule: pick the batch and allocate its KV blocks
             sched = self.scheduler.schedule()
             # 2) run the model and sample (nothing to run: nothing scheduled)
-            result = self.model_runner.execute_model(sched) if sched.requests else _NOTHING_RUN
+            result = self.worker.execute_model(sched) if sched.requests else _NOTHING_RUN
             # 3) append tokens, check stops, free finished requests
             outputs = self.scheduler.update_from_output(sched, result)
             self._failed_steps = 0
@@ -105,8 +110,15 @@ class EngineCore:
                 "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
                 "num_preemptions": s.total_preemptions, "num_abort_batches": self._abort_batches}
 
+    def collective_rpc(self, method: str, args: list, kwargs: dict) -> list:
+        """``method(*args)`` on the worker (vLLM's collective_rpc over its one worker): a list
+        of one result, as plain data, so it can cross the ring. Private names are refused."""
+        if not isinstance(method, str) or method.startswith("_") or not callable(getattr(self.worker, method, None)):
+            raise ValueError(f"the worker has no public method {method!r}")
+        return [msgspec.to_builtins(getattr(self.worker, method)(*args, **kwargs))]
+
     def shutdown(self) -> None:
-        self.model_runner = None
+        self.worker = None
 
     def _fail_step(self, sched: Optional[SchedulerOutput], exc: Exception) -> list[EngineCoreOutput]:
         """Finish the failed step's requests with an error (called while ``exc`` is handled).

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("engine.core.engine_core_proc")
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc"})
 
 # After this long with nothing to do, an EngineCore that has stepped hands its free heap back to the
 # OS (glibc's malloc_trim): a burst of varied batch shapes leaves hundreds of MB of freed but mapped
@@ -63,6 +63,9 @@ class CoreLaunchSpec(msgspec.Struct):
     # The frontend's import path, appended to the core's own, so a worker_cls the frontend
     # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
     sys_path: list[str] = []
+    # A worker_cls given as a class: its cloudpickle, base64 (engine_args holds "auto" then).
+    # It travels only here, at launch; the request rings carry no pickle.
+    worker_cls_pickle: Optional[str] = None
 
 
 def make_codec():
@@ -259,7 +262,14 @@ def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
     from engine.config import EngineArgs, create_engine_config
     from engine.core.engine_core import EngineCore
 
-    config = create_engine_config(EngineArgs(**spec.engine_args))
+    args = dict(spec.engine_args)
+    if spec.worker_cls_pickle is not None:
+        import base64
+
+        import cloudpickle
+
+        args["worker_cls"] = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
+    config = create_engine_config(EngineArgs(**args))
     return config, EngineCore(config)
 
 

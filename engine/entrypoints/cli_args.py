@@ -42,7 +42,8 @@ ENGINE_ARG_HELP = {
     "scheduling_policy": "fcfs, or priority (lower value first, then arrival).",
     "load_format": "auto, safetensors, gguf, or dummy (random weights: overhead tests).",
     "device": "auto (cuda when available), cpu or cuda.",
-    "kv_cache_memory": "Bytes for the KV cache on CPU (default 2 GiB).",
+    "kv_cache_memory_bytes": "Bytes for the KV cache on CPU (default 2 GiB).",
+    "kv_cache_memory": "Alias of --kv-cache-memory-bytes.",
     "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA), in (0, 1].",
     "max_logprobs": "Most logprobs a request may ask for.",
     "num_threads": "torch threads in the EngineCore process (default: all cores but one).",
@@ -59,8 +60,12 @@ ENGINE_ARG_HELP = {
                             "loop (short inputs stay on it).",
     "served_model_name": "The model name clients send and see (default: --model).",
     "hf_overrides": "JSON object of HF config fields to override.",
-    "worker_cls": "The EngineCore's model runner: auto, or the qualified name (module.Class) of a "
-                  "ModelRunner subclass.",
+    "tensor_parallel_size": "Must be 1: each EngineCore runs the whole model on one device.",
+    "pipeline_parallel_size": "Must be 1: each EngineCore runs the whole model on one device.",
+    "quantization": "Must be unset: weights run in --dtype (a .gguf model is dequantized at load).",
+    "shutdown_timeout": "Seconds the EngineCore processes get to exit at shutdown before they are killed.",
+    "worker_cls": "The EngineCore's worker: auto, or the dotted path (module.Class) of an "
+                  "engine.worker.Worker subclass.",
     "kv_transfer_config": "KV connector as a JSON object with vLLM's fields, e.g. "
                           '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
                           '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '

@@ -14,7 +14,6 @@ request yields the same tokens whether or not it was preempted.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import mmap
@@ -356,26 +355,6 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
         return torch.zeros(shape, dtype=dtype, device=device)
     buf = mmap.mmap(-1, max(1, math.prod(shape) * dtype.itemsize))
     return torch.frombuffer(buf, dtype=dtype).view(shape)
-
-
-def load_worker_cls(name: str) -> type[ModelRunner]:
-    """The runner class ``worker_cls`` names: ModelRunner for "auto", else the class
-    ``module.Class``, which must subclass ModelRunner (a subclass may override any step, e.g.
-    ``execute_model``, as vLLM's ``worker_cls`` replaces its worker). ValueError otherwise."""
-    if name == "auto":
-        return ModelRunner
-    module_name, _, class_name = name.rpartition(".")
-    if not module_name:
-        raise ValueError(f"worker_cls must be 'auto' or a qualified name 'module.Class', got {name!r}")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name, None)
-    except ImportError as e:
-        raise ValueError(f"worker_cls: cannot import module {module_name!r} ({e})") from None
-    if cls is None:
-        raise ValueError(f"worker_cls: module {module_name!r} has no {class_name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, ModelRunner)):
-        raise ValueError(f"worker_cls must be a subclass of engine.worker.model_runner.ModelRunner, got {name!r}")
-    return cls
 
 
 def _has_penalty(p) -> bool:

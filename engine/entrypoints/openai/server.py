@@ -19,11 +19,12 @@ import hmac
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, Optional
+from typing import AsyncContextManager, Optional
 
 import uvloop
 from aiohttp import web
 
+from engine.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -194,7 +195,7 @@ async def body_limit_middleware(request: web.Request, handler) -> web.StreamResp
 
 # ---- the factory ----
 
-def build_app(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> web.Application:
+def build_app(engine_client: AsyncContextManager[EngineClient], settings: ServerSettings) -> web.Application:
     """The server app. ``engine_client`` is an async context manager yielding the engine, e.g.
     ``build_async_engine_client_from_engine_args(args)``; the app enters it on startup and
     leaves it on cleanup."""
@@ -214,7 +215,9 @@ def build_app(engine_client: AsyncContextManager[Any], settings: ServerSettings)
     return app
 
 
-async def _make_serving(engine: Any, settings: ServerSettings) -> Serving:
+async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Serving:
+    if not isinstance(engine, EngineClient):
+        raise TypeError(f"the server needs an engine.engine_client.EngineClient, got {type(engine).__name__}")
     model_config = engine.model_config
     names = [model_config.served_model_name]
     metrics = ServerMetrics(names[0])
@@ -233,7 +236,7 @@ async def _make_serving(engine: Any, settings: ServerSettings) -> Serving:
 END_GRACE_S = 5.0
 
 
-def run_server(engine_client: AsyncContextManager[Any], settings: ServerSettings) -> None:
+def run_server(engine_client: AsyncContextManager[EngineClient], settings: ServerSettings) -> None:
     """Serve until SIGINT/SIGTERM, then drain: stop accepting, let in-flight requests finish for
     up to ``drain_timeout_s``, end the rest cleanly (a stream gets an ``{"error": ...}`` event
     and ``[DONE]``, a whole response a 503; their engine requests are aborted), shut the

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import msgspec
 from aiohttp import web
 
+from engine.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
@@ -131,7 +132,7 @@ def _log_engine_death(exc: EngineDeadError) -> None:
 
 
 class OpenAIServing:
-    def __init__(self, engine: Any, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
+    def __init__(self, engine: EngineClient, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
                  limits: ServingLimits, metrics: ServerMetrics, deadlines: Deadlines) -> None:
         self.engine = engine
         self.tokenizer = tokenizer

@@ -5,7 +5,6 @@ They share the chat endpoint's view of the model (names, tokenizer, chat renderi
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import logging
 
@@ -35,7 +34,6 @@ class OpenAIServingMisc:
         self.chat = chat
         self.engine = chat.engine
         self.created = now()
-        self.engine_indices = self.engine.config.parallel_config.frontend_engine_indices
 
     async def show_models(self, request: web.Request) -> web.Response:
         """Each served name, with the first as ``root`` (never the local path the model came from)."""
@@ -55,10 +53,8 @@ class OpenAIServingMisc:
         metrics = self.chat.metrics
         metrics.observe_transport(self.engine.take_transport_latencies())
         if not self.engine.errored:
-            core = self.engine.engine_core
             try:
-                stats = await asyncio.gather(*(core.call_utility_async("get_stats", engine_index=i)
-                                               for i in self.engine_indices))
+                stats = await self.engine.get_stats()
             except EngineDeadError:
                 stats = None  # died during the call: the counters are still worth serving
             if stats:

@@ -1,0 +1,83 @@
+"""vLLM's per-request keywords that ``LLM``, ``LLMEngine`` and ``AsyncLLM`` share, each with
+vLLM's meaning: ``lora_request`` (no adapters here: only None), ``tokenization_kwargs``
+(truncation of a text prompt, done as the Hugging Face tokenizer does it) and
+``chat_template`` (a template string or the path of a file holding one).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from engine.frontend.input_processor import PromptType
+from engine.frontend.renderer import encode
+
+# What tokenization_kwargs may hold: the tokenizer's own truncation arguments.
+TOKENIZATION_KWARGS = ("truncation", "max_length", "add_special_tokens")
+
+
+def check_lora_request(lora_request: Any) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request is not supported: ringllm serves the base model only, with no LoRA "
+                         "adapters (pass lora_request=None)")
+
+
+def check_tokenization_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"tokenization_kwargs must be a dict, got {type(kwargs).__name__}")
+    unknown = sorted(set(kwargs) - set(TOKENIZATION_KWARGS))
+    if unknown:
+        raise ValueError(f"tokenization_kwargs: unsupported key(s) {unknown}; supported: {list(TOKENIZATION_KWARGS)}")
+    max_length = kwargs.get("max_length")
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                   or max_length < 1):
+        raise ValueError(f"tokenization_kwargs: max_length must be an int >= 1, got {max_length!r}")
+
+
+def tokenize_with_kwargs(tokenizer: Any, prompt: PromptType, kwargs: Optional[dict[str, Any]],
+                         add_special_tokens: bool = True) -> PromptType:
+    """A text prompt tokenized as vLLM's ``tokenizer.encode(text, **kwargs)`` tokenizes it, as
+    ``{"prompt_token_ids", "prompt"}``: ``{"truncation": True, "max_length": N}`` gives at most
+    N tokens, special tokens included, the text cut on the tokenizer's ``truncation_side``.
+    Token-id prompts, and every prompt when ``kwargs`` is empty, are returned as given."""
+    if not kwargs:
+        return prompt
+    text = prompt.get("prompt") if isinstance(prompt, dict) and "prompt_token_ids" not in prompt else prompt
+    if not isinstance(text, str) or tokenizer is None:
+        return prompt
+    add_special_tokens = kwargs.get("add_special_tokens", add_special_tokens)
+    truncation, max_length = kwargs.get("truncation"), kwargs.get("max_length")
+    # As Hugging Face: max_length alone truncates too; truncation alone cuts at model_max_length.
+    if truncation in (None, False, "do_not_truncate") and not (truncation is None and max_length is not None):
+        return {"prompt_token_ids": encode(tokenizer, text, add_special_tokens), "prompt": text}
+    return {"prompt_token_ids": _encode_truncated(tokenizer, text, max_length or tokenizer.model_max_length,
+                                                  add_special_tokens), "prompt": text}
+
+
+def _encode_truncated(tokenizer: Any, text: str, max_length: int, add_special_tokens: bool) -> list[int]:
+    """What the tokenizers library does for a truncating encode (cut the text's tokens, then
+    add the special tokens), without ``tokenizer.encode(truncation=...)``: that sets truncation
+    on the shared backend tokenizer, where every later encode (on any thread) would keep it."""
+    backend = tokenizer.backend_tokenizer
+    encoding = backend.encode(text, add_special_tokens=False)
+    special = backend.num_special_tokens_to_add(False) if add_special_tokens else 0
+    encoding.truncate(max(0, int(max_length) - special), direction=tokenizer.truncation_side)
+    if add_special_tokens:
+        encoding = backend.post_process(encoding, add_special_tokens=True)
+    return encoding.ids
+
+
+def load_chat_template(chat_template: Optional[str]) -> Optional[str]:
+    """A chat template given as a file path is read; a template string is used as given."""
+    if chat_template is None:
+        return None
+    if not isinstance(chat_template, str):
+        raise TypeError(f"chat_template must be a str (a template or a file path), got {type(chat_template).__name__}")
+    path = os.path.expanduser(chat_template)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    if not any(c in chat_template for c in "{}\n"):
+        raise ValueError(f"chat_template: {chat_template!r} is neither a file nor a template")
+    return chat_template
