@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
