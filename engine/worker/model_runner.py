@@ -28,7 +28,8 @@ from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.kernels import paged_attention
 from engine.kv_transfer import make_kv_connector
-from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
+from engine.models.attention import (AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks,
+                                     to_device, triton_metadata)
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
 from engine.worker.loader import load_model
@@ -126,6 +127,9 @@ class ModelRunner:
             start += n
         positions = torch.cat([torch.arange(c.num_tokens) for c in chunks]).to(self.device)
         md = AttentionMetadata(slot_mapping=positions % (blocks * self.block_size), prefills=chunks)
+        if self.model.use_triton:
+            triton_metadata(md, [list(range(blocks))] * len(chunks), [c.num_tokens for c in chunks],
+                            [0] * len(chunks), self.device)
         hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
         rows = hidden[:min(sc.max_num_seqs, tokens)]
         self.model.compute_logits(rows).softmax(dim=-1)
@@ -208,7 +212,9 @@ class ModelRunner:
         slots: list[int] = []
         first_row = [0] * len(reqs)
         md = AttentionMetadata(slot_mapping=None, num_decodes=len(decodes))
-        if decodes:
+        if self.model.use_triton:
+            self._prepare_triton(so, decodes + prefills, md, ids, pos, slots, first_row)
+        elif decodes:
             seq_lens = []
             for i in decodes:
                 r = reqs[i]
@@ -227,7 +233,7 @@ class ModelRunner:
             else:
                 md.decode_mask, md.decode_window_mask = build_decode_masks(
                     torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
-        for i in prefills:
+        for i in (() if self.model.use_triton else prefills):
             r, n = reqs[i], counts[i]
             p0 = r.num_computed_tokens
             first_row[i] = len(ids)
@@ -242,7 +248,7 @@ class ModelRunner:
                 kv_pos = torch.arange(p0 + n)
                 chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
             md.prefills.append(chunk)
-        md.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        md.slot_mapping = to_device(slots, torch.long, self.device)
 
         sampled, rows, prompt_lp, pooling = [], [], [], []
         mean_pooling = getattr(self.config.model_config.pooler_config, "pooling_type", None) == "MEAN"
@@ -260,9 +266,27 @@ class ModelRunner:
                 end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
                 if end > p0:
                     prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
-        return _Batch(torch.tensor(ids, dtype=torch.long, device=self.device),
-                      torch.tensor(pos, dtype=torch.long, device=self.device), md, sampled,
-                      torch.tensor(rows, dtype=torch.long, device=self.device), prompt_lp, pooling)
+        return _Batch(to_device(ids, torch.long, self.device), to_device(pos, torch.long, self.device), md, sampled,
+                      to_device(rows, torch.long, self.device), prompt_lp, pooling)
+
+    def _prepare_triton(self, so: SchedulerOutput, order: list[int], md: AttentionMetadata, ids: list[int],
+                        pos: list[int], slots: list[int], first_row: list[int]) -> None:
+        """The Triton forward's rows and metadata, sequences in ``order`` (decodes, then prefill
+        chunks): block tables, query and context lengths instead of masks and gathered slots."""
+        bs = self.block_size
+        tables, query_lens, contexts = [], [], []
+        for i in order:
+            r, n = so.requests[i], so.num_scheduled_tokens[i]
+            p0 = r.num_computed_tokens
+            first_row[i] = len(ids)
+            blocks = r.block_ids[:-(-(p0 + n) // bs)]
+            ids.extend(r.all_token_ids[p0:p0 + n])
+            pos.extend(range(p0, p0 + n))
+            slots.extend(blocks[q // bs] * bs + q % bs for q in range(p0, p0 + n))
+            tables.append(blocks)
+            query_lens.append(n)
+            contexts.append(p0)
+        triton_metadata(md, tables, query_lens, contexts, self.device)
 
     # ------------------------------------------------------------------ sampling inputs
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:

@@ -1,0 +1,116 @@
+"""The decoder's Triton forward (engine/models/llama_triton.py) against its torch forward.
+
+Without a GPU the Triton kernels run on CPU tensors through Triton's interpreter, forced
+with ``kernels="triton"`` (see tests/test_triton_kernels.py for why ``TRITON_INTERPRET=1``
+must be set while the kernels are imported and run). Two runners step the same schedule,
+built so the attention kernel sees every case the runner produces: prefill chunks of two
+prompts in one step, a chunk continuing after cached context, a prefill whose first blocks
+are another request's (a prefix-cache hit), and decodes mixed with a prefill. The tiny
+dummy-weight Llama keeps the interpreter's cost (every program in Python) to seconds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from engine.models.default_model import write_tiny_model
+from engine.worker.loader import load_model
+from runner_utils import make_request, make_runner, step
+
+ON_GPU = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+
+
+def _interpreted() -> bool:
+    """Whether the Triton kernels, if imported already, were decorated for the interpreter."""
+    norm = sys.modules.get("engine.kernels.triton.norm")
+    return norm is None or type(norm._rms_norm_kernel).__name__ == "InterpretedFunction"
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    if ON_GPU:
+        return
+    if not _interpreted():
+        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1 in this process")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # restored after the test
+
+
+@pytest.fixture(scope="module", params=["llama", "sliding"])
+def model_dir(request, tmp_path_factory):
+    extra = {} if request.param == "llama" else dict(architectures=["MistralForCausalLM"], sliding_window=7,
+                                                      tie_word_embeddings=False)
+    return write_tiny_model(str(tmp_path_factory.mktemp(request.param)), vocab_size=1024, **extra)
+
+
+def _runner(path: str, dtype: str, kernels: str):
+    device = "cuda" if ON_GPU else "cpu"
+    runner = make_runner(path, load_format="dummy", dtype=dtype, device=device, block_size=4, seed=0,
+                         max_model_len=256)
+    if kernels != "torch":
+        runner.model = load_model(runner.config, kernels=kernels)
+        runner.kv_caches = None
+        runner.initialize_kv_cache()
+    assert runner.model.use_triton == (kernels == "triton")
+    return runner
+
+
+def _schedule(runner) -> tuple[list[list[int]], list[float]]:
+    """Greedy tokens of three requests and every logprob the steps returned, in order."""
+    a = make_request("a", [5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9],
+                     logprobs=3, prompt_logprobs=2)
+    b = make_request("b", [44, 45, 46], logprobs=3)
+    outs = [step(runner, [a, b], chunk=8), step(runner, [a, b], chunk=8)]  # two prefills; chunk after context + decode
+    c = make_request("c", a.prompt_token_ids[:8] + [600, 601, 602, 603, 604, 605], logprobs=3, prompt_logprobs=1)
+    c.block_ids = a.block_ids[:2]  # a's first two full blocks, as a prefix-cache hit leaves them
+    c.num_computed_tokens = 8
+    outs.append(step(runner, [a, b, c], chunk=8))  # a's last chunk, b's decode, c's cached-prefix prefill
+    for _ in range(5):
+        outs.append(step(runner, [a, b, c]))  # decodes only
+    lps = []
+    for o in outs:
+        for req_id in sorted(o.logprobs):
+            lps += [x for row in o.logprobs[req_id].logprobs for x in row]
+        for req_id in sorted(o.prompt_logprobs):
+            lps += [x for row in o.prompt_logprobs[req_id].logprobs for x in row]
+    return [r.output_token_ids for r in (a, b, c)], lps
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 0.05)])
+def test_triton_forward_matches_torch_forward(model_dir, dtype, tol):
+    """The same schedule through both forwards: the same logprobs within the dtype's error,
+    and in float32 the same greedy tokens (bf16 rounds differently in each: the torch
+    path on CPU multiplies in float32)."""
+    torch_tokens, torch_lps = _schedule(_runner(model_dir, dtype, "torch"))
+    triton_tokens, triton_lps = _schedule(_runner(model_dir, dtype, "triton"))
+    assert len(triton_lps) == len(torch_lps) > 100
+    assert triton_lps == pytest.approx(torch_lps, abs=tol)
+    if dtype == "float32":
+        assert triton_tokens == torch_tokens
+    assert [len(t) for t in triton_tokens] == [6, 8, 6]
+
+
+def test_triton_forward_is_chosen_once_by_device(tiny_model_dir):
+    """"auto" picks Triton only on CUDA with triton importable; "torch" keeps the CPU forward."""
+    cpu = _runner(tiny_model_dir, "float32", "auto")
+    assert not cpu.model.use_triton and cpu.model.in_major  # the CPU path, unchanged
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        load_model(cpu.config, kernels="cuda")
+
+
+@gpu
+@needs_gpu
+def test_cuda_runner_uses_triton_and_pinned_inputs(tiny_model_dir):
+    """On a GPU the default runner runs the Triton forward in bf16 with the cache on the device."""
+    runner = make_runner(tiny_model_dir, load_format="dummy", dtype="auto", device="cuda", block_size=16,
+                         kv_cache_memory=None)
+    assert runner.model.use_triton and runner.kv_caches.is_cuda
+    assert runner.model.dtype in (torch.bfloat16, torch.float16)
+    reqs = [make_request(f"r{i}", list(range(3 + i, 40 + 7 * i))) for i in range(3)]
+    for _ in range(4):
+        out = step(runner, reqs)
+        assert len(out.sampled_token_ids) == 3
