@@ -60,7 +60,7 @@ class EngineArgs:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     load_format: str = "auto"
     device: str = "auto"
-    kv_cache_memory: Optional[int] = None  # bytes for the KV cache on CPU
+    kv_cache_memory: Optional[int] = None  # bytes for the KV cache (CPU default 2 GiB; CUDA: gpu_memory_utilization)
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
@@ -130,7 +130,7 @@ class ModelConfig:
 class CacheConfig:
     block_size: int
     enable_prefix_caching: bool
-    kv_cache_memory: int  # bytes (CPU); on CUDA the runner sizes by gpu_memory_utilization
+    kv_cache_memory: Optional[int]  # bytes; None (CUDA, not given): the runner sizes by gpu_memory_utilization
     gpu_memory_utilization: float
 
 
@@ -375,8 +375,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
-    kv_mem = args.kv_cache_memory if args.kv_cache_memory is not None else 2 << 30
-    _positive_int("kv_cache_memory", kv_mem, 1)
+    kv_mem = args.kv_cache_memory if args.kv_cache_memory is not None else (2 << 30 if device == "cpu" else None)
+    if kv_mem is not None:
+        _positive_int("kv_cache_memory", kv_mem, 1)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
 

@@ -90,8 +90,8 @@ class ModelRunner:
     def initialize_kv_cache(self) -> int:
         """Allocate the paged cache; returns its number of blocks."""
         per_block = self.kv_cache_block_bytes()
-        budget = (self.config.cache_config.kv_cache_memory if self.device.type == "cpu"
-                  else self._cuda_kv_budget())
+        given = self.config.cache_config.kv_cache_memory  # always set on CPU
+        budget = given if given is not None else self._cuda_kv_budget()
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {budget} bytes cannot hold one KV block "
@@ -155,12 +155,13 @@ class ModelRunner:
             result = self.sampler(logits, self._sampling_metadata(batch.sampled))
             out.req_ids = [r.request_id for r in batch.sampled]
             out.sampled_token_ids = result.sampled.tolist()
-            if result.logprobs is not None:
+            if result.logprobs is not None:  # copied back once for the batch, not per request
+                ids, lps, ranks = (t.cpu() for t in (result.logprob_token_ids, result.logprobs, result.ranks))
                 for j, req in enumerate(batch.sampled):
                     num = req.sampling_params.logprobs
                     if num is not None:
-                        out.logprobs[req.request_id] = to_logprobs_lists(
-                            result.logprob_token_ids[j:j + 1], result.logprobs[j:j + 1], result.ranks[j:j + 1], num)
+                        out.logprobs[req.request_id] = to_logprobs_lists(ids[j:j + 1], lps[j:j + 1], ranks[j:j + 1],
+                                                                         num)
         for req, row, n, last in batch.pooling:
             pooled = self._pool(req, hidden[row:row + n], last)
             if pooled is not None:
