@@ -32,13 +32,20 @@ def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
 
 @dataclass
 class CompilationConfig:
-    """mode 0 runs the model eagerly; mode >= 1 runs its forward through torch.compile."""
+    """mode 0 runs the model eagerly; mode >= 1 runs its forward through torch.compile.
+    cudagraph_capture_sizes: decode batch sizes captured as CUDA graphs on a GPU (None: the
+    default ladder, engine/worker/cuda_graphs.py; []: none, as ``enforce_eager=True`` sets)."""
 
     mode: int = 0
+    cudagraph_capture_sizes: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
             raise _bad("compilation_config.mode", "an int in [0, 3]", self.mode)
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)):
+            raise _bad("compilation_config.cudagraph_capture_sizes", "a list of positive ints", sizes)
 
 
 @dataclass
@@ -277,7 +284,7 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
         cfg = CompilationConfig(**value)
     else:
         raise _bad("compilation_config", "an int, a dict or a CompilationConfig", value)
-    return CompilationConfig(mode=0) if enforce_eager else cfg
+    return CompilationConfig(mode=0, cudagraph_capture_sizes=[]) if enforce_eager else cfg
 
 
 def _worker_cls_name(value: Any) -> str:

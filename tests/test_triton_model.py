@@ -104,13 +104,50 @@ def test_triton_forward_is_chosen_once_by_device(tiny_model_dir):
 
 @gpu
 @needs_gpu
-def test_cuda_runner_uses_triton_and_pinned_inputs(tiny_model_dir):
-    """On a GPU the default runner runs the Triton forward in bf16 with the cache on the device."""
+def test_cuda_runner_uses_triton_and_sizes_the_cache_from_free_memory(tiny_model_dir):
+    """On a GPU the default runner runs the Triton forward in bf16 with the cache on the device,
+    sized from free memory (gpu_memory_utilization) when kv_cache_memory is not given."""
     runner = make_runner(tiny_model_dir, load_format="dummy", dtype="auto", device="cuda", block_size=16,
-                         kv_cache_memory=None)
+                         kv_cache_memory=None, gpu_memory_utilization=0.3)
     assert runner.model.use_triton and runner.kv_caches.is_cuda
+    assert runner.kv_caches.numel() * runner.kv_caches.element_size() > 16 << 20
     assert runner.model.dtype in (torch.bfloat16, torch.float16)
     reqs = [make_request(f"r{i}", list(range(3 + i, 40 + 7 * i))) for i in range(3)]
     for _ in range(4):
         out = step(runner, reqs)
         assert len(out.sampled_token_ids) == 3
+
+
+def test_decode_graph_ladder_and_enforce_eager(tiny_model_dir):
+    """vLLM's ladder by default (1, 2, 4, multiples of 8 up to max_num_seqs); enforce_eager: none."""
+    from engine.config import EngineArgs
+    from engine.worker.cuda_graphs import default_capture_sizes
+
+    assert default_capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert default_capture_sizes(1024)[-3:] == [496, 504, 512]
+    args = dict(model=tiny_model_dir, load_format="dummy", device="cpu")
+    assert EngineArgs(**args).create_engine_config().compilation_config.cudagraph_capture_sizes is None
+    eager = EngineArgs(**args, enforce_eager=True).create_engine_config()
+    assert eager.compilation_config.cudagraph_capture_sizes == []
+    with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
+        EngineArgs(**args, compilation_config={"cudagraph_capture_sizes": [0]}).create_engine_config()
+
+
+@gpu
+@needs_gpu
+def test_decode_steps_through_cuda_graphs_match_eager(tiny_model_dir):
+    """Decode batches of 3 (padded to the captured 4) and 1 replay graphs; tokens and logprobs
+    equal the eager forward's."""
+    results = []
+    for eager in (False, True):
+        runner = make_runner(tiny_model_dir, load_format="dummy", dtype="float32", device="cuda", block_size=16,
+                             enforce_eager=eager, compilation_config=None if eager else {"cudagraph_capture_sizes": [1, 4]})
+        assert (runner.decode_graphs is None) == eager
+        reqs = [make_request(f"r{i}", list(range(3 + i, 30 + 5 * i)), logprobs=2) for i in range(3)]
+        lps = []
+        for n in range(8):
+            out = step(runner, reqs if n < 5 else reqs[:1])
+            lps += [x for r in sorted(out.logprobs) for row in out.logprobs[r].logprobs for x in row]
+        results.append(([r.output_token_ids for r in reqs], lps))
+    assert results[0][0] == results[1][0]
+    assert results[0][1] == pytest.approx(results[1][1], abs=1e-4)

@@ -32,6 +32,7 @@ from engine.models.attention import (AttentionMetadata, PrefillChunk, build_deco
                                      to_device, triton_metadata)
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
+from engine.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
 from engine.worker.loader import load_model
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
@@ -77,6 +78,7 @@ class ModelRunner:
                                                       self.model.head_dim)
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
+        self.decode_graphs: Optional[DecodeGraphs] = None  # captured once the KV cache exists (CUDA)
         self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
         self._states: dict[str, _RequestState] = {}
         if config.compilation_config.mode >= 1:
@@ -100,7 +102,19 @@ class ModelRunner:
                                 self.device)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
+        self._capture_decode_graphs()
         return num_blocks
+
+    def _capture_decode_graphs(self) -> None:
+        """CUDA graphs for decode-only steps of the Triton forward (engine/worker/cuda_graphs.py)."""
+        sizes = self.config.compilation_config.cudagraph_capture_sizes
+        if sizes is None:
+            sizes = default_capture_sizes(self.config.scheduler_config.max_num_seqs)
+        if self.device.type != "cuda" or not self.model.use_triton or not sizes:
+            return
+        max_blocks = -(-self.config.model_config.max_model_len // self.block_size)
+        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, sizes, max_blocks)
+        self.decode_graphs.capture()
 
     def _cuda_kv_budget(self) -> int:
         """What gpu_memory_utilization leaves after the weights and a worst-case step."""
@@ -146,7 +160,11 @@ class ModelRunner:
         kv_meta = so.kv_connector_metadata
         if kv_meta is not None:
             self.kv_connector.start_load_kv(self.kv_caches, kv_meta)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        hidden = None
+        if self.decode_graphs is not None and batch.attn.num_decodes == batch.input_ids.shape[0]:
+            hidden = self.decode_graphs.run(batch.input_ids, batch.positions, batch.attn)
+        if hidden is None:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         if kv_meta is not None:
             self.kv_connector.save_kv(self.kv_caches, kv_meta)
         out = ModelRunnerOutput()
