@@ -10,7 +10,6 @@ dummy-weight Llama keeps the interpreter's cost (every program in Python) to sec
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest

@@ -32,7 +32,7 @@ from engine.models.attention import (AttentionMetadata, PrefillChunk, build_deco
                                      to_device, triton_metadata)
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
-from engine.worker.cuda_graphs import DecodeGraphs, default_capture_sizes
+from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
@@ -102,19 +102,7 @@ class ModelRunner:
                                 self.device)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
-        self._capture_decode_graphs()
-        return num_blocks
-
-    def _capture_decode_graphs(self) -> None:
-        """CUDA graphs for decode-only steps of the Triton forward (engine/worker/cuda_graphs.py)."""
-        sizes = self.config.compilation_config.cudagraph_capture_sizes
-        if sizes is None:
-            sizes = default_capture_sizes(self.config.scheduler_config.max_num_seqs)
-        if self.device.type != "cuda" or not self.model.use_triton or not sizes:
-            return
-        max_blocks = -(-self.config.model_config.max_model_len // self.block_size)
-        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, sizes, max_blocks)
-        self.decode_graphs.capture()
+        self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
 
     def _cuda_kv_budget(self) -> int:
         """What gpu_memory_utilization leaves after the weights and a worst-case step."""
