@@ -15,7 +15,9 @@ import sys
 import pytest
 import torch
 
+from engine.core.sched_output import SchedulerOutput
 from engine.models.default_model import write_tiny_model
+from engine.worker.cuda_graphs import DecodeGraphs
 from engine.worker.loader import load_model
 from runner_utils import make_request, make_runner, step
 
@@ -150,3 +152,25 @@ def test_decode_steps_through_cuda_graphs_match_eager(tiny_model_dir):
         results.append(([r.output_token_ids for r in reqs], lps))
     assert results[0][0] == results[1][0]
     assert results[0][1] == pytest.approx(results[1][1], abs=1e-4)
+
+
+def test_padded_decode_rows_change_nothing(tiny_model_dir):
+    """What a captured decode graph runs: a step of 3 decodes staged into the static buffers
+    padded to 4 (slot -1, context 0) gives the unpadded forward's hidden states and cache."""
+    runner = _runner(tiny_model_dir, "float32", "triton")
+    reqs = [make_request(f"r{i}", list(range(3 + i, 9 + 3 * i))) for i in range(3)]
+    step(runner, reqs)  # the prompts, into the cache
+    for r in reqs:
+        if len(r.block_ids) * runner.block_size <= r.num_computed_tokens:
+            r.block_ids.append(runner.next_block)
+            runner.next_block += 1
+    so = SchedulerOutput(requests=reqs, num_scheduled_tokens=[1, 1, 1], total_num_scheduled_tokens=3)
+    batch = runner._prepare(so)
+    cache = runner.kv_caches.clone()
+    with torch.inference_mode():
+        eager = runner.model(batch.input_ids, batch.positions, cache, batch.attn)
+        graphs = DecodeGraphs(runner.model, runner.kv_caches, [2, 4], max_blocks=64)
+        assert graphs.stage(batch.input_ids, batch.positions, batch.attn) == 4
+        padded = runner.model(*graphs.inputs(4))
+    torch.testing.assert_close(padded[:3], eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(runner.kv_caches, cache)  # the padded rows wrote nothing

@@ -62,17 +62,19 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
-    def _metadata(self, size: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:size], num_decodes=size,
-                                 block_tables=self.block_tables[:size], cu_seqlens=self.cu_seqlens[:size + 1],
-                                 context_lens=self.context_lens[:size], max_query_len=1)
+    def inputs(self, size: int) -> tuple:
+        """The forward's arguments for a step of ``size`` rows, views of the static buffers."""
+        md = AttentionMetadata(slot_mapping=self.slot_mapping[:size], num_decodes=size,
+                               block_tables=self.block_tables[:size], cu_seqlens=self.cu_seqlens[:size + 1],
+                               context_lens=self.context_lens[:size], max_query_len=1)
+        return self.input_ids[:size], self.positions[:size], self.kv_caches, md
 
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
         pool = None
         for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory pool
-            args = (self.input_ids[:size], self.positions[:size], self.kv_caches, self._metadata(size))
+            args = self.inputs(size)
             self.model(*args)  # warm-up: compiles the kernels outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -84,8 +86,9 @@ class DecodeGraphs:
         logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(self.sizes), self.sizes[-1],
                     time.perf_counter() - start)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> Optional[torch.Tensor]:
-        """Hidden states of a decode-only step through a graph, or None when no size fits."""
+    def stage(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> Optional[int]:
+        """Copy a decode-only step into the static buffers, padded; returns the captured size
+        to run, or None (nothing copied) when the step does not fit any."""
         num = input_ids.shape[0]
         if md.max_query_len != 1 or num > self.sizes[-1] or md.block_tables.shape[1] > self.block_tables.shape[1]:
             return None
@@ -96,10 +99,17 @@ class DecodeGraphs:
         self.slot_mapping[:num].copy_(md.slot_mapping)
         self.block_tables[:num, :width].copy_(md.block_tables)
         self.context_lens[:num].copy_(md.context_lens)
-        if size > num:  # padded rows: write nothing, attend to one key, dropped below
+        if size > num:  # padded rows: write nothing, attend to one key, dropped by the caller
             self.slot_mapping[num:size].fill_(-1)
             self.context_lens[num:size].zero_()
             self.input_ids[num:size].zero_()
             self.positions[num:size].zero_()
+        return size
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> Optional[torch.Tensor]:
+        """Hidden states of a decode-only step through a graph, or None when no size fits."""
+        size = self.stage(input_ids, positions, md)
+        if size is None:
+            return None
         self.graphs[size].replay()
-        return self.outputs[size][:num]
+        return self.outputs[size][:input_ids.shape[0]]
