@@ -10,6 +10,7 @@ dummy-weight Llama keeps the interpreter's cost (every program in Python) to sec
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -26,19 +27,42 @@ gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 
-def _interpreted() -> bool:
-    """Whether the Triton kernels, if imported already, were decorated for the interpreter."""
-    norm = sys.modules.get("engine.kernels.triton.norm")
-    return norm is None or type(norm._rms_norm_kernel).__name__ == "InterpretedFunction"
+def _interpreted(module) -> bool:
+    return type(module).__name__ == "InterpretedFunction"
+
+
+def _import_kernels_for_the_interpreter() -> None:
+    """Without a GPU, decorate triton's own library functions and the kernels for the
+    interpreter now, at collection, as tests/test_triton_kernels.py does: a triton first
+    imported without ``TRITON_INTERPRET=1`` (torch.compile imports it) cannot interpret them."""
+    if ON_GPU:
+        return
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import engine.kernels.triton as kernels
+        import triton.language.standard
+
+        for name in kernels.__all__:
+            getattr(kernels, name)
+        if not (_interpreted(triton.language.standard.max) and _interpreted(sys.modules[
+                "engine.kernels.triton.norm"]._rms_norm_kernel)):
+            raise RuntimeError("triton or its kernels were imported before this module could set "
+                               "TRITON_INTERPRET=1; without a GPU they cannot run")
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+_import_kernels_for_the_interpreter()
 
 
 @pytest.fixture(autouse=True)
 def _interpreter(monkeypatch):
-    if ON_GPU:
-        return
-    if not _interpreted():
-        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1 in this process")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # restored after the test
+    if not ON_GPU:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # read again at launch; restored after the test
 
 
 @pytest.fixture(scope="module", params=["llama", "sliding"])
@@ -55,7 +79,7 @@ def _runner(path: str, dtype: str, kernels: str):
     if kernels != "torch":
         runner.model = load_model(runner.config, kernels=kernels)
         runner.kv_caches = None
-        runner.initialize_kv_cache()
+        assert runner.initialize_kv_cache() == runner.num_blocks  # the same cache size for both forwards
     assert runner.model.use_triton == (kernels == "triton" or (kernels == "auto" and ON_GPU))
     return runner
 

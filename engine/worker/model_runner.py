@@ -103,6 +103,7 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
         self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
+        return num_blocks
 
     def _cuda_kv_budget(self) -> int:
         """What gpu_memory_utilization leaves after the weights and a worst-case step."""
