@@ -32,13 +32,20 @@ def _bad(field_name: str, allowed: str, value: Any) -> ValueError:
 
 @dataclass
 class CompilationConfig:
-    """mode 0 runs the model eagerly; mode >= 1 runs its forward through torch.compile."""
+    """mode 0 runs the model eagerly; mode >= 1 runs its forward through torch.compile.
+    cudagraph_capture_sizes: decode batch sizes captured as CUDA graphs on a GPU (None: the
+    default ladder, engine/worker/cuda_graphs.py; []: none, as ``enforce_eager=True`` sets)."""
 
     mode: int = 0
+    cudagraph_capture_sizes: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
             raise _bad("compilation_config.mode", "an int in [0, 3]", self.mode)
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)):
+            raise _bad("compilation_config.cudagraph_capture_sizes", "a list of positive ints", sizes)
 
 
 @dataclass
@@ -60,7 +67,7 @@ class EngineArgs:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     load_format: str = "auto"
     device: str = "auto"
-    kv_cache_memory_bytes: Optional[int] = None  # bytes for the KV cache on CPU (vLLM's name)
+    kv_cache_memory_bytes: Optional[int] = None  # KV cache bytes (vLLM's name; CPU default 2 GiB, CUDA: gpu_memory_utilization)
     kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
@@ -137,7 +144,7 @@ class ModelConfig:
 class CacheConfig:
     block_size: int
     enable_prefix_caching: bool
-    kv_cache_memory: int  # bytes (CPU); on CUDA the runner sizes by gpu_memory_utilization
+    kv_cache_memory: Optional[int]  # bytes; None (CUDA, not given): the runner sizes by gpu_memory_utilization
     gpu_memory_utilization: float
 
 
@@ -284,7 +291,7 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
         cfg = CompilationConfig(**value)
     else:
         raise _bad("compilation_config", "an int, a dict or a CompilationConfig", value)
-    return CompilationConfig(mode=0) if enforce_eager else cfg
+    return CompilationConfig(mode=0, cudagraph_capture_sizes=[]) if enforce_eager else cfg
 
 
 def _worker_cls(value: Any) -> Union[str, type]:
@@ -299,13 +306,16 @@ def _worker_cls(value: Any) -> Union[str, type]:
     return value
 
 
-def _kv_cache_memory_bytes(args: EngineArgs) -> int:
-    """``kv_cache_memory_bytes``, or its alias ``kv_cache_memory``; default 2 GiB."""
+def _kv_cache_memory_bytes(args: EngineArgs, device: str) -> Optional[int]:
+    """``kv_cache_memory_bytes``, or its alias ``kv_cache_memory``; by default 2 GiB on CPU and,
+    on CUDA, None: the runner sizes the cache from free memory and ``gpu_memory_utilization``."""
     given = {name: getattr(args, name) for name in ("kv_cache_memory_bytes", "kv_cache_memory")
              if getattr(args, name) is not None}
     if len(set(given.values())) > 1:
         raise ValueError(f"kv_cache_memory_bytes and its alias kv_cache_memory disagree: {given}")
-    name, value = next(iter(given.items()), ("kv_cache_memory_bytes", 2 << 30))
+    if not given:
+        return 2 << 30 if device == "cpu" else None
+    name, value = next(iter(given.items()))
     return _positive_int(name, value, 1)
 
 
@@ -395,7 +405,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
-    kv_mem = _kv_cache_memory_bytes(args)
+    kv_mem = _kv_cache_memory_bytes(args, device)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
 

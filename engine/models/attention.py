@@ -25,6 +25,11 @@ compute on CPUs without native bf16): K/V are converted on write and after the g
 Prefill chunks run one SDPA call each (a few per step): attending to the chunk
 itself when nothing precedes it, else to keys gathered from the cache with an
 explicit causal-with-offset mask.
+
+The Triton forward (engine/models/llama_triton.py) needs none of the above but
+``slot_mapping``: one kernel reads every sequence's keys through ``block_tables``, with
+``cu_seqlens`` and ``context_lens`` saying where each sequence's queries sit
+(``triton_metadata`` builds them).
 """
 from __future__ import annotations
 
@@ -62,6 +67,33 @@ class AttentionMetadata:
     decode_seq_lens: Optional[torch.Tensor] = None  # [D] int64
     window: Optional[int] = None  # the model's sliding window, for its sliding layers
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # The Triton forward's inputs, one row per sequence in batch order (decodes, then prefill chunks):
+    block_tables: Optional[torch.Tensor] = None  # [S, max_blocks] int32, rows zero-padded
+    cu_seqlens: Optional[torch.Tensor] = None  # [S + 1] int32, sequence s owns rows [cu[s], cu[s+1])
+    context_lens: Optional[torch.Tensor] = None  # [S] int32, tokens cached before this step
+    max_query_len: int = 0  # host-side: the longest sequence's query count (picks the kernel's tile)
+
+
+def triton_metadata(md: AttentionMetadata, block_ids: list[list[int]], query_lens: list[int],
+                    context_lens: list[int], device: torch.device) -> None:
+    """Fill ``md``'s Triton fields for sequences given in batch order. Built on the host and,
+    on a GPU, copied from pinned memory without waiting (the step's first kernel orders it)."""
+    width = max(1, max(len(b) for b in block_ids))
+    table = [b + [0] * (width - len(b)) for b in block_ids]
+    cu = [0]
+    for n in query_lens:
+        cu.append(cu[-1] + n)
+    md.block_tables = to_device(table, torch.int32, device)
+    md.cu_seqlens = to_device(cu, torch.int32, device)
+    md.context_lens = to_device(context_lens, torch.int32, device)
+    md.max_query_len = max(query_lens)
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device``: through pinned memory and a non-blocking copy on a GPU."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def build_decode_masks(seq_lens: torch.Tensor, length: int,

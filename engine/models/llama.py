@@ -24,6 +24,9 @@ Built for a lean CPU decode step rather than for module reuse:
   and the float32 copies read twice the bytes. A second copy of every matrix is kept in
   bf16 in the C kernel's layout (engine/kernels/bf16_gemv.py) and those steps run on it:
   the same values (bf16-rounded, float32 accumulation), half the bytes per token.
+- On CUDA (triton importable) the forward is the Triton one (engine/models/llama_triton.py)
+  and the weights are plain ``[out, in]`` in the model dtype; the choice is made once, in
+  ``__init__`` (``kernels``), and nothing else in the model checks the device.
 """
 from __future__ import annotations
 
@@ -35,8 +38,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import activation, bf16_gemv
+from engine.kernels import triton as triton_kernels
 from engine.kernels.bf16_gemv import PackedBF16
 from engine.models.attention import AttentionMetadata, paged_attention
+from engine.models import llama_triton
 from engine.models.half_logits import refine_near_max
 
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -129,18 +134,30 @@ class PackedLayer:
         self.down = PackedBF16(layer.down)
 
 
+_KERNELS = ("auto", "torch", "triton")
+
+
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int) -> None:
+    def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
+                 kernels: str = "auto") -> None:
+        """``kernels``: "auto" runs the Triton forward on a CUDA device where triton imports and
+        the CPU/torch forward elsewhere; "triton" forces the Triton forward (internal: the
+        tests run it on CPU tensors under ``TRITON_INTERPRET=1``); "torch" forces the other."""
         super().__init__()
         device = torch.device(device)
+        if kernels not in _KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(_KERNELS)}, got {kernels!r}")
+        self.use_triton = kernels == "triton" or (
+            kernels == "auto" and device.type == "cuda" and triton_kernels.available())
         self.dtype = dtype
-        self.mm_dtype = matmul_dtype(dtype, device)
+        self.mm_dtype = dtype if self.use_triton else matmul_dtype(dtype, device)
         mm = dict(dtype=self.mm_dtype, device=device)
         act = mm  # activations and norms run in the GEMMs' dtype (see the module docstring)
-        self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32
+        self.in_major = device.type == "cpu" and self.mm_dtype == torch.float32 and not self.use_triton
         self.compiled = False
         # RMSNorm (fused with the residual add) and SiLU-and-mul in C (engine/kernels/activation.py)
-        self.c_activations = activation.supports(device, self.mm_dtype, cfg.hidden_size, cfg.intermediate_size)
+        self.c_activations = not self.use_triton and activation.supports(
+            device, self.mm_dtype, cfg.hidden_size, cfg.intermediate_size)
         self.hidden = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
@@ -171,6 +188,7 @@ class LlamaForCausalLM(nn.Module):
         inv_freq = rope_inv_freq(self.head_dim, rope_parameters(cfg))
         angles = torch.arange(max_model_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("rope_cis", torch.complex(angles.cos(), angles.sin()).to(device), persistent=False)
+        self.cos_sin = torch.view_as_real(self.rope_cis)  # [max_len, d/2, 2] float32, for the Triton RoPE
 
     @staticmethod
     def _sliding_window(cfg: Any) -> Optional[int]:
@@ -188,6 +206,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
         """Hidden states before the final norm, one row per input token."""
+        if self.use_triton:
+            return llama_triton.forward(self, input_ids, positions, kv_caches, md)
         rope = self.rope_cis.index_select(0, positions).unsqueeze(1)
         if self.compiled:
             rope = torch.view_as_real(rope)  # inductor generates no code for complex ops
@@ -208,7 +228,10 @@ class LlamaForCausalLM(nn.Module):
         would make a whole-forward graph recompile on every new batch. The two blocks around
         it take the layer's weights as arguments, so one graph serves all layers, and
         ``dynamic=True`` keeps one graph for every token count (plus one for a single token).
+        The Triton forward is already fused kernels and is left as it is.
         """
+        if self.use_triton:
+            return
         self.compiled = True
         self.c_activations = False  # an opaque C call would split the graphs
         self._attn_in = torch.compile(self._attn_in, dynamic=True)
@@ -256,8 +279,12 @@ class LlamaForCausalLM(nn.Module):
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head). A bf16/fp16 head
         rounds its output; the logits that could be a row's maximum are recomputed unrounded."""
-        x = (activation.rms_norm(hidden, self.norm, self.eps) if self.c_activations
-             else F.rms_norm(hidden, (self.hidden,), self.norm, self.eps))
+        if self.use_triton:
+            x = llama_triton.final_norm(self, hidden)
+        elif self.c_activations:
+            x = activation.rms_norm(hidden, self.norm, self.eps)
+        else:
+            x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps)
         if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
             return self.packed_lm_head.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:

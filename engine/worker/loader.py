@@ -25,11 +25,13 @@ from engine.models.llama import LlamaForCausalLM
 logger = logging.getLogger(__name__)
 
 
-def load_model(config: EngineConfig) -> LlamaForCausalLM:
+def load_model(config: EngineConfig, kernels: str = "auto") -> LlamaForCausalLM:
+    """``kernels``: see ``LlamaForCausalLM`` ("triton" lets a test run the CUDA forward on CPU)."""
     mc = config.model_config
     start = time.perf_counter()
     cls = get_model_class(mc.architecture)
-    model = cls(mc.hf_config, getattr(torch, mc.dtype), torch.device(config.device), mc.max_model_len)
+    model = cls(mc.hf_config, getattr(torch, mc.dtype), torch.device(config.device), mc.max_model_len,
+                kernels=kernels)
     if mc.load_format == "dummy":
         model.init_dummy(mc.seed or 0)
     elif mc.load_format == "gguf":

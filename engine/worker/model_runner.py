@@ -27,9 +27,11 @@ from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.kernels import paged_attention
 from engine.kv_transfer import make_kv_connector
-from engine.models.attention import AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks
+from engine.models.attention import (AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks,
+                                     to_device, triton_metadata)
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
+from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
@@ -75,6 +77,7 @@ class ModelRunner:
                                                       self.model.head_dim)
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
+        self.decode_graphs: Optional[DecodeGraphs] = None  # captured once the KV cache exists (CUDA)
         self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
         self._states: dict[str, _RequestState] = {}
         if config.compilation_config.mode >= 1:
@@ -88,8 +91,8 @@ class ModelRunner:
     def initialize_kv_cache(self) -> int:
         """Allocate the paged cache; returns its number of blocks."""
         per_block = self.kv_cache_block_bytes()
-        budget = (self.config.cache_config.kv_cache_memory if self.device.type == "cpu"
-                  else self._cuda_kv_budget())
+        given = self.config.cache_config.kv_cache_memory  # always set on CPU
+        budget = given if given is not None else self._cuda_kv_budget()
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory: {budget} bytes cannot hold one KV block "
@@ -98,6 +101,7 @@ class ModelRunner:
                                 self.device)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
+        self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
         return num_blocks
 
     def _cuda_kv_budget(self) -> int:
@@ -125,6 +129,9 @@ class ModelRunner:
             start += n
         positions = torch.cat([torch.arange(c.num_tokens) for c in chunks]).to(self.device)
         md = AttentionMetadata(slot_mapping=positions % (blocks * self.block_size), prefills=chunks)
+        if self.model.use_triton:
+            triton_metadata(md, [list(range(blocks))] * len(chunks), [c.num_tokens for c in chunks],
+                            [0] * len(chunks), self.device)
         hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
         rows = hidden[:min(sc.max_num_seqs, tokens)]
         self.model.compute_logits(rows).softmax(dim=-1)
@@ -141,7 +148,11 @@ class ModelRunner:
         kv_meta = so.kv_connector_metadata
         if kv_meta is not None:
             self.kv_connector.start_load_kv(self.kv_caches, kv_meta)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        hidden = None
+        if self.decode_graphs is not None and batch.attn.num_decodes == batch.input_ids.shape[0]:
+            hidden = self.decode_graphs.run(batch.input_ids, batch.positions, batch.attn)
+        if hidden is None:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         if kv_meta is not None:
             self.kv_connector.save_kv(self.kv_caches, kv_meta)
         out = ModelRunnerOutput()
@@ -150,12 +161,13 @@ class ModelRunner:
             result = self.sampler(logits, self._sampling_metadata(batch.sampled))
             out.req_ids = [r.request_id for r in batch.sampled]
             out.sampled_token_ids = result.sampled.tolist()
-            if result.logprobs is not None:
+            if result.logprobs is not None:  # copied back once for the batch, not per request
+                ids, lps, ranks = (t.cpu() for t in (result.logprob_token_ids, result.logprobs, result.ranks))
                 for j, req in enumerate(batch.sampled):
                     num = req.sampling_params.logprobs
                     if num is not None:
-                        out.logprobs[req.request_id] = to_logprobs_lists(
-                            result.logprob_token_ids[j:j + 1], result.logprobs[j:j + 1], result.ranks[j:j + 1], num)
+                        out.logprobs[req.request_id] = to_logprobs_lists(ids[j:j + 1], lps[j:j + 1], ranks[j:j + 1],
+                                                                         num)
         for req, row, n, last in batch.pooling:
             pooled = self._pool(req, hidden[row:row + n], last)
             if pooled is not None:
@@ -207,7 +219,9 @@ class ModelRunner:
         slots: list[int] = []
         first_row = [0] * len(reqs)
         md = AttentionMetadata(slot_mapping=None, num_decodes=len(decodes))
-        if decodes:
+        if self.model.use_triton:
+            self._prepare_triton(so, decodes + prefills, md, ids, pos, slots, first_row)
+        elif decodes:
             seq_lens = []
             for i in decodes:
                 r = reqs[i]
@@ -226,7 +240,7 @@ class ModelRunner:
             else:
                 md.decode_mask, md.decode_window_mask = build_decode_masks(
                     torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
-        for i in prefills:
+        for i in (() if self.model.use_triton else prefills):
             r, n = reqs[i], counts[i]
             p0 = r.num_computed_tokens
             first_row[i] = len(ids)
@@ -241,7 +255,7 @@ class ModelRunner:
                 kv_pos = torch.arange(p0 + n)
                 chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
             md.prefills.append(chunk)
-        md.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        md.slot_mapping = to_device(slots, torch.long, self.device)
 
         sampled, rows, prompt_lp, pooling = [], [], [], []
         mean_pooling = getattr(self.config.model_config.pooler_config, "pooling_type", None) == "MEAN"
@@ -259,9 +273,27 @@ class ModelRunner:
                 end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
                 if end > p0:
                     prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
-        return _Batch(torch.tensor(ids, dtype=torch.long, device=self.device),
-                      torch.tensor(pos, dtype=torch.long, device=self.device), md, sampled,
-                      torch.tensor(rows, dtype=torch.long, device=self.device), prompt_lp, pooling)
+        return _Batch(to_device(ids, torch.long, self.device), to_device(pos, torch.long, self.device), md, sampled,
+                      to_device(rows, torch.long, self.device), prompt_lp, pooling)
+
+    def _prepare_triton(self, so: SchedulerOutput, order: list[int], md: AttentionMetadata, ids: list[int],
+                        pos: list[int], slots: list[int], first_row: list[int]) -> None:
+        """The Triton forward's rows and metadata, sequences in ``order`` (decodes, then prefill
+        chunks): block tables, query and context lengths instead of masks and gathered slots."""
+        bs = self.block_size
+        tables, query_lens, contexts = [], [], []
+        for i in order:
+            r, n = so.requests[i], so.num_scheduled_tokens[i]
+            p0 = r.num_computed_tokens
+            first_row[i] = len(ids)
+            blocks = r.block_ids[:-(-(p0 + n) // bs)]
+            ids.extend(r.all_token_ids[p0:p0 + n])
+            pos.extend(range(p0, p0 + n))
+            slots.extend(blocks[q // bs] * bs + q % bs for q in range(p0, p0 + n))
+            tables.append(blocks)
+            query_lens.append(n)
+            contexts.append(p0)
+        triton_metadata(md, tables, query_lens, contexts, self.device)
 
     # ------------------------------------------------------------------ sampling inputs
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
