@@ -23,7 +23,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST", "/detokenize": "POST",
           "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET"}
 # No shrinking: against a live server it costs minutes, and the failing example is printed as is.
-FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "100")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=True, database=None, phases=(Phase.explicit, Phase.generate),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])

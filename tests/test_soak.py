@@ -4,8 +4,8 @@ server is back where it started: 0 running and 0 waiting requests, every KV bloc
 of the server and of its EngineCore within 10% of their level after warm-up, /health 200, and
 (once it has stopped; conftest checks) nothing left in /dev/shm and no process left behind.
 
-Sized by environment variables (small defaults for CI, about a minute):
-RINGLLM_SOAK_SECONDS (40), RINGLLM_SOAK_WARMUP_SECONDS (15), RINGLLM_SOAK_CONCURRENCY (64),
+Sized by environment variables (small defaults for CI, under a minute):
+RINGLLM_SOAK_SECONDS (20), RINGLLM_SOAK_WARMUP_SECONDS (8), RINGLLM_SOAK_CONCURRENCY (64),
 RINGLLM_SOAK_SEED (0). The figures to record (requests, disconnects, duration, RSS before and
 after) are printed as one JSON line starting ``SOAK`` (``pytest -m slow -s tests/test_soak.py``).
 """
@@ -23,8 +23,8 @@ import pytest
 
 from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, wait_for
 
-SECONDS = float(os.environ.get("RINGLLM_SOAK_SECONDS", "40"))
-WARMUP_SECONDS = float(os.environ.get("RINGLLM_SOAK_WARMUP_SECONDS", "15"))
+SECONDS = float(os.environ.get("RINGLLM_SOAK_SECONDS", "20"))
+WARMUP_SECONDS = float(os.environ.get("RINGLLM_SOAK_WARMUP_SECONDS", "8"))
 CONCURRENCY = int(os.environ.get("RINGLLM_SOAK_CONCURRENCY", "64"))
 SEED = int(os.environ.get("RINGLLM_SOAK_SEED", "0"))
 RSS_TOLERANCE = 0.10
