@@ -68,7 +68,7 @@ class SimulatedCore:
         self.cpu = 0.0
         self._waiter = None
 
-    async def add_request_async(self, request) -> None:
+    async def add_request_async(self, request, data_parallel_rank=None) -> None:
         self.requests[request.request_id] = [request.sampling_params.max_tokens,
                                              request.prompt_token_ids[-1]]
         if self._waiter is not None and not self._waiter.done():
