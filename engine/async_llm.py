@@ -25,7 +25,6 @@ from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
-import msgspec
 
 from engine import envs
 from engine.client import make_client
@@ -33,7 +32,7 @@ from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
 from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
-from engine.frontend.output_processor import OutputProcessor, ParentRequest
+from engine.frontend.output_processor import OutputProcessor, fan_out
 from engine.frontend.renderer import Renderer
 from engine.llm_engine import rpc_args
 from engine.outputs import PoolingRequestOutput, RequestOutput
@@ -300,15 +299,7 @@ class AsyncLLM(EngineClient):
                                                  self.tokenizer, prompt, tokenization_kwargs)
             request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
                                                     prompt, params, arrival_time, priority)
-            if getattr(params, "n", 1) == 1:  # PoolingParams: one request
-                children = [(request, None, 0)]
-            else:
-                parent = ParentRequest(internal_id, request.sampling_params)
-                children = []
-                for index in range(params.n):
-                    child_id, child_params = parent.child(index)
-                    children.append((msgspec.structs.replace(request, request_id=child_id,
-                                                              sampling_params=child_params), parent, index))
+            children = fan_out(request)
             for child, parent, index in children:
                 self.output_processor.add_request(child, text, parent, index, output_id=request_id,
                                                   queue=collector)

@@ -16,12 +16,10 @@ import itertools
 import logging
 from typing import Any, Iterable, Optional, Union
 
-import msgspec
-
 from engine.client import make_client
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
-from engine.frontend.output_processor import OutputProcessor, ParentRequest
+from engine.frontend.output_processor import OutputProcessor, fan_out
 from engine.outputs import RequestOutput
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import SamplingParams
@@ -65,14 +63,7 @@ class LLMEngine:
         request, text = self.input_processor.process(internal_id, prompt, params, arrival_time, priority,
                                                      add_special_tokens)
         self._internal_ids[request_id] = internal_id
-        if getattr(params, "n", 1) == 1:  # PoolingParams: one request
-            self.output_processor.add_request(request, text, output_id=request_id)
-            self.engine_core.add_request(request)
-            return request_id
-        parent = ParentRequest(internal_id, request.sampling_params)
-        for index in range(params.n):
-            child_id, child_params = parent.child(index)
-            child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
+        for child, parent, index in fan_out(request):
             self.output_processor.add_request(child, text, parent, index, output_id=request_id)
             self.engine_core.add_request(child)
         return request_id

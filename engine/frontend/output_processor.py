@@ -58,6 +58,21 @@ class ParentRequest:
         return (self.final if finished else []), finished
 
 
+def fan_out(request: EngineCoreRequest) -> list[tuple[EngineCoreRequest, Optional[ParentRequest], int]]:
+    """The engine requests behind one user request, each with its parent and index: the request
+    itself, or with ``n > 1`` one child per sample (the core runs n = 1 only). A pooling request
+    carries n = 1."""
+    if request.sampling_params.n == 1:
+        return [(request, None, 0)]
+    parent = ParentRequest(request.request_id, request.sampling_params)
+    children = []
+    for index in range(request.sampling_params.n):
+        child_id, child_params = parent.child(index)
+        children.append((msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params),
+                         parent, index))
+    return children
+
+
 class RequestState:
     """What the frontend keeps of one (child) request while the core runs it."""
 
