@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -94,7 +95,10 @@ def _adopt_orphans(_private_runtime_dir):
 @pytest.fixture(autouse=True)
 def _nothing_left_behind(_adopt_orphans):
     shm_before, children_before = _shm_entries(), set(_live_children())
+    sigint_before = signal.getsignal(signal.SIGINT)
     yield
+    sigint_after = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, sigint_before)  # later tests rely on Ctrl-C raising
     deadline = time.monotonic() + 5.0  # let children that are already shutting down finish
     while True:
         left = {p: c for p, c in _live_children().items() if p not in children_before}
@@ -110,3 +114,4 @@ def _nothing_left_behind(_adopt_orphans):
     shm_left = _shm_entries() - shm_before
     assert not shm_left, f"/dev/shm entries or ipc socket directories left behind: {sorted(shm_left)}"
     assert not left, f"child processes left behind (killed now): {left}"
+    assert sigint_after == sigint_before, f"SIGINT handler left changed (restored now): {sigint_after!r}"

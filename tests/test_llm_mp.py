@@ -91,6 +91,35 @@ def _interrupt_a_long_generate(llm) -> None:
     assert len(llm.generate("still serving", GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 10
 
 
+def test_ctrl_c_at_random_moments_never_desyncs_the_channel(llm):
+    # KeyboardInterrupt used to land anywhere in the client, also halfway through a channel call
+    # (a decode from shared memory, a fragment on these tiny rings), after which the live core
+    # looked dead. Now it lands only between calls: the engine answers after every interrupt.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    rng = __import__("random").Random(7)
+    try:
+        for _ in range(20):
+            timer = threading.Timer(rng.uniform(0.0, 0.05),
+                                    lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+            try:
+                timer.start()  # it may fire before start() returns
+                llm.generate([f"p {i}" for i in range(200)], SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0),
+                             use_tqdm=False)
+            except KeyboardInterrupt:
+                pass
+            while timer.is_alive() or not timer.finished.is_set():  # the signal may come after generate returned
+                try:
+                    timer.join()
+                except KeyboardInterrupt:
+                    pass
+            out = llm.generate("still serving", GREEDY, use_tqdm=False)
+            assert len(out[0].outputs[0].token_ids) == 10
+        stats = llm.llm_engine.get_stats()
+        assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_beam_search_keeps_the_best_beams(llm):
     outputs = llm.beam_search([{"prompt": "Once upon a time"}], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
     sequences = outputs[0].sequences

@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any, Optional
 
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
+from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
 from engine.core.core_process import CoreProcess, close_cores, launch_cores
 from engine.exceptions import EngineDeadError
@@ -45,6 +46,7 @@ class SyncMPClient(EngineCoreClient):
         self._results: dict[int, UtilityResult] = {}
         self._call_ids = itertools.count()
         self._dead: Optional[EngineDeadError] = None
+        self._guard = SigintGuard(self._core.channel.wakeup)
 
     @property
     def ready(self) -> EngineReady:
@@ -55,8 +57,8 @@ class SyncMPClient(EngineCoreClient):
             raise self._dead
         try:
             batch = self._core.channel.recv_batch(timeout=timeout)
-        except TransportError:
-            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
+        except TransportError as e:
+            raise self._die(f"{self._core.name} {self._core.exit_status()} ({type(e).__name__}: {e})") from None
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
                 self._outputs.append(msg)
@@ -64,6 +66,7 @@ class SyncMPClient(EngineCoreClient):
                 self._results[msg.call_id] = msg
             elif isinstance(msg, EngineDead):
                 raise self._die(msg.error)
+        self._guard.check()  # a Ctrl-C that woke the wait (sigint_guard.py), once the batch is kept
 
     def _die(self, cause: str) -> EngineDeadError:
         """The core is gone or going: reap it and free its rings now, not at shutdown (a dead
@@ -76,16 +79,18 @@ class SyncMPClient(EngineCoreClient):
         if self._dead is not None:
             raise self._dead
         channel = self._core.channel
-        try:
-            # A full request ring: keep taking outputs while the core catches up.
-            while not channel.try_send(msg):
-                self._receive(timeout=0.001)
-        except TransportError:
-            raise self._die(f"{self._core.name} {self._core.exit_status()}") from None
+        with self._guard:
+            try:
+                # A full request ring: keep taking outputs while the core catches up.
+                while not channel.try_send(msg):
+                    self._receive(timeout=0.001)
+            except TransportError as e:
+                raise self._die(f"{self._core.name} {self._core.exit_status()} ({type(e).__name__}: {e})") from None
 
     def get_output(self) -> EngineCoreOutputs:
-        while not self._outputs:
-            self._receive(timeout=None)
+        with self._guard:
+            while not self._outputs:
+                self._receive(timeout=None)
         return self._outputs.popleft()
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -98,8 +103,9 @@ class SyncMPClient(EngineCoreClient):
     def call_utility(self, method: str, *args: Any) -> Any:
         call_id = next(self._call_ids)
         self._send(UtilityCall(call_id, method, list(args)))
-        while call_id not in self._results:
-            self._receive(timeout=None)
+        with self._guard:
+            while call_id not in self._results:
+                self._receive(timeout=None)
         return _utility_value(self._results.pop(call_id))
 
     def shutdown(self) -> None:
