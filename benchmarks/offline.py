@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks import peer_vllm
 from benchmarks.harness import Bench, Column
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,13 +172,15 @@ def _run_peer_vllm(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="ringllm-peer-") as scratch:
         proc = subprocess.run([a.peer_python, os.path.join(_ROOT, "benchmarks", "peer_vllm.py")],
                               input=json.dumps(job), env=env, capture_output=True, text=True, cwd=scratch)
-    return _json_result("vllm", proc)
+    return _json_result("vllm", proc, marker=peer_vllm.MARKER)
 
 
-def _json_result(engine: str, proc: subprocess.CompletedProcess) -> dict:
+def _json_result(engine: str, proc: subprocess.CompletedProcess, marker: str = "") -> dict:
+    """The worker's last stdout line that starts with ``marker``, as JSON."""
     if proc.returncode != 0:
-        raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(marker)][-1]
+    return json.loads(line[len(marker):])
 
 
 def case(engine: str, mode: str, threads: int, a: argparse.Namespace):

@@ -8,23 +8,21 @@ vLLM is not a dependency of ringllm, so this file is run as a plain script by an
      "prompts": [...], "output_tokens": 128, "mode": "batch" | "single" | "both",
      "spawn_time": time.time() when the harness started this process}
 
-It answers with one JSON line on stdout (the last line; vLLM logs to stderr):
+It answers with one line on stdout, ``RESULT`` and a JSON object (vLLM logs to stdout too, even
+after it, from its exit handlers):
 
-    {"startup_s": LLM() seconds, "ready_s": spawn to ready, imports included,
-     "batch_s": [s], "single_s": [s], "peak_rss_mib": this process and its largest child}
+    RESULT {"startup_s": LLM() seconds, "ready_s": spawn to ready, imports included,
+     "batch_s": [s], "single_s": [s], "peak_rss_mib": peak RSS summed over this process's tree}
 
 The work mirrors ``benchmarks.offline.worker_ringllm``: greedy, ignore_eos, a 2-prompt warm-up of
 4 tokens, then only ``generate`` is timed, and the output token count is checked.
 """
 import json
 import os
-import resource
 import sys
 import time
 
-# Run as a script, this file's folder would head sys.path and its sibling modules (serving.py,
-# transport.py, ...) could shadow a top-level module that vLLM or its dependencies import.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+MARKER = "RESULT "
 
 
 def main() -> int:
@@ -53,20 +51,41 @@ def main() -> int:
     result = {"startup_s": startup, "ready_s": ready,
               "batch_s": timed(prompts) if mode in ("both", "batch") else [],
               "single_s": timed(prompts[:1]) if mode in ("both", "single") else []}
-    _shutdown(llm)
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the EngineCore, once reaped
-    result["peak_rss_mib"] = (own + children) / 1024
-    print(json.dumps(result), flush=True)
+    result["peak_rss_mib"] = sum(_peak_rss_kib(pid) for pid in _tree(os.getpid())) / 1024
+    print(MARKER + json.dumps(result), flush=True)
     return 0
 
 
-def _shutdown(llm) -> None:
-    """Stop vLLM's EngineCore process and reap it, so its peak RSS is counted in RUSAGE_CHILDREN."""
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
+def _tree(pid: int) -> list:
+    """``pid`` and its descendants (vLLM's EngineCore runs in a child process)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in os.listdir(f"/proc/{pids[i]}/task"):
+            try:
+                with open(f"/proc/{pids[i]}/task/{task}/children") as f:
+                    pids += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+        i += 1
+    return pids
+
+
+def _peak_rss_kib(pid: int) -> int:
+    """VmHWM, the process's peak resident set, read while it is still alive: rusage would count the
+    EngineCore only once it has been reaped, which vLLM's shutdown does not promise."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 if __name__ == "__main__":
+    # Run as a script, this file's folder heads sys.path, and its sibling modules (serving.py,
+    # transport.py, ...) could shadow a top-level module that vLLM or its dependencies import.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.exit(main())

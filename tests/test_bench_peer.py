@@ -37,3 +37,23 @@ def test_bench_serving_measures_a_peer_server_beside_ringllm(tiny_model_dir, tmp
     assert f"tinypeer: {peer.url}, model 'peer-tiny'" in data["notes"]
     for method in ("shm", "tinypeer"):
         assert data["summary"]["c=2"][method]["output_tokens_per_s"]["median"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.environ.get("RINGLLM_VLLM_PYTHON"),
+                    reason="set RINGLLM_VLLM_PYTHON to the python of a venv with vLLM (benchmarks/offline.py)")
+def test_bench_offline_runs_vllm_as_a_peer(tmp_path):
+    """The peer runner (benchmarks/peer_vllm.py) in vLLM's own venv, beside ringllm, one round."""
+    res = subprocess.run([sys.executable, "-m", "engine.entrypoints.cli", "bench", "offline", "--peer", "vllm",
+                          "--peer-python", os.environ["RINGLLM_VLLM_PYTHON"], "--engines", "ringllm",
+                          "--scenarios", "single", "--dtype", "float32", "--num-prompts", "2",
+                          "--output-tokens", "4", "--rounds", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| vllm float32 eager |" in res.stdout and "single vs vllm" in res.stdout
+    data = json.load(open(next(tmp_path.glob("offline-*.json"))))
+    peer = data["summary"]["single"]["vllm float32 eager"]
+    assert peer["tok_s"]["median"] > 0 and peer["ready_s"]["median"] >= peer["startup_s"]["median"] > 0
+    assert peer["peak_rss_mib"]["median"] > 100
