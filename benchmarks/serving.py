@@ -21,12 +21,13 @@ e.g. ``--compare "--max-num-prefill-tokens 0"`` (the scheduling before the servi
 ``--peer-url URL`` adds any running OpenAI-compatible server (vLLM's, for one) as one more method,
 ``--peer-name`` in the tables, measured with the same client and interleaved with ringllm's rounds;
 the model name it is sent is the first one its ``GET /v1/models`` lists. Start it yourself on the
-same model, alone with this run on the host, e.g. with the venv of benchmarks/offline.py's
+same model, with nothing else busy on the host, e.g. with the venv of benchmarks/offline.py's
 docstring and ringllm's converted default model (``python -c "from engine.models.default_model import
 default_model_path; print(default_model_path())"``):
 
-    HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=4 /path/vllm-venv/bin/vllm serve \
-        ~/.cache/ringllm/SmolLM2-135M-Instruct-f32 --port 8100 --dtype float32 --enforce-eager
+    HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=4 /path/vllm-venv/bin/python \
+        -m vllm.entrypoints.openai.api_server --model ~/.cache/ringllm/SmolLM2-135M-Instruct-f32 \
+        --port 8100 --dtype float32 --enforce-eager    # (vllm-cpu's `vllm` command fails: no "vllm" dist)
     ringllm bench serving --peer-url http://127.0.0.1:8100 --transports shm --no-in-process
 """
 from __future__ import annotations
