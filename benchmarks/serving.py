@@ -17,6 +17,18 @@ load generator's process, so what HTTP, JSON and SSE add shows beside it. Method
 within each round (harness.Bench). ``--compare "FLAGS"`` (repeatable) adds a ``shm`` server
 started with FLAGS as one more method, for a side-by-side comparison of settings in one run,
 e.g. ``--compare "--max-num-prefill-tokens 0"`` (the scheduling before the serving default).
+
+``--peer-url URL`` adds any running OpenAI-compatible server (vLLM's, for one) as one more method,
+``--peer-name`` in the tables, measured with the same client and interleaved with ringllm's rounds;
+the model name it is sent is the first one its ``GET /v1/models`` lists. Start it yourself on the
+same model, with nothing else busy on the host, e.g. with the venv of benchmarks/offline.py's
+docstring and ringllm's converted default model (``python -c "from engine.models.default_model import
+default_model_path; print(default_model_path())"``):
+
+    HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=4 /path/vllm-venv/bin/python \
+        -m vllm.entrypoints.openai.api_server --model ~/.cache/ringllm/SmolLM2-135M-Instruct-f32 \
+        --port 8100 --dtype float32 --enforce-eager    # (vllm-cpu's `vllm` command fails: no "vllm" dist)
+    ringllm bench serving --peer-url http://127.0.0.1:8100 --transports shm --no-in-process
 """
 from __future__ import annotations
 
@@ -189,6 +201,19 @@ class Server:
             self.proc.wait()
 
 
+def peer_model(url: str, timeout: float = 600.0) -> str:
+    """The first model a running OpenAI-compatible server lists, once it answers ``/v1/models``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
+                return json.load(resp)["data"][0]["id"]
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def in_process_engine(model_args: list[str]):
     """An AsyncLLM on the ring built from the same ``serve`` flags the servers get."""
     from engine import AsyncLLM
@@ -224,9 +249,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--compare", action="append", default=[], metavar="FLAGS",
                         help="Also run a shm server with these extra serve flags (one quoted string; "
                              "repeatable), as a method named 'shm FLAGS'.")
+    parser.add_argument("--peer-url", default=None, metavar="URL",
+                        help="Also measure this running OpenAI-compatible server (e.g. http://127.0.0.1:8100).")
+    parser.add_argument("--peer-name", default="peer", help="The peer's method name in the tables.")
+    parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON, PNG and server logs.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    os.makedirs(OUT_DIR, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
     loop = asyncio.new_event_loop()  # one loop for the run: the in-process AsyncLLM is bound to it
     with tempfile.TemporaryDirectory(prefix="ringllm-serving-") as tmp:
         model_args, name, description = model_under_test(args.tiny, tmp)
@@ -235,11 +264,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                            "output tokens each (ignore_eos, greedy); load generator on the same machine")
         seeds, ids = itertools.count(args.seed * 1_000_000), itertools.count()
         servers = {t: Server([*model_args, "--transport", t, "--served-model-name", name],
-                             os.path.join(OUT_DIR, f"{bench.name}-server-{t}.log")) for t in args.transports}
+                             os.path.join(args.out, f"{bench.name}-server-{t}.log")) for t in args.transports}
         for i, flags in enumerate(args.compare):
             servers[f"shm {flags}"] = Server([*model_args, "--transport", "shm", "--served-model-name", name,
                                               *shlex.split(flags)],
-                                             os.path.join(OUT_DIR, f"{bench.name}-server-compare{i}.log"))
+                                             os.path.join(args.out, f"{bench.name}-server-compare{i}.log"))
         llm = None if args.no_in_process else in_process_engine(model_args)
         try:
             senders = {}
@@ -247,6 +276,12 @@ def main(argv: Optional[list[str]] = None) -> None:
                 server.wait_ready()
                 senders[t] = lambda level, url=server.url: run_http_level(
                     url, name, level, args.requests_per_client, args.output_tokens, next(seeds))
+            if args.peer_url:
+                url = args.peer_url.rstrip("/")
+                peer = peer_model(url)
+                bench.notes.append(f"{args.peer_name}: {url}, model {peer!r}")
+                senders[args.peer_name] = lambda level: run_http_level(
+                    url, peer, level, args.requests_per_client, args.output_tokens, next(seeds))
             if llm is not None:
                 senders[IN_PROCESS] = lambda level: run_level(
                     lambda prompt: generate_in_process(llm, prompt, args.output_tokens, f"bench-{next(ids)}"),
@@ -272,6 +307,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                    Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
         if baseline:
             columns.append(Column("tok/s vs zmq", s, "output_tokens_per_s", ratio_to=baseline))
+        if args.peer_url:
+            columns.append(Column(f"tok/s vs {args.peer_name}", s, "output_tokens_per_s", ratio_to=args.peer_name))
         print(f"\n{bench.table(f'{level} concurrent streams', columns)}")
     print()
     for note in bench.notes:
@@ -280,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     plots = [Column(f"{top}: output tok/s", top, "output_tokens_per_s", higher_is_better=True),
              Column(f"{top}: TTFT p50 ms", top, "ttft_p50_ms"), Column(f"{one}: ITL p50 ms", one, "itl_p50_ms"),
              Column(f"{top}: ITL p50 ms", top, "itl_p50_ms")]
-    for path in bench.save(plots=plots):
+    for path in bench.save(plots=plots, out_dir=args.out):
         print(f"wrote {os.path.relpath(path)}")
 
 
