@@ -169,7 +169,7 @@ class AsyncSide:
                 return out
             loop = self._loop_for_wait()
         finally:
-            uses.pop()
+            del uses[-1]
             if e.life.closed and not uses:
                 e.release()
         if self._rx_fut is not None:
@@ -212,7 +212,7 @@ class AsyncSide:
                 e.keep(batch)
                 raise
         finally:
-            uses.pop()
+            del uses[-1]
             if e.life.closed and not uses:
                 e.release()
         if not batch:
@@ -245,7 +245,7 @@ class AsyncSide:
                     e.pending, mine = (kind, body, done), None
             loop = self._loop_for_wait()
         finally:
-            uses.pop()
+            del uses[-1]
             if e.life.closed and not uses:
                 e.release()
         deadline = None if timeout is None else loop.time() + timeout
