@@ -9,7 +9,8 @@ close, be it the closer or a thread that the close woke.
 
 Uses are counted in a list: ``append`` and ``del uses[-1]`` are atomic under the GIL, and a use
 written out (both, and the two reads of the flag) costs ~30-40 ns here (``pop()`` instead of
-``del`` ~10 more), a lock several times that; the send and receive fast paths take one use per call. A use is taken *before* the closed flag is read and the flag is set *before* the closer
+``del`` ~10 more), a lock several times that; the send and receive fast paths take one use per
+call. A use is taken *before* the closed flag is read and the flag is set *before* the closer
 counts the uses, so either the user sees the flag (and backs out) or the closer sees the use
 (and leaves the release to it). Two threads may both see the count drop to zero; the release
 runs once (``weakref.finalize``).
