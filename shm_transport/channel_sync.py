@@ -232,7 +232,11 @@ class SyncSide:
                     return
             if e.peer_dead:
                 left = 0
-            n = e.drain_ring(out, room, e.spin_ns, left)
+            try:  # e.drain_ring, inlined: the wait of every receive that finds the ring empty
+                n = e.rx.drain(e.decoders, out, room, e.spin_ns, left)
+            except TransportError:
+                e.keep(out)
+                raise
             if out:
                 if n == room and max_messages is None:
                     e.drain(out, None)  # there may be more
