@@ -26,12 +26,11 @@ Contract (the engine builds on exactly this):
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Optional
+from typing import Any, Optional
 
 from . import endpoints
 from .channel_async import AsyncSide
 from .channel_sync import SyncSide
-from .lifetime import closed_here
 from .peer_token import PeerToken, RingSpec
 from .ring import DEFAULT_MAX_MESSAGE_SIZE
 from .ring_ends import BATCH_BYTES, DEFAULT_SPIN_US, RingEnds
@@ -43,17 +42,17 @@ _MAX_SPIN_NS = 10 ** 15
 __all__ = ["Channel", "BATCH_BYTES", "DEFAULT_CAPACITY", "DEFAULT_SPIN_US"]
 
 
-class Channel:
+class Channel(SyncSide, AsyncSide):
     """A bidirectional typed channel over two SPSC rings (see the module docstring): the
-    lifetime and settings here, the blocking calls in SyncSide, the awaitable ones in
-    AsyncSide, both over one RingEnds."""
+    lifetime and settings here, the blocking calls inherited from SyncSide and the awaitable
+    ones from AsyncSide, both over one RingEnds (``_ends``). Inherited, not wrapped: a wrapper
+    costs a call layer on every message."""
 
     def __init__(self, codec: Any, tx: Any, rx: Any, res: endpoints.Resources,
                  max_message_size: int, token: Optional[PeerToken] = None) -> None:
-        self._ends = ends = RingEnds(codec, tx, rx, res, max_message_size)
-        self._life, self._uses, self._release = ends.life, ends.uses, ends.release
-        self._sync = SyncSide(ends)
-        self._aio = AsyncSide(ends)
+        ends = RingEnds(codec, tx, rx, res, max_message_size)
+        SyncSide.__init__(self, ends)
+        AsyncSide.__init__(self, ends)
         self._token = token
         self._peer_fds = [s.fd for s in res.segments if s.fd is not None] + list(res.fds)
 
@@ -117,7 +116,7 @@ class Channel:
     def set_peer(self, pid: int) -> None:
         """Watch ``pid``: waits raise PeerDied once it has exited."""
         res = self._ends.res
-        self._aio.detach()  # unregister the old pidfd from the loop before closing it
+        self._detach_loop()  # unregister the old pidfd from the loop before closing it
         if res.peer is not None:
             res.peer.close()
         res.peer = PeerWatch(pid)
@@ -126,7 +125,7 @@ class Channel:
         """Close both directions (idempotent, any thread). The peer reads what was already sent,
         then gets ChannelClosed. Resources are freed once no thread can touch them any more
         (see lifetime.py): by this call, or by the last call that it woke."""
-        if self._ends.close(self._aio.close):
+        if self._ends.close(self._close_async):
             self._peer_fds = []
 
     def __enter__(self) -> "Channel":
@@ -189,18 +188,13 @@ class Channel:
         """Microseconds an asyncio reader spins (in C, GIL released, holding up the loop) before
         arming the eventfd and awaiting. 10 by default: a reply that comes that fast skips the
         loop's sleep and wake-up (tens of microseconds on a VM); 0 never holds up the loop."""
-        return self._aio.spin_ns / 1000
+        return self._async_spin_ns / 1000
 
     @async_spin_us.setter
     def async_spin_us(self, value: float) -> None:
         if value < 0:
             raise ValueError(f"async_spin_us must be >= 0, got {value}")
-        self._aio.spin_ns = int(value * 1000)
-
-    def wakeup(self) -> None:
-        """Make a ``recv``/``recv_batch`` blocked in another thread return early (or the next
-        one, if none is blocked now). A no-op on a closed channel."""
-        self._sync.wakeup()
+        self._async_spin_ns = int(value * 1000)
 
     def stats(self) -> dict:
         """Counters of the C ends: sleeps, timeouts, wakes sent, ... (for tests and tuning)."""
@@ -208,85 +202,5 @@ class Channel:
             return {"tx": self._ends.tx.stats(), "rx": self._ends.rx.stats()}
 
     # ------------------------------------------------------------------ messages
-    # Each blocking call runs inside a use of the mapping (lifetime.py). The two steps are
-    # written out in each method: through a helper call they cost three times as much
-    # (~100 ns of CPU per call here, against ~300), on every message sent and received.
-    def send(self, msg: Any, timeout: Optional[float] = None) -> None:
-        """Send, waiting for space as long as needed (or ``timeout`` seconds: TimeoutError)."""
-        uses = self._uses
-        uses.append(None)
-        try:
-            if self._life.closed:
-                raise closed_here()
-            self._sync.send(msg, timeout)
-        finally:
-            uses.pop()
-            if self._life.closed and not uses:
-                self._release()
-
-    def try_send(self, msg: Any) -> bool:
-        """Send without blocking; False (nothing sent) when the ring has no room now."""
-        uses = self._uses
-        uses.append(None)
-        try:
-            if self._life.closed:
-                raise closed_here()
-            return self._sync.try_send(msg)
-        finally:
-            uses.pop()
-            if self._life.closed and not uses:
-                self._release()
-
-    def recv(self, timeout: Optional[float] = None) -> Any:
-        """The next message; TimeoutError if none came within ``timeout`` (or on ``wakeup()``)."""
-        uses = self._uses
-        uses.append(None)
-        try:
-            if self._life.closed:
-                raise closed_here()
-            return self._sync.recv(timeout)
-        finally:
-            uses.pop()
-            if self._life.closed and not uses:
-                self._release()
-
-    def recv_batch(self, timeout: Optional[float] = None, max_messages: Optional[int] = None) -> list:
-        """Block until at least one message is there, then return all available (at most
-        ``max_messages``). Returns ``[]`` when ``timeout`` passes or ``wakeup()`` is called."""
-        uses = self._uses
-        uses.append(None)
-        try:
-            if self._life.closed:
-                raise closed_here()
-            return self._sync.recv_batch(timeout, max_messages)
-        finally:
-            uses.pop()
-            if self._life.closed and not uses:
-                self._release()
-
-    def poll(self, max_messages: Optional[int] = None) -> list:
-        """Every message available now (at most ``max_messages``); ``[]`` if none. Never blocks.
-        Raises ChannelClosed once the peer has closed and everything it sent has been read."""
-        uses = self._uses
-        uses.append(None)
-        try:
-            if self._life.closed:
-                raise closed_here()
-            return self._sync.poll(max_messages)
-        finally:
-            uses.pop()
-            if self._life.closed and not uses:
-                self._release()
-
-    def send_async(self, msg: Any, timeout: Optional[float] = None) -> Awaitable[None]:
-        """Send, awaiting space without blocking the loop (TimeoutError after ``timeout``)."""
-        return self._aio.send(msg, timeout)
-
-    def recv_async(self, timeout: Optional[float] = None) -> Awaitable[Any]:
-        """The next message; TimeoutError if none came within ``timeout``."""
-        return self._aio.recv(timeout)
-
-    def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> Awaitable[list]:
-        """Await at least one message, then return all available (at most ``max_messages``);
-        ``[]`` once ``timeout`` passes."""
-        return self._aio.recv_batch(max_messages, timeout)
+    # send, try_send, recv, recv_batch, poll and wakeup: SyncSide's; send_async, recv_async
+    # and recv_batch_async: AsyncSide's.

@@ -1,4 +1,5 @@
-"""The asyncio half of Channel: eventfds and the peer's pidfd registered with ``loop.add_reader``.
+"""The asyncio half of Channel (its base class, like channel_sync.py's SyncSide): eventfds and
+the peer's pidfd registered with ``loop.add_reader``.
 
 An asyncio reader that finds the ring empty optionally spins ``async_spin_us`` (GIL released),
 then *arms*: it sets ``consumer_waiting`` to "eventfd", fences, re-checks the ring and only then
@@ -9,7 +10,10 @@ same way (the space eventfd), so the event loop is never blocked on a futex.
 All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
 and resolve whichever future is waiting. The registration holds a use of the channel
 (lifetime.py) until it is undone on the loop, so no callback can run on a released fd; the
-other uses are taken around each step that touches the mapping, never across an ``await``.
+other uses are taken around each step that touches the mapping, never across an ``await``
+(written out on the first step of each call, which is all a busy stream takes: see
+channel_sync.py).
+
 Only one task may await a receive at a time; concurrent ``send_async`` calls are serialised
 in call order by an ``asyncio.Lock``.
 """
@@ -19,6 +23,8 @@ import asyncio
 from typing import Any, Optional
 
 from ._ring import lib
+from .errors import TransportError
+from .lifetime import closed_here
 from .ring import BATCH_RECORDS, raise_status
 from .ring_ends import RingEnds
 from .wakeup import clear_eventfd
@@ -33,20 +39,20 @@ class AsyncSide:
     """Awaitable send/receive over one channel's RingEnds (see the module docstring)."""
 
     def __init__(self, ends: RingEnds) -> None:
-        self._e = ends
+        self._ends = ends
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_fds: list[int] = []
         self._rx_fut: Optional[asyncio.Future] = None
         self._tx_fut: Optional[asyncio.Future] = None
         self._send_lock: Optional[asyncio.Lock] = None
-        self.spin_ns = 10_000  # Channel.async_spin_us
+        self._async_spin_ns = 10_000  # Channel.async_spin_us
 
     # ------------------------------------------------------------------ loop registration
-    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        e = self._e
+    def _attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        e = self._ends
         if self._loop is not None:
-            self.detach()
-        e.life.enter()  # the registration's use, ended by detach()
+            self._detach_loop()
+        e.life.enter()  # the registration's use, ended by _detach_loop()
         self._loop = loop
         self._send_lock = asyncio.Lock()
         loop.add_reader(e.rx.data_efd, self._on_rx_event)
@@ -57,7 +63,7 @@ class AsyncSide:
             loop.add_reader(peer.fd, self._on_peer_event)
             self._loop_fds.append(peer.fd)
 
-    def detach(self) -> None:
+    def _detach_loop(self) -> None:
         """Unregister from the loop (on the loop's thread, or with the loop stopped), wake the
         awaiting tasks, and end the registration's use. Re-registered by the next async call."""
         loop, self._loop = self._loop, None
@@ -74,9 +80,9 @@ class AsyncSide:
             _resolve(self._rx_fut)
             _resolve(self._tx_fut)
         finally:
-            self._e.life.leave()
+            self._ends.life.leave()
 
-    def close(self) -> None:
+    def _close_async(self) -> None:
         """Channel.close (any thread): detach now if we are on the loop or it is stopped,
         else on the loop, where the readers run."""
         loop = self._loop
@@ -87,7 +93,7 @@ class AsyncSide:
         except RuntimeError:
             running = None
         if running is loop or not loop.is_running():
-            self.detach()
+            self._detach_loop()
             return
         try:
             loop.call_soon_threadsafe(self._detach_from, loop)
@@ -97,18 +103,18 @@ class AsyncSide:
     def _detach_from(self, loop: asyncio.AbstractEventLoop) -> None:
         """Detach, unless the channel has meanwhile moved on to another loop."""
         if self._loop is loop:
-            self.detach()
+            self._detach_loop()
 
     def _on_rx_event(self) -> None:
-        clear_eventfd(self._e.rx.data_efd)
+        clear_eventfd(self._ends.rx.data_efd)
         _resolve(self._rx_fut)
 
     def _on_tx_event(self) -> None:
-        clear_eventfd(self._e.tx.space_efd)
+        clear_eventfd(self._ends.tx.space_efd)
         _resolve(self._tx_fut)
 
     def _on_peer_event(self) -> None:
-        e = self._e
+        e = self._ends
         e.peer_dead = True
         fd = e.res.peer.fd if e.res.peer else None
         if self._loop is not None and fd in self._loop_fds:
@@ -120,7 +126,7 @@ class AsyncSide:
     def _loop_for_wait(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._attach(loop)
+            self._attach_loop(loop)
         return loop
 
     async def _sleep_on(self, slot: str, deadline: Optional[float]) -> None:
@@ -137,7 +143,7 @@ class AsyncSide:
 
     def _disarm(self, disarm: Any, handle: Any) -> None:
         """Undo an arm after the wait, unless the channel has been closed meanwhile."""
-        life = self._e.life
+        life = self._ends.life
         if life.try_enter():
             try:
                 disarm(handle)
@@ -145,19 +151,27 @@ class AsyncSide:
                 life.leave()
 
     # ------------------------------------------------------------------ receiving
-    async def recv_batch(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
+    async def recv_batch_async(self, max_messages: Optional[int] = None, timeout: Optional[float] = None) -> list:
         """Await at least one message, then return all available (at most ``max_messages``);
         ``[]`` once ``timeout`` passes."""
-        e = self._e
+        e = self._ends
         out: list = []
         room = BATCH_RECORDS if max_messages is None else min(max_messages, BATCH_RECORDS)
-        with e.life:
+        uses = e.uses  # the fast path, in a use written out (see channel_sync.py)
+        uses.append(None)
+        try:
+            if e.life.closed:
+                raise closed_here()
             e.drain(out, max_messages)
-            if not out and self.spin_ns:
-                e.drain_ring(out, room, self.spin_ns, self.spin_ns)
+            if not out and self._async_spin_ns:
+                e.drain_ring(out, room, self._async_spin_ns, self._async_spin_ns)
             if out:
                 return out
             loop = self._loop_for_wait()
+        finally:
+            del uses[-1]
+            if e.life.closed and not uses:
+                e.release()
         if self._rx_fut is not None:
             raise RuntimeError("another task is already awaiting a receive on this channel")
         deadline = None if timeout is None else loop.time() + timeout
@@ -181,16 +195,28 @@ class AsyncSide:
             if deadline is not None and loop.time() >= deadline:
                 return out
 
-    async def recv(self, timeout: Optional[float] = None) -> Any:
+    async def recv_async(self, timeout: Optional[float] = None) -> Any:
         """The next message; TimeoutError if none came within ``timeout``."""
-        e = self._e
+        e = self._ends
         batch: list = []
-        with e.life:  # the fast path
+        uses = e.uses  # the fast path, in a use written out (see channel_sync.py)
+        uses.append(None)
+        try:
+            if e.life.closed:
+                raise closed_here()
             if e.ready:
                 return e.ready.popleft()
-            e.drain_ring(batch, BATCH_RECORDS, self.spin_ns, self.spin_ns)
+            try:
+                e.rx.drain(e.decoders, batch, BATCH_RECORDS, self._async_spin_ns, self._async_spin_ns)
+            except TransportError:
+                e.keep(batch)
+                raise
+        finally:
+            del uses[-1]
+            if e.life.closed and not uses:
+                e.release()
         if not batch:
-            batch = await self.recv_batch(timeout=timeout)
+            batch = await self.recv_batch_async(timeout=timeout)
             if not batch:
                 raise TimeoutError("recv_async timed out")
         if len(batch) > 1:
@@ -198,10 +224,14 @@ class AsyncSide:
         return batch[0]
 
     # ------------------------------------------------------------------ sending
-    async def send(self, msg: Any, timeout: Optional[float] = None) -> None:
+    async def send_async(self, msg: Any, timeout: Optional[float] = None) -> None:
         """Send, awaiting space without blocking the loop (TimeoutError after ``timeout``)."""
-        e = self._e
-        with e.life:
+        e = self._ends
+        uses = e.uses  # the fast path, in a use written out (see channel_sync.py)
+        uses.append(None)
+        try:
+            if e.life.closed:
+                raise closed_here()
             kind, body = e.encode(msg)
             mine: Optional[tuple] = (kind, body, 0)
             lock = self._send_lock
@@ -214,6 +244,10 @@ class AsyncSide:
                 if done:
                     e.pending, mine = (kind, body, done), None
             loop = self._loop_for_wait()
+        finally:
+            del uses[-1]
+            if e.life.closed and not uses:
+                e.release()
         deadline = None if timeout is None else loop.time() + timeout
         async with self._send_lock:
             try:

@@ -155,9 +155,13 @@ class RingEnds:
         try:
             return self.rx.drain(self.decoders, out, room, spin_ns, timeout_ns)
         except TransportError:
-            self.ready.extend(out)
-            out.clear()
+            self.keep(out)
             raise
+
+    def keep(self, out: list) -> None:
+        """A batch drain raised after decoding the messages in ``out``: they come next."""
+        self.ready.extend(out)
+        out.clear()
 
     def drain(self, out: list, max_messages: Optional[int]) -> None:
         """Everything available now (at most ``max_messages``), without waiting."""
