@@ -94,6 +94,20 @@ def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_h
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_paged_decode_attention_of_bf16_queries_answers_in_bf16():
+    # A bf16 model's decode queries: widened for the kernel, the answer rounded back to bf16.
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, block_size = 9, 3, 64, 16
+    cache = torch.randn(40, block_size, 2 * kv_heads * dim, generator=gen).to(torch.bfloat16)
+    lens = torch.tensor([1, 17, 100])
+    table = (torch.randperm(39, generator=gen)[:3 * 7] + 1).view(3, 7)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen).to(torch.bfloat16)
+    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, None)
+    assert got.dtype == torch.bfloat16 and got.shape == (3, heads * dim)
+    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, None)
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)  # bf16 rounding of the answer
+
+
 def test_paged_decode_attention_softmax_of_extreme_scores():
     """Scores hundreds apart: the winning key takes all the weight, nothing overflows."""
     dim, bs = 8, 4

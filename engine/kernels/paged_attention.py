@@ -19,21 +19,25 @@ MAX_HEAD_DIM = 256 if lib is None else lib.PAGED_ATTN_MAX_HEAD_DIM
 
 def supports(device: torch.device, compute_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
     """Whether ``decode_attention`` runs a model with these properties (else torch's path)."""
-    return (available() and device.type == "cpu" and compute_dtype == torch.float32
+    return (available() and device.type == "cpu" and compute_dtype in _CACHE_DTYPES
             and cache_dtype in _CACHE_DTYPES and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                      window: Optional[int]) -> torch.Tensor:
-    """``[D, num_heads * head_dim]`` float32 attention of D decode queries.
+    """``[D, num_heads * head_dim]`` attention of D decode queries, in q's dtype (the kernel
+    computes in float32: bf16 queries are widened first, the output rounded back).
 
-    q: ``[D, >= num_heads * head_dim]`` float32 rows (a slice of the fused qkv is fine);
+    q: ``[D, >= num_heads * head_dim]`` float32 or bf16 rows (a slice of the fused qkv is fine);
     kv_cache: one layer, ``[num_blocks, block_size, 2 * num_kv_heads * head_dim]``;
     block_table: ``[D, max_blocks]`` int64; seq_lens: ``[D]`` int64, each query attending to
     keys ``[max(0, len - window), len)``.
     """
     num_seqs = q.shape[0]
+    out_dtype = q.dtype
+    if out_dtype != torch.float32:
+        q = q[:, :num_heads * head_dim].float()
     if q.stride(-1) != 1 or not kv_cache.is_contiguous():
         raise ValueError("decode_attention needs unit-stride query rows and a contiguous cache")
     out = torch.empty(num_seqs, num_heads * head_dim, dtype=torch.float32)
@@ -51,4 +55,4 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
         raise ValueError(f"paged_decode_attention rejected its arguments: q {tuple(q.shape)}, cache "
                          f"{tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, heads {num_heads}/"
                          f"{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)")
-    return out
+    return out if out_dtype == torch.float32 else out.to(out_dtype)
