@@ -24,6 +24,9 @@ Built for a lean CPU decode step rather than for module reuse:
   and the float32 copies read twice the bytes. A second copy of every matrix is kept in
   bf16 in the C kernel's layout (engine/kernels/bf16_gemv.py) and those steps run on it:
   the same values (bf16-rounded, float32 accumulation), half the bytes per token.
+- bf16 weights with native bf16 GEMMs (AVX-512 BF16 / AMX): a second copy of every matrix
+  is packed once in oneDNN's layout (engine/kernels/onednn_linear.py) and every CPU step
+  runs on it, sparing oneDNN a reorder of each weight at each call (~30% of the GEMMs' time).
 - On CUDA (triton importable) the forward is the Triton one (engine/models/llama_triton.py)
   and the weights are plain ``[out, in]`` in the model dtype; the choice is made once, in
   ``__init__`` (``kernels``), and nothing else in the model checks the device.
@@ -31,15 +34,17 @@ Built for a lean CPU decode step rather than for module reuse:
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import activation, bf16_gemv
+from engine.kernels import activation, bf16_gemv, onednn_linear
 from engine.kernels import triton as triton_kernels
 from engine.kernels.bf16_gemv import PackedBF16
+from engine.kernels.onednn_linear import PackedLinear
 from engine.models.attention import AttentionMetadata, paged_attention
 from engine.models import llama_triton
 from engine.models.half_logits import refine_near_max
@@ -96,8 +101,10 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device, fill: Optional
     return nn.Parameter(t, requires_grad=False)
 
 
-def _proj(x: torch.Tensor, w: torch.Tensor | PackedBF16, bias: Optional[torch.Tensor],
+def _proj(x: torch.Tensor, w: torch.Tensor | PackedBF16 | PackedLinear, bias: Optional[torch.Tensor],
           in_major: bool) -> torch.Tensor:
+    if isinstance(w, PackedLinear):
+        return w.matmul(x, bias)
     if isinstance(w, PackedBF16):
         y = w.matmul(x)
         return y if bias is None else y.add_(bias)
@@ -122,16 +129,16 @@ class DecoderLayer(nn.Module):
 
 
 class PackedLayer:
-    """One layer's matrices as ``PackedBF16`` ([out, in]), for steps of few tokens."""
+    """One layer's matrices packed by ``pack`` (``PackedBF16`` or ``PackedLinear``, [out, in])."""
 
     __slots__ = ("qkv", "o_proj", "gate_up", "down")
 
-    def __init__(self, layer: DecoderLayer, in_major: bool) -> None:
+    def __init__(self, layer: DecoderLayer, in_major: bool, pack: type) -> None:
         out_major = (lambda w: w.t()) if in_major else (lambda w: w)
-        self.qkv = PackedBF16(out_major(layer.qkv))
-        self.o_proj = PackedBF16(layer.o_proj)
-        self.gate_up = PackedBF16(out_major(layer.gate_up))
-        self.down = PackedBF16(layer.down)
+        self.qkv = pack(out_major(layer.qkv))
+        self.o_proj = pack(layer.o_proj)
+        self.gate_up = pack(out_major(layer.gate_up))
+        self.down = pack(layer.down)
 
 
 _KERNELS = ("auto", "torch", "triton")
@@ -182,9 +189,11 @@ class LlamaForCausalLM(nn.Module):
         self.norm = _param(self.hidden, fill=1.0, **act)
         self.lm_head = self.embed if self.tied else _param(self.vocab_size, self.hidden, **mm)
         self.lm_head_t: Optional[torch.Tensor] = None  # [hidden, vocab] for 1-2 rows; set after loading
-        # bf16 copies for steps of <= bf16_gemv.MAX_ROWS tokens (see the module docstring)
+        # Weights packed once at load for steps of <= packed_rows tokens (see the module docstring):
+        # bf16 copies for the GEMV kernel, or oneDNN's layout on CPUs with native bf16 GEMMs
         self.packed_layers: Optional[list[PackedLayer]] = None
-        self.packed_lm_head: Optional[PackedBF16] = None
+        self.packed_lm_head: Optional[PackedBF16 | PackedLinear] = None
+        self.packed_rows = 0
         inv_freq = rope_inv_freq(self.head_dim, rope_parameters(cfg))
         angles = torch.arange(max_model_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("rope_cis", torch.complex(angles.cos(), angles.sin()).to(device), persistent=False)
@@ -212,7 +221,7 @@ class LlamaForCausalLM(nn.Module):
         if self.compiled:
             rope = torch.view_as_real(rope)  # inductor generates no code for complex ops
         h = F.embedding(input_ids, self.embed)
-        packed = self.packed_layers if input_ids.shape[0] <= bf16_gemv.MAX_ROWS and not self.compiled else None
+        packed = self.packed_layers if input_ids.shape[0] <= self.packed_rows and not self.compiled else None
         for i, layer in enumerate(self.layers):
             w = layer if packed is None else packed[i]
             qkv = self._attn_in(h, layer.input_norm, w.qkv, layer.qkv_bias, rope)
@@ -285,11 +294,12 @@ class LlamaForCausalLM(nn.Module):
             x = activation.rms_norm(hidden, self.norm, self.eps)
         else:
             x = F.rms_norm(hidden, (self.hidden,), self.norm, self.eps)
-        if self.packed_lm_head is not None and x.shape[0] <= bf16_gemv.MAX_ROWS:
-            return self.packed_lm_head.matmul(x)
+        packed = self.packed_lm_head if x.shape[0] <= self.packed_rows else None
+        if isinstance(packed, PackedBF16):
+            return packed.matmul(x)
         if self.lm_head_t is not None and x.shape[0] <= 2:
             return torch.mm(x, self.lm_head_t)
-        logits = F.linear(x, self.lm_head).float()
+        logits = (F.linear(x, self.lm_head) if packed is None else packed.matmul(x)).float()
         if x.dtype != torch.float32:
             refine_near_max(logits, x, self.lm_head)
         return logits
@@ -332,8 +342,13 @@ class LlamaForCausalLM(nn.Module):
 
     def _post_load(self) -> None:
         if self._packs_bf16():
-            self.packed_layers = [PackedLayer(layer, self.in_major) for layer in self.layers]
+            self.packed_layers = [PackedLayer(layer, self.in_major, PackedBF16) for layer in self.layers]
             self.packed_lm_head = PackedBF16(self.lm_head)
+            self.packed_rows = bf16_gemv.MAX_ROWS
+        elif not self.use_triton and onednn_linear.supports(self.embed.device, self.mm_dtype):
+            self.packed_layers = [PackedLayer(layer, self.in_major, PackedLinear) for layer in self.layers]
+            self.packed_lm_head = PackedLinear(self.lm_head)
+            self.packed_rows = sys.maxsize
         elif self.in_major:
             self.lm_head_t = self.lm_head.t().contiguous()
 
