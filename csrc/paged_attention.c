@@ -16,6 +16,9 @@
  * sequence is padded to a multiple of it by repeating its last row, so the score loop has
  * no remainder; the padded scores are computed and ignored. */
 #define KEY_PAD 8
+/* Every helper is inlined: they take accumulator arrays by pointer, which otherwise keeps
+ * the arrays in memory instead of registers. */
+#define ALWAYS_INLINE __attribute__((always_inline))
 #define MAX_GROUP_BLOCK 3 /* query heads per pass: 3 x 4 accumulators fit AVX2's registers */
 /* The keys are scattered over cache blocks and the whole batch's cache is far bigger than
  * L2, so without help every K and V row is a cache miss the loads wait for (profiled: most
@@ -24,14 +27,14 @@
 #define PREFETCH_KEYS 16
 
 /* Asks for the cache lines of elems elements (float32 or bf16) at element idx of base. */
-static inline __attribute__((always_inline)) void prefetch_span(const void *base, int64_t idx, int bf16,
+static inline ALWAYS_INLINE void prefetch_span(const void *base, int64_t idx, int bf16,
                                                                 int64_t elems) {
     const char *p = (const char *)base + idx * (bf16 ? 2 : 4);
     for (int64_t b = 0; b < elems * (bf16 ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* In place: s[0..n) = softmax(s), n >= 1. */
-static AVX2 void softmax(float *s, int64_t n) {
+/* In place: s[i] = e^(s[i] - max s), n >= 1; returns 1 / sum of them (the softmax is s times it). */
+static AVX2 float exp_scores(float *s, int64_t n) {
     __m256 vmax = _mm256_set1_ps(-__builtin_inff());
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
@@ -53,15 +56,13 @@ static AVX2 void softmax(float *s, int64_t n) {
             sum += tail[t];
         }
     }
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (i = 0; i + LANES <= n; i += LANES) _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), inv));
-    for (; i < n; i++) s[i] *= 1.0f / sum;
+    return 1.0f / sum;
 }
 
 /* ---- AVX2: chunks of 16 elements, scores 4 keys at a time (3 heads x 4 keys = 12 of the 16
  * registers). A bf16 chunk's 32-bit words each hold elements 2i (low half) and 2i + 1. */
 
-static inline AVX2 void load_chunk_avx2(const void *base, int64_t idx, int bf16, __m256 *lo, __m256 *hi) {
+static inline AVX2 ALWAYS_INLINE void load_chunk_avx2(const void *base, int64_t idx, int bf16, __m256 *lo, __m256 *hi) {
     if (bf16) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
         *lo = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
@@ -73,7 +74,7 @@ static inline AVX2 void load_chunk_avx2(const void *base, int64_t idx, int bf16,
 }
 
 /* The last chunk of a row whose length is 8 mod 16: only 8 elements are read (valid is 8). */
-static inline AVX2 void load_tail_avx2(const void *base, int64_t idx, int bf16, int valid, __m256 *lo,
+static inline AVX2 ALWAYS_INLINE void load_tail_avx2(const void *base, int64_t idx, int bf16, int valid, __m256 *lo,
                                        __m256 *hi) {
     (void)valid;
     if (bf16) {
@@ -88,15 +89,17 @@ static inline AVX2 void load_tail_avx2(const void *base, int64_t idx, int bf16, 
 }
 
 /* dst[i] = scale * (sum of a[i]'s lanes), i < 4: three hadds serve four scores. */
-static inline AVX2 void reduce_scores_avx2(const __m256 *a, float scale, float *dst) {
+static inline AVX2 ALWAYS_INLINE void reduce_scores_avx2(const __m256 *a, float scale, float *dst) {
     __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
     _mm_storeu_ps(dst, _mm_mul_ps(r, _mm_set1_ps(scale)));
 }
 
-/* valid (>= 8) floats of one chunk from chunk order (src) to element order (dst). */
-static inline AVX2 void store_chunk_avx2(const float *src, int bf16, float *dst, int64_t valid) {
-    __m256 lo = _mm256_loadu_ps(src), hi = _mm256_loadu_ps(src + LANES);
+/* valid (>= 8) floats of one chunk, times scale, from chunk order (src) to element order (dst). */
+static inline AVX2 ALWAYS_INLINE void store_chunk_avx2(const float *src, int bf16, float scale, float *dst,
+                                                       int64_t valid) {
+    __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(src), _mm256_set1_ps(scale));
+    __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(src + LANES), _mm256_set1_ps(scale));
     if (bf16) {
         __m256 a = _mm256_unpacklo_ps(lo, hi), b = _mm256_unpackhi_ps(lo, hi);
         lo = _mm256_permute2f128_ps(a, b, 0x20);
@@ -107,7 +110,7 @@ static inline AVX2 void store_chunk_avx2(const float *src, int bf16, float *dst,
 }
 
 /* valid (>= 8) floats of a query chunk into chunk order, zero-padded to 16. */
-static inline AVX2 void permute_q_avx2(const float *q, int64_t valid, int bf16, float *dst) {
+static inline AVX2 ALWAYS_INLINE void permute_q_avx2(const float *q, int64_t valid, int bf16, float *dst) {
     __m256 x = _mm256_loadu_ps(q), y = valid >= 2 * LANES ? _mm256_loadu_ps(q + LANES) : _mm256_setzero_ps();
     if (bf16) {
         __m256 even = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), odd = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
@@ -155,11 +158,11 @@ static inline AVX2 void permute_q_avx2(const float *q, int64_t valid, int bf16, 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
 #define ZL 16
 
-static inline AVX512 __mmask16 first_lanes(int64_t k) {
+static inline AVX512 ALWAYS_INLINE __mmask16 first_lanes(int64_t k) {
     return k >= ZL ? (__mmask16)0xffff : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1);
 }
 
-static inline AVX512 void load_chunk_avx512(const void *base, int64_t idx, int bf16, __m512 *lo, __m512 *hi) {
+static inline AVX512 ALWAYS_INLINE void load_chunk_avx512(const void *base, int64_t idx, int bf16, __m512 *lo, __m512 *hi) {
     if (bf16) {
         __m512i raw = _mm512_loadu_si512((const void *)((const uint16_t *)base + idx));
         *lo = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -170,7 +173,7 @@ static inline AVX512 void load_chunk_avx512(const void *base, int64_t idx, int b
     }
 }
 
-static inline AVX512 void load_tail_avx512(const void *base, int64_t idx, int bf16, int valid, __m512 *lo,
+static inline AVX512 ALWAYS_INLINE void load_tail_avx512(const void *base, int64_t idx, int bf16, int valid, __m512 *lo,
                                            __m512 *hi) {
     if (bf16) {
         __m512i raw = _mm512_maskz_loadu_epi16((__mmask32)((1u << valid) - 1), (const uint16_t *)base + idx);
@@ -184,12 +187,12 @@ static inline AVX512 void load_tail_avx512(const void *base, int64_t idx, int bf
 
 /* dst[i] = scale * (sum of a[i]'s lanes), i < 8: halve the lanes while pairing up vectors
  * (128-bit blocks, then floats), so 8 vectors need 7 adds instead of 8 full reductions. */
-static inline AVX512 void reduce_scores_avx512(const __m512 *a, float scale, float *dst) {
+static inline AVX512 ALWAYS_INLINE void reduce_scores_avx512(const __m512 *a, float scale, float *dst) {
     __m512 m[4], n[2];
-    for (int i = 0; i < 4; i++)  /* m[i]: keys 2i, 2i + 1, 8 partial sums each */
+    UNROLL for (int i = 0; i < 4; i++)  /* m[i]: keys 2i, 2i + 1, 8 partial sums each */
         m[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 2; i++)  /* n[i]: keys 4i .. 4i + 3, one per 128-bit block, 4 partials */
+    UNROLL for (int i = 0; i < 2; i++)  /* n[i]: keys 4i .. 4i + 3, one per 128-bit block, 4 partials */
         n[i] = _mm512_add_ps(_mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm512_shuffle_f32x4(m[2 * i], m[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
     /* block b: keys b, b, b + 4, b + 4 (2 partials each), then summed pairwise */
@@ -200,8 +203,10 @@ static inline AVX512 void reduce_scores_avx512(const __m512 *a, float scale, flo
     _mm256_storeu_ps(dst, _mm256_mul_ps(_mm512_castps512_ps256(r), _mm256_set1_ps(scale)));
 }
 
-static inline AVX512 void store_chunk_avx512(const float *src, int bf16, float *dst, int64_t valid) {
-    __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + ZL);
+static inline AVX512 ALWAYS_INLINE void store_chunk_avx512(const float *src, int bf16, float scale, float *dst,
+                                                           int64_t valid) {
+    __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src), _mm512_set1_ps(scale));
+    __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + ZL), _mm512_set1_ps(scale));
     if (bf16) {
         __m512 a = lo;
         lo = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), hi);
@@ -212,7 +217,7 @@ static inline AVX512 void store_chunk_avx512(const float *src, int bf16, float *
     _mm512_mask_storeu_ps(dst + ZL, first_lanes(valid - ZL), hi);
 }
 
-static inline AVX512 void permute_q_avx512(const float *q, int64_t valid, int bf16, float *dst) {
+static inline AVX512 ALWAYS_INLINE void permute_q_avx512(const float *q, int64_t valid, int bf16, float *dst) {
     __m512 x = _mm512_maskz_loadu_ps(first_lanes(valid), q), y = _mm512_maskz_loadu_ps(first_lanes(valid - ZL), q + ZL);
     if (bf16) {
         __m512 even = _mm512_permutex2var_ps(
@@ -271,13 +276,12 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
         const int64_t len = seq_lens[s];
         const int64_t start = window > 0 && len > window ? len - window : 0, n = len - start;
         const int64_t *table = block_table + s * max_blocks;
-        for (int64_t j = 0; j < n; j++) {
-            const int64_t pos = start + j, block = table[pos / block_size];
-            if (block < 0 || block >= num_blocks) {
-                rc = -1;
-                break;
-            }
-            rows[j] = (block * block_size + pos % block_size) * slot_elems;
+        /* block by block: a division per key cost as much as a tenth of the attention */
+        for (int64_t j = 0, pos = start; j < n && rc == 0;) {
+            const int64_t block = table[pos / block_size], in_block = pos % block_size;
+            if (block < 0 || block >= num_blocks) rc = -1;
+            for (int64_t slot = in_block; rc == 0 && slot < block_size && j < n; slot++, j++, pos++)
+                rows[j] = (block * block_size + slot) * slot_elems;
         }
         for (int64_t j = n; rc == 0 && j < (n + KEY_PAD - 1) / KEY_PAD * KEY_PAD + PREFETCH_KEYS; j++) rows[j] = rows[n - 1];
         if (rc == 0)

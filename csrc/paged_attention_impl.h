@@ -57,11 +57,11 @@ PA_INLINE void FN(score_block)(const float *qp, int64_t dp, int64_t d, const voi
 }
 
 /* o[h * dp + c0 .. + NC * CH) = sum_j p[h * stride + j] * V_j[c0 ..), in chunk order, for HB
- * heads and NC (1 or 2) chunks, V_j at rows[j] + v_off; the chunk holding element d - 1 is
- * read as a tail when d is not a multiple of CH. */
+ * heads and NC (1 or 2) chunks, V_j at rows[j] + v_off; with TAIL the last chunk ends at d
+ * (a constant, so the key loop carries no test for it). */
 PA_INLINE void FN(value_pass)(const float *p, int64_t stride, const void *cache, const int bf16, const int64_t *rows,
-                              int64_t n, int64_t v_off, int64_t c0, int64_t d, const int HB, const int NC, float *o,
-                              int64_t dp) {
+                              int64_t n, int64_t v_off, int64_t c0, int64_t d, const int HB, const int NC,
+                              const int TAIL, float *o, int64_t dp) {
     V acc[MAX_GROUP_BLOCK][4];
     UNROLL for (int h = 0; h < HB; h++) UNROLL for (int w = 0; w < 2 * NC; w++) acc[h][w] = vzero();
     for (int64_t j = 0; j < n; j++) {
@@ -69,10 +69,10 @@ PA_INLINE void FN(value_pass)(const float *p, int64_t stride, const void *cache,
         UNROLL for (int ci = 0; ci < NC; ci++) {
             const int64_t c = c0 + ci * CH;
             V lo, hi;
-            if (c + CH <= d)
-                load_chunk(cache, rows[j] + v_off + c, bf16, &lo, &hi);
-            else
+            if (TAIL && ci == NC - 1)
                 load_tail(cache, rows[j] + v_off + c, bf16, (int)(d - c), &lo, &hi);
+            else
+                load_chunk(cache, rows[j] + v_off + c, bf16, &lo, &hi);
             UNROLL for (int h = 0; h < HB; h++) {
                 V pj = vbcast(p + h * stride + j);
                 acc[h][2 * ci] = vfma(pj, lo, acc[h][2 * ci]);
@@ -89,20 +89,27 @@ PA_INLINE void FN(value_pass)(const float *p, int64_t stride, const void *cache,
 }
 
 /* HB (<= 3) query heads of one KV head: their scores over the n keys (rows padded with
- * repeats to a multiple of QK_KEYS), softmax, and the weighted sum of V, into out (in order). */
+ * repeats to a multiple of QK_KEYS), softmax, and the weighted sum of V, into out (in order).
+ * The softmax's division by the sum is applied to the d outputs rather than the n weights. */
 PA_INLINE void FN(attend_heads)(const float *qp, int64_t dp, int64_t d, const void *cache, const int bf16,
                                 const int64_t *rows, int64_t n, int64_t k_off, int64_t v_off, float scale,
                                 const int HB, float *scores, float *obuf, float *out) {
     const int64_t stride = (n + QK_KEYS - 1) / QK_KEYS * QK_KEYS;
     for (int64_t j = 0; j < n; j += QK_KEYS)
         FN(score_block)(qp, dp, d, cache, bf16, rows + j, k_off, scale, HB, scores + j, stride);
-    for (int h = 0; h < HB; h++) softmax(scores + h * stride, n);
+    float inv_sum[MAX_GROUP_BLOCK];
+    for (int h = 0; h < HB; h++) inv_sum[h] = exp_scores(scores + h * stride, n);
     int64_t c = 0;
-    for (; c + 2 * CH <= dp; c += 2 * CH)
-        FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 2, obuf, dp);
-    if (c < dp) FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 1, obuf, dp);
+    for (; c + 2 * CH <= d; c += 2 * CH)
+        FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 2, 0, obuf, dp);
+    if (dp - c == 2 * CH)
+        FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 2, 1, obuf, dp);
+    else if (c < dp && c + CH <= d)
+        FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 1, 0, obuf, dp);
+    else if (c < dp)
+        FN(value_pass)(scores, stride, cache, bf16, rows, n, v_off, c, d, HB, 1, 1, obuf, dp);
     for (int h = 0; h < HB; h++)
-        for (c = 0; c < dp; c += CH) store_chunk(obuf + h * dp + c, bf16, out + h * d + c, d - c);
+        for (c = 0; c < dp; c += CH) store_chunk(obuf + h * dp + c, bf16, inv_sum[h], out + h * d + c, d - c);
 }
 
 /* One sequence, all heads: q (num_heads * d floats, in order) -> out. Scratch: qp (num_heads * dp),
