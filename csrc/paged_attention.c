@@ -20,17 +20,20 @@
  * the arrays in memory instead of registers. */
 #define ALWAYS_INLINE __attribute__((always_inline))
 #define MAX_GROUP_BLOCK 3 /* query heads per pass: 3 x 4 accumulators fit AVX2's registers */
-/* The keys are scattered over cache blocks and the whole batch's cache is far bigger than
- * L2, so without help every K and V row is a cache miss the loads wait for (profiled: most
- * of the time). Each loop asks for the rows this many keys ahead; rows[] is padded with
- * repeats of the last row so the prefetch needs no bound check. */
+/* The keys are scattered over cache blocks and the batch's cache (per layer) is far bigger
+ * than L2, so without help the loads wait on a miss for every K and V row (profiled: most of
+ * the time). Two kinds of prefetch keep the rows coming: each loop asks for its own rows this
+ * many keys ahead (rows[] is padded with repeats of the last row, so no bound check), and
+ * each pass asks into L2 for the rows the next pass reads (the score pass for the V rows, a
+ * value pass for the next KV head's K rows or the next sequence's), one row per key it
+ * handles, so the requests are spread over the pass rather than issued in a burst. */
 #define PREFETCH_KEYS 16
 
 /* Asks for the cache lines of elems elements (float32 or bf16) at element idx of base. */
-static inline ALWAYS_INLINE void prefetch_span(const void *base, int64_t idx, int bf16,
-                                                                int64_t elems) {
+static inline ALWAYS_INLINE void prefetch_span(const void *base, int64_t idx, int bf16, int64_t elems, int hint) {
     const char *p = (const char *)base + idx * (bf16 ? 2 : 4);
-    for (int64_t b = 0; b < elems * (bf16 ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    for (int64_t b = 0; b < elems * (bf16 ? 2 : 4); b += 64)
+        _mm_prefetch(p + b, hint == 0 ? _MM_HINT_T0 : _MM_HINT_T1);
 }
 
 /* In place: s[i] = e^(s[i] - max s), n >= 1; returns 1 / sum of them (the softmax is s times it). */
@@ -246,8 +249,23 @@ static inline AVX512 ALWAYS_INLINE void permute_q_avx512(const float *q, int64_t
 #define permute_q permute_q_avx512
 #include "paged_attention_impl.h"
 
-typedef void (*attend_fn)(const float *, int64_t, int64_t, int64_t, const void *, const int64_t *, int64_t, float,
-                          float *, float *, float *, float *);
+typedef void (*attend_fn)(const float *, int64_t, int64_t, int64_t, const void *, const int64_t *, int64_t,
+                          const int64_t *, int64_t, float, float *, float *, float *, float *);
+
+/* rows[j] = element offset of the slot of key start + j of a sequence (block table row
+ * table), j < n, then padded with repeats of the last one; -1 for a block id out of range. */
+static int fill_rows(const int64_t *table, int64_t start, int64_t n, int64_t block_size, int64_t num_blocks,
+                     int64_t slot_elems, int64_t *rows) {
+    /* block by block: a division per key cost as much as a tenth of the attention */
+    for (int64_t j = 0, pos = start; j < n;) {
+        const int64_t block = table[pos / block_size];
+        if (block < 0 || block >= num_blocks) return -1;
+        for (int64_t slot = pos % block_size; slot < block_size && j < n; slot++, j++, pos++)
+            rows[j] = (block * block_size + slot) * slot_elems;
+    }
+    for (int64_t j = n; j < (n + KEY_PAD - 1) / KEY_PAD * KEY_PAD + PREFETCH_KEYS; j++) rows[j] = rows[n - 1];
+    return 0;
+}
 
 int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cache, int kv_dtype,
                            int64_t num_blocks, int64_t block_size, const int64_t *block_table,
@@ -264,30 +282,34 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
         if (seq_lens[s] < 1 || seq_lens[s] > max_blocks * block_size) return -1;
         longest = seq_lens[s] > longest ? seq_lens[s] : longest;
     }
+    if (num_seqs == 0) return 0;
     const int bf16 = kv_dtype == PAGED_ATTN_BF16, wide = allow_avx512 && cpu_avx512_supported();
     const attend_fn run = wide ? (bf16 ? attend_seq_bf16_avx512 : attend_seq_f32_avx512)
                                : (bf16 ? attend_seq_bf16_avx2 : attend_seq_f32_avx2);
     const int64_t slot_elems = 2 * num_kv_heads * head_dim, padded = (longest + KEY_PAD - 1) / KEY_PAD * KEY_PAD;
     const int64_t dp = (head_dim + 2 * ZL - 1) / (2 * ZL) * (2 * ZL); /* covers both variants' chunking */
-    int64_t *rows = malloc((size_t)(padded + PREFETCH_KEYS) * sizeof *rows);
+    /* two row tables: this sequence's and the next one's, which its last pass prefetches */
+    int64_t *rows = malloc((size_t)(2 * (padded + PREFETCH_KEYS)) * sizeof *rows);
     float *scratch = malloc((size_t)(num_heads * dp + MAX_GROUP_BLOCK * (padded + dp)) * sizeof *scratch);
     int rc = rows && scratch ? 0 : -2;
-    for (int64_t s = 0; s < num_seqs && rc == 0; s++) {
-        const int64_t len = seq_lens[s];
-        const int64_t start = window > 0 && len > window ? len - window : 0, n = len - start;
-        const int64_t *table = block_table + s * max_blocks;
-        /* block by block: a division per key cost as much as a tenth of the attention */
-        for (int64_t j = 0, pos = start; j < n && rc == 0;) {
-            const int64_t block = table[pos / block_size], in_block = pos % block_size;
-            if (block < 0 || block >= num_blocks) rc = -1;
-            for (int64_t slot = in_block; rc == 0 && slot < block_size && j < n; slot++, j++, pos++)
-                rows[j] = (block * block_size + slot) * slot_elems;
+    int64_t *cur = rows, *next = rows + padded + PREFETCH_KEYS, n = 0, next_n = 0;
+    for (int64_t s = -1; s < num_seqs && rc == 0; s++) {
+        if (s + 1 < num_seqs) {
+            const int64_t len = seq_lens[s + 1], start = window > 0 && len > window ? len - window : 0;
+            next_n = len - start;
+            rc = fill_rows(block_table + (s + 1) * max_blocks, start, next_n, block_size, num_blocks, slot_elems,
+                           next);
+        } else {
+            next_n = 0;
         }
-        for (int64_t j = n; rc == 0 && j < (n + KEY_PAD - 1) / KEY_PAD * KEY_PAD + PREFETCH_KEYS; j++) rows[j] = rows[n - 1];
-        if (rc == 0)
-            run(q + s * q_stride, num_heads, num_kv_heads, head_dim, kv_cache, rows, n, scale, scratch,
+        if (rc == 0 && s >= 0)
+            run(q + s * q_stride, num_heads, num_kv_heads, head_dim, kv_cache, cur, n, next, next_n, scale, scratch,
                 scratch + num_heads * dp, scratch + num_heads * dp + MAX_GROUP_BLOCK * padded,
                 out + s * num_heads * head_dim);
+        int64_t *t = cur;
+        cur = next;
+        next = t;
+        n = next_n;
     }
     free(rows);
     free(scratch);
