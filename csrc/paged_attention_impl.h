@@ -86,7 +86,6 @@ PA_INLINE void FN(value_pass)(const float *p, int64_t stride, const void *cache,
         }
     }
     UNROLL for (int h = 0; h < HB; h++) UNROLL for (int ci = 0; ci < NC; ci++) {
-        _Static_assert(sizeof(V) == VL * sizeof(float), "V holds VL floats");
         float *dst = o + h * dp + c0 + ci * CH;
         vstoreu(dst, acc[h][2 * ci]);
         vstoreu(dst + VL, acc[h][2 * ci + 1]);
