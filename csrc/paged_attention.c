@@ -121,7 +121,8 @@ static inline AVX2 ALWAYS_INLINE void store_chunk_avx2(const float *src, int bf1
 static inline AVX2 ALWAYS_INLINE void permute_q_avx2(const float *q, int64_t valid, int bf16, float *dst) {
     __m256 x = _mm256_loadu_ps(q), y = valid >= 2 * LANES ? _mm256_loadu_ps(q + LANES) : _mm256_setzero_ps();
     if (bf16) {
-        __m256 even = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), odd = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 even = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 odd = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
         x = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0)));
         y = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
     }
@@ -170,7 +171,8 @@ static inline AVX512 ALWAYS_INLINE __mmask16 first_lanes(int64_t k) {
     return k >= ZL ? (__mmask16)0xffff : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1);
 }
 
-static inline AVX512 ALWAYS_INLINE void load_chunk_avx512(const void *base, int64_t idx, int bf16, __m512 *lo, __m512 *hi) {
+static inline AVX512 ALWAYS_INLINE void load_chunk_avx512(const void *base, int64_t idx, int bf16, __m512 *lo,
+                                                          __m512 *hi) {
     if (bf16) {
         __m512i raw = _mm512_loadu_si512((const void *)((const uint16_t *)base + idx));
         *lo = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
