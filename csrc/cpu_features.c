@@ -8,3 +8,11 @@ int cpu_kernels_supported(void) {
     return 0;
 #endif
 }
+
+int cpu_avx512_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return cpu_kernels_supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}

@@ -6,4 +6,7 @@
  * refuse every call and the Python side keeps torch's path). */
 int cpu_kernels_supported(void);
 
+/* 1 when the CPU also has AVX-512 F and BW, which paged_attention.c's wider variant uses. */
+int cpu_avx512_supported(void);
+
 #endif

@@ -78,10 +78,16 @@ def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, win
     return out
 
 
+@pytest.mark.parametrize("allow_avx512", [True, False], ids=["best-isa", "avx2"])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim,block_size,window", [
-    (9, 3, 64, 16, None), (4, 4, 128, 4, None), (8, 2, 8, 1, 5), (6, 3, 24, 8, 13), (2, 1, 256, 16, None)])
-def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_heads, dim, block_size, window):
+    (9, 3, 64, 16, None), (4, 4, 128, 4, None), (8, 2, 8, 1, 5), (6, 3, 24, 8, 13), (2, 1, 256, 16, None),
+    (16, 2, 48, 16, None), (7, 7, 40, 2, 9)])
+def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_heads, dim, block_size, window,
+                                                        allow_avx512):
+    # The kernel has an AVX2 and an AVX-512 variant (chosen by CPUID); the second id forces the
+    # first, so an AVX-512 CPU checks both. Shapes cover 1-8 query heads per KV head (passes of
+    # up to 3), head dims with every remainder mod 32, and lengths around the 4/8-key blocks.
     gen = torch.Generator().manual_seed(heads * dim + block_size)
     num_blocks, seqs = 1000, 7
     cache = torch.randn(num_blocks, block_size, 2 * kv_heads * dim, generator=gen).to(cache_dtype)
@@ -89,7 +95,7 @@ def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_h
     nb = -(-int(lens.max()) // block_size)
     table = (torch.randperm(num_blocks - 1, generator=gen)[:seqs * nb] + 1).view(seqs, nb)
     qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim, generator=gen)  # q is a strided slice of it
-    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
+    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, allow_avx512)
     want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 

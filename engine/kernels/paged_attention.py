@@ -4,6 +4,15 @@ Why: torch's route gathers every decode's blocks into a padded dense copy per la
 converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding; at
 batch 64 that was ~22% of a decode step on this CPU. The kernel walks each sequence's own
 blocks once, in float32, and handles a sliding window by where it starts.
+
+It then became the bottleneck of large decode steps (issue 14), so it reads each K and V row
+once for all the query heads that share it, sums scores several keys at a time, and
+prefetches the scattered rows; an AVX-512 variant runs where CPUID reports it (AVX2 + FMA
+stays the baseline). At batch 64 on the default model (9/3 heads x 64, bf16 cache, caches of
+30 layers cycled so they come from memory as in a step) it is ~2.7-2.9x the first version at
+contexts 140-500 and ~2x at 20 on this Sapphire Rapids host (its AVX2 variant ~2.3-2.4x and
+~2x). There it reads the cache at 6-10 GB/s, about what one core of this VM streams (a plain
+sequential sum: 7-11 GB/s), so more speed would come from more cores, not fewer instructions.
 """
 from __future__ import annotations
 
@@ -25,14 +34,15 @@ def supports(device: torch.device, compute_dtype: torch.dtype, cache_dtype: torc
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                     window: Optional[int]) -> torch.Tensor:
+                     window: Optional[int], allow_avx512: bool = True) -> torch.Tensor:
     """``[D, num_heads * head_dim]`` attention of D decode queries, in q's dtype (the kernel
     computes in float32: bf16 queries are widened first, the output rounded back).
 
     q: ``[D, >= num_heads * head_dim]`` float32 or bf16 rows (a slice of the fused qkv is fine);
     kv_cache: one layer, ``[num_blocks, block_size, 2 * num_kv_heads * head_dim]``;
     block_table: ``[D, max_blocks]`` int64; seq_lens: ``[D]`` int64, each query attending to
-    keys ``[max(0, len - window), len)``.
+    keys ``[max(0, len - window), len)``. allow_avx512=False keeps the AVX2 variant on a CPU
+    with AVX-512, so tests check both.
     """
     num_seqs = q.shape[0]
     out_dtype = q.dtype
@@ -48,7 +58,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
         _CACHE_DTYPES[kv_cache.dtype], kv_cache.shape[0], kv_cache.shape[1],
         ffi.cast("const int64_t *", block_table.data_ptr()), block_table.shape[1],
         ffi.cast("const int64_t *", seq_lens.data_ptr()), num_seqs, num_heads, num_kv_heads, head_dim,
-        window or 0, scale, ffi.cast("float *", out.data_ptr()))
+        window or 0, scale, int(allow_avx512), ffi.cast("float *", out.data_ptr()))
     if rc == -2:
         raise MemoryError("paged_decode_attention: no memory for its scratch buffers")
     if rc != 0:
