@@ -28,6 +28,8 @@ from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 from engine import envs
 from engine.client import make_client
+from engine.client.factory import config_and_cores, stopped_on_error
+from engine.core.core_process import CoreProcess
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
 from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
@@ -161,20 +163,23 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
 
 
 class AsyncLLM(EngineClient):
-    def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True) -> None:
+    def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True,
+                 _started: Optional[list[CoreProcess]] = None) -> None:
+        """``_started``: cores already launched by ``from_engine_args`` (see config_and_cores)."""
         self.config = config
         self.model_config = config.model_config
         self.log_requests = log_requests
-        self.tokenizer = get_tokenizer(config)
-        self.input_processor = InputProcessor(config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        with stopped_on_error(_started):
+            self.tokenizer = get_tokenizer(config)
+            self.input_processor = InputProcessor(config, self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer)
         self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
         self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self.renderer = Renderer(workers)
         self.output_handler: Optional[asyncio.Task] = None
-        self.engine_core = make_client(True, True, config)
+        self.engine_core = make_client(True, True, config, _started)
         # Everything built so far (torch, transformers, the tokenizer) lives as long as the
         # server: out of the collector's way, a step's burst of small objects no longer
         # triggers full collections over it (they cost milliseconds per output batch).
@@ -191,8 +196,9 @@ class AsyncLLM(EngineClient):
     def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True) -> "AsyncLLM":
         """``start_engine_loop``: start the output handler now (when called inside a running
         event loop); False leaves it to the first request."""
-        return cls(engine_args.create_engine_config(), start_engine_loop=start_engine_loop,
-                   log_requests=getattr(engine_args, "enable_log_requests", False))
+        config, started = config_and_cores(engine_args, True)
+        return cls(config, start_engine_loop=start_engine_loop,
+                   log_requests=getattr(engine_args, "enable_log_requests", False), _started=started)
 
     @classmethod
     def from_vllm_config(cls, vllm_config: EngineConfig, start_engine_loop: bool = True,

@@ -173,6 +173,21 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class CoreLaunch:
+    """What starting EngineCore processes takes, known from the arguments alone (``core_launch``).
+
+    Why apart from EngineConfig: the core derives its own EngineConfig from ``engine_args``, so it
+    can start importing torch and loading the model while the frontend reads the model's config
+    and tokenizer; one after the other, the two were most of the start-up time."""
+    transport: str
+    ring_capacity: int
+    num_threads: int
+    worker_cls: Union[str, type]
+    parallel_config: ParallelConfig
+    engine_args: EngineArgs = field(repr=False, compare=False, default=None)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -187,6 +202,11 @@ class EngineConfig:
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
     worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
+
+    @property
+    def core_launch(self) -> CoreLaunch:
+        return CoreLaunch(self.transport, self.ring_capacity, self.num_threads, self.worker_cls,
+                          self.parallel_config, self.engine_args)
 
     @property
     def max_seqs_per_request(self) -> int:
@@ -342,29 +362,39 @@ def default_num_threads() -> int:
     return envs.RINGLLM_NUM_THREADS or max(1, (os.cpu_count() or 2) - 1)
 
 
+def core_launch(args: EngineArgs) -> CoreLaunch:
+    """The arguments a core launch takes, checked (ValueError naming the field), without reading
+    the model: milliseconds, where ``create_engine_config`` takes seconds."""
+    if args.transport not in ("shm", "zmq"):
+        raise _bad("transport", "'shm' or 'zmq'", args.transport)
+    dp = _positive_int("data_parallel_size", args.data_parallel_size, 1, 64)
+    if args.data_parallel_rank is not None:
+        _positive_int("data_parallel_rank", args.data_parallel_rank, 0, dp - 1)
+    ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
+    if ring_capacity & (ring_capacity - 1):
+        raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
+    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
+    _positive_int("num_threads", num_threads, 1, 1024)
+    parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
+                              data_parallel_external_lb=args.data_parallel_external_lb)
+    return CoreLaunch(args.transport, ring_capacity, num_threads, _worker_cls(args.worker_cls), parallel, args)
+
+
 def create_engine_config(args: EngineArgs) -> EngineConfig:
     if args.load_format not in _LOAD_FORMATS:
         raise _bad("load_format", f"one of {_LOAD_FORMATS}", args.load_format)
-    if args.transport not in ("shm", "zmq"):
-        raise _bad("transport", "'shm' or 'zmq'", args.transport)
+    launch = core_launch(args)
     if args.scheduling_policy not in ("fcfs", "priority"):
         raise _bad("scheduling_policy", "'fcfs' or 'priority'", args.scheduling_policy)
     block_size = _positive_int("block_size", args.block_size, 1, 1024)
     if block_size & (block_size - 1):
         raise _bad("block_size", "a power of two in [1, 1024]", block_size)
-    dp = _positive_int("data_parallel_size", args.data_parallel_size, 1, 64)
-    if args.data_parallel_rank is not None:
-        _positive_int("data_parallel_rank", args.data_parallel_rank, 0, dp - 1)
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise _bad("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
     _positive_int("max_logprobs", args.max_logprobs, 0)
     _positive_int("renderer_num_workers", args.renderer_num_workers, 1)
-    ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
-    if ring_capacity & (ring_capacity - 1):
-        raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
-    worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
 
     path, load_format = _resolve_model(args)
@@ -406,8 +436,6 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
     kv_mem = _kv_cache_memory_bytes(args, device)
-    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
-    _positive_int("num_threads", num_threads, 1, 1024)
 
     served = args.served_model_name or args.model or DEFAULT_MODEL
     return EngineConfig(
@@ -425,11 +453,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),
                                          policy=args.scheduling_policy, max_num_prefill_tokens=max_prefill),
-        parallel_config=ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
-                                       data_parallel_external_lb=args.data_parallel_external_lb),
-        compilation_config=compilation, device=device, num_threads=num_threads,
-        transport=args.transport, ring_capacity=ring_capacity,
-        disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=worker_cls,
+        parallel_config=launch.parallel_config,
+        compilation_config=compilation, device=device, num_threads=launch.num_threads,
+        transport=launch.transport, ring_capacity=launch.ring_capacity,
+        disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=launch.worker_cls,
         kv_transfer_config=kv_transfer,
     )
 

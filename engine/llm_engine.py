@@ -17,6 +17,8 @@ import logging
 from typing import Any, Iterable, Optional, Union
 
 from engine.client import make_client
+from engine.client.factory import config_and_cores, stopped_on_error
+from engine.core.core_process import CoreProcess
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, fan_out
@@ -28,18 +30,21 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, multiprocess_mode: bool = False) -> None:
+    def __init__(self, config: EngineConfig, multiprocess_mode: bool = False, *,
+                 _started: Optional[list[CoreProcess]] = None) -> None:
         self.config = config
-        self.tokenizer = get_tokenizer(config)
-        self.input_processor = InputProcessor(config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = make_client(multiprocess_mode, False, config)
+        with stopped_on_error(_started):
+            self.tokenizer = get_tokenizer(config)
+            self.input_processor = InputProcessor(config, self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = make_client(multiprocess_mode, False, config, _started)
         self._internal_ids: dict[str, str] = {}  # the caller's request id -> the core's
         self._sequence = itertools.count()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
-        return cls(engine_args.create_engine_config(), multiprocess_mode=enable_multiprocessing)
+        config, started = config_and_cores(engine_args, enable_multiprocessing)
+        return cls(config, multiprocess_mode=enable_multiprocessing, _started=started)
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, enable_multiprocessing: bool = False) -> "LLMEngine":

@@ -29,8 +29,8 @@ class DPLBAsyncMPClient(AsyncMPClient):
     of adds spreads evenly even before any core has answered.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
+        super().__init__(config, started)
         self._owner: dict[str, int] = {}  # request id -> index into self._cores
         self._load = [0] * len(self._cores)
         self._rotate = itertools.cycle(range(len(self._cores)))

@@ -5,16 +5,18 @@ Apart from the clients so that none of them imports it back (vLLM's
 """
 from __future__ import annotations
 
-from typing import Union
+import contextlib
+from typing import Iterator, Optional, Union
 
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient, InprocClient
 from engine.client.dp_client import DPAsyncMPClient, DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
-from engine.config import EngineConfig
+from engine.config import EngineArgs, EngineConfig, core_launch
+from engine.core.core_process import CoreProcess, close_cores, start_cores
 
 
-def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig
-                ) -> Union[EngineCoreClient, AsyncEngineCoreClient]:
+def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
+                started: Optional[list[CoreProcess]] = None) -> Union[EngineCoreClient, AsyncEngineCoreClient]:
     """``InprocClient`` (the core in this process), ``SyncMPClient`` (LLM over the ring) or,
     for asyncio, ``AsyncMPClient``; with data parallelism the balancing
     ``DPLBAsyncMPClient``, or ``DPAsyncMPClient`` for one rank behind an external balancer."""
@@ -23,10 +25,37 @@ def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfi
     if asyncio_mode:
         parallel = config.parallel_config
         if parallel.data_parallel_size == 1:
-            return AsyncMPClient(config)
+            return AsyncMPClient(config, started)
         if parallel.data_parallel_external_lb:
-            return DPAsyncMPClient(config)
-        return DPLBAsyncMPClient(config)
+            return DPAsyncMPClient(config, started)
+        return DPLBAsyncMPClient(config, started)
     if multiprocess_mode:
-        return SyncMPClient(config)
+        return SyncMPClient(config, started)
     return InprocClient(config)
+
+
+def config_and_cores(engine_args: EngineArgs, multiprocess_mode: bool
+                     ) -> tuple[EngineConfig, Optional[list[CoreProcess]]]:
+    """The EngineConfig, with the core processes already started when there are to be any: they
+    import torch and load the model while this process reads the model's config (the core derives
+    its own from the same arguments). If the config turns out bad, they are stopped at once."""
+    if not multiprocess_mode:
+        return engine_args.create_engine_config(), None
+    launch = core_launch(engine_args)
+    cores = start_cores(launch, launch.parallel_config.frontend_engine_indices)
+    try:
+        return engine_args.create_engine_config(), cores
+    except BaseException:
+        close_cores(cores, timeout=0)
+        raise
+
+
+@contextlib.contextmanager
+def stopped_on_error(started: Optional[list[CoreProcess]]) -> Iterator[None]:
+    """Around what a frontend builds between ``config_and_cores`` and its client (the tokenizer):
+    if that fails, the cores started ahead are stopped, not left to the garbage collector."""
+    try:
+        yield
+    except BaseException:
+        close_cores(started or [], timeout=0)
+        raise

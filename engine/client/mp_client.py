@@ -22,7 +22,7 @@ from typing import Any, Optional
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
 from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
-from engine.core.core_process import CoreProcess, close_cores, launch_cores
+from engine.core.core_process import CoreProcess, close_cores, start_cores, wait_cores
 from engine.exceptions import EngineDeadError
 from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
                              EngineReady, UtilityCall, UtilityResult)
@@ -38,8 +38,10 @@ _DEAD_CORE_EXIT_S = 30.0
 class SyncMPClient(EngineCoreClient):
     """For ``LLM``/``LLMEngine``: one thread, blocking (futex) reads with liveness checks."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        self._cores = launch_cores(config, [0])
+    def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
+        """``started``: the core, already launched from ``config.core_launch`` (it loads while the
+        frontend reads the model's config); else it is launched here."""
+        self._cores = wait_cores(started or start_cores(config.core_launch, [0]))
         self._core = self._cores[0]
         self._finalizer = weakref.finalize(self, close_cores, self._cores)
         self._outputs: deque[EngineCoreOutputs] = deque()
@@ -129,8 +131,9 @@ class AsyncMPClient(AsyncEngineCoreClient):
     running loop, so the client can be built before the loop exists.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
-        self._cores = launch_cores(config, config.parallel_config.frontend_engine_indices)
+    def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
+        self._cores = wait_cores(started or start_cores(
+            config.core_launch, config.parallel_config.frontend_engine_indices))
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._outputs: deque[EngineCoreOutputs] = deque()

@@ -1,9 +1,9 @@
-"""The frontend's handle on EngineCore processes: launch (``CoreProcess``, ``launch_cores``),
+"""The frontend's handle on EngineCore processes: launch (``CoreProcess``, ``start_cores``),
 the READY handshake, and a clean end (``close_cores``) whatever failed on the way.
 
 The other side of the process boundary, what runs in the core, is ``engine_core_proc``
 (whose ``CoreLaunchSpec`` is the launch contract). Launched with ``subprocess`` as
-``python -m engine.core.engine_core_proc TOKEN SPEC``, never multiprocessing: the user's
+``python -m engine.core TOKEN SPEC``, never multiprocessing: the user's
 ``__main__`` is not re-imported, no resource tracker starts, and the ring's file descriptors
 arrive through ``pass_fds``. Nothing here imports torch.
 """
@@ -21,7 +21,7 @@ from typing import Any, Optional
 import msgspec
 
 from engine import envs
-from engine.config import EngineArgs, EngineConfig
+from engine.config import CoreLaunch, EngineArgs
 from engine.core.engine_core_proc import CoreLaunchSpec, channel_class, make_codec
 from engine.exceptions import EngineStartupError
 from engine.protocol import EngineDead, EngineReady, Shutdown
@@ -29,7 +29,7 @@ from shm_transport import TransportError
 
 
 def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
-    return [sys.executable, "-m", "engine.core.engine_core_proc", token, msgspec.json.encode(spec).decode()]
+    return [sys.executable, "-m", "engine.core", token, msgspec.json.encode(spec).decode()]
 
 
 def engine_args_dict(args: EngineArgs) -> dict[str, Any]:
@@ -65,7 +65,7 @@ class CoreProcess:
     after the launch, ``close`` leaves no child, fd or segment behind.
     """
 
-    def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
+    def __init__(self, config: CoreLaunch, engine_index: int = 0) -> None:
         self.engine_index = engine_index
         self.ready: Optional[EngineReady] = None
         self.proc: Optional[subprocess.Popen] = None
@@ -151,12 +151,22 @@ class CoreProcess:
             self.pidfd = None
 
 
-def launch_cores(config: EngineConfig, engine_indices: list[int]) -> list[CoreProcess]:
-    """Start the cores together (each imports torch and loads the model), then wait for all."""
+def start_cores(launch: CoreLaunch, engine_indices: list[int]) -> list[CoreProcess]:
+    """Start the cores together (each imports torch and loads the model) without waiting: the
+    frontend reads the model's config and tokenizer meanwhile (config.CoreLaunch)."""
     cores: list[CoreProcess] = []
     try:
         for i in engine_indices:
-            cores.append(CoreProcess(config, i))
+            cores.append(CoreProcess(launch, i))
+        return cores
+    except BaseException:
+        close_cores(cores, timeout=0)
+        raise
+
+
+def wait_cores(cores: list[CoreProcess]) -> list[CoreProcess]:
+    """Wait until every core is READY; on any failure all of them are stopped."""
+    try:
         for core in cores:
             core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
         return cores

@@ -1,4 +1,4 @@
-"""The EngineCore process: ``python -m engine.core.engine_core_proc TOKEN SPEC``, launched by
+"""The EngineCore process: ``python -m engine.core TOKEN SPEC`` (engine/core/__main__.py), launched by
 the frontend's ``engine.core.core_process``, runs ``EngineCoreProc``'s busy loop here.
 
 ``SPEC`` is a JSON ``CoreLaunchSpec``: the launch contract, defined here with the codec and
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.core.engine_core import EngineCore
 
-# Named, not __name__: run as ``-m`` this module is __main__, outside the ``engine`` logger.
-logger = logging.getLogger("engine.core.engine_core_proc")
+logger = logging.getLogger(__name__)
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
 UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc"})
@@ -313,10 +312,3 @@ def main(argv: list[str]) -> int:
     finally:
         channel.close()
 
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # the channel is closed and nothing else needs saving: skip torch's slow teardown
