@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
@@ -362,40 +362,55 @@ def default_num_threads() -> int:
     return envs.RINGLLM_NUM_THREADS or max(1, (os.cpu_count() or 2) - 1)
 
 
-def core_launch(args: EngineArgs) -> CoreLaunch:
-    """The arguments a core launch takes, checked (ValueError naming the field), without reading
-    the model: milliseconds, where ``create_engine_config`` takes seconds."""
-    if args.transport not in ("shm", "zmq"):
-        raise _bad("transport", "'shm' or 'zmq'", args.transport)
-    dp = _positive_int("data_parallel_size", args.data_parallel_size, 1, 64)
-    if args.data_parallel_rank is not None:
-        _positive_int("data_parallel_rank", args.data_parallel_rank, 0, dp - 1)
-    ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
-    if ring_capacity & (ring_capacity - 1):
-        raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
-    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
-    _positive_int("num_threads", num_threads, 1, 1024)
-    parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
-                              data_parallel_external_lb=args.data_parallel_external_lb)
-    return CoreLaunch(args.transport, ring_capacity, num_threads, _worker_cls(args.worker_cls), parallel, args)
+class _CheckedArgs(NamedTuple):
+    block_size: int
+    compilation: CompilationConfig
+    kv_transfer: Optional[KVTransferConfig]
+    launch: CoreLaunch
 
 
-def create_engine_config(args: EngineArgs) -> EngineConfig:
+def _check_args(args: EngineArgs) -> _CheckedArgs:
+    """Every check that needs no model (ValueError naming the field): milliseconds, so it runs
+    before any core process starts, where reading the model's config takes seconds."""
     if args.load_format not in _LOAD_FORMATS:
         raise _bad("load_format", f"one of {_LOAD_FORMATS}", args.load_format)
-    launch = core_launch(args)
+    if args.transport not in ("shm", "zmq"):
+        raise _bad("transport", "'shm' or 'zmq'", args.transport)
     if args.scheduling_policy not in ("fcfs", "priority"):
         raise _bad("scheduling_policy", "'fcfs' or 'priority'", args.scheduling_policy)
     block_size = _positive_int("block_size", args.block_size, 1, 1024)
     if block_size & (block_size - 1):
         raise _bad("block_size", "a power of two in [1, 1024]", block_size)
+    dp = _positive_int("data_parallel_size", args.data_parallel_size, 1, 64)
+    if args.data_parallel_rank is not None:
+        _positive_int("data_parallel_rank", args.data_parallel_rank, 0, dp - 1)
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise _bad("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
     _positive_int("max_logprobs", args.max_logprobs, 0)
     _positive_int("renderer_num_workers", args.renderer_num_workers, 1)
+    ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
+    if ring_capacity & (ring_capacity - 1):
+        raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
+    worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
+    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
+    _positive_int("num_threads", num_threads, 1, 1024)
+    parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
+                              data_parallel_external_lb=args.data_parallel_external_lb)
+    launch = CoreLaunch(args.transport, ring_capacity, num_threads, worker_cls, parallel, args)
+    return _CheckedArgs(block_size, compilation, kv_transfer, launch)
+
+
+def core_launch(args: EngineArgs) -> CoreLaunch:
+    """What a core launch takes, after every check that needs no model: arguments that are wrong
+    on their face never start a process (see CoreLaunch)."""
+    return _check_args(args).launch
+
+
+def create_engine_config(args: EngineArgs) -> EngineConfig:
+    block_size, compilation, kv_transfer, launch = _check_args(args)
 
     path, load_format = _resolve_model(args)
     hf_config = _load_hf_config(path, load_format, args)
