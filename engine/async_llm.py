@@ -35,6 +35,7 @@ from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, fan_out
+from engine.frontend.tokenizer import user_tokenizer
 from engine.frontend.renderer import Renderer
 from engine.llm_engine import rpc_args
 from engine.outputs import PoolingRequestOutput, RequestOutput
@@ -241,7 +242,8 @@ class AsyncLLM(EngineClient):
     async def get_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError("no tokenizer: the engine was built with skip_tokenizer_init=True")
-        return self.tokenizer
+        # A transformers tokenizer, as vLLM's; building one imports transformers: off the loop.
+        return await asyncio.to_thread(user_tokenizer, self.tokenizer)
 
     async def get_model_config(self):
         return self.model_config

@@ -7,12 +7,15 @@ naming the field and what is allowed.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
+from engine.hf_config import read_hf_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
 
@@ -122,7 +125,7 @@ class ModelConfig:
     model_path: str  # resolved local HF directory or .gguf file
     tokenizer: str  # local directory (or .gguf file) holding the tokenizer
     load_format: str  # resolved: safetensors | gguf | dummy
-    hf_config: Any  # transformers PretrainedConfig
+    hf_config: Any  # engine.hf_config.HFConfig, or a transformers PretrainedConfig for other models
     architecture: str
     dtype: str  # resolved: float32 | bfloat16 | float16
     max_model_len: int
@@ -245,15 +248,22 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
 
 
 def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
-    from transformers import AutoConfig
-
-    if load_format == "gguf":
-        cfg = AutoConfig.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
-    else:
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    """The model's config: read as JSON for the model types ringllm runs (engine/hf_config.py:
+    no transformers, no torch), through ``AutoConfig`` otherwise."""
+    cfg = None if load_format == "gguf" else read_hf_config(path)
+    if cfg is None:
+        cfg = _auto_config(path, load_format, args)
     for key, value in (args.hf_overrides or {}).items():
         setattr(cfg, key, value)
     return cfg
+
+
+def _auto_config(path: str, load_format: str, args: EngineArgs) -> Any:
+    from transformers import AutoConfig
+
+    if load_format == "gguf":
+        return AutoConfig.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
+    return AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
 
 
 def _cpu_has_bf16() -> bool:
@@ -268,11 +278,31 @@ def _cpu_has_bf16() -> bool:
     return False
 
 
+def _torch_built_for_gpu() -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, read from its ``version.py``
+    without importing torch (~1.5 s of CPU the frontend has no other use for). When that file
+    cannot be read, True: torch is asked."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as f:
+            tree = ast.parse(f.read())
+        builds = {}
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
+                builds[target.id] = ast.literal_eval(node.value)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    return builds.get("cuda", True) is not None or builds.get("hip", True) is not None
+
+
 def resolve_device(device: str) -> str:
     """``device`` ("auto", "cpu" or "cuda") as the device the model will run on."""
     if device not in ("auto", "cpu", "cuda"):
         raise _bad("device", "'auto', 'cpu' or 'cuda'", device)
-    if device == "cpu":
+    if device == "cpu" or (device == "auto" and not _torch_built_for_gpu()):
         return "cpu"
     import torch
 

@@ -162,7 +162,7 @@ class LLM:
         the top ``2 * beam_width`` logprobs for every live beam, then keeps the best
         ``beam_width`` per prompt by length-penalised cumulative logprob."""
         self._check_runner("generate", "LLM.beam_search()")
-        tokenizer = self.get_tokenizer()
+        tokenizer = self.llm_engine.tokenizer
         eos = self.llm_engine.input_processor.eos_token_id
         width = params.beam_width
 

@@ -22,6 +22,7 @@ from engine.core.core_process import CoreProcess
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, fan_out
+from engine.frontend.tokenizer import user_tokenizer
 from engine.outputs import RequestOutput
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import SamplingParams
@@ -97,7 +98,9 @@ class LLMEngine:
         self.engine_core.abort_requests(self.output_processor.abort_requests(internal_ids))
 
     def get_tokenizer(self):
-        return self.tokenizer
+        """A transformers tokenizer, as vLLM's (built on first call when the engine reads the
+        tokenizer without transformers: engine/frontend/tokenizer.py)."""
+        return user_tokenizer(self.tokenizer)
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.call_utility("reset_prefix_cache")

@@ -16,6 +16,7 @@ import msgspec
 
 from engine.config import EngineConfig
 from engine.exceptions import ParameterError
+from engine.frontend.tokenizer import FastTokenizer
 from engine.frontend.renderer import encode, max_token_bytes
 from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest
@@ -40,15 +41,19 @@ ChatMessage = dict[str, Any]
 
 
 def get_tokenizer(config: EngineConfig):
-    """The model's Hugging Face tokenizer, or None with skip_tokenizer_init. Only fast
-    (tokenizers-backed) tokenizers are accepted: streaming detokenization relies on them."""
+    """The model's tokenizer, or None with skip_tokenizer_init: a ``FastTokenizer`` where that is
+    exact (engine/frontend/tokenizer.py: no transformers, no torch), else transformers'. Only
+    fast (tokenizers-backed) tokenizers are accepted: streaming detokenization relies on them."""
     model_config = config.model_config
     if model_config.skip_tokenizer_init:
         return None
-    from transformers import AutoTokenizer
-
     path = model_config.tokenizer
     try:
+        fast = None if path.endswith(".gguf") else FastTokenizer.from_dir(path)
+        if fast is not None:
+            return fast
+        from transformers import AutoTokenizer
+
         if path.endswith(".gguf"):
             tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
         else:

@@ -20,6 +20,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence, TypeVar
 
+from engine.frontend.tokenizer import cleans_up_spaces
+
 T = TypeVar("T")
 
 # Below this many bytes (or token ids) a job runs inline on the caller's thread (~tens of µs).
@@ -91,7 +93,7 @@ def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
 def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
     """``tokenizer.decode(token_ids)``, releasing the GIL while it works."""
     text = tokenizer.backend_tokenizer.decode_batch([list(token_ids)], skip_special_tokens=False)[0]
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    if cleans_up_spaces(tokenizer):
         text = tokenizer.clean_up_tokenization(text)
     return text
 

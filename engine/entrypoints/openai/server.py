@@ -224,7 +224,7 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Servi
     limits = ServingLimits.for_engine(engine.config, settings.max_waiting_requests, settings.request_timeout_s,
                                       settings.retry_after_s)
     deadlines = Deadlines()
-    tokenizer = await engine.get_tokenizer()
+    tokenizer = engine.input_processor.tokenizer  # the engine's own (get_tokenizer() builds a transformers one)
     shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
     chat = OpenAIServingChat(*shared)
     embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
