@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
+from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
 from engine.hf_config import read_hf_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
@@ -62,9 +63,10 @@ class EngineArgs:
     block_size: int = 16
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
-    # Most prompt tokens computed in one step (decodes not counted); None/0: no cap.
-    # `ringllm serve` on CPU sets one (see engine/entrypoints/serve.py).
-    max_num_prefill_tokens: Optional[int] = None
+    # Most prompt tokens computed in one step (decodes not counted); None/0: no cap; "auto": as
+    # many as fit a time budget per step, measured (engine/core/prefill_pacer.py). `ringllm
+    # serve` on CPU uses "auto" (see engine/entrypoints/serve.py).
+    max_num_prefill_tokens: Optional[Union[int, Literal["auto"]]] = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
@@ -157,7 +159,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
     policy: str
-    max_num_prefill_tokens: int = 0  # 0: no cap beyond max_num_batched_tokens
+    max_num_prefill_tokens: int = 0  # 0: no cap beyond max_num_batched_tokens; the first cap when paced
+    prefill_step_target_s: float = 0.0  # > 0: the cap follows this time per step (prefill_pacer.py)
 
 
 @dataclass(frozen=True)
@@ -476,7 +479,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         raise ValueError(
             f"max_num_batched_tokens must be >= max_model_len={max_model_len} when chunked prefill is "
             f"disabled, got {max_batched}")
-    max_prefill = _positive_int("max_num_prefill_tokens", args.max_num_prefill_tokens or 0, 0)
+    if args.max_num_prefill_tokens == "auto":
+        max_prefill, step_target = PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
+    else:
+        max_prefill, step_target = _positive_int("max_num_prefill_tokens", args.max_num_prefill_tokens or 0, 0), 0.0
     if max_batched < max_num_seqs:
         max_num_seqs = max_batched  # one token per sequence per step is the least a step can give
 
@@ -497,7 +503,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                          enable_chunked_prefill=bool(args.enable_chunked_prefill),
-                                         policy=args.scheduling_policy, max_num_prefill_tokens=max_prefill),
+                                         policy=args.scheduling_policy, max_num_prefill_tokens=max_prefill,
+                                         prefill_step_target_s=step_target),
         parallel_config=launch.parallel_config,
         compilation_config=compilation, device=device, num_threads=launch.num_threads,
         transport=launch.transport, ring_capacity=launch.ring_capacity,

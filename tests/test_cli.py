@@ -97,9 +97,11 @@ def test_serve_on_cpu_caps_prompt_tokens_per_step_unless_told_otherwise(monkeypa
     assert cap("--device", "cpu", "--max-num-prefill-tokens", "0") == 0  # 0: no cap, as asked
     assert cap("--device", "cpu", "--max-num-prefill-tokens", "512") == 512
     assert cap("--device", "cuda") is None  # a GPU prefills the whole budget in milliseconds
+    assert SERVE_CPU_MAX_NUM_PREFILL_TOKENS == "auto"  # paced by time (engine/core/prefill_pacer.py)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cap() == SERVE_CPU_MAX_NUM_PREFILL_TOKENS
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("engine.config._torch_built_for_gpu", lambda: True)  # as a CUDA build of torch
     assert cap() is None
 
 

@@ -88,7 +88,12 @@ class EngineCore:
             # 1) schedule: pick the batch and allocate its KV blocks
             sched = self.scheduler.schedule()
             # 2) run the model and sample (nothing to run: nothing scheduled)
-            result = self.worker.execute_model(sched) if sched.requests else _NOTHING_RUN
+            if sched.requests:
+                start = time.perf_counter()
+                result = self.worker.execute_model(sched)
+                self.scheduler.observe_step(sched, time.perf_counter() - start)
+            else:
+                result = _NOTHING_RUN
             # 3) append tokens, check stops, free finished requests
             outputs = self.scheduler.update_from_output(sched, result)
             self._failed_steps = 0

@@ -11,9 +11,10 @@ Prompt tokens (new prompts, later chunks of long ones, recomputes after preempti
 capped per step apart from the budget (``max_num_prefill_tokens``; decodes never count): a
 burst of requests then gets its first tokens over several steps, in arrival order, instead of
 all waiting for one step that computes every prompt, and the running streams keep their pace.
-On a CPU, where prefill is compute bound, a wave of 64 prompts is then ~16 steps of under a
-second, each handing out a few first tokens, instead of one ~5 s step (benchmarks/RESULTS.md,
-Serving).
+The cap is a token count, or (``"auto"``, ``ringllm serve``'s default on CPU) whatever fits
+a time budget per step on this machine, as measured (prefill_pacer.py): on a CPU, where
+prefill is compute bound, a wave of 64 prompts is then a few steps of ~0.5 s, each handing
+out some first tokens, instead of one step of seconds (benchmarks/RESULTS.md, Serving).
 
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
@@ -30,6 +31,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
+from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import EngineCoreOutput, FinishReason, LogprobsLists, SchedulerStats
@@ -98,7 +100,10 @@ class Scheduler:
                  kv_connector: Optional[Any] = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
+        self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
+        # With a time budget per step, the cap follows the measured cost of prompt tokens.
+        self.pacer = PrefillPacer(config.prefill_step_target_s, PACED_MIN_TOKENS, config.max_num_batched_tokens,
+                                  self._max_num_prefill_tokens) if config.prefill_step_target_s > 0 else None
         self.chunked_prefill = config.enable_chunked_prefill
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
@@ -113,6 +118,16 @@ class Scheduler:
         # Counters for SchedulerStats: this step's, and totals since start.
         self._step_queries = self._step_hits = self._step_preempted = self._step_tokens = 0
         self.total_queries = self.total_hits = self.total_preemptions = 0
+
+    @property
+    def max_num_prefill_tokens(self) -> int:
+        """This step's cap on prompt tokens (decodes never count)."""
+        return self.pacer.cap if self.pacer is not None else self._max_num_prefill_tokens
+
+    def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
+        """The runner took ``seconds`` for ``sched``: what the pacer learns prompt tokens cost."""
+        if self.pacer is not None:
+            self.pacer.observe(sum(n for n in sched.num_scheduled_tokens if n > 1), seconds)
 
     def add_request(self, request: Request) -> None:
         self.waiting.add(request)

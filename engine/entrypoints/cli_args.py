@@ -11,14 +11,14 @@ import argparse
 import dataclasses
 import json
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
 from engine.entrypoints.openai.server import ServerSettings
 
-# `ringllm serve` on CPU caps the prompt tokens of a step unless --max-num-prefill-tokens is given
-# (engine/entrypoints/serve.py says why and how the figure was chosen).
-SERVE_CPU_MAX_NUM_PREFILL_TOKENS = 128
+# `ringllm serve` on CPU paces the prompt tokens of a step unless --max-num-prefill-tokens is given
+# (engine/entrypoints/serve.py says why).
+SERVE_CPU_MAX_NUM_PREFILL_TOKENS = "auto"
 
 ENGINE_ARG_HELP = {
     "model": "Model to serve: a local HF directory or a .gguf file (default: the embedded "
@@ -33,7 +33,8 @@ ENGINE_ARG_HELP = {
     "max_num_seqs": "Most sequences in one step (default 256).",
     "max_num_batched_tokens": "Token budget of one step (default 2048 with chunked prefill).",
     "max_num_prefill_tokens": "Most prompt tokens computed in one step, over all requests (decodes do not "
-                              "count; 0: no cap). A burst of new requests then gets first tokens over several "
+                              "count; 0: no cap; auto: as many as keep a step near 0.5 s on this machine, "
+                              "as measured). A burst of new requests then gets first tokens over several "
                               "steps, in arrival order, while running streams keep their pace; a prompt longer "
                               "than the cap is computed in chunks. Default: "
                               f"{SERVE_CPU_MAX_NUM_PREFILL_TOKENS} for `ringllm serve` on CPU, else no cap.",
@@ -100,6 +101,18 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _int_or_name(names: list[str]) -> Callable[[str], Union[int, str]]:
+    def int_or_name(text: str) -> Union[int, str]:
+        if text in names:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer or one of {names}, got {text!r}") from None
+
+    return int_or_name
+
+
 def _flag_kwargs(hint: Any) -> dict[str, Any]:
     """argparse keywords for a field's type: bools get --x/--no-x, Literals their choices."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -109,6 +122,9 @@ def _flag_kwargs(hint: Any) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(hint) is Literal:
         return {"choices": list(typing.get_args(hint))}
+    names = [v for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
+    if int in args and names:  # an int or a named setting (max_num_prefill_tokens: "auto")
+        return {"type": _int_or_name(names), "metavar": "|".join(["INT", *names])}
     if hint in (int, float, str):
         return {"type": hint}
     if str in args:  # a name on the command line, an object in Python (worker_cls)

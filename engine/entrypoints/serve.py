@@ -21,11 +21,13 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     """The engine arguments `ringllm serve` runs with: the flags, plus the online defaults that
     differ from LLM's (as vLLM's differ by usage context).
 
-    On CPU the prompt tokens of a step are capped (SERVE_CPU_MAX_NUM_PREFILL_TOKENS) unless
-    --max-num-prefill-tokens is given. Prefill there is compute bound (~270 tokens/s for the
-    default model on one core of this machine): uncapped, a burst of 64 prompts is one step of
-    ~7 s that every first token waits for; capped, first tokens go out a few prompts a step, in
-    arrival order, while the running streams keep decoding (benchmarks/RESULTS.md, Serving).
+    On CPU the prompt tokens of a step are paced ("auto": as many as keep a step near 0.5 s,
+    engine/core/prefill_pacer.py) unless --max-num-prefill-tokens is given. Prefill there is
+    compute bound, and its speed differs tenfold between CPUs and dtypes (~270 tokens/s for the
+    default model in float32 on one AVX2 core, thousands in bfloat16 with AMX): uncapped, a
+    burst of 64 prompts is one step of seconds that every first token waits for; paced, first
+    tokens go out a few prompts a step, in arrival order, while the running streams keep
+    decoding (benchmarks/RESULTS.md, Serving).
     Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
     where the whole 2048-token budget is prefilled in milliseconds."""
     engine_args = engine_args_from(args, AsyncEngineArgs)
