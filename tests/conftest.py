@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from process_utils import live_children
 
 
 @pytest.fixture(scope="session")
@@ -32,35 +33,6 @@ def _shm_entries() -> set[str]:
             out |= {os.path.join(d, n) for n in os.listdir(d) if n.startswith(_SHM_PREFIX)}
         except FileNotFoundError:
             pass
-    return out
-
-
-def _live_children() -> dict[int, str]:
-    """Direct children of this process that are not zombies (zombies are reaped on the way)."""
-    me, out = os.getpid(), {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        state, ppid = stat.rpartition(")")[2].split()[:2]
-        if int(ppid) != me:
-            continue
-        pid = int(entry)
-        if state == "Z":
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-        except OSError:
-            out[pid] = "?"
     return out
 
 
@@ -94,14 +66,14 @@ def _adopt_orphans(_private_runtime_dir):
 
 @pytest.fixture(autouse=True)
 def _nothing_left_behind(_adopt_orphans):
-    shm_before, children_before = _shm_entries(), set(_live_children())
+    shm_before, children_before = _shm_entries(), set(live_children())
     sigint_before = signal.getsignal(signal.SIGINT)
     yield
     sigint_after = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, sigint_before)  # later tests rely on Ctrl-C raising
     deadline = time.monotonic() + 5.0  # let children that are already shutting down finish
     while True:
-        left = {p: c for p, c in _live_children().items() if p not in children_before}
+        left = {p: c for p, c in live_children().items() if p not in children_before}
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -16,6 +16,7 @@ import textwrap
 import time
 
 import pytest
+from process_utils import live_children
 
 from engine.config import EngineArgs
 from engine.core.engine_core_proc import merge_outputs
@@ -31,17 +32,6 @@ TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_me
 
 def tiny_config(model: str, **overrides):
     return EngineArgs(model=model, **{**TINY, **overrides}).create_engine_config()
-
-
-def child_pids() -> set[int]:
-    pids: set[int] = set()
-    for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        try:
-            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except FileNotFoundError:  # the thread ended meanwhile
-            pass
-    return pids
 
 
 def pid_gone(pid: int) -> bool:
@@ -74,9 +64,15 @@ def nothing_left_behind():
     """Set up before, and torn down after, every engine of the module: then no child
     process and no new /dev/shm entry may remain."""
     shm_before = ringllm_shm_entries()
-    children_before = child_pids()
+    children_before = set(live_children())
     yield
-    wait_until(lambda: child_pids() <= children_before, timeout=EXIT_DEADLINE_S)
+    deadline = time.monotonic() + EXIT_DEADLINE_S
+    while (left := {p: c for p, c in live_children().items() if p not in children_before}) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # named below; killed so that later modules start clean
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"child processes still running {EXIT_DEADLINE_S} s after the module's engines: {left}"
     assert ringllm_shm_entries() <= shm_before
 
 
@@ -173,11 +169,11 @@ def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model_dir):
     from engine.client.mp_client import SyncMPClient
     from engine.exceptions import EngineStartupError
 
-    before = child_pids()
+    before = set(live_children())
     # Valid for the frontend, but the core cannot fit one request in this KV cache.
     with pytest.raises(EngineStartupError, match="kv_cache_memory"):
         SyncMPClient(tiny_config(tiny_model_dir, kv_cache_memory=4096))
-    assert child_pids() <= before
+    assert set(live_children()) <= before
 
 
 _FRONTEND = textwrap.dedent("""
