@@ -59,9 +59,9 @@ class FastTokenizer:
         self._extra_special = [t for t in map(_token_text, extra if isinstance(extra, list) else []) if t]
         self.special_tokens_map = {name: text for name in _SPECIAL_NAMES
                                    if (text := _token_text(config.get(name))) is not None}
-        for name in _SPECIAL_NAMES:
-            setattr(self, name, self.special_tokens_map.get(name))
+        for name in _SPECIAL_NAMES:  # bos_token, bos_token_id, ... as transformers names them
             text = self.special_tokens_map.get(name)
+            setattr(self, name, text)
             setattr(self, name + "_id", None if text is None else backend.token_to_id(text))
         self._hf = None
 
