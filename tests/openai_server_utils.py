@@ -56,16 +56,24 @@ def descendants(pid: int) -> set[int]:
 
 
 class RemoteServer:
-    def __init__(self, *serve_args: str, env: Optional[dict] = None) -> None:
-        """``serve_args``: what follows ``ringllm serve`` (the model first, or none for the default)."""
+    def __init__(self, *serve_args: str, env: Optional[dict] = None, log: Optional[str] = None) -> None:
+        """``serve_args``: what follows ``ringllm serve`` (the model first, or none for the default);
+        ``log``: a file for the server's output (stdout and stderr), which is otherwise the test's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [*RINGLLM, "serve", *serve_args, "--port", str(self.port)]
         self.env = dict(os.environ, **(env or {}))
+        self.log = log
         self.proc: Optional[subprocess.Popen] = None
 
     def __enter__(self) -> "RemoteServer":
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL)
+        out = None if self.log is None else open(self.log, "ab")
+        try:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=None if out is None else subprocess.STDOUT)
+        finally:
+            if out is not None:
+                out.close()  # the child has its own copy
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -176,6 +176,31 @@ def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model_dir):
     assert set(live_children()) <= before
 
 
+def test_a_kv_cache_larger_than_the_machine_is_refused_at_startup(tiny_model_dir):
+    from engine.client.mp_client import SyncMPClient
+    from engine.exceptions import EngineStartupError
+
+    before = set(live_children())
+    with pytest.raises(EngineStartupError, match="does not fit in the .* GiB of memory available"):
+        SyncMPClient(tiny_config(tiny_model_dir, kv_cache_memory=1 << 50))
+    assert set(live_children()) <= before
+
+
+def test_the_kv_cache_is_resident_once_the_core_is_ready(tiny_model_dir):
+    """All of it, from the start: the core's RSS cannot creep up by the cache's size under load
+    (as a lazily committed cache did, block by block, over minutes of soak)."""
+    from engine.client.mp_client import SyncMPClient
+
+    kv_bytes = 1 << 30  # over three times what the tiny model and torch take (~300 MiB)
+    client = SyncMPClient(tiny_config(tiny_model_dir, kv_cache_memory=kv_bytes))
+    try:
+        with open(f"/proc/{client.ready.pid}/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+        assert rss > kv_bytes, rss
+    finally:
+        client.shutdown()
+
+
 _FRONTEND = textwrap.dedent("""
     import sys, time
     from engine.client.mp_client import SyncMPClient

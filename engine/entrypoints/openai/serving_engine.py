@@ -245,15 +245,18 @@ class OpenAIServing:
             async with self.time_limit(deadline):
                 first = await anext(events, None)
             response = web.StreamResponse(headers=_SSE_HEADERS)
-            await response.prepare(request)
             try:
+                await response.prepare(request)
                 async with self.time_limit(deadline):
                     if first is not None:
                         await response.write(b"data: " + _encode(first) + b"\n\n")
                     async for event in events:
                         await response.write(b"data: " + _encode(event) + b"\n\n")
-            except ConnectionResetError:  # the client is gone: nobody to tell
-                raise
+            except ConnectionResetError:
+                # The client is gone: nobody to tell, and nothing to log above debug (a client
+                # that hangs up is routine). Leaving closes ``events``, which aborts its requests.
+                logger.debug("client left %s before its stream ended", request.path)
+                return response
             except Exception as exc:
                 error = to_openai_error(exc)
                 logger.info("stream %s ended with an error: %s", request.path, error.message)
