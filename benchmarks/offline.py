@@ -1,10 +1,13 @@
 """Offline throughput scenario: ringllm ``LLM.generate`` against plain transformers (and vLLM).
 
-Two scenarios per engine, in the same run:
+Three scenarios per engine, in the same run:
 
 - batch: N prompts x M output tokens (ignore_eos, greedy). ringllm gets all N at once;
   transformers gets one left-padded ``generate`` call over all N (``min_new_tokens=M``).
 - single: one prompt, M output tokens, at batch 1 (single-stream decode speed).
+- prefill: N prompts of ~P tokens each (``--prefill-tokens``, default 500) and one output token:
+  prompt tokens per second, the speed a burst of long prompts gets its first tokens at.
+  transformers runs one forward pass over the left-padded batch (the padding is not counted).
 
 Every measurement runs in a fresh worker process (peak RSS is that engine's alone, its
 EngineCore child included, and neither engine warms the other's caches) and only
@@ -16,6 +19,7 @@ of the cases between rounds and reports medians with the min-max spread. Start-u
 to the engine being ready (interpreter start and imports included).
 
     python -m benchmarks.offline                     # 64 x 128, bf16, 1 thread, 3 rounds
+    ringllm bench offline --scenarios prefill        # 64 prompts x ~500 tokens
     ringllm bench offline --dtype float32 --threads 1,2 --rounds 1
 
 **vLLM as a peer.** ``--peer vllm --peer-python PATH`` adds vLLM's ``LLM`` as one more method,
@@ -59,11 +63,18 @@ _WORDS = ("river mountain engine quiet yellow garden window silver market rocket
           "harbor meadow pencil lantern violin orchard glacier compass").split()
 
 
-def make_prompts(count: int, seed: int = 0) -> list[str]:
-    """Seeded prompts of 12 to 36 words (about 15 to 45 tokens), none sharing a prefix block."""
+def make_prompts(count: int, seed: int = 0, words: tuple[int, int] = (12, 36)) -> list[str]:
+    """Seeded prompts of 12 to 36 words (about 15 to 45 tokens) by default, none sharing a prefix
+    block (each starts with its own number)."""
     rng = random.Random(seed)
-    return [f"Story {i}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(12, 36)))
+    return [f"Story {i}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(*words)))
             for i in range(count)]
+
+
+def make_long_prompts(count: int, tokens: int) -> list[str]:
+    """The prefill scenario's prompts: about ``tokens`` tokens each (each word of ``_WORDS`` is one
+    or two tokens for the default tokenizer; engines report the exact count they prefilled)."""
+    return make_prompts(count, seed=1, words=(tokens * 3 // 4, tokens * 3 // 4))
 
 
 # ---------------------------------------------------------------- workers (one per process)
@@ -72,15 +83,6 @@ def _peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return (own + children) / 1024
-
-
-def _timed(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def worker_ringllm(a: argparse.Namespace) -> dict:
@@ -96,11 +98,19 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
     prompts = make_prompts(a.num_prompts)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
 
-    def run(batch: list[str]) -> None:
+    def run(batch: list[str]) -> int:
         outs = llm.generate(batch, params, use_tqdm=False)
-        assert sum(len(o.outputs[0].token_ids) for o in outs) == len(batch) * a.output_tokens
+        produced = sum(len(o.outputs[0].token_ids) for o in outs)
+        assert produced == len(batch) * a.output_tokens
+        return produced
 
-    result = _measure(a, lambda: run(prompts), lambda: run(prompts[:1]))
+    def prefill() -> int:
+        outs = llm.generate(make_long_prompts(a.num_prompts, a.prefill_tokens),
+                            SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == 1 for o in outs)
+        return sum(len(o.prompt_token_ids) for o in outs)
+
+    result = _measure(a, {"batch": lambda: run(prompts), "single": lambda: run(prompts[:1]), "prefill": prefill})
     llm.shutdown()
     return {"startup_s": startup, "ready_s": ready, **result}
 
@@ -116,23 +126,39 @@ def worker_transformers(a: argparse.Namespace) -> dict:
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
     startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
 
-    def run(batch: list[str], n: int) -> None:
+    def run(batch: list[str], n: int) -> int:
         enc = tok(batch, return_tensors="pt", padding=True)
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                  pad_token_id=tok.pad_token_id)
         assert out.shape[1] - enc["input_ids"].shape[1] == n
+        return len(batch) * n
+
+    def prefill() -> int:
+        enc = tok(make_long_prompts(a.num_prompts, a.prefill_tokens), return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            model(**enc, logits_to_keep=1)
+        return int(enc["attention_mask"].sum())
 
     prompts = make_prompts(a.num_prompts)
     run(prompts[:2], 4)
-    result = _measure(a, lambda: run(prompts, a.output_tokens), lambda: run(prompts[:1], a.output_tokens))
+    result = _measure(a, {"batch": lambda: run(prompts, a.output_tokens),
+                          "single": lambda: run(prompts[:1], a.output_tokens), "prefill": prefill})
     return {"startup_s": startup, "ready_s": ready, **result}
 
 
-def _measure(a: argparse.Namespace, batch, single) -> dict:
-    mode = getattr(a, "mode", "both")
-    return {"batch_s": _timed(batch, a.repeats) if mode in ("both", "batch") else [],
-            "single_s": _timed(single, a.repeats) if mode in ("both", "single") else []}
+def _measure(a: argparse.Namespace, runs: dict) -> dict:
+    """Time each scenario of ``a.mode`` (comma-separated) ``a.repeats`` times: ``{mode}_s``, the
+    seconds of each repeat, and ``{mode}_tokens``, the tokens one repeat produced (or prefilled)."""
+    result = {}
+    for mode in a.mode.split(","):
+        seconds, tokens = [], 0
+        for _ in range(a.repeats):
+            start = time.perf_counter()
+            tokens = runs[mode]()
+            seconds.append(time.perf_counter() - start)
+        result[f"{mode}_s"], result[f"{mode}_tokens"] = seconds, tokens
+    return result
 
 
 def _default_model_dir() -> str:
@@ -144,12 +170,14 @@ def _default_model_dir() -> str:
 # ---------------------------------------------------------------- driver
 
 def run_worker(engine: str, a: argparse.Namespace) -> dict:
-    """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single or both)."""
+    """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single, prefill
+    or a comma-separated list of them)."""
     if engine == "vllm":
         return _run_peer_vllm(a)
-    cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", getattr(a, "mode", "both"),
+    cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", a.mode,
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
-           "--output-tokens", str(a.output_tokens), "--repeats", str(a.repeats),
+           "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
+           "--repeats", str(a.repeats),
            "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
            "--spawn-time", repr(time.time())]
     cmd += (["--model", a.model] if a.model else []) + (["--inproc"] if a.inproc else [])
@@ -166,7 +194,8 @@ def _run_peer_vllm(a: argparse.Namespace) -> dict:
     job = {"model": a.model or _default_model_dir(), "dtype": a.peer_dtype or a.dtype,
            "enforce_eager": a.peer_eager, "max_model_len": a.max_model_len,
            "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
-           "mode": getattr(a, "mode", "both"), "spawn_time": time.time()}
+           "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens),
+           "mode": a.mode, "spawn_time": time.time()}
     env = {**PEER_ENV, **os.environ}
     env.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory(prefix="ringllm-peer-") as scratch:
@@ -188,10 +217,8 @@ def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
 
     def run() -> dict:
         r = run_worker(engine, wa)
-        seconds = r[f"{mode}_s"][0]
-        tokens = a.output_tokens * (a.num_prompts if mode == "batch" else 1)
-        return {"tok_s": tokens / seconds, "startup_s": r["startup_s"], "ready_s": r["ready_s"],
-                "peak_rss_mib": r["peak_rss_mib"]}
+        return {"tok_s": r[f"{mode}_tokens"] / r[f"{mode}_s"][0], "tokens": r[f"{mode}_tokens"],
+                "startup_s": r["startup_s"], "ready_s": r["ready_s"], "peak_rss_mib": r["peak_rss_mib"]}
     return run
 
 
@@ -203,8 +230,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1", help="comma-separated torch thread counts to sweep")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--prefill-tokens", type=int, default=500, help="prompt length of the prefill scenario")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians and spread)")
-    p.add_argument("--scenarios", default="batch,single")
+    p.add_argument("--scenarios", default="batch,single", help="any of batch, single, prefill")
     p.add_argument("--engines", default="ringllm,transformers")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -218,7 +246,7 @@ def main(argv=None) -> int:
     p.add_argument("--peer-eager", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM with enforce_eager (default); --no-peer-eager compiles (start-up ~90-190 s)")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
-    p.add_argument("--mode", default="both", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -234,7 +262,10 @@ def main(argv=None) -> int:
     bench = Bench("offline", model=a.model or "SmolLM2-135M-Instruct")
     threads = [int(t) for t in a.threads.split(",")]
     peer = f"vllm {a.peer_dtype or a.dtype} {'eager' if a.peer_eager else 'compiled'}" if a.peer else None
-    for mode in a.scenarios.split(","):
+    scenarios = a.scenarios.split(",")
+    if not set(scenarios) <= {"batch", "single", "prefill"}:
+        p.error(f"--scenarios: {a.scenarios!r}; choose from batch, single, prefill")
+    for mode in scenarios:
         for t in threads:
             for engine in a.engines.split(","):
                 bench.add(mode, f"{engine} {t}t", case(engine, mode, t, a))
@@ -243,26 +274,31 @@ def main(argv=None) -> int:
     bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.offline").info)
     bench.notes.append(f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, "
                        f"torch {_torch_version()}")
+    if "prefill" in scenarios:
+        bench.notes.append(f"prefill: {a.num_prompts} prompts of ~{a.prefill_tokens} tokens, 1 output token; "
+                           "tok/s counts prompt tokens")
     if peer:
         bench.notes.append(f"peer: {peer}, {a.peer_python}, vLLM's own CPU threads; "
                            + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PEER_ENV.items()))
-    columns = [Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
-               Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
-               Column("LLM() s", "batch", "startup_s", "{:.1f}"),
-               Column("start to ready s", "batch", "ready_s", "{:.1f}"),
-               Column("peak RSS MiB (batch)", "batch", "peak_rss_mib", "{:.0f}")]
+    throughput = [c for c in (Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
+                              Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
+                              Column("prefill prompt tok/s", "prefill", "tok_s", "{:.1f}", higher_is_better=True))
+                  if c.scenario in scenarios]
+    first = scenarios[0]  # start-up and memory as measured by the first scenario's workers
+    columns = throughput + [Column("LLM() s", first, "startup_s", "{:.1f}"),
+                            Column("start to ready s", first, "ready_s", "{:.1f}"),
+                            Column(f"peak RSS MiB ({first})", first, "peak_rss_mib", "{:.0f}")]
     for t in threads:
         ratios = []
         for base, label in [(f"transformers {t}t", "transformers"), (peer, "vllm")]:
             if base in bench.methods():
-                ratios += [Column(f"batch vs {label}", "batch", "tok_s", ratio_to=base),
-                           Column(f"single vs {label}", "single", "tok_s", ratio_to=base)]
+                ratios += [Column(f"{mode} vs {label}", mode, "tok_s", ratio_to=base) for mode in scenarios]
         methods = [m for m in bench.methods() if m.endswith(f" {t}t") or m == peer]
         print(bench.table(f"Offline throughput, {a.dtype}, {t} thread(s)", columns + ratios, methods) + "\n")
     print("\n".join(bench.notes))
     kw = {"out_dir": a.out} if a.out else {}
     paths = bench.save(extra={"args": {k: v for k, v in vars(a).items() if k not in ("worker", "mode")}},
-                       plots=columns[:2], **kw)
+                       plots=throughput, **kw)
     print("wrote " + ", ".join(paths))
     return 0
 

@@ -5,14 +5,16 @@ vLLM is not a dependency of ringllm, so this file is run as a plain script by an
 (neither ``engine`` nor ``benchmarks``) and takes everything on stdin as one JSON object:
 
     {"model": HF dir, "dtype": "float32", "enforce_eager": true, "max_model_len": 2048,
-     "prompts": [...], "output_tokens": 128, "mode": "batch" | "single" | "both",
+     "prompts": [...], "output_tokens": 128, "long_prompts": [...] (the prefill scenario's),
+     "mode": "batch", "single", "prefill" or a comma-separated list of them,
      "spawn_time": time.time() when the harness started this process}
 
 It answers with one line on stdout, ``RESULT`` and a JSON object (vLLM logs to stdout too, even
 after it, from its exit handlers):
 
     RESULT {"startup_s": LLM() seconds, "ready_s": spawn to ready, imports included,
-     "batch_s": [s], "single_s": [s], "peak_rss_mib": peak RSS summed over this process's tree}
+     "<mode>_s": [s], "<mode>_tokens": tokens generated (prompt tokens for prefill), per mode run,
+     "peak_rss_mib": peak RSS summed over this process's tree}
 
 The work mirrors ``benchmarks.offline.worker_ringllm``: greedy, ignore_eos, a 2-prompt warm-up of
 4 tokens, then only ``generate`` is timed, and the output token count is checked.
@@ -38,19 +40,23 @@ def main() -> int:
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
 
-    def timed(batch: list) -> list:
+    def timed(batch: list, sampling, per_prompt: int) -> tuple:
+        """Seconds for one ``generate``, and the tokens it produced (prompt tokens if ``per_prompt``
+        is 0: the prefill scenario, one output token each)."""
         t0 = time.perf_counter()
-        outs = llm.generate(batch, params, use_tqdm=False)
+        outs = llm.generate(batch, sampling, use_tqdm=False)
         seconds = time.perf_counter() - t0
         produced = sum(len(o.outputs[0].token_ids) for o in outs)
-        if produced != len(batch) * n:
-            raise RuntimeError(f"vLLM produced {produced} tokens, expected {len(batch) * n}")
-        return [seconds]
+        expected = len(batch) * (per_prompt or 1)
+        if produced != expected:
+            raise RuntimeError(f"vLLM produced {produced} tokens, expected {expected}")
+        return [seconds], (produced if per_prompt else sum(len(o.prompt_token_ids) for o in outs))
 
-    mode = job["mode"]
-    result = {"startup_s": startup, "ready_s": ready,
-              "batch_s": timed(prompts) if mode in ("both", "batch") else [],
-              "single_s": timed(prompts[:1]) if mode in ("both", "single") else []}
+    runs = {"batch": lambda: timed(prompts, params, n), "single": lambda: timed(prompts[:1], params, n),
+            "prefill": lambda: timed(job["long_prompts"], SamplingParams(temperature=0.0, max_tokens=1), 0)}
+    result = {"startup_s": startup, "ready_s": ready}
+    for mode in job["mode"].split(","):
+        result[f"{mode}_s"], result[f"{mode}_tokens"] = runs[mode]()
     result["peak_rss_mib"] = sum(_peak_rss_kib(pid) for pid in _tree(os.getpid())) / 1024
     print(MARKER + json.dumps(result), flush=True)
     return 0

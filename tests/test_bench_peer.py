@@ -48,8 +48,8 @@ def test_bench_offline_runs_vllm_as_a_peer(tmp_path):
     """The peer runner (benchmarks/peer_vllm.py) in vLLM's own venv, beside ringllm, one round."""
     res = subprocess.run([sys.executable, "-m", "engine.entrypoints.cli", "bench", "offline", "--peer", "vllm",
                           "--peer-python", os.environ["RINGLLM_VLLM_PYTHON"], "--engines", "ringllm",
-                          "--scenarios", "single", "--dtype", "float32", "--num-prompts", "2",
-                          "--output-tokens", "4", "--rounds", "1", "--out", str(tmp_path)],
+                          "--scenarios", "single,prefill", "--dtype", "float32", "--num-prompts", "2",
+                          "--output-tokens", "4", "--prefill-tokens", "40", "--rounds", "1", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "| vllm float32 eager |" in res.stdout and "single vs vllm" in res.stdout
@@ -57,3 +57,23 @@ def test_bench_offline_runs_vllm_as_a_peer(tmp_path):
     peer = data["summary"]["single"]["vllm float32 eager"]
     assert peer["tok_s"]["median"] > 0 and peer["ready_s"]["median"] >= peer["startup_s"]["median"] > 0
     assert peer["peak_rss_mib"]["median"] > 100
+    prefill = data["summary"]["prefill"]
+    assert prefill["vllm float32 eager"]["tokens"]["median"] == prefill["ringllm 1t"]["tokens"]["median"] > 2 * 30
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_bench_offline_prefill_counts_prompt_tokens(tmp_path):
+    """The prefill scenario: ringllm and transformers each prefill the same long prompts; the rate
+    counts the prompt tokens each engine reports (no padding), so both counts agree."""
+    res = subprocess.run([sys.executable, "-m", "engine.entrypoints.cli", "bench", "offline", "--scenarios", "prefill",
+                          "--num-prompts", "2", "--prefill-tokens", "40", "--rounds", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "prefill prompt tok/s" in res.stdout and "prefill vs transformers" in res.stdout
+    data = json.load(open(next(tmp_path.glob("offline-*.json"))))
+    rows = {row["method"]: row for row in data["rows"]}
+    assert set(rows) == {"ringllm 1t", "transformers 1t"}
+    assert all(row["tok_s"] > 0 for row in rows.values())
+    assert rows["ringllm 1t"]["tokens"] == rows["transformers 1t"]["tokens"] > 2 * 30
