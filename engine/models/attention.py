@@ -140,17 +140,19 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
     for chunk in md.prefills:
         rows = qkv[chunk.start:chunk.start + chunk.num_tokens]
         n = chunk.num_tokens
-        q = rows[:, :q_size].view(n, num_heads, head_dim).transpose(0, 1)
+        # [1, heads, tokens, head_dim]: SDPA's fused (flash) kernels take only 4-D inputs; 3-D ones go
+        # to the unfused math path, which on CPU is 5-7x slower for a 500-token prompt (RESULTS.md).
+        q = rows[:, :q_size].view(n, num_heads, head_dim).transpose(0, 1)[None]
         if chunk.kv_slots is None:
-            k = rows[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)
-            v = rows[:, q_size + kv_size:].view(n, num_kv_heads, head_dim).transpose(0, 1)
+            k = rows[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
+            v = rows[:, q_size + kv_size:].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
         else:
             kv = flat.index_select(0, chunk.kv_slots).to(qkv.dtype).view(-1, 2, num_kv_heads, head_dim)
-            k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+            k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                            enable_gqa=num_heads != num_kv_heads)
-        out[chunk.start:chunk.start + n] = o.transpose(0, 1).reshape(n, q_size)
+        out[chunk.start:chunk.start + n] = o[0].transpose(0, 1).reshape(n, q_size)
     return out
 
 
