@@ -73,8 +73,10 @@ def make_prompts(count: int, seed: int = 0, words: tuple[int, int] = (12, 36)) -
 
 def make_long_prompts(count: int, tokens: int) -> list[str]:
     """The prefill scenario's prompts: about ``tokens`` tokens each (each word of ``_WORDS`` is one
-    or two tokens for the default tokenizer; engines report the exact count they prefilled)."""
-    return make_prompts(count, seed=1, words=(tokens * 3 // 4, tokens * 3 // 4))
+    token for the default tokenizer, the "Story i:" head about four; engines report the exact
+    count they prefilled)."""
+    words = max(1, tokens - 4)
+    return make_prompts(count, seed=1, words=(words, words))
 
 
 # ---------------------------------------------------------------- workers (one per process)
