@@ -97,7 +97,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
               max_model_len=a.max_model_len, seed=0)
     startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
-    prompts = make_prompts(a.num_prompts)
+    prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
 
     def run(batch: list[str]) -> int:
@@ -107,8 +107,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
         return produced
 
     def prefill() -> int:
-        outs = llm.generate(make_long_prompts(a.num_prompts, a.prefill_tokens),
-                            SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        outs = llm.generate(long_prompts, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) == 1 for o in outs)
         return sum(len(o.prompt_token_ids) for o in outs)
 
@@ -137,12 +136,12 @@ def worker_transformers(a: argparse.Namespace) -> dict:
         return len(batch) * n
 
     def prefill() -> int:
-        enc = tok(make_long_prompts(a.num_prompts, a.prefill_tokens), return_tensors="pt", padding=True)
+        enc = tok(long_prompts, return_tensors="pt", padding=True)
         with torch.inference_mode():
             model(**enc, logits_to_keep=1)
         return int(enc["attention_mask"].sum())
 
-    prompts = make_prompts(a.num_prompts)
+    prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
     run(prompts[:2], 4)
     result = _measure(a, {"batch": lambda: run(prompts, a.output_tokens),
                           "single": lambda: run(prompts[:1], a.output_tokens), "prefill": prefill})

@@ -40,20 +40,25 @@ def main() -> int:
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
 
-    def timed(batch: list, sampling, per_prompt: int) -> tuple:
-        """Seconds for one ``generate``, and the tokens it produced (prompt tokens if ``per_prompt``
-        is 0: the prefill scenario, one output token each)."""
+    def generated(outs: list) -> int:
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    def prompted(outs: list) -> int:
+        return sum(len(o.prompt_token_ids) for o in outs)
+
+    def timed(batch: list, sampling, count) -> tuple:
+        """Seconds for one ``generate`` (which must produce ``max_tokens`` for every prompt), and
+        the tokens ``count`` says it worked on."""
         t0 = time.perf_counter()
         outs = llm.generate(batch, sampling, use_tqdm=False)
         seconds = time.perf_counter() - t0
-        produced = sum(len(o.outputs[0].token_ids) for o in outs)
-        expected = len(batch) * (per_prompt or 1)
-        if produced != expected:
-            raise RuntimeError(f"vLLM produced {produced} tokens, expected {expected}")
-        return [seconds], (produced if per_prompt else sum(len(o.prompt_token_ids) for o in outs))
+        if generated(outs) != len(batch) * sampling.max_tokens:
+            raise RuntimeError(f"vLLM produced {generated(outs)} tokens, expected {len(batch) * sampling.max_tokens}")
+        return [seconds], count(outs)
 
-    runs = {"batch": lambda: timed(prompts, params, n), "single": lambda: timed(prompts[:1], params, n),
-            "prefill": lambda: timed(job["long_prompts"], SamplingParams(temperature=0.0, max_tokens=1), 0)}
+    first_token = SamplingParams(temperature=0.0, max_tokens=1)
+    runs = {"batch": lambda: timed(prompts, params, generated), "single": lambda: timed(prompts[:1], params, generated),
+            "prefill": lambda: timed(job["long_prompts"], first_token, prompted)}
     result = {"startup_s": startup, "ready_s": ready}
     for mode in job["mode"].split(","):
         result[f"{mode}_s"], result[f"{mode}_tokens"] = runs[mode]()
