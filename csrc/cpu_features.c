@@ -16,3 +16,11 @@ int cpu_avx512_supported(void) {
     return 0;
 #endif
 }
+
+int cpu_avx512_bf16_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return cpu_avx512_supported() && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}

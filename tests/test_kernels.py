@@ -1,6 +1,6 @@
 """The CPU kernels against plain math: the bf16 GEMV (csrc/gemv_bf16.c) against float32 on the
 same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention,
-RMSNorm and SiLU-and-mul (csrc/activation.c) against torch."""
+RMSNorm, SiLU-and-mul and RoPE (csrc/activation.c) against torch and float64."""
 from __future__ import annotations
 
 import pytest
@@ -165,3 +165,115 @@ def test_activation_kernels_refuse_ragged_widths():
         activation.rms_norm(torch.zeros(2, 12), torch.ones(12), 1e-5)
     with pytest.raises(ValueError, match="rejected"):
         activation.silu_and_mul(torch.zeros(2, 12))
+
+
+bf16_kernels = pytest.mark.skipif(not activation.supports(torch.device("cpu"), torch.bfloat16, 16),
+                                  reason="the bf16 activation kernels need AVX-512 BF16")
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """float64 values rounded to bf16 where transformers' bf16 modules round (via float32)."""
+    return t.float().bfloat16().double()
+
+
+def _assert_within_bf16_rounding(got: torch.Tensor, exact: torch.Tensor, roundings: int) -> None:
+    """Each rounding to bf16 is off by at most half an ulp, 2^-9 relative (normal range)."""
+    assert got.dtype == torch.bfloat16
+    err = (got.double() - exact).abs()
+    assert (err <= exact.abs() * roundings * 2.0 ** -8 + 1e-30).all(), err.max()
+
+
+@bf16_kernels
+@pytest.mark.parametrize("rows,cols", [(1, 16), (3, 576), (64, 64), (5, 48)])
+def test_bf16_rms_norm_rounds_where_transformers_does(rows, cols):
+    gen = torch.Generator().manual_seed(rows * cols)
+    x = (torch.randn(rows, cols, generator=gen, dtype=torch.float64) * 3).bfloat16()
+    w = torch.randn(cols, generator=gen, dtype=torch.float64).bfloat16()
+    got = activation.rms_norm(x, w, 1e-5)
+    xd = x.double()
+    normed = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    _assert_within_bf16_rounding(got, normed * w.double(), roundings=2)
+    want = _bf16(_bf16(normed) * w.double())  # transformers' LlamaRMSNorm in bf16
+    assert (got.double() != want).float().mean() < 0.01  # ties of float32 vs float64 rounding only
+
+
+@bf16_kernels
+def test_bf16_rms_norm_fused_with_the_residual_add():
+    gen = torch.Generator().manual_seed(11)
+    x, h = torch.randn(4, 64, generator=gen).bfloat16(), torch.randn(4, 64, generator=gen).bfloat16()
+    w = torch.randn(64, generator=gen).bfloat16()
+    expected_sum = h + x  # torch's bf16 add: the float32 sum rounded once
+    out = activation.rms_norm(x, w, 1e-6, residual=h)
+    assert torch.equal(h, expected_sum)  # updated in place, rounded as torch rounds
+    torch.testing.assert_close(out, activation.rms_norm(expected_sum, w, 1e-6), rtol=0, atol=0)
+
+
+@bf16_kernels
+@pytest.mark.parametrize("scale", [1.0, 40.0, 1000.0])
+def test_bf16_silu_and_mul_against_float64(scale):
+    gen = torch.Generator().manual_seed(int(scale) + 1)
+    x = (torch.randn(6, 2 * 48, generator=gen, dtype=torch.float64) * scale).bfloat16()
+    got = activation.silu_and_mul(x)
+    gate, up = x[:, :48].double(), x[:, 48:].double()
+    exact = gate * torch.sigmoid(gate) * up
+    assert torch.isfinite(got).all()
+    _assert_within_bf16_rounding(got, exact, roundings=2)
+    # torch's bf16 silu then multiply: the same two roundings, so at most one bf16 ulp apart
+    # (its exp differs in the last float32 bits, and its far tail is 0 where ours is ~1e-35)
+    want = (F.silu(x[:, :48]) * x[:, 48:]).double()
+    assert ((got.double() - want).abs() <= want.abs() * 2.0 ** -7 + 1e-30).all()
+
+
+@bf16_kernels
+def test_bf16_rounding_keeps_nan_and_infinity():
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 1.0] * 4 + [2.0] * 16], dtype=torch.bfloat16)
+    got = activation.silu_and_mul(x)[0]
+    assert torch.isnan(got[0]) and got[1] == float("inf")  # silu(inf) * 2 = inf, never rounded into NaN
+
+
+def _rotate_reference(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
+                      head_dim: int) -> torch.Tensor:
+    """Adjacent-pair rotation in float64, untouched columns after the first heads * head_dim."""
+    out = qkv.double().clone()
+    cols = heads * head_dim
+    pairs = out[:, :cols].view(len(positions), heads, head_dim // 2, 2)
+    cs = cos_sin.double()[positions][:, None]  # [tokens, 1, d/2, 2]
+    re, im = pairs[..., 0].clone(), pairs[..., 1].clone()
+    pairs[..., 0] = re * cs[..., 0] - im * cs[..., 1]
+    pairs[..., 1] = im * cs[..., 0] + re * cs[..., 1]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_rotary_matches_float64_and_leaves_v_alone(dtype, head_dim):
+    if not activation.supports(torch.device("cpu"), dtype, head_dim):
+        pytest.skip(f"no {dtype} activation kernels on this CPU")
+    gen = torch.Generator().manual_seed(head_dim)
+    heads, kv_tail, tokens, max_pos = 5, 2 * head_dim, 7, 40
+    angles = torch.rand(max_pos, head_dim // 2, generator=gen, dtype=torch.float64) * 6.3
+    cos_sin = torch.stack([angles.cos(), angles.sin()], -1).float().contiguous()
+    base = torch.randn(tokens, heads * head_dim + kv_tail, generator=gen).to(dtype)
+    positions = torch.tensor([0, 39, 3, 3, 17, 1, 22])
+    qkv = base.clone()
+    assert activation.rotary_(qkv, positions, cos_sin, heads, head_dim) is qkv
+    want = _rotate_reference(base, positions, cos_sin, heads, head_dim)
+    if dtype == torch.float32:
+        torch.testing.assert_close(qkv.double(), want, rtol=1e-6, atol=1e-6)
+    else:
+        torch.testing.assert_close(qkv.double(), _bf16(want), rtol=2.0 ** -8, atol=1e-6)
+    assert torch.equal(qkv[:, heads * head_dim:], base[:, heads * head_dim:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_refuses_positions_past_the_table_and_writes_nothing(dtype):
+    if not activation.supports(torch.device("cpu"), dtype, 16):
+        pytest.skip(f"no {dtype} activation kernels on this CPU")
+    cos_sin = torch.zeros(8, 8, 2)
+    qkv = torch.ones(3, 32, dtype=dtype)
+    for bad in ([0, 8, 1], [0, -1, 1]):
+        with pytest.raises(ValueError, match="position outside"):
+            activation.rotary_(qkv, torch.tensor(bad), cos_sin, 2, 16)
+        assert torch.equal(qkv, torch.ones(3, 32, dtype=dtype))
+    with pytest.raises(ValueError, match="cos_sin"):
+        activation.rotary_(qkv, torch.tensor([0, 1, 2]), torch.zeros(8, 4, 2), 2, 16)

@@ -40,7 +40,7 @@ ffibuilder.set_source(
     "".join(f'#include "{name}.h"\n' for name in _NAMES),
     sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES],
     include_dirs=[_rel(_CSRC)],
-    depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in ("avx2_math.h", "paged_attention_impl.h")]],
+    depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h")]],
     libraries=["m"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
 )
