@@ -78,7 +78,8 @@ static AVX512BF16 void rms_norm_rows_bf16(const uint16_t *x, uint16_t *residual,
             __m512 v0 = load_bf16x16(src + c);
             a0 = _mm512_fmadd_ps(v0, v0, a0);
         }
-        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) / (float)cols + eps));
+        const float mean_sq = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) / (float)cols;
+        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(mean_sq + eps));
         for (c = 0; c < cols; c += LANES16) {
             __m512 n = round_bf16x16(_mm512_mul_ps(load_bf16x16(src + c), inv));
             store_bf16x16(yr + c, _mm512_mul_ps(n, load_bf16x16(w + c)));

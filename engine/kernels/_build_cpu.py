@@ -12,6 +12,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h")
 
 
 def _rel(path):
@@ -40,7 +41,7 @@ ffibuilder.set_source(
     "".join(f'#include "{name}.h"\n' for name in _NAMES),
     sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES],
     include_dirs=[_rel(_CSRC)],
-    depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h")]],
+    depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in _INTERNAL_HEADERS]],
     libraries=["m"],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
 )
