@@ -24,7 +24,8 @@ compute on CPUs without native bf16): K/V are converted on write and after the g
 
 Prefill chunks run one SDPA call each (a few per step): attending to the chunk
 itself when nothing precedes it, else to keys gathered from the cache with an
-explicit causal-with-offset mask.
+explicit causal-with-offset mask. A long chunk attending to itself is split into
+slices of query rows, each seeing only the keys up to its last row (``_causal_in_slices``).
 
 The Triton forward (engine/models/llama_triton.py) needs none of the above but
 ``slot_mapping``: one kernel reads every sequence's keys through ``block_tables``, with
@@ -150,10 +151,39 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
             kv = flat.index_select(0, chunk.kv_slots).to(qkv.dtype).view(-1, 2, num_kv_heads, head_dim)
             k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                           enable_gqa=num_heads != num_kv_heads)
-        out[chunk.start:chunk.start + n] = o[0].transpose(0, 1).reshape(n, q_size)
+        dst = out[chunk.start:chunk.start + n].view(n, num_heads, head_dim).transpose(0, 1)[None]
+        if mask is None and n > 2 * causal_slice_rows(n):
+            _causal_in_slices(q, k, v, scale, dst)
+        else:
+            dst.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                                     enable_gqa=num_heads != num_kv_heads))
     return out
+
+
+def causal_slice_rows(n: int) -> int:
+    """Query rows per SDPA call when a long chunk attends causally to itself (see below)."""
+    return max(128, n // 8)
+
+
+def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dst: torch.Tensor) -> None:
+    """Causal self-attention of one chunk, its queries in slices that each see only the keys up
+    to their last row. Why: PyTorch's CPU flash kernel tiles keys in blocks of up to 512 and
+    computes a whole block for every query tile that reaches into it, so below 512 tokens a
+    causal prompt costs as much as a non-causal one (measured: equal at 500 tokens). A slice of
+    rows [s, e) attends keys [0, e) under a lower-right causal mask (rows s + i see keys <= s + i),
+    and the slices together compute ~half the score matrix: 20-25% less time at 500-1000 tokens."""
+    n, rows = q.shape[2], causal_slice_rows(q.shape[2])
+    gqa = q.shape[1] != k.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
+    for s in range(0, n, rows):
+        e = min(n, s + rows)
+        if s == 0:
+            o = F.scaled_dot_product_attention(q[:, :, :e], k[:, :, :e], v[:, :, :e], is_causal=True, scale=scale,
+                                               enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=causal[s:e, :e],
+                                               scale=scale, enable_gqa=gqa)
+        dst[:, :, s:e] = o
 
 
 def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
