@@ -277,3 +277,42 @@ def test_rotary_refuses_positions_past_the_table_and_writes_nothing(dtype):
         assert torch.equal(qkv, torch.ones(3, 32, dtype=dtype))
     with pytest.raises(ValueError, match="cos_sin"):
         activation.rotary_(qkv, torch.tensor([0, 1, 2]), torch.zeros(8, 4, 2), 2, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_calls_split_over_threads_give_the_single_thread_result(dtype):
+    """With torch threads > 1 a large call runs in row slices on a thread pool; every slice must
+    land where one call would have put it (residual updates and positions included)."""
+    if not activation.supports(torch.device("cpu"), dtype, 16):
+        pytest.skip(f"no {dtype} activation kernels on this CPU")
+    gen = torch.Generator().manual_seed(5)
+    rows, cols, d = 301, 576, 1536
+    x, h = torch.randn(rows, cols, generator=gen).to(dtype), torch.randn(rows, cols, generator=gen).to(dtype)
+    w, gu = torch.randn(cols, generator=gen).to(dtype), torch.randn(rows, 2 * d, generator=gen).to(dtype)
+    angles = torch.rand(600, 32, generator=gen) * 6.3
+    cos_sin = torch.stack([angles.cos(), angles.sin()], -1).contiguous()
+    positions = torch.randint(0, 600, (rows,), generator=gen)
+    qkv = torch.randn(rows, 15 * 64, generator=gen).to(dtype)
+    assert rows * cols >= activation.PARALLEL_MIN_ELEMENTS
+
+    def run_all():
+        hh, q = h.clone(), qkv.clone()
+        return (activation.rms_norm(x, w, 1e-5, residual=hh), hh, activation.silu_and_mul(gu),
+                activation.rotary_(q, positions, cos_sin, 12, 64))
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_all()
+        torch.set_num_threads(3)
+        split = run_all()
+        bad = positions.clone()
+        bad[-1] = 600  # in the last slice: nothing may be written by the others either
+        q = qkv.clone()
+        with pytest.raises(ValueError, match="position outside"):
+            activation.rotary_(q, bad, cos_sin, 12, 64)
+        assert torch.equal(q, qkv)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, split):
+        assert torch.equal(a, b)
