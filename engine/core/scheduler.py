@@ -13,10 +13,8 @@ burst of requests then gets its first tokens over several steps, in arrival orde
 all waiting for one step that computes every prompt, and the running streams keep their pace.
 The cap is a token count, or (``"auto"``, ``ringllm serve``'s default on CPU) whatever fits
 a time budget per step on this machine, as measured (prefill_pacer.py): on a CPU, where
-prefill is compute bound, prompts arriving while streams decode are then spread over steps of
-~0.5 s instead of stalling those streams for one step of seconds. A paced cap is lifted while
-no request is decoding: a burst reaching an idle engine has no stream to protect, and splitting
-it only delayed its last first token (benchmarks/RESULTS.md, Serving).
+prefill is compute bound, a wave of 64 prompts is then a few steps of ~0.5 s, each handing
+out some first tokens, instead of one step of seconds (benchmarks/RESULTS.md, Serving).
 
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
@@ -123,14 +121,8 @@ class Scheduler:
 
     @property
     def max_num_prefill_tokens(self) -> int:
-        """This step's cap on prompt tokens (decodes never count). A paced cap exists to keep
-        decoding streams at their pace: while none is decoding (a burst reaching an idle engine)
-        it is lifted, and the burst is computed in as few steps as the budget allows."""
-        if self.pacer is None:
-            return self._max_num_prefill_tokens
-        if not any(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running):
-            return self.max_num_batched_tokens
-        return self.pacer.cap
+        """This step's cap on prompt tokens (decodes never count)."""
+        return self.pacer.cap if self.pacer is not None else self._max_num_prefill_tokens
 
     def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
         """The runner took ``seconds`` for ``sched``: what the pacer learns prompt tokens cost."""
@@ -147,8 +139,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
         budget = self.max_num_batched_tokens
-        prefill_cap = self.max_num_prefill_tokens
-        prefill_left = prefill_cap  # prompt tokens this step may still compute
+        prefill_left = self.max_num_prefill_tokens  # prompt tokens this step may still compute
         batch: list[Request] = []
         num_tokens: list[int] = []
         self._step_queries = self._step_hits = self._step_preempted = 0
@@ -190,7 +181,7 @@ class Scheduler:
         # 2) Waiting requests, first to last, while budget, prompt-token cap, sequences and blocks
         #    allow. Without chunked prefill a prompt runs whole: over the cap only as the step's
         #    first prompt (so one longer than the cap still runs, alone).
-        first_prompt = prefill_left == prefill_cap
+        first_prompt = prefill_left == self.max_num_prefill_tokens
         while (self.waiting and budget > 0 and prefill_left > 0 and not self._step_preempted
                and len(self.running) < self.max_num_seqs):
             req = self.waiting.peek()
