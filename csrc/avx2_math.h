@@ -37,17 +37,30 @@ static inline AVX2 float hmax(__m256 v) {
 /* e^x, Cephes' expf polynomial (relative error ~2e-7) with x clamped to [-87, 87], where
  * the result is still a normal float: softmax weights below e^-87 and silu's tails are
  * then within float rounding of exact. */
+/* Cephes' expf: the clamp, the split of x into n ln2 + r (ln2 in two parts) and the polynomial
+ * in r, shared by exp_clamped here and avx512_math.h's 16-lane version. */
+#define EXP_MAX_ARG 87.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
 static inline AVX2 __m256 exp_clamped(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-EXP_MAX_ARG)), _mm256_set1_ps(EXP_MAX_ARG));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_LN2_HI), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_LN2_LO), x);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(EXP_P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));

@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "avx2_math.h"  /* the exp constants */
+
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define LANES16 16
 
@@ -30,19 +32,19 @@ static inline AVX512BF16 __m512 round_bf16x16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16(v)), 16));
 }
 
-/* e^x, the same Cephes polynomial and clamp as avx2_math.h's exp_clamped, 16 lanes. */
+/* e^x, avx2_math.h's exp_clamped (the same constants) on 16 lanes. */
 static inline AVX512BF16 __m512 exp16_clamped(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(87.0f));
-    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-EXP_MAX_ARG)), _mm512_set1_ps(EXP_MAX_ARG));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_LN2_HI), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_LN2_LO), x);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(EXP_P5));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
