@@ -35,9 +35,11 @@ setup(
         "triton",
         "uvloop",
         "openai",
+        "xgrammar>=0.2.8",
+        "llguidance>=1.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "pytest-asyncio"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis", "pytest-asyncio", "jsonschema", "openai-agents"],
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},
