@@ -18,7 +18,8 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.outputs import (CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput,  # noqa: E402
                             RequestOutput)
 from engine.pooling_params import PoolingParams  # noqa: E402
-from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams  # noqa: E402
+from engine.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,  # noqa: E402
+                                    StructuredOutputsParams)
 
 
 def _configure_logging() -> None:
@@ -37,4 +38,4 @@ _configure_logging()
 
 __all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutputKind", "EngineArgs",
            "AsyncEngineArgs", "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt",
-           "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput"]
+           "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput", "StructuredOutputsParams"]

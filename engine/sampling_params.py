@@ -14,6 +14,9 @@ from typing import Any, Optional, Union
 import msgspec
 
 from engine.exceptions import ParameterError
+from engine.structured_output.params import StructuredOutputsParams
+
+__all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 _SAMPLING_EPS = 1e-5
 # Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
@@ -60,6 +63,14 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the frontend from the tokenizer / generation config, not by users.
     all_stop_token_ids: list[int] = []
+    # Logit controls and structured outputs (vLLM's fields; engine/worker/logit_controls.py,
+    # engine/structured_output/).
+    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: Optional[list[int]] = None  # only these may be sampled
+    bad_words: Optional[list[str]] = None  # never generated (as token sequences)
+    structured_outputs: Optional[StructuredOutputsParams] = None
+    # Filled in by the frontend: each bad word tokenized with and without a leading space.
+    bad_words_token_ids: list[list[int]] = []
 
     def __post_init__(self) -> None:
         """Normalise the shorthands, then validate. Runs on construction, on
@@ -82,6 +93,14 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
             self.top_k = 0
         if not isinstance(self.output_kind, RequestOutputKind):
             self.output_kind = _as_output_kind(self.output_kind)
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = {_as_int(t): _as_float("logit_bias", b) for t, b in self.logit_bias.items()}
+        if isinstance(self.allowed_token_ids, tuple):
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.allowed_token_ids, list):
+            self.allowed_token_ids = [_as_int(t) for t in self.allowed_token_ids]
+        if isinstance(self.bad_words, (str, tuple)):
+            self.bad_words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
         self.verify()
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the other knobs cannot change the argmax.
@@ -119,6 +138,31 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
                 raise _bad(name, "a bool", getattr(self, name))
         if not isinstance(self.output_kind, RequestOutputKind):
             raise _bad("output_kind", "a RequestOutputKind", self.output_kind)
+        self._verify_logit_controls()
+
+    def _verify_logit_controls(self) -> None:
+        """logit_bias, allowed_token_ids, bad_words and structured_outputs; token ids are checked
+        against the vocabulary by the input processor, which knows it."""
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _is_int(t) and 0 <= t <= _INT64_MAX and isinstance(b, (int, float)) and not isinstance(b, bool)
+                    and math.isfinite(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()):
+                raise _bad("logit_bias", "a dict of token id -> bias, each bias a finite number in [-100, 100]",
+                           self.logit_bias)
+        if self.allowed_token_ids is not None:
+            _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise _bad("allowed_token_ids", "a non-empty list of token ids (or None)", self.allowed_token_ids)
+        if self.bad_words is not None and (not isinstance(self.bad_words, list) or not all(
+                isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise _bad("bad_words", "a list of non-empty strings", self.bad_words)
+        if not isinstance(self.bad_words_token_ids, list) or not all(
+                isinstance(w, list) and w and all(_is_int(t) and t >= 0 for t in w) for w in self.bad_words_token_ids):
+            raise _bad("bad_words_token_ids", "a list of non-empty lists of token ids", self.bad_words_token_ids)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise _bad("structured_outputs", "a StructuredOutputsParams", self.structured_outputs)
+            self.structured_outputs.verify()
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -1,0 +1,99 @@
+"""``StructuredOutputsParams``: what a request asks its output to match (vLLM 0.33's fields).
+
+A msgspec Struct because it crosses the ring inside ``SamplingParams``. Exactly one constraint
+is set (``json``, ``regex``, ``choice``, ``grammar``, ``json_object`` or ``structural_tag``);
+the other fields tune how a JSON schema becomes a grammar. ``key()`` is the canonical spelling
+the core caches compiled grammars by, so the same schema sent by many clients compiles once.
+"""
+from __future__ import annotations
+
+import json as _json
+from typing import Any, Optional, Union
+
+import msgspec
+
+from engine.exceptions import ParameterError
+
+# The constraint fields, in the order their kinds are named in messages.
+CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=True):
+    json: Optional[Union[str, dict]] = None  # a JSON schema, as a dict or its JSON text
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None  # the output is exactly one of these strings
+    grammar: Optional[str] = None  # EBNF (GBNF) or Lark
+    json_object: Optional[bool] = None  # any JSON object
+    disable_fallback: bool = False  # accepted for vLLM compatibility; there is no fallback to skip
+    disable_any_whitespace: bool = False  # JSON without free whitespace between tokens
+    disable_additional_properties: bool = False  # a schema's objects allow no property it does not name
+    whitespace_pattern: Optional[str] = None  # the regex free JSON whitespace must match
+    structural_tag: Optional[str] = None  # xgrammar's structural-tag format, as JSON text
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Exactly one constraint, each of the right type; ParameterError naming the field."""
+        chosen = [name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name))]
+        if not chosen:
+            raise ParameterError("structured_outputs: you must use one kind of structured outputs constraint "
+                                 f"but none are specified (one of {', '.join(CONSTRAINT_FIELDS)})",
+                                 parameter="structured_outputs")
+        if len(chosen) > 1:
+            raise ParameterError("structured_outputs: you can only use one kind of structured outputs constraint "
+                                 f"but multiple are specified: {', '.join(chosen)}", parameter="structured_outputs")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    schema = _json.loads(self.json)
+                except ValueError as e:
+                    raise _bad("json", f"a JSON schema; its text is not valid JSON ({e})") from None
+            else:
+                schema = self.json
+            if not isinstance(schema, (dict, bool)):
+                raise _bad("json", f"a JSON schema (an object), got {type(schema).__name__}")
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or (name != "whitespace_pattern" and not value)):
+                raise _bad(name, "a non-empty string")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise _bad("choice", "a non-empty list of strings")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise _bad("json_object", "a bool")
+        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, "a bool")
+
+    @property
+    def kind(self) -> str:
+        """The constraint's field name: json, regex, choice, grammar, json_object or structural_tag."""
+        return next(name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name)))
+
+    def schema_text(self) -> Optional[str]:
+        """The JSON schema as canonical text (sorted keys), or None without one."""
+        if self.json is None:
+            return None
+        schema = _json.loads(self.json) if isinstance(self.json, str) else self.json
+        return _json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> tuple:
+        """What a compiled grammar is cached by: the constraint and every option that shapes it."""
+        kind = self.kind
+        spec: Any
+        if kind == "json":
+            spec = self.schema_text()
+        elif kind == "choice":
+            spec = tuple(self.choice)
+        else:
+            spec = getattr(self, kind)
+        return (kind, spec, self.disable_any_whitespace, self.disable_additional_properties, self.whitespace_pattern)
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value is not False
+
+
+def _bad(field: str, allowed: str) -> ParameterError:
+    return ParameterError(f"structured_outputs.{field} must be {allowed}", parameter="structured_outputs")
