@@ -1,9 +1,12 @@
-"""The SharedStorageConnector without a model: the entry store never hands out a bad entry and
-keeps its size bound, and the scheduler's side saves and loads exactly the right blocks (an
-emulated runner writes each token's KV as a function of its token and position)."""
+"""The SharedStorageConnector without a model: the entry store never hands out a bad, forged or
+planted entry, never blocks on what is planted in its directory, keeps its files private and its
+size bound, and the scheduler's side saves and loads exactly the right blocks (an emulated runner
+writes each token's KV as a function of its token and position)."""
 from __future__ import annotations
 
 import os
+import stat
+import threading
 
 import pytest
 import torch
@@ -13,10 +16,11 @@ from engine.config import KVTransferConfig, SchedulerConfig
 from engine.core.kv_cache import KVCacheManager, hash_block
 from engine.core.request import RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout
+from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout, encode_header
 from engine.kv_transfer.shared_storage import SharedStorageConnector
 from engine.kv_transfer.store import BlockStore
-from test_kv_transfer import kv_config
+from engine.kv_transfer.store_dir import SECRET_NAME
+from test_kv_transfer import NOBODY, kv_config
 
 
 # ---------------------------------------------------------------- the store, entry by entry
@@ -31,14 +35,96 @@ def digest(i: int) -> bytes:
     return hash_block(b"", [i] * 4)
 
 
+def mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
 def test_an_entry_round_trips_through_a_temporary_file_and_a_rename(tmp_path):
     store = BlockStore(str(tmp_path), LAYOUT, max_bytes=1 << 20)
     assert store.load(digest(1)) is None and not store.contains(digest(1))
     store.save(digest(1), payload(1))
     assert bytes(store.load(digest(1))) == bytes(payload(1))
-    assert os.listdir(tmp_path) == [os.path.basename(store.entry_path(digest(1)))]  # no temporary file left
+    name = os.path.basename(store.entry_path(digest(1)))
+    assert sorted(os.listdir(tmp_path)) == sorted([name, SECRET_NAME])  # no temporary file left
     assert os.path.getsize(store.entry_path(digest(1))) == HEADER_SIZE + LAYOUT.payload_size
     assert store.load(digest(2)) is None
+
+
+def test_entries_and_the_secret_are_0600_whatever_the_umask_and_names_say_nothing_without_it(tmp_path):
+    old = os.umask(0)
+    try:
+        store = BlockStore(str(tmp_path / "new"), LAYOUT, max_bytes=1 << 20)
+        store.save(digest(1), payload(1))
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "new") == 0o700
+    assert mode(store.entry_path(digest(1))) == 0o600 and mode(tmp_path / "new" / SECRET_NAME) == 0o600
+    assert os.path.getsize(tmp_path / "new" / SECRET_NAME) == 32
+    # A name is keyed with the store's secret: not the block hash, and another store's differs.
+    name = os.path.basename(store.entry_path(digest(1)))
+    assert digest(1).hex()[:8] not in name
+    other = BlockStore(str(tmp_path / "other"), LAYOUT, max_bytes=1 << 20)
+    assert os.path.basename(other.entry_path(digest(1))) != name
+    again = BlockStore(str(tmp_path / "new"), LAYOUT, max_bytes=1 << 20)  # the same secret is read back
+    assert again.entry_path(digest(1)) == store.entry_path(digest(1))
+    assert bytes(again.load(digest(1))) == bytes(payload(1))
+
+
+def test_an_entry_forged_without_the_secret_is_a_miss(tmp_path):
+    store = BlockStore(str(tmp_path), LAYOUT, max_bytes=1 << 20)
+    poison = payload(7)
+    for key in (b"", bytes(32), os.urandom(32)):  # a guessed key: the format and the block are public
+        with open(store.entry_path(digest(1)), "wb") as f:
+            f.write(encode_header(LAYOUT, digest(1), poison, key) + bytes(poison))
+        assert store.load(digest(1)) is None
+    store.save(digest(1), poison)  # the same bytes with the store's own key: a hit
+    assert bytes(store.load(digest(1))) == bytes(poison)
+
+
+def load_within(store: BlockStore, block_hash: bytes, path: str, deadline_s: float = 60.0):
+    """``store.load`` in a thread; if it has not returned by the deadline, whatever it waits on at
+    ``path`` (a FIFO wanting a writer) is released before the test fails."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append(store.load(block_hash)), daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(deadline_s)
+        pytest.fail(f"load() blocked on {path} for {deadline_s:.0f} s")
+    return result[0]
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink_to_an_entry", "symlink_to_a_fifo", "directory",
+                                   "another_users_entry", "device"])
+def test_anything_but_a_regular_file_of_ours_at_an_entry_name_is_a_miss_and_never_blocks(tmp_path, plant):
+    store = BlockStore(str(tmp_path / "kv"), LAYOUT, max_bytes=1 << 20)
+    store.save(digest(1), payload(1))
+    name = store.entry_path(digest(1))
+    if plant == "symlink_to_an_entry":  # a whole, valid entry of this block, but reached through a link
+        os.rename(name, tmp_path / "outside")
+        os.symlink(tmp_path / "outside", name)
+    elif plant != "another_users_entry":
+        os.unlink(name)
+    if plant == "fifo":
+        os.mkfifo(name, 0o600)
+    elif plant == "symlink_to_a_fifo":
+        os.mkfifo(tmp_path / "fifo", 0o600)
+        os.symlink(tmp_path / "fifo", name)
+    elif plant == "directory":
+        os.mkdir(name)
+    elif plant == "another_users_entry":
+        os.chown(name, NOBODY, NOBODY)
+    elif plant == "device":
+        try:
+            os.mknod(name, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero: reads never end
+        except PermissionError:
+            pytest.skip("no CAP_MKNOD here to make a device node")
+    assert load_within(store, digest(1), name) is None
+    assert not store.contains(digest(1))
+    if plant != "directory":
+        store.save(digest(1), payload(1))  # a save replaces the planted name with an entry of ours
+        assert bytes(store.load(digest(1))) == bytes(payload(1)) and mode(name) == 0o600
 
 
 @pytest.mark.parametrize("damage", ["flip_payload", "flip_header", "truncate", "append", "empty"])
@@ -87,10 +173,12 @@ def test_the_size_bound_evicts_the_least_recently_used_entries(tmp_path):
     (tmp_path / ".tmp-dead.kv").write_bytes(b"x")  # left by a killed writer long ago
     os.utime(tmp_path / ".tmp-dead.kv", (1000, 1000))
     (tmp_path / "notes.txt").write_text("not an entry")
+    os.symlink(store.entry_path(digest(1)), tmp_path / "link.kv")  # not a regular file: not counted
     store.save(digest(4), payload(4))  # 5 entries > 4.5: evict down to 90% of the bound
     left = {i for i in range(5) if store.contains(digest(i))}
     assert left == {0, 2, 3, 4}  # 4 entries: within 90% of the bound
     assert (tmp_path / "notes.txt").exists() and not (tmp_path / ".tmp-dead.kv").exists()
+    assert (tmp_path / SECRET_NAME).exists() and os.path.islink(tmp_path / "link.kv")
     assert all(bytes(store.load(digest(i))) == bytes(payload(i)) for i in left)
 
 
@@ -141,7 +229,7 @@ def test_a_producer_saves_each_prompt_block_once_as_chunks_complete_it(tmp_path)
         meta = sched.kv_connector_metadata
         saved += [tables["a"].index(b) for b, _ in meta.saves] if meta else []
     assert saved == [0, 1, 2, 3]  # in order, once each, and no block holding output tokens
-    assert len(os.listdir(tmp_path)) == 4
+    assert len([n for n in os.listdir(tmp_path) if n.endswith(".kv")]) == 4
 
     consumer = scheduler_with(connector(tmp_path, "kv_consumer"))
     kv2 = torch.zeros(2, 64, 4, 8)

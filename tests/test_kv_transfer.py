@@ -1,7 +1,8 @@
-"""kv_transfer_config and the SharedStorageConnector end to end: the config refuses bad values
-before any process starts, and two engines (each an LLM with its EngineCore process) share prompt
-KV through a directory with the same results (the store and the scheduler's side, without a
-model: test_kv_connector.py).
+"""kv_transfer_config and the SharedStorageConnector end to end: the config refuses bad values and
+a store directory that is not private to this user before any process starts, two engines (each
+an LLM with its EngineCore process) share prompt KV through a directory with the same results,
+and nothing planted or forged in the directory can stall an engine or change its output (the
+store and the scheduler's side, without a model: test_kv_connector.py).
 
 The tiny dummy-weight model echoes its input token whatever the KV holds, so equal tokens alone
 would not show that the loaded KV is right: the outputs' logprobs are compared too (zeroed KV
@@ -9,10 +10,11 @@ moves them by ~0.02; loaded KV matches computed KV to ~1e-6)."""
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
+import stat
 import subprocess
+import threading
 
 import msgspec
 import pytest
@@ -21,8 +23,10 @@ from engine import LLM, SamplingParams
 from engine.config import AsyncEngineArgs, EngineArgs, KVTransferConfig
 from engine.core.kv_cache import hash_block
 from engine.entrypoints.cli_args import add_engine_args, engine_args_from
-from engine.kv_transfer.entry import HEADER_SIZE
+from engine.kv_transfer.entry import HEADER_SIZE, EntryHeader, entry_mac
+from engine.kv_transfer.store_dir import SECRET_NAME
 
+NOBODY = 65534  # another user (tests run as root, who can chown to it)
 TINY = dict(load_format="dummy", dtype="float32", max_model_len=1024, kv_cache_memory=16 << 20, num_threads=1,
             seed=0)
 BLOCK = 16
@@ -61,12 +65,19 @@ def full_blocks(output) -> int:
     return (len(output.prompt_token_ids) - 1) // BLOCK * BLOCK
 
 
-def entry_files(path, output) -> list[str]:
-    """The store's file for each full prompt block of ``output``, in block order."""
+def entry_files(path, output) -> list[list[str]]:
+    """The store's files for each full prompt block of ``output``, in block order. Names are keyed
+    with the store's secret, so the files are found by the block hash in their headers."""
+    by_hash: dict[bytes, list[str]] = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".kv"):
+            with open(os.path.join(path, name), "rb") as f:
+                header = EntryHeader.from_buffer_copy(f.read(HEADER_SIZE))
+            by_hash.setdefault(bytes(header.block_hash), []).append(os.path.join(path, name))
     ids, digest, files = output.prompt_token_ids, b"", []
     for i in range(len(ids) // BLOCK):
         digest = hash_block(digest, ids[i * BLOCK:(i + 1) * BLOCK])
-        files.append(glob.glob(os.path.join(path, digest.hex() + "-*.kv")))
+        files.append(by_hash.get(digest, []))
     return files
 
 
@@ -121,10 +132,64 @@ def test_a_kv_transfer_config_object_is_checked_like_a_dict(tiny_model_dir, tmp_
     assert isinstance(err.value.__cause__, msgspec.ValidationError)
     obj = KVTransferConfig(kv_connector="SharedStorageConnector", kv_role="kv_consumer",
                            kv_connector_extra_config={"shared_storage_path": str(tmp_path / "new" / "dir")})
-    config = EngineArgs(model=tiny_model_dir, kv_transfer_config=obj, **TINY).create_engine_config()
+    old = os.umask(0)  # the modes below are chosen, not the umask's
+    try:
+        config = EngineArgs(model=tiny_model_dir, kv_transfer_config=obj, **TINY).create_engine_config()
+    finally:
+        os.umask(old)
     assert config.kv_transfer_config == obj and config.kv_transfer_config.is_kv_consumer
-    assert os.path.isdir(tmp_path / "new" / "dir")  # created, so that a producer can write at once
+    # Created private, with its secret, so that a producer can write at once.
+    assert stat.S_IMODE(os.stat(tmp_path / "new" / "dir").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "new" / "dir" / SECRET_NAME).st_mode) == 0o600
     assert EngineArgs(model=tiny_model_dir, **TINY).create_engine_config().kv_transfer_config is None
+
+
+def make_unsafe(store, problem: str) -> str:
+    """Make ``store`` (a new directory) unsafe in one way; returns the path the error must name."""
+    store.mkdir(mode=0o700)
+    secret = store / SECRET_NAME
+    if problem.startswith("secret"):
+        secret.write_bytes(os.urandom(32))
+        secret.chmod(0o600)
+    if problem == "dir_owned_by_another_user":  # as `nobody`: mkdir /dev/shm/kv && chmod 0755
+        os.chown(store, NOBODY, NOBODY)
+        store.chmod(0o755)
+    elif problem == "dir_writable_by_others":
+        store.chmod(0o777)
+    elif problem == "dir_writable_by_group":
+        store.chmod(0o770)
+    elif problem == "secret_readable_by_others":
+        secret.chmod(0o644)
+    elif problem == "secret_owned_by_another_user":
+        os.chown(secret, NOBODY, NOBODY)
+    elif problem == "secret_a_symlink":
+        os.rename(secret, store.parent / "elsewhere")
+        os.symlink(store.parent / "elsewhere", secret)
+    elif problem == "secret_a_fifo":
+        secret.unlink()
+        os.mkfifo(secret, 0o600)
+    return str(secret if problem.startswith("secret") else store)
+
+
+@pytest.mark.parametrize("problem, owner", [
+    ("dir_owned_by_another_user", "uid 65534"), ("dir_writable_by_others", "uid 0"),
+    ("dir_writable_by_group", "uid 0"), ("secret_readable_by_others", "uid 0"),
+    ("secret_owned_by_another_user", "uid 65534"), ("secret_a_symlink", None), ("secret_a_fifo", "uid 0")])
+@pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
+def test_a_store_that_is_not_private_to_this_user_is_refused_naming_path_and_owner_before_any_process_starts(
+        tiny_model_dir, tmp_path, monkeypatch, problem, owner, role):
+    named = make_unsafe(tmp_path / "kv", problem)
+    before = sorted(os.listdir(tmp_path / "kv"))
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started with an unsafe store")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    with pytest.raises(ValueError, match="shared_storage_path") as err:
+        LLM(model=tiny_model_dir, kv_transfer_config=kv_config(tmp_path / "kv", role), **TINY)
+    assert repr(named) in str(err.value) and (owner is None or owner in str(err.value))
+    assert isinstance(err.value.__cause__, OSError)
+    assert sorted(os.listdir(tmp_path / "kv")) == before  # nothing written, nothing "repaired"
 
 
 def test_serve_flag_takes_the_config_as_json(tiny_model_dir, tmp_path):
@@ -166,6 +231,43 @@ def test_a_corrupted_entry_ends_the_loaded_run_and_the_rest_is_computed(tiny_mod
     assert_same_outputs(warm, cold)
 
 
+def run_within(deadline_s: float, fifo: str, fn):
+    """``fn()`` in a thread; if it has not returned by the deadline, the engine is released from
+    ``fifo`` (a writer opens it) before the test fails, so that a hang is a failure, not a stuck suite."""
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        worker.join(deadline_s)
+        os.close(fd)
+        pytest.fail(f"the engine did not serve its requests within {deadline_s:.0f} s with a FIFO at {fifo}")
+    return result[0]
+
+
+def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_outputs(tiny_model_dir, produced,
+                                                                                    store_copy):
+    _, cold = produced  # the producer computed every token: the outputs of a run without the store
+    files = [entry_files(store_copy, out) for out in cold]
+    fifo = files[0][2][0]  # prompt 0: a FIFO at block 2's name (it froze the engine in open())
+    os.unlink(fifo)
+    os.mkfifo(fifo, 0o600)
+    link = files[1][1][0]  # prompt 1: block 1's own, whole entry, reached through a symlink
+    os.rename(link, store_copy.parent / "moved.kv")
+    os.symlink(store_copy.parent / "moved.kv", link)
+    forged = files[2][0][0]  # prompt 2: block 0 rewritten as the format says, poisoned, MAC without the secret
+    with open(forged, "rb") as f:
+        header = EntryHeader.from_buffer_copy(f.read(HEADER_SIZE))  # every field but the MAC is public
+        poison = bytes(len(f.read()))  # zeroed KV: moves the logprobs if it is used
+    header.mac[:] = entry_mac(os.urandom(32), bytes(header), memoryview(poison))
+    with open(forged, "wb") as f:
+        f.write(bytes(header) + poison)
+    warm = run_within(240, fifo, lambda: run(tiny_model_dir, store_copy, "kv_consumer"))
+    assert [o.num_cached_tokens for o in warm] == [2 * BLOCK, BLOCK, 0]
+    assert_same_outputs(warm, cold)
+
+
 def test_entries_of_another_model_or_block_size_are_ignored(tiny_model_dir, produced, store_copy):
     other_seed = run(tiny_model_dir, store_copy, "kv_consumer", seed=1)  # other dummy weights
     assert [o.num_cached_tokens for o in other_seed] == [0, 0, 0]
@@ -177,7 +279,7 @@ def test_a_producer_keeps_the_directory_within_its_size_bound(tiny_model_dir, tm
     entry = HEADER_SIZE + 2 * BLOCK * 2 * 2 * 16 * 4  # tiny model: 2 layers, 2 KV heads of 16, float32
     outs = run(tiny_model_dir, tmp_path, "kv_producer", extra={"max_bytes": 10 * entry})
     assert sum(len(o.prompt_token_ids) // BLOCK for o in outs) > 50  # far more blocks than the bound
-    sizes = [os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path)]
+    sizes = [os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path) if name.endswith(".kv")]
     assert all(size == entry for size in sizes) and 0 < sum(sizes) <= 10 * entry
     warm = run(tiny_model_dir, tmp_path, "kv_consumer")  # what survived still loads (a run of its blocks)
     assert_same_outputs(warm, outs)

@@ -1,7 +1,7 @@
 """``KVTransferConfig``: which KV connector an engine uses, and in which role (vLLM's names).
 
     LLM(model, kv_transfer_config={"kv_connector": "SharedStorageConnector", "kv_role": "kv_both",
-                                   "kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}})
+                                   "kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv-$USER"}})
 
 A msgspec Struct, so that a dict converts with type checks (``msgspec.convert``) and the
 config crosses to the EngineCore process as a plain JSON object with the other EngineArgs.
@@ -9,7 +9,9 @@ config crosses to the EngineCore process as a plain JSON object with the other E
 accepts a dict or a ``KVTransferConfig``, and every problem (unknown connector or role, an
 unknown key, a wrong type, a missing or unusable storage path) is a ValueError naming the
 field, whose ``__cause__`` is the underlying error (msgspec's ValidationError, an OSError),
-as vLLM re-raises its pydantic errors. It runs in the frontend, before any process starts.
+as vLLM re-raises its pydantic errors. It runs in the frontend, before any process starts,
+and so a store directory that is not private to this user (store_dir.py) is refused there, by
+name, owner and mode, before the EngineCore starts (the core checks it again when it opens it).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import os
 from typing import Any, Optional, Union
 
 import msgspec
+
+from engine.kv_transfer.store_dir import StoreDir, StoreDirError
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
@@ -27,8 +31,9 @@ DEFAULT_MAX_BYTES = 4 << 30
 class SharedStorageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``kv_connector_extra_config`` of the SharedStorageConnector.
 
-    shared_storage_path: the directory of entries (created if missing); on /dev/shm it is shared
-        memory between instances on one host.
+    shared_storage_path: the directory of entries, private to the server's user: created mode 0700
+        if missing, refused if another user owns it or its group or others may write to it. On
+        /dev/shm it is shared memory between the instances of one user on one host.
     max_bytes: bound on the bytes of all entries in the directory; least recently used entries
         are evicted beyond it. Default: the smaller of 4 GiB and half the filesystem's size.
     fsync: fsync each entry before publishing it (only useful on a disk that may lose power).
@@ -105,13 +110,14 @@ def resolve_kv_transfer_config(value: Union[None, dict, KVTransferConfig]) -> Op
 
 
 def _check_storage(config: KVTransferConfig) -> None:
-    """The directory exists (created, mode 0700, if missing) and allows what the role needs."""
+    """The directory exists (created, mode 0700, if missing), is private to this user, has a
+    usable secret, and allows what the role needs."""
     path = config.connector_params().shared_storage_path
     field = "kv_transfer_config.kv_connector_extra_config.shared_storage_path"
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{field}: cannot create directory {path!r}: {e.strerror}") from e
+        StoreDir(path).close()
+    except StoreDirError as e:
+        raise ValueError(f"{field}: {e}") from e.__cause__
     need = os.R_OK | os.X_OK | (os.W_OK if config.is_kv_producer else 0)
     if not os.access(path, need):
         cause = PermissionError(f"access({path!r}) denied for the {config.kv_role} role")

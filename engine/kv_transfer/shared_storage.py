@@ -1,7 +1,7 @@
 """SharedStorageConnector (vLLM's name and config): KV blocks shared through a directory.
 
     kv_transfer_config={"kv_connector": "SharedStorageConnector", "kv_role": "kv_both",
-                        "kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}
+                        "kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv-$USER"}}
 
 A producer (``kv_producer``, ``kv_both``) saves the KV of every full prompt block it computes,
 one entry per block (store.py, entry.py), named by the chained block digest the prefix cache
@@ -9,7 +9,8 @@ uses (engine/core/kv_cache.py): an entry stands for its block *and every token b
 A consumer (``kv_consumer``, ``kv_both``), when it admits a request, loads the longest run of
 entries that follows the blocks its own prefix cache already holds, and computes only the rest.
 On /dev/shm the directory is shared memory between the engines of one host: a prefill
-instance and a decode instance, or the data-parallel ranks of one server.
+instance and a decode instance, or the data-parallel ranks of one server, all run by one user
+(the directory is private to its owner, or refused: store_dir.py).
 
 The EngineCore holds one connector, used from both of its sides, as in vLLM's split:
 - scheduler side (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
@@ -51,7 +52,6 @@ class SharedStorageConnector:
     def __init__(self, config: KVTransferConfig, layout: EntryLayout) -> None:
         params = config.connector_params()
         path = params.shared_storage_path
-        os.makedirs(path, mode=0o700, exist_ok=True)
         max_bytes = params.max_bytes or default_max_bytes(path)
         self.store = BlockStore(path, layout, max_bytes, params.fsync)
         self.block_size = layout.block_size
