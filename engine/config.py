@@ -19,6 +19,7 @@ from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
 from engine.hf_config import read_hf_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
+from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class EngineArgs:
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
+    # Structured outputs (engine/structured_output/): {"backend": "auto" | "xgrammar" | "guidance", ...}.
+    structured_outputs_config: Optional[StructuredOutputsConfig | dict] = None
     # vLLM's runner and convert: "pooling" serves a *ForCausalLM as an embedding model
     # (convert "embed": the final normed hidden states, pooled as pooler_config says).
     runner: Literal["auto", "generate", "pooling"] = "auto"
@@ -428,6 +431,7 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     compilation = _compilation(args.compilation_config, args.enforce_eager)
     worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
+    resolve_structured_outputs_config(args.structured_outputs_config)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
     parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,

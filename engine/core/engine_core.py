@@ -26,6 +26,7 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from engine.worker.logit_controls import check_logit_controls
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,23 @@ _NOTHING_RUN = ModelRunnerOutput()
 # the next step, so failures that go on with fresh requests are not theirs: the engine itself
 # (its device, its state) is broken.
 MAX_CONSECUTIVE_FAILED_STEPS = 3
+
+# Longest sleep of a step that ran nothing while grammars compile: a new request waits no longer.
+_GRAMMAR_WAIT_S = 0.002
+
+
+def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
+    """The grammars' manager (nothing is imported or built until a constrained request comes),
+    or None without a tokenizer to build grammars from."""
+    mc = config.model_config
+    if mc.skip_tokenizer_init or mc.runner_type == "pooling":
+        return None
+    from engine.structured_output.config import resolve_structured_outputs_config
+    from engine.structured_output.manager import StructuredOutputManager
+
+    args = config.engine_args
+    so_config = resolve_structured_outputs_config(getattr(args, "structured_outputs_config", None))
+    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs)
 
 
 class EngineCore:
@@ -59,7 +77,8 @@ class EngineCore:
                 "raise kv_cache_memory_bytes or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
-                                   kv_connector=self.worker.kv_connector)
+                                   kv_connector=self.worker.kv_connector,
+                                   structured_output=_structured_output_manager(config))
         self.log_stats = not config.disable_log_stats
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive
@@ -94,6 +113,7 @@ class EngineCore:
                 self.scheduler.observe_step(sched, time.perf_counter() - start)
             else:
                 result = _NOTHING_RUN
+                self.scheduler.wait_for_grammars(_GRAMMAR_WAIT_S)
             # 3) append tokens, check stops, free finished requests
             outputs = self.scheduler.update_from_output(sched, result)
             self._failed_steps = 0
@@ -124,6 +144,8 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.worker = None
+        if self.scheduler.structured_output is not None:
+            self.scheduler.structured_output.shutdown()
 
     def _fail_step(self, sched: Optional[SchedulerOutput], exc: Exception) -> list[EngineCoreOutput]:
         """Finish the failed step's requests with an error (called while ``exc`` is handled).
@@ -165,6 +187,11 @@ class EngineCore:
             return str(e)
         if params.n != 1:
             return f"SamplingParams.n must be 1 inside the core (the frontend fans out n={params.n})"
+        error = check_logit_controls(params, self.vocab_size)
+        if error is not None:
+            return error
+        if params.structured_outputs is not None and self.scheduler.structured_output is None:
+            return "structured_outputs needs the model's tokenizer (the engine was built with skip_tokenizer_init=True)"
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:

@@ -45,7 +45,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
-                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params")
+                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
@@ -82,6 +82,9 @@ class Request:
         self._max_tokens = limit
         # Set for a pooling request: it finishes once its prompt is computed, with the pooled vector.
         self.pooling_params = pooling_params
+        # With sampling_params.structured_outputs: its grammar (engine/structured_output/manager.py
+        # GrammarState), set by the scheduler when the request is added.
+        self.structured_output = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":

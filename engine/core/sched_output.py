@@ -35,6 +35,9 @@ class SchedulerOutput:
     # The KV connector's loads (into the paged cache, before the forward pass) and saves (after
     # it) for this step: engine/kv_transfer/shared_storage.py KVConnectorMetadata, or None.
     kv_connector_metadata: Optional[Any] = None
+    # The token masks of this step's sampled requests that have a grammar (structured outputs):
+    # engine/structured_output/bitmask.py GrammarBitmask, applied to their logits before sampling.
+    grammar_bitmask: Optional[Any] = None
 
     @property
     def is_empty(self) -> bool:

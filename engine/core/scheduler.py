@@ -21,11 +21,17 @@ ranked running request (the newest under FCFS; the least important, then newest,
 priority) is preempted: its blocks are freed and it goes back to the front of the waiting
 queue to be recomputed later (with prefix caching most of its blocks are usually still there).
 Waiting requests are admitted only in steps that preempted nothing.
+
+A request with a grammar (structured outputs) is parked apart until its grammar has compiled
+(``structured_output``, engine/structured_output/manager.py): it never blocks the waiting
+queue, and it joins the queue's end when ready. Each step's constrained rows get their token
+masks here, and every sampled token advances the request's matcher.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Optional
 
@@ -97,7 +103,7 @@ class PriorityQueue:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 kv_connector: Optional[Any] = None) -> None:
+                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
@@ -111,6 +117,11 @@ class Scheduler:
         # Loads prompt blocks from, and saves them to, other engines (engine/kv_transfer/); or None.
         self.kv_connector = kv_connector
         self.waiting = PriorityQueue() if self.priority else FCFSQueue()
+        # Grammars (engine/structured_output/manager.py StructuredOutputManager), or None: then a
+        # request with structured_outputs is refused by the core.
+        self.structured_output = structured_output
+        self.waiting_for_grammar: list[Request] = []  # arrival order; not in ``waiting`` yet
+        self._grammar_errors: list[EngineCoreOutput] = []  # failed compiles, sent by the next update
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         # Finished or preempted since the last batch handed to the runner.
@@ -130,8 +141,18 @@ class Scheduler:
             self.pacer.observe(sum(n for n in sched.num_scheduled_tokens if n > 1), seconds)
 
     def add_request(self, request: Request) -> None:
-        self.waiting.add(request)
         self.requests[request.request_id] = request
+        if request.sampling_params.structured_outputs is not None and self.structured_output is not None:
+            self.structured_output.start(request)
+            self.waiting_for_grammar.append(request)
+            return
+        self.waiting.add(request)
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Nothing ran: sleep until a parked request's grammar is ready (at most ``timeout``), so
+        the busy loop does not spin while the compile pool works."""
+        if self.waiting_for_grammar:
+            self.structured_output.wait(self.waiting_for_grammar, timeout)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -143,6 +164,8 @@ class Scheduler:
         batch: list[Request] = []
         num_tokens: list[int] = []
         self._step_queries = self._step_hits = self._step_preempted = 0
+        if self.waiting_for_grammar:
+            self._admit_compiled()
 
         # 1) Running requests, in order; preempt from the bottom when blocks run out. A decode
         #    (one token) always runs; a prompt still being computed takes what the cap leaves.
@@ -223,6 +246,10 @@ class Scheduler:
         self.total_hits += self._step_hits
         out = SchedulerOutput(batch, num_tokens, self.max_num_batched_tokens - budget)
         self._step_tokens = out.total_num_scheduled_tokens
+        if self.structured_output is not None:
+            out.grammar_bitmask = self.structured_output.fill_bitmask(
+                [r for r, n in zip(batch, num_tokens) if r.structured_output is not None
+                 and r.num_computed_tokens + n == r.num_tokens])
         if batch:  # a runner that is not called cannot drop state; keep the ids for later
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
             if self.kv_connector is not None:
@@ -235,6 +262,8 @@ class Scheduler:
         output per request with a new token or new prompt logprobs, and a finished output with
         the pooled vector for each pooling request whose prompt is now computed."""
         outputs: list[EngineCoreOutput] = []
+        if self._grammar_errors:
+            outputs, self._grammar_errors = self._grammar_errors, []
         sampled_ids, sampled_tokens = result.req_ids, result.sampled_token_ids
         logprobs, prompt_logprobs = result.logprobs, result.prompt_logprobs
         caching = self.kv_cache.enable_caching
@@ -271,7 +300,14 @@ class Scheduler:
                 self.kv_cache.cache_blocks(req)
             out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,
                                    num_cached_tokens=req.num_cached_tokens)
-            if self._check_stop(req, token):
+            if req.structured_output is not None and not self.structured_output.accept(req, token):
+                req.status = RequestStatus.FINISHED_ERROR
+                out.finish_reason, out.new_token_ids = FinishReason.ERROR, []
+                out.error = ("structured_outputs: no token was allowed at this point of the output (the grammar "
+                             "together with the request's other limits, e.g. min_tokens or bad_words, excluded them all)")
+                self._free(req)
+                finished = True
+            elif self._check_stop(req, token):
                 out.finish_reason = req.status.finish_reason
                 out.stop_reason = req.stop_reason
                 self._free(req)
@@ -298,6 +334,8 @@ class Scheduler:
         if ended:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             self.waiting.remove_finished()
+            if self.waiting_for_grammar:
+                self.waiting_for_grammar = [r for r in self.waiting_for_grammar if not r.status.finished]
         return ended
 
     def fail_step(self, sched: Optional[SchedulerOutput]) -> list[str]:
@@ -316,14 +354,20 @@ class Scheduler:
 
     def make_stats(self) -> SchedulerStats:
         return SchedulerStats(
-            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
             kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
             prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
             step_num_tokens=self._step_tokens)
 
     def _check_stop(self, req: Request, token: int) -> bool:
-        """Stop tokens (once min_tokens are out), then length. Sets status and stop_reason."""
+        """Stop tokens (once min_tokens are out), the end of the request's grammar, then length.
+        Sets status and stop_reason."""
         params = req.sampling_params
+        if req.structured_output is not None and self.structured_output.is_terminated(req):
+            req.status = RequestStatus.FINISHED_STOPPED
+            if token != req.eos_token_id and token in params.stop_token_ids:
+                req.stop_reason = token
+            return True
         if req.num_output_tokens >= params.min_tokens:
             if token == req.eos_token_id and not params.ignore_eos:
                 req.status = RequestStatus.FINISHED_STOPPED
@@ -367,7 +411,29 @@ class Scheduler:
         self._step_preempted += 1
         self.total_preemptions += 1
 
+    def _admit_compiled(self) -> None:
+        """Parked requests whose grammar is ready join the waiting queue (in arrival order); one
+        that failed to compile, or ran past the bound, finishes with the reason (a refusal, not
+        an engine failure)."""
+        now = time.monotonic()
+        still: list[Request] = []
+        for req in self.waiting_for_grammar:
+            try:
+                ready = self.structured_output.poll(req, now)
+            except ValueError as e:  # GrammarError
+                req.status = RequestStatus.FINISHED_ERROR
+                self._grammar_errors.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR,
+                                                             error=str(e)))
+                self._free(req)
+                continue
+            if ready:
+                self.waiting.add(req)
+            else:
+                still.append(req)
+        self.waiting_for_grammar = still
+
     def _free(self, req: Request) -> None:
+        req.structured_output = None  # the matcher goes with the request, not with its id
         self.kv_cache.free(req)
         if self.kv_connector is not None:
             self.kv_connector.request_finished(req)

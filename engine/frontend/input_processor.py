@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.exceptions import ParameterError
 from engine.frontend.tokenizer import FastTokenizer
 from engine.frontend.renderer import encode, max_token_bytes
+from engine.frontend.bad_words import tokenize_bad_words
 from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -113,6 +114,9 @@ class InputProcessor:
         self.extra_eos_ids = [i for i in eos_ids if i != self.eos_token_id]
         self.default_params = {param: generation[key] for key, param in _GENERATION_DEFAULTS.items()
                                if generation.get(key) is not None}
+        so_config = getattr(config.engine_args, "structured_outputs_config", None)
+        self.structured_outputs_backend = (so_config.get("backend", "auto") if isinstance(so_config, dict)
+                                           else getattr(so_config, "backend", "auto"))
         # Longer prompt text cannot fit the context whatever its tokens: refused before tokenizing.
         self.max_prompt_bytes = None if tokenizer is None else self.max_model_len * max_token_bytes(tokenizer)
 
@@ -246,9 +250,27 @@ class InputProcessor:
                 asked = f"{value} (-1: the whole vocabulary)" if getattr(params, name) == -1 else value
                 raise ParameterError(f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, "
                                      f"got {asked}", parameter=name, value=getattr(params, name))
+        self._validate_logit_controls(params)
         if params.stop and (self.tokenizer is None or not params.detokenize):
             raise ParameterError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer",
                                  parameter="stop", value=params.stop)
+
+    def _validate_logit_controls(self, params: SamplingParams) -> None:
+        """Token ids within the vocabulary; a constraint that cannot compile (structured_outputs)."""
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(params, name)
+            bad = [t for t in ids or () if t >= self.vocab_size]
+            if bad:
+                raise ParameterError(f"SamplingParams.{name} has token id(s) out of the vocabulary "
+                                     f"[0, {self.vocab_size}): {bad[:5]}", parameter=name, value=bad[:5])
+        so = params.structured_outputs
+        if so is not None:
+            if self.tokenizer is None:
+                raise ParameterError("structured_outputs needs a tokenizer (the engine was built with "
+                                     "skip_tokenizer_init=True)", parameter="structured_outputs")
+            from engine.structured_output.validate import validate_structured_outputs
+
+            validate_structured_outputs(so, self.structured_outputs_backend)
 
     def _num_logprobs(self, value: Optional[int]) -> Optional[int]:
         """vLLM's -1 is the whole vocabulary; the core only ever sees the count."""
@@ -261,6 +283,8 @@ class InputProcessor:
         all_stop = set(stop_ids)
         if not params.ignore_eos and self.eos_token_id is not None:
             all_stop.add(self.eos_token_id)
+        bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         return msgspec.structs.replace(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop),
+                                       bad_words_token_ids=bad_words,
                                        logprobs=self._num_logprobs(params.logprobs),
                                        prompt_logprobs=self._num_logprobs(params.prompt_logprobs))

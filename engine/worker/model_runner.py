@@ -32,6 +32,7 @@ from engine.models.attention import (AttentionMetadata, PrefillChunk, build_deco
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
+from engine.worker.logit_controls import LogitControls, has_logit_controls
 from engine.worker.loader import load_model
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
@@ -158,6 +159,10 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if batch.sampled:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+            if so.grammar_bitmask is not None:  # structured outputs: what each grammar forbids is -inf
+                from engine.structured_output.bitmask import apply_grammar_bitmask
+
+                apply_grammar_bitmask(logits, so.grammar_bitmask, {r.request_id: j for j, r in enumerate(batch.sampled)})
             result = self.sampler(logits, self._sampling_metadata(batch.sampled))
             out.req_ids = [r.request_id for r in batch.sampled]
             out.sampled_token_ids = result.sampled.tolist()
@@ -373,6 +378,9 @@ class ModelRunner:
             stop = [t for t in stop if t < self.vocab_size]
             rows.extend([j] * len(stop))
             tokens.extend(stop)
+        if any(has_logit_controls(r.sampling_params) for r in reqs):  # bad words join the bans
+            md.logit_controls = LogitControls.build([r.sampling_params for r in reqs],
+                                                    [r.output_token_ids for r in reqs], (rows, tokens))
         if rows:
             md.banned_rows = torch.tensor(rows, device=self.device)
             md.banned_tokens = torch.tensor(tokens, device=self.device)

@@ -2,7 +2,9 @@
 
 Order, as in vLLM v1's sampler:
 1. raw logprobs (``log_softmax`` of the untouched logits) if any row asked for logprobs;
-2. min_tokens: stop tokens get -inf while a request is short of its min_tokens;
+2. min_tokens: stop tokens get -inf while a request is short of its min_tokens; bad_words,
+   allowed_token_ids and logit_bias (logit_controls.py) alike (a grammar's mask was applied to
+   the logits before the sampler, by the model runner, so every stage here sees it);
 3. penalties: repetition over prompt + output tokens (divide positive logits, multiply
    negative ones), then frequency (times the output count) and presence (once per
    output token seen) subtracted;
@@ -28,6 +30,7 @@ from typing import Optional
 import torch
 
 from engine.protocol import LogprobsLists
+from engine.worker.logit_controls import LogitControls
 
 
 @dataclass
@@ -51,6 +54,7 @@ class SamplingMetadata:
     # (row, token) pairs to forbid this step (min_tokens not yet reached).
     banned_rows: Optional[torch.Tensor] = None
     banned_tokens: Optional[torch.Tensor] = None
+    logit_controls: Optional[LogitControls] = None  # logit_bias and allowed_token_ids of the rows that set them
     max_num_logprobs: Optional[int] = None  # None: no row wants logprobs
 
 
@@ -69,6 +73,8 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         if md.banned_rows is not None:
             logits[md.banned_rows, md.banned_tokens] = float("-inf")
+        if md.logit_controls is not None:
+            md.logit_controls.apply(logits)
         if md.penalty_rows is not None:
             logits[md.penalty_rows] = apply_penalties(logits[md.penalty_rows], md)
         sampled = self._sample(logits, md)

@@ -1,0 +1,120 @@
+"""The scheduler's side of structured outputs: a request's grammar from submission to its end.
+
+Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePool``):
+1. ``start``: the request's spec goes to the compile pool; the scheduler parks the request
+   (it is not in the waiting queue, so no other request waits behind it).
+2. ``poll``: once its grammar is compiled the request gets its own matcher and joins the
+   waiting queue; a spec that fails, or is still compiling after ``compile_timeout_s``,
+   finishes that request with an error.
+3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
+4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
+   allowed token was left (the grammar and the request's other bans excluded everything):
+   that request finishes with an error.
+
+Preemption loses no state: a preempted request keeps its output tokens and its matcher has
+accepted exactly those, so recomputing its KV needs nothing from here. Chunked prefill and
+prefix-cache hits change which tokens are computed, never which are accepted. A finished or
+aborted request drops its matcher with the request.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, Optional
+
+import msgspec
+
+from engine.structured_output.compile_pool import CompilePool
+from engine.structured_output.config import StructuredOutputsConfig
+from engine.structured_output.errors import GrammarError
+from engine.structured_output.params import StructuredOutputsParams
+from engine.structured_output.vocab import load_vocabulary
+
+
+class GrammarState:
+    """One request's grammar: the compile future until it is ready, then its matcher."""
+
+    __slots__ = ("future", "deadline", "matcher")
+
+    def __init__(self, future: concurrent.futures.Future, deadline: float) -> None:
+        self.future = future
+        self.deadline = deadline
+        self.matcher: Any = None
+
+
+class StructuredOutputManager:
+    def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
+                 max_num_seqs: int) -> None:
+        self.config = config
+        self.vocab_size = vocab_size
+        self._tokenizer_path = tokenizer_path
+        self._max_rows = max_num_seqs
+        self._pool: Optional[CompilePool] = None
+        self._bitmask = None  # [max_num_seqs, words] int32, allocated with the first constrained step
+
+    def start(self, req: Any) -> None:
+        """Submit ``req``'s spec for compiling (engine-wide options folded in)."""
+        params = self._with_defaults(req.sampling_params.structured_outputs)
+        if self._pool is None:
+            eos = req.eos_token_id
+            self._pool = CompilePool(self.config, lambda: load_vocabulary(self._tokenizer_path, self.vocab_size, eos))
+        req.structured_output = GrammarState(self._pool.submit(params), time.monotonic() + self.config.compile_timeout_s)
+
+    def poll(self, req: Any, now: float) -> Optional[bool]:
+        """True once ``req`` has its matcher, False while compiling; GrammarError if it failed or
+        ran past the time bound."""
+        state: GrammarState = req.structured_output
+        if state.matcher is not None:
+            return True
+        if not state.future.done():
+            if now < state.deadline:
+                return False
+            raise GrammarError(f"structured_outputs: the grammar did not compile within "
+                               f"{self.config.compile_timeout_s:g} s (compile_timeout_s); simplify the schema, "
+                               "regex or grammar")
+        compiled = state.future.result()  # raises the GrammarError of a failed compile
+        state.matcher = compiled.matcher()
+        return True
+
+    def wait(self, reqs: list, timeout: float) -> None:
+        """Sleep until one of ``reqs``' grammars is compiled, at most ``timeout`` s (the loop has
+        nothing else to run; the GIL is released while waiting)."""
+        futures = [r.structured_output.future for r in reqs]
+        concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def fill_bitmask(self, reqs: list) -> Any:
+        """A GrammarBitmask for ``reqs`` (constrained requests sampled this step), or None."""
+        if not reqs:
+            return None
+        import torch
+
+        from engine.structured_output.bitmask import GrammarBitmask, bitmask_words
+
+        if self._bitmask is None:
+            self._bitmask = torch.empty((self._max_rows, bitmask_words(self.vocab_size)), dtype=torch.int32)
+        rows = self._bitmask[:len(reqs)]
+        for i, req in enumerate(reqs):
+            req.structured_output.matcher.fill_bitmask(rows, i)
+        return GrammarBitmask([r.request_id for r in reqs], rows)
+
+    @staticmethod
+    def accept(req: Any, token_id: int) -> bool:
+        """Advance ``req``'s matcher by its sampled token; False when the grammar refuses it."""
+        return req.structured_output.matcher.accept(token_id)
+
+    @staticmethod
+    def is_terminated(req: Any) -> bool:
+        return req.structured_output.matcher.is_terminated()
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def _with_defaults(self, params: StructuredOutputsParams) -> StructuredOutputsParams:
+        c = self.config
+        if (c.disable_any_whitespace and not params.disable_any_whitespace) or \
+                (c.disable_additional_properties and not params.disable_additional_properties):
+            return msgspec.structs.replace(
+                params, disable_any_whitespace=params.disable_any_whitespace or c.disable_any_whitespace,
+                disable_additional_properties=params.disable_additional_properties or c.disable_additional_properties)
+        return params
