@@ -1,0 +1,151 @@
+"""``pythonic``: calls as a Python list, ``[get_weather(city="Paris", days=3), now()]`` (Llama 3.2
+and 4, ToolACE). The whole reply is read with ``ast`` and each argument with
+``ast.literal_eval``: literals only, nothing is ever evaluated. While streaming, an argument is
+sent once the text reaches the comma or parenthesis that ends it; the arguments are the JSON
+object of the keywords, in order, so every prefix sent is a prefix of the final text."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any, Optional
+
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedCall, ParsedReply, ToolParser,
+                                                                         ToolParserManager)
+from engine.entrypoints.openai.tool_parsers.partial_json import skip_ws
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+@ToolParserManager.register_module("pythonic")
+class PythonicToolParser(ToolParser):
+    def parse(self, text: str, final: bool) -> ParsedReply:
+        start = skip_ws(text, 0)
+        if start == len(text) or text[start] != "[":
+            return ParsedReply(text if final or start < len(text) else "")
+        if final:
+            return ParsedReply("", _calls_of_list(text[start:]))
+        reply = ParsedReply("")
+        try:
+            _scan_calls(text, start + 1, reply.calls)
+        except ValueError:
+            if not reply.calls:  # "[1] a footnote": prose after all
+                return ParsedReply(text)
+        return reply
+
+
+def _calls_of_list(source: str) -> list[ParsedCall]:
+    try:
+        tree = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not a Python list of calls: {exc.msg}") from None
+    if not isinstance(tree, ast.List):
+        raise ValueError("not a Python list of calls")
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
+            raise ValueError("each element must be a call with keyword arguments")
+        kwargs = {kw.arg: _literal(kw.value) for kw in node.keywords}
+        if None in kwargs:
+            raise ValueError("**kwargs in a tool call")
+        calls.append(ParsedCall(node.func.id, _dumps(kwargs), True))
+    return calls
+
+
+def _scan_calls(text: str, pos: int, calls: list[ParsedCall]) -> None:
+    """Append the calls of an unfinished ``[f(a=1), ...`` (from after its ``[``) as far as the
+    text settles them."""
+    while True:
+        pos = skip_ws(text, pos)
+        if pos == len(text) or text[pos] == "]":
+            return
+        name = _NAME.match(text, pos)
+        if name is None:
+            raise ValueError("expected a function name")
+        pos = skip_ws(text, name.end())
+        if pos == len(text):
+            return  # the name may go on
+        if text[pos] != "(":
+            raise ValueError("expected '(' after a function name")
+        kwargs: dict[str, Any] = {}
+        call = ParsedCall(name.group(), "{", False)
+        calls.append(call)
+        pos += 1
+        while True:
+            pos = skip_ws(text, pos)
+            if pos == len(text):
+                return
+            if text[pos] == ")":
+                call.arguments, call.complete = _dumps(kwargs), True
+                break
+            end = _argument_end(text, pos)
+            if end is None:
+                return
+            key, value = _keyword(text[pos:end])
+            kwargs[key] = value
+            call.arguments = _dumps(kwargs)[:-1]  # without the closing brace: more may follow
+            pos = end + 1 if text[end] == "," else end
+        pos = skip_ws(text, pos + 1)
+        if pos == len(text) or text[pos] == "]":
+            return
+        if text[pos] != ",":
+            raise ValueError("expected ',' between calls")
+        pos += 1
+
+
+def _argument_end(text: str, pos: int) -> Optional[int]:
+    """The index of the ``,`` or ``)`` that ends the argument at ``pos`` (outside brackets and
+    string literals), or None if the text ends first."""
+    depth = 0
+    while pos < len(text):
+        ch = text[pos]
+        if ch in "'\"":
+            quote = ch * 3 if text.startswith(ch * 3, pos) else ch
+            pos += len(quote)
+            while True:
+                if pos >= len(text):
+                    return None
+                if text[pos] == "\\":
+                    pos += 2
+                    continue
+                if text.startswith(quote, pos):
+                    pos += len(quote)
+                    break
+                pos += 1
+            continue
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            if depth == 0:
+                if ch == ")":
+                    return pos
+                raise ValueError(f"unbalanced {ch!r}")
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return pos
+        pos += 1
+    return None
+
+
+def _keyword(source: str) -> tuple[str, Any]:
+    try:
+        node = ast.parse(f"f({source})", mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not a keyword argument: {exc.msg}") from None
+    if node.args or len(node.keywords) != 1 or node.keywords[0].arg is None:
+        raise ValueError("tool call arguments must be keyword arguments")
+    return node.keywords[0].arg, _literal(node.keywords[0].value)
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        value = ast.literal_eval(node)
+        json.dumps(value)  # tuples become lists; sets, bytes and complex numbers are refused
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"a tool call argument must be a JSON-like literal ({type(exc).__name__})") from None
+    return value
+
+
+def _dumps(kwargs: dict[str, Any]) -> str:
+    return json.dumps(kwargs, ensure_ascii=False)
