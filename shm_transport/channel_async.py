@@ -35,6 +35,14 @@ def _resolve(fut: Optional[asyncio.Future]) -> None:
         fut.set_result(None)
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any) -> None:
+    """From another thread; a loop closed meanwhile has nobody left to wake."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:
+        pass
+
+
 class AsyncSide:
     """Awaitable send/receive over one channel's RingEnds (see the module docstring)."""
 
@@ -242,7 +250,7 @@ class AsyncSide:
                 if done < 0:
                     raise_status(done, "send")
                 if done:
-                    e.pending, mine = (kind, body, done), None
+                    e.pending, mine = (kind, body, done), None  # finished below, or by a Pusher
             loop = self._loop_for_wait()
         finally:
             del uses[-1]
@@ -252,10 +260,14 @@ class AsyncSide:
         async with self._send_lock:
             try:
                 while True:
+                    pusher = e.pusher
+                    if pusher is not None:  # an earlier message is being finished in a thread
+                        await self._await_pusher(pusher, deadline, timeout)
+                        continue
                     with e.life:
+                        if mine is None and (e.pending is None or e.pending[1] is not body):
+                            return  # ours is out (a try_send on the loop may have pushed it on)
                         if e.pending is None:
-                            if mine is None:
-                                return
                             e.pending, mine = mine, None
                         if e.flush_pending():
                             continue
@@ -270,5 +282,19 @@ class AsyncSide:
                         finally:
                             self._disarm(lib.ring_disarm_space, e.p)
             except BaseException:
-                e.forget_unsent(body)
+                e.forget_unsent(body)  # and what is half-sent goes out whole all the same
                 raise
+
+    async def _await_pusher(self, pusher: Any, deadline: Optional[float], timeout: Optional[float]) -> None:
+        """Await the end of the Pusher thread (pusher.py) without blocking the loop: it wakes us
+        through call_soon_threadsafe; a close or the peer's death wake us as for space."""
+        loop = self._loop
+        if deadline is not None and loop.time() >= deadline:
+            raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
+        if pusher.add_done_callback(lambda: _call_soon(loop, self._on_pusher_done)):
+            await self._sleep_on("_tx_fut", deadline)
+        if self._ends.life.closed:
+            raise closed_here()
+
+    def _on_pusher_done(self) -> None:
+        _resolve(self._tx_fut)

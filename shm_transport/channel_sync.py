@@ -38,15 +38,20 @@ class SyncSide:
 
     # ------------------------------------------------------------------ sending
     def try_send(self, msg: Any) -> bool:
-        """Send without blocking; False (nothing sent) when the ring has no room now."""
+        """Send without blocking; False (nothing sent) when the ring has no room now, or while an
+        earlier message is still going out. True: accepted, and it arrives whole with no further
+        call, even when it is larger than the free space (the rest follows as the reader frees
+        space: pusher.py)."""
         e, uses = self._ends, self._uses
         uses.append(None)
         try:
             if self._life.closed:
                 raise closed_here()
-            kind, body = e.encode(msg)
-            if e.pending is not None and not e.flush_pending():
+            if e.pending is not None and not e.clear_way():
+                if not e.peer_alive():
+                    raise e.peer_error()
                 return False
+            kind, body = e.encode(msg)
             done = e.write(kind, body, 0)
             if done == len(body) + 1:
                 return True
@@ -56,7 +61,8 @@ class SyncSide:
                 if not e.peer_alive():
                     raise e.peer_error()
                 return False
-            e.pending = (kind, body, done)  # a big message is under way: it will be finished first
+            e.pending = (kind, body, done)  # a big message is under way: finished in the background
+            e.finish_later()
             return True
         finally:
             del uses[-1]
@@ -100,15 +106,22 @@ class SyncSide:
                 self._release()
 
     def _send_slow(self, kind: int, body: Any, queued: bool, timeout: Optional[float]) -> None:
+        """Finish ``body`` (already pending unless ``queued``: then after the half-sent message
+        before it), waiting for space, or for the Pusher that finishes an earlier one."""
         e = self._ends
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                if e.flush_pending():
+                pusher = e.pusher
+                if pusher is not None:
+                    self._wait_pusher(pusher, deadline, timeout)
+                    continue
+                if e.pending is None:
                     if not queued:
-                        return
+                        return  # ours is out
                     queued = False
                     e.pending = (kind, body, 0)
+                if e.flush_pending():
                     continue
                 rc = self._wait_space(deadline)
                 if rc == _DEAD:
@@ -120,6 +133,18 @@ class SyncSide:
         except BaseException:
             e.forget_unsent(body)
             raise
+
+    def _wait_pusher(self, pusher: Any, deadline: Optional[float], timeout: Optional[float]) -> None:
+        """Wait one liveness slice (or until ``deadline``) for the Pusher to end. It ends by
+        itself on a close or the peer's death; the caller then meets either."""
+        if self._ends.life.closed:
+            raise closed_here()
+        left = self._ends.slice_ns / 1e9
+        if deadline is not None:
+            left = min(left, deadline - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"send timed out after {timeout} s: the peer is not reading")
+        pusher.wait(left)
 
     def _wait_space(self, deadline: Optional[float]) -> int:
         """Wait until the reader frees space (READY) or the ring closes (CLOSED); between

@@ -2,13 +2,15 @@
 
 ``RingEnds`` owns the resources (segments, eventfds, the peer's pidfd) and their lifetime
 (lifetime.py: every step that touches the mapping runs inside a use), the messages decoded
-but not yet returned, the half-sent fragmented message, and the peer's liveness. The halves
+but not yet returned, the half-sent fragmented message (and the Pusher thread that finishes
+it when its sender has returned: pusher.py), and the peer's liveness. The halves
 (channel_sync.py, channel_async.py) add only their way of waiting: futex, or eventfd on a loop.
 Neither half reaches past this API into the other.
 """
 from __future__ import annotations
 
 import collections
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
@@ -18,6 +20,7 @@ from .codec import OOB_KIND, OOB_MIN
 from .endpoints import Resources
 from .errors import ChannelClosed, MessageTooLarge, PeerDied, TransportError
 from .lifetime import Lifetime, closed_here
+from .pusher import Pusher
 from .ring import BATCH_RECORDS, Consumer, Gather, Producer, raise_status
 
 _ring_write = lib.ring_write
@@ -31,8 +34,10 @@ class RingEnds:
 
     ``tx``/``rx`` the Producer/Consumer, ``p``/``c`` their C handles, ``life`` the Lifetime
     (``uses`` its list), ``ready`` decoded messages not yet returned, ``pending`` the
-    ``(kind, body, done)`` of a half-sent fragmented message, ``woken`` a ``wakeup()`` not yet
-    seen by a receive, ``spin_ns``/``slice_ns`` the sync waits' spin and liveness slice.
+    ``(kind, body, done)`` of a half-sent fragmented message, ``pusher`` the Pusher writing it
+    while its sender is gone (``push_lock`` orders its end against ``finish_later``), ``woken`` a
+    ``wakeup()`` not yet seen by a receive, ``spin_ns``/``slice_ns`` the sync waits' spin and
+    liveness slice.
     """
 
     def __init__(self, codec: Any, tx: Producer, rx: Consumer, res: Resources, max_message_size: int) -> None:
@@ -55,6 +60,8 @@ class RingEnds:
         self.slice_ns = 100_000_000
         self.ready: collections.deque = collections.deque()
         self.pending: Optional[tuple] = None  # (kind, body, done); body: bytes, or a Gather (OOB_KIND)
+        self.pusher: Optional[Pusher] = None
+        self.push_lock = threading.Lock()
         self.woken = False
         self.peer_dead = False
         self._peer_checked = 0.0
@@ -140,12 +147,39 @@ class RingEnds:
         self.pending = (kind, body, done)
         return False
 
+    def clear_way(self) -> bool:
+        """Before a new message, without waiting: True when nothing earlier is half-sent (pushing
+        on with one that is, unless a Pusher owns it: only this thread starts pushers, so once
+        none is seen, none appears)."""
+        if self.pusher is not None:
+            return False
+        return self.pending is None or self.flush_pending()
+
+    def finish_later(self) -> None:
+        """The sending call returns with a message half-sent: a Pusher thread finishes it as the
+        reader frees space (pusher.py). A no-op when nothing is half-sent, a pusher already runs
+        (it takes this message on too), or the channel is closed or its peer dead."""
+        with self.push_lock:
+            if self.pending is None or self.pusher is not None or self.peer_dead:
+                return
+            if not self.life.try_enter():  # the pusher's use, ended by its thread
+                return
+            try:
+                self.pusher = Pusher(self)
+                self.pusher.start()
+            except BaseException:
+                self.pusher = None
+                self.life.leave()
+                raise
+
     def forget_unsent(self, body: Any) -> None:
         """A send failed or was cancelled: if nothing of ``body`` went out yet, it simply did not
-        happen (a message already under way is finished by the next send)."""
+        happen; what is half-sent (``body``, or an earlier message) is finished in the
+        background (``finish_later``), so the ring never stops at half a message."""
         pending = self.pending
         if pending is not None and pending[1] is body and pending[2] == 0:
             self.pending = None
+        self.finish_later()
 
     # ------------------------------------------------------------------ receiving
     def drain_ring(self, out: list, room: int, spin_ns: int = 0, timeout_ns: int = 0) -> int:
