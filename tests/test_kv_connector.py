@@ -19,7 +19,7 @@ from engine.core.scheduler import Scheduler
 from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout, encode_header
 from engine.kv_transfer.shared_storage import SharedStorageConnector
 from engine.kv_transfer.store import BlockStore
-from engine.kv_transfer.store_dir import SECRET_NAME
+from engine.kv_transfer.store_dir import SECRET_NAME, StoreDir
 from test_kv_transfer import NOBODY, kv_config
 
 
@@ -68,6 +68,23 @@ def test_entries_and_the_secret_are_0600_whatever_the_umask_and_names_say_nothin
     again = BlockStore(str(tmp_path / "new"), LAYOUT, max_bytes=1 << 20)  # the same secret is read back
     assert again.entry_path(digest(1)) == store.entry_path(digest(1))
     assert bytes(again.load(digest(1))) == bytes(payload(1))
+
+
+def test_engines_opening_a_new_store_at_once_agree_on_one_secret(tmp_path):
+    for k in range(20):  # a racy create (rename, not link) disagreed in ~3 of 10 here
+        barrier, got = threading.Barrier(4), []
+
+        def open_store(path=str(tmp_path / f"s{k}"), barrier=barrier):
+            barrier.wait()
+            got.append(StoreDir(path).secret)
+
+        threads = [threading.Thread(target=open_store) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(got) == 4 and len(set(got)) == 1
+        assert sorted(os.listdir(tmp_path / f"s{k}")) == [SECRET_NAME]  # no temporary file left
 
 
 def test_an_entry_forged_without_the_secret_is_a_miss(tmp_path):
