@@ -33,6 +33,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RINGLLM_NUM_THREADS": _int("RINGLLM_NUM_THREADS", 0),
     # Seconds the frontend waits for the EngineCore's READY handshake.
     "RINGLLM_ENGINE_READY_TIMEOUT_S": _int("RINGLLM_ENGINE_READY_TIMEOUT_S", 600),
+    # The API key of `ringllm serve` (vLLM's name), read when neither --api-key nor
+    # --api-key-file is given; serve removes it from the environment its EngineCore inherits.
+    "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
     # Logging level of the ``engine`` and ``shm_transport`` loggers.
     "RINGLLM_LOGGING_LEVEL": lambda: os.environ.get("RINGLLM_LOGGING_LEVEL", "INFO").upper(),
 }

@@ -10,11 +10,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import os
+import stat
 import typing
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Optional, Union
 
+from engine import envs
 from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
 from engine.entrypoints.openai.server import ServerSettings
+
+logger = logging.getLogger(__name__)
 
 # `ringllm serve` on CPU paces the prompt tokens of a step unless --max-num-prefill-tokens is given
 # (engine/entrypoints/serve.py says why).
@@ -167,7 +173,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port", type=int, default=d.port, help="Port (default: %(default)s).")
     group.add_argument("--api-key", default=d.api_key,
                        help="Require 'Authorization: Bearer KEY' on every route but the probes /health, /metrics "
-                            "and /version (default: no key).")
+                            "and /version (default: no key). Any local user can read a command line: prefer "
+                            "--api-key-file or the VLLM_API_KEY environment variable.")
+    group.add_argument("--api-key-file", metavar="PATH",
+                       help="Read the API key from this file (its first line), which only its owner may read or "
+                            "write (mode 0600 or stricter).")
     group.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
                        help="Most sequences (prompts x n) waiting for their first token; more get 503 with "
                             "Retry-After (default: unbounded). A request of more sequences than 8 scheduler batches "
@@ -180,11 +190,89 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                        help="On SIGTERM, how long in-flight requests may finish; then each stream still running "
                             "gets an error event and [DONE], other requests a 503, and all are aborted "
                             "(default: %(default)s).")
+    group.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="SECONDS",
+                       help="Close a connection whose request head is not complete this long after it began "
+                            "waiting for it (default: %(default)s).")
+    group.add_argument("--body-timeout", type=float, default=d.body_timeout_s, metavar="SECONDS",
+                       help="A request body not received whole this long after its head is a 408, and the "
+                            "connection is closed (default: %(default)s).")
+    group.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout_s, metavar="SECONDS",
+                       help="Close a connection that sends no byte of a next request for this long "
+                            "(default: %(default)s).")
+    group.add_argument("--max-connections", type=int, default=d.max_connections,
+                       help="Most open connections. One more closes the longest idle one, or gets 503 when all "
+                            "are busy (default: 1024, or half the open-file limit when lower; the limit is "
+                            "raised to its hard limit at start).")
+
+
+def api_key_from(args: argparse.Namespace) -> Optional[str]:
+    """The key from --api-key, --api-key-file or VLLM_API_KEY, in that order (at most one of the
+    flags). A key given on the command line is warned about: /proc/PID/cmdline is world-readable."""
+    if args.api_key is not None and getattr(args, "api_key_file", None) is not None:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    if args.api_key is not None:
+        logger.warning("--api-key puts the key on the command line, which every local user can read "
+                       "(/proc/PID/cmdline); use --api-key-file or VLLM_API_KEY instead")
+        return args.api_key
+    if getattr(args, "api_key_file", None) is not None:
+        return read_api_key_file(args.api_key_file)
+    return envs.VLLM_API_KEY
+
+
+def read_api_key_file(path: str) -> str:
+    """The first line of ``path``, refused unless only its owner can read or write it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ValueError(f"--api-key-file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"--api-key-file {path}: not a regular file")
+        if mode & 0o077:
+            raise ValueError(f"--api-key-file {path}: mode {stat.S_IMODE(mode):04o} lets others read or write "
+                             f"it; make it private (chmod 600 {path})")
+        key = f.readline().strip()
+    if not key:
+        raise ValueError(f"--api-key-file {path}: the file holds no key")
+    return key
 
 
 def server_settings_from(args: argparse.Namespace) -> ServerSettings:
-    return ServerSettings(host=args.host, port=args.port, api_key=args.api_key,
+    return ServerSettings(host=args.host, port=args.port, api_key=api_key_from(args),
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_waiting_requests=args.max_waiting_requests,
-                          request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout)
+                          request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
+                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                          keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections)
 
+
+
+def add_tool_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's tool-calling flags (``tool_choice="auto"`` needs the first two)."""
+    group = parser.add_argument_group("tool calling")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='Let the model decide when to call tools (tool_choice="auto", the default of a request '
+                            "with tools); needs --tool-call-parser. Without it such a request is a 400; "
+                            '"required" and a named function work either way.')
+    group.add_argument("--tool-call-parser", metavar="NAME",
+                       help="How the model writes its calls: hermes (<tool_call>{...}</tool_call>), llama3_json, "
+                            "mistral ([TOOL_CALLS][...]), pythonic ([f(a=1)]), or one a --tool-parser-plugin "
+                            "registers.")
+    group.add_argument("--tool-parser-plugin", metavar="PATH",
+                       help="A Python file that registers a tool parser with "
+                            '@ToolParserManager.register_module("name") (engine.entrypoints.openai.tool_parsers).')
+
+
+def tool_serving_from(args: argparse.Namespace):
+    """The server's tool settings, the plugin file run first; a ValueError says what is wrong
+    (as vLLM checks at start: the flag pair, the parser's name)."""
+    from engine.entrypoints.openai.tool_parsers import ToolParserManager
+    from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing
+
+    if args.tool_parser_plugin:
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    parser_cls = ToolParserManager.get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
+    return ToolServing(args.enable_auto_tool_choice, parser_cls)

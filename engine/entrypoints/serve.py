@@ -7,12 +7,15 @@ default model is served (converted once to the cache on first use).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 
 from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs, resolve_device
 from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
-                                         add_server_args, engine_args_from, server_settings_from)
+                                         add_server_args, add_tool_args, engine_args_from, server_settings_from,
+                                         tool_serving_from)
 from engine.entrypoints.openai.server import run_server
 from engine.exceptions import EngineStartupError
 
@@ -46,15 +49,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "shuts the engine down.")
     add_model_positional(parser)
     add_server_args(parser)
+    add_tool_args(parser)
     add_engine_args(parser, AsyncEngineArgs)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
     """Serve until SIGTERM/SIGINT. A configuration the engine refuses (bad model path, invalid
-    field) or a core that cannot start ends the command with that one message, no traceback."""
+    field) or a core that cannot start ends the command with that one message, no traceback.
+
+    The API key, once read (cli_args.api_key_from), leaves the environment: the EngineCore,
+    launched with this process's environment, never holds it (nor its command line: the key
+    is no EngineArgs field)."""
     try:
-        settings = server_settings_from(args)
+        settings = dataclasses.replace(server_settings_from(args), tool_serving=tool_serving_from(args))
+        os.environ.pop("VLLM_API_KEY", None)
         engine_args = serving_engine_args(args)
         run_server(build_async_engine_client_from_engine_args(engine_args), settings)
     except (ValueError, EngineStartupError) as exc:

@@ -6,8 +6,11 @@ the engine client (an async context manager yielding an ``AsyncLLM``) before the
 request and leaves it, shutting the core down, after the last one. Each route hands its
 request to one method of the ``serving_*`` modules, where the work is.
 
-Middlewares, outermost first: error shaping (every failure, aiohttp's own 404/405/413
-included, leaves in OpenAI's ``{"error": ...}`` shape, and each request is counted), the
+Middlewares, outermost first: the connection guard (a request's phase and its body's
+deadline, connections.py, which also caps and times out the connections themselves), error
+shaping (every failure, aiohttp's own 404/405/413 included, leaves in OpenAI's
+``{"error": ...}`` shape with a text fit for clients, public_errors.py; a body that cannot be
+decoded is a 400; each request is counted), the
 API key (every route but the probes /health, /metrics and /version; compared in constant
 time), and the body-size limit (413 from the declared length, before anything is read;
 aiohttp's ``client_max_size`` catches bodies that declare none).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import resource
 import signal
 from dataclasses import dataclass
 from typing import AsyncContextManager, Optional
@@ -25,13 +29,17 @@ import uvloop
 from aiohttp import web
 
 from engine.engine_client import EngineClient
+from engine.entrypoints.openai.connections import (ConnectionGuard, ConnectionLimits, abandon_body,
+                                                   default_max_connections, raise_open_file_limit)
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
+from engine.entrypoints.openai.public_errors import payload_error, public_error
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
+from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +54,13 @@ class ServerSettings:
     request_timeout_s: Optional[float] = None  # None: no per-request timeout
     retry_after_s: int = 1
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
+    # Connection limits (connections.py): a request's head, its body, an idle keep-alive wait.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_timeout_s: float = 5.0  # vLLM's (uvicorn's timeout_keep_alive)
+    max_connections: Optional[int] = None  # None: connections.default_max_connections of the fd limit
+    # --enable-auto-tool-choice and the --tool-call-parser class (cli_args.tool_serving_from)
+    tool_serving: ToolServing = ToolServing()
 
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
@@ -54,10 +69,20 @@ class ServerSettings:
                    ">= 0"),
                   ("request_timeout_s", self.request_timeout_s is None or self.request_timeout_s > 0, "> 0"),
                   ("retry_after_s", self.retry_after_s >= 0, ">= 0"),
-                  ("drain_timeout_s", self.drain_timeout_s >= 0, ">= 0")]
+                  ("drain_timeout_s", self.drain_timeout_s >= 0, ">= 0"),
+                  ("header_timeout_s", self.header_timeout_s > 0, "> 0"),
+                  ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
+                  ("keep_alive_timeout_s", self.keep_alive_timeout_s > 0, "> 0"),
+                  ("max_connections", self.max_connections is None or self.max_connections >= 1, ">= 1")]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+
+    def connection_limits(self) -> ConnectionLimits:
+        max_connections = self.max_connections
+        if max_connections is None:
+            max_connections = default_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        return ConnectionLimits(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s, max_connections)
 
 
 @dataclass
@@ -78,6 +103,7 @@ class Serving:
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 SERVING = web.AppKey("serving", Serving)
 
 
@@ -163,8 +189,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # the client went away; nothing to answer
         raise
+    except web.RequestPayloadError as exc:  # bad gzip/deflate data, a broken chunked body
+        abandon_body(request)
+        error = payload_error(exc)
+        status = error.status
+        logger.info("%s %s: %s", request.method, request.path, error.message)
+        return json_response(error.body(), error.status, error.headers)
     except Exception as exc:
-        error = to_openai_error(exc)
+        error = public_error(to_openai_error(exc))
         status = error.status
         return json_response(error.body(), error.status, error.headers)
     finally:
@@ -199,9 +231,12 @@ def build_app(engine_client: AsyncContextManager[EngineClient], settings: Server
     """The server app. ``engine_client`` is an async context manager yielding the engine, e.g.
     ``build_async_engine_client_from_engine_args(args)``; the app enters it on startup and
     leaves it on cleanup."""
-    app = web.Application(middlewares=[error_middleware, api_key_middleware, body_limit_middleware],
+    connections = ConnectionGuard(settings.connection_limits())
+    app = web.Application(middlewares=[connections.middleware, error_middleware, api_key_middleware,
+                                       body_limit_middleware],
                           client_max_size=settings.max_request_body_bytes)
     app[SETTINGS] = settings
+    app[CONNECTIONS] = connections
     app.add_routes(ROUTES)
 
     async def engine_lifetime(app: web.Application):
@@ -227,6 +262,7 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Servi
     tokenizer = engine.input_processor.tokenizer  # the engine's own (get_tokenizer() builds a transformers one)
     shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
     chat = OpenAIServingChat(*shared)
+    chat.tool_serving = settings.tool_serving
     embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
     return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics, deadlines, embedding)
 
@@ -240,7 +276,8 @@ def run_server(engine_client: AsyncContextManager[EngineClient], settings: Serve
     """Serve until SIGINT/SIGTERM, then drain: stop accepting, let in-flight requests finish for
     up to ``drain_timeout_s``, end the rest cleanly (a stream gets an ``{"error": ...}`` event
     and ``[DONE]``, a whole response a 503; their engine requests are aborted), shut the
-    engine down."""
+    engine down. The open-file limit is raised first (connections.raise_open_file_limit)."""
+    raise_open_file_limit()
     uvloop.run(_serve(build_app(engine_client, settings), settings))
 
 
@@ -251,10 +288,16 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
                            shutdown_timeout=settings.drain_timeout_s + END_GRACE_S)
     await runner.setup()  # enters the engine's lifetime: the port opens once the engine is ready
     loop = asyncio.get_running_loop()
+    listener = None
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        logger.info("serving on %s", site.name)
+        # Our own listener rather than a TCPSite: each connection gets the guard's protocol
+        # (connections.py), which keeps its deadlines and the cap.
+        connections = app[CONNECTIONS]
+        listener = await loop.create_server(connections.protocol_factory(runner.server), settings.host,
+                                            settings.port, reuse_address=True)
+        host, port = listener.sockets[0].getsockname()[:2]
+        logger.info("serving on http://%s:%d (at most %d connections)", host, port,
+                    connections.limits.max_connections)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _on_signal, stop, sig, settings.drain_timeout_s)
@@ -262,6 +305,8 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
     finally:
         # runner.cleanup stops accepting at once, then waits for the requests in flight; the end
         # of the drain ends those still running.
+        if listener is not None:
+            listener.close()  # no new connections; those open are drained below
         end = loop.call_later(settings.drain_timeout_s, _end_drain, app)
         try:
             await runner.cleanup()
