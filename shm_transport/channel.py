@@ -9,8 +9,14 @@ Contract (the engine builds on exactly this):
   threads). ``close()`` and ``wakeup()`` may be called from any thread.
 - Sends apply backpressure and never drop: ``send`` blocks (spin, then futex) for space,
   ``try_send`` returns False instead, ``send_async`` waits on an eventfd without blocking the
-  loop. A message larger than the ring goes out as fragments; if it cannot all go at once the
-  channel finishes it before anything else (``try_send`` answers False meanwhile).
+  loop. A message larger than the ring goes out as fragments.
+- **The channel finishes what it starts.** A message accepted by a send call (``try_send``
+  answered True, ``send``/``send_async`` returned) arrives whole with no further call, however
+  large: what did not fit yet is written by a Pusher thread as the reader frees space
+  (pusher.py), and it goes out before anything else (``try_send`` answers False meanwhile,
+  ``send`` and ``send_async`` wait for it). A send that raises (timeout, cancel) after part of
+  its message went out still delivers it whole: a ring cannot take half a message back.
+  Over zmq (zmq_channel.py) the same holds through zmq's own I/O thread.
 - Receives decode straight from shared memory into owned objects before the space is released.
   ``recv_batch``/``poll`` return every message available, up to a byte budget per batch
   (``batch_bytes``, default ``BATCH_BYTES`` = 256 KiB; the rest comes with the next call), so a

@@ -5,7 +5,9 @@ An asyncio reader that finds the ring empty optionally spins ``async_spin_us`` (
 then *arms*: it sets ``consumer_waiting`` to "eventfd", fences, re-checks the ring and only then
 awaits a future that the eventfd's reader callback resolves. The producer writes the eventfd
 only when it sees the flag, so a busy stream costs no system call. Sending waits for space the
-same way (the space eventfd), so the event loop is never blocked on a futex.
+same way (the space eventfd), so the event loop is never blocked on a futex; while a Pusher
+thread finishes a half-sent message (pusher.py), a send awaits its end, which it signals through
+``call_soon_threadsafe``.
 
 All three fds are registered once per loop (level-triggered); the callbacks clear the eventfd
 and resolve whichever future is waiting. The registration holds a use of the channel

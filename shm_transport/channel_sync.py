@@ -1,6 +1,9 @@
 """The blocking half of Channel (its base class): send and receive, waiting in C (spin, then
 futex) when needed.
 
+A message that does not fit yet is finished by a Pusher thread once its call returns
+(pusher.py): ``try_send`` never waits, and the channel still finishes what it accepted.
+
 Waits run in slices of ``liveness_interval``; between slices they notice a deadline, a
 ``wakeup()``, a close, or the peer's death. Every public method runs inside a use of the mapping
 (lifetime.py), so a close from another thread wakes the wait but never unmaps the rings under

@@ -11,6 +11,9 @@ directory and removes it on close (or at exit); the token names it. Peer death i
 with a pidfd polled next to the socket, so a blocked ``send``/``recv`` raises ``PeerDied``
 at once rather than waiting forever on a peer that will never answer.
 
+A message ``try_send`` or ``send`` accepted is whole in zmq's queue, and zmq's I/O thread writes
+it out as the peer reads: it arrives with no further call, as channel.py promises for the ring.
+
 ``close()`` and ``wakeup()`` may come from any thread, as for ``Channel``: an eventfd polled
 next to the socket wakes a blocked call, and the sockets are closed by whoever ends the last
 use (lifetime.py), never under a thread that is still in a zmq call. The asyncio shadows are
