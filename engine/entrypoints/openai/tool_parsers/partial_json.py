@@ -106,9 +106,7 @@ class _Canonical:
 
     def _partial_string(self, body: str) -> None:
         """The decoded part of an unfinished string, without its closing quote; then stop."""
-        cut = re.search(r"\\(?:u[0-9a-fA-F]{0,3})?$", body)  # an escape the text has not finished
-        if cut:
-            body = body[:cut.start()]
+        body = body[:_whole_escapes_end(body)]
         decoded = _DECODER.decode(f'"{body}"')
         if decoded and "\ud800" <= decoded[-1] <= "\udbff":  # half of a surrogate pair
             decoded = decoded[:-1]
@@ -138,6 +136,19 @@ class _Canonical:
         raise ValueError(f"unexpected {rest[:1]!r} at {self.pos}")
 
 
+def _whole_escapes_end(body: str) -> int:
+    """Where the part of an unfinished string's body ends whose escapes are all complete."""
+    pos = 0
+    while True:
+        slash = body.find("\\", pos)
+        if slash < 0:
+            return len(body)
+        width = 6 if body.startswith("u", slash + 1) else 2  # \uXXXX or \n, \", ...
+        if slash + width > len(body):
+            return slash
+        pos = slash + width
+
+
 def canonical_prefix(text: str, start: int = 0) -> tuple[str, Optional[int]]:
     """The canonical spelling of the JSON value at ``text[start:]`` as far as the text settles
     it, and where the value ends (None while it is unfinished). ValueError if it is not JSON."""
@@ -157,7 +168,7 @@ def value_end(text: str, start: int) -> Optional[int]:
 def canonical(text: str) -> str:
     """The canonical spelling of a whole JSON text (whitespace around it allowed); ValueError if
     it is unfinished or has anything after the value."""
-    out, end = canonical_prefix(text)
+    out, end = canonical_prefix(text + " ")  # the end of the text ends a bare number too
     if end is None:
         raise ValueError("the JSON text is unfinished")
     if text[end:].strip(_WS):
