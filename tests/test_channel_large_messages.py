@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
-from shm_transport import Channel
+from shm_transport import Channel, PeerDied
 from shm_transport.zmq_channel import ZmqChannel
 
 import transport_peer as peer
@@ -149,3 +150,37 @@ def test_a_send_async_cancelled_mid_message_still_delivers_it_whole(ends):
         return await asyncio.get_running_loop().run_in_executor(None, Reader(receiver).result)
 
     assert asyncio.run(main()) == msg
+
+
+def _pushers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shm-transport-pusher"]
+
+
+def _until(predicate, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_closing_the_channel_ends_a_pusher_that_waits_for_a_reader(ends):
+    sender, receiver = ends
+    assert sender.try_send(big_messages()[1])  # nobody will read the rest
+    assert _pushers()
+    sender.close()
+    _until(lambda: not _pushers(), "the pusher outlived the channel's close")
+
+
+def test_the_peers_death_ends_the_pusher_and_the_next_send_raises_peer_died():
+    ch = Channel.create(peer.codec(), capacity=CAPACITY)
+    proc = peer.spawn(ch, "sleep")  # reports readiness, then never reads
+    try:
+        assert ch.recv(timeout=DEADLINE_S) == Ctl("ready", n=proc.pid)
+        assert ch.try_send(big_messages()[1])
+        proc.kill()
+        proc.wait(timeout=DEADLINE_S)
+        _until(lambda: not _pushers(), "the pusher outlived the peer")
+        with pytest.raises(PeerDied):
+            ch.send(Ctl("after"), timeout=DEADLINE_S)
+    finally:
+        ch.close()
