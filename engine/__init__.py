@@ -1,41 +1,60 @@
 """ringllm's public API, with vLLM's names: code written for vLLM ports by changing one import.
 
-``OMP_WAIT_POLICY=PASSIVE`` is set (unless the user chose a policy) before anything here can
-import torch: OpenMP threads that spin while waiting make a decode step many times slower
-whenever another process takes a core (docs/ARCHITECTURE.md, "Threads on a small CPU").
+The names resolve on first use (PEP 562): ``import engine`` imports neither torch nor aiohttp
+nor the frontend, and changes nothing in the importing program (no environment variable, no log
+handler). The EngineCore process imports ``engine.core`` alone and so never loads the frontend.
+OpenMP's defaults are set where torch is first imported (``engine.torch_env``), logging by the
+entry points (``engine.logging_setup``).
 """
-import logging
-import os
+from __future__ import annotations
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from engine import envs  # noqa: E402
-from engine.async_llm import AsyncLLM  # noqa: E402
-from engine.config import AsyncEngineArgs, EngineArgs  # noqa: E402
-from engine.frontend.input_processor import TextPrompt, TokensPrompt  # noqa: E402
-from engine.llm import LLM  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.outputs import (CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput,  # noqa: E402
-                            RequestOutput)
-from engine.pooling_params import PoolingParams  # noqa: E402
-from engine.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,  # noqa: E402
-                                    StructuredOutputsParams)
+# public name -> the module that defines it
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "AsyncLLM": "engine.async_llm",
+    "LLMEngine": "engine.llm_engine",
+    "EngineArgs": "engine.config",
+    "AsyncEngineArgs": "engine.config",
+    "TextPrompt": "engine.frontend.input_processor",
+    "TokensPrompt": "engine.frontend.input_processor",
+    "CompletionOutput": "engine.outputs",
+    "EmbeddingRequestOutput": "engine.outputs",
+    "Logprob": "engine.outputs",
+    "PoolingRequestOutput": "engine.outputs",
+    "RequestOutput": "engine.outputs",
+    "PoolingParams": "engine.pooling_params",
+    "BeamSearchParams": "engine.sampling_params",
+    "RequestOutputKind": "engine.sampling_params",
+    "SamplingParams": "engine.sampling_params",
+    "StructuredOutputsParams": "engine.sampling_params",
+}
+
+__all__ = list(_EXPORTS)
 
 
-def _configure_logging() -> None:
-    """One handler for ringllm's loggers (as vLLM does), unless the application set its own."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
-                                           "%m-%d %H:%M:%S"))
-    for name in ("engine", "shm_transport"):
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            logger.addHandler(handler)
-            logger.setLevel(envs.RINGLLM_LOGGING_LEVEL)
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-_configure_logging()
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
-__all__ = ["LLM", "AsyncLLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "RequestOutputKind", "EngineArgs",
-           "AsyncEngineArgs", "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt",
-           "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput", "StructuredOutputsParams"]
+
+if TYPE_CHECKING:
+    from engine.async_llm import AsyncLLM
+    from engine.config import AsyncEngineArgs, EngineArgs
+    from engine.frontend.input_processor import TextPrompt, TokensPrompt
+    from engine.llm import LLM
+    from engine.llm_engine import LLMEngine
+    from engine.outputs import (CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput,
+                                RequestOutput)
+    from engine.pooling_params import PoolingParams
+    from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams

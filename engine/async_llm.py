@@ -36,6 +36,7 @@ from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepEr
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, fan_out
 from engine.frontend.tokenizer import user_tokenizer
+from engine.logging_setup import configure_logging
 from engine.frontend.renderer import Renderer
 from engine.llm_engine import rpc_args
 from engine.outputs import PoolingRequestOutput, RequestOutput
@@ -167,6 +168,7 @@ class AsyncLLM(EngineClient):
     def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True,
                  _started: Optional[list[CoreProcess]] = None) -> None:
         """``_started``: cores already launched by ``from_engine_args`` (see config_and_cores)."""
+        configure_logging()
         self.config = config
         self.model_config = config.model_config
         self.log_requests = log_requests

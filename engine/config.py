@@ -310,6 +310,9 @@ def resolve_device(device: str) -> str:
         raise _bad("device", "'auto', 'cpu' or 'cuda'", device)
     if device == "cpu" or (device == "auto" and not _torch_built_for_gpu()):
         return "cpu"
+    from engine.torch_env import prepare_torch_env
+
+    prepare_torch_env()  # torch's first import in this process may be this one
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():

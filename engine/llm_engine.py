@@ -23,6 +23,7 @@ from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor, fan_out
 from engine.frontend.tokenizer import user_tokenizer
+from engine.logging_setup import configure_logging
 from engine.outputs import RequestOutput
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import SamplingParams
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig, multiprocess_mode: bool = False, *,
                  _started: Optional[list[CoreProcess]] = None) -> None:
+        configure_logging()
         self.config = config
         with stopped_on_error(_started):
             self.tokenizer = get_tokenizer(config)

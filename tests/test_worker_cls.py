@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, AsyncEngineArgs, AsyncLLM, SamplingParams
-from engine.worker import Worker
+from engine.worker import Worker, rpc_method
 from test_engine_proc import TINY
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
@@ -26,7 +26,11 @@ def recording_worker_cls():
                                zip(scheduler_output.requests, scheduler_output.num_scheduled_tokens)])
             return super().execute_model(scheduler_output)
 
+        @rpc_method
         def get_steps(self) -> list:
+            return self.steps
+
+        def unmarked(self) -> list:
             return self.steps
 
     return RecordingWorker
@@ -40,8 +44,12 @@ def test_a_worker_class_defined_here_records_every_step_seen_by_collective_rpc(t
         # one prefill step of the whole prompt, then one decode step per further token
         assert steps == [[[[5, 6, 7], 3]], [[[5, 6, 7], 1]], [[[5, 6, 7], 1]]]
         assert len(out.outputs[0].token_ids) == 3
-        with pytest.raises(RuntimeError, match="no public method"):
+        with pytest.raises(RuntimeError, match="no method '_private' marked callable"):
             llm.collective_rpc("_private")
+        # public, but not marked @rpc_method: unreachable (as are load_model and the rest)
+        for name in ("unmarked", "load_model", "execute_model"):
+            with pytest.raises(RuntimeError, match=f"no method '{name}' marked callable"):
+                llm.collective_rpc(name)
         with pytest.raises(TypeError, match="name"):
             llm.collective_rpc(lambda worker: 1)
     finally:

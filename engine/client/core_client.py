@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 from engine.config import EngineConfig
 from engine.exceptions import EngineDeadError
 from engine.protocol import EngineCoreOutputs, EngineCoreRequest, EngineReady
+from engine.torch_env import prepare_torch_env
 
 
 class EngineCoreClient(ABC):
@@ -76,6 +77,7 @@ class AsyncEngineCoreClient(ABC):
 
 class InprocClient(EngineCoreClient):
     def __init__(self, config: EngineConfig) -> None:
+        prepare_torch_env()  # the model runs in this process: before its first torch import
         from engine.core.engine_core import EngineCore
 
         self.engine_core = EngineCore(config)

@@ -13,6 +13,7 @@ from engine.client.dp_client import DPAsyncMPClient, DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
 from engine.config import EngineArgs, EngineConfig, core_launch
 from engine.core.core_process import CoreProcess, close_cores, start_cores
+from engine.logging_setup import configure_logging
 
 
 def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
@@ -39,6 +40,7 @@ def config_and_cores(engine_args: EngineArgs, multiprocess_mode: bool
     """The EngineConfig, with the core processes already started when there are to be any: they
     import torch and load the model while this process reads the model's config (the core derives
     its own from the same arguments). If the config turns out bad, they are stopped at once."""
+    configure_logging()
     if not multiprocess_mode:
         return engine_args.create_engine_config(), None
     launch = core_launch(engine_args)

@@ -25,6 +25,7 @@ from engine.config import CoreLaunch, EngineArgs
 from engine.core.engine_core_proc import CoreLaunchSpec, channel_class, make_codec
 from engine.exceptions import EngineStartupError
 from engine.protocol import EngineDead, EngineReady, Shutdown
+from engine.torch_env import prepare_torch_env
 from shm_transport import TransportError
 
 
@@ -83,10 +84,9 @@ class CoreProcess:
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
                 engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path],
                 worker_cls_pickle=worker_pickle)
-            # The thread count goes in the environment too, so it holds even if something imports
-            # torch before the core's own start-up code runs; OMP_WAIT_POLICY is already in our
-            # environment (importing ``engine`` sets its default).
-            env = dict(os.environ, OMP_NUM_THREADS=str(config.num_threads))
+            # The thread count and OpenMP's wait policy go in the environment, so they hold even if
+            # something imports torch before the core's own start-up code runs.
+            env = prepare_torch_env(dict(os.environ), config.num_threads)
             self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
                                          pass_fds=self.channel.peer_fds(), env=env,
                                          stdin=subprocess.DEVNULL)

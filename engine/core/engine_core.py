@@ -27,6 +27,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from engine.worker.logit_controls import check_logit_controls
+from engine.worker.worker import rpc_callable
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +138,13 @@ class EngineCore:
 
     def collective_rpc(self, method: str, args: list, kwargs: dict) -> list:
         """``method(*args)`` on the worker (vLLM's collective_rpc over its one worker): a list
-        of one result, as plain data, so it can cross the ring. Private names are refused."""
-        if not isinstance(method, str) or method.startswith("_") or not callable(getattr(self.worker, method, None)):
-            raise ValueError(f"the worker has no public method {method!r}")
-        return [msgspec.to_builtins(getattr(self.worker, method)(*args, **kwargs))]
+        of one result, as plain data, so it can cross the ring. Only methods the worker marks
+        ``@rpc_method`` are reachable."""
+        fn = rpc_callable(self.worker, method)
+        if fn is None:
+            raise ValueError(f"the worker has no method {method!r} marked callable through collective_rpc "
+                             "(engine.worker.rpc_method)")
+        return [msgspec.to_builtins(fn(*args, **kwargs))]
 
     def shutdown(self) -> None:
         self.worker = None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import msgspec
 
 from engine import envs
+from engine.torch_env import prepare_torch_env
 from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
                              EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
                              UtilityCall, UtilityResult)
@@ -224,9 +225,8 @@ def _setup_process(spec: CoreLaunchSpec) -> None:
         set_parent_death_signal(signal.SIGKILL)
     threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True,
                      name="parent-watch").start()
-    os.environ["OMP_NUM_THREADS"] = str(spec.num_threads)
-    # first import of torch in this process: after the thread count, and after importing
-    # ``engine`` (as ``python -m`` did before this module ran) set OMP_WAIT_POLICY's default
+    # first import of torch in this process: after the thread count and OpenMP's wait policy
+    prepare_torch_env(num_threads=spec.num_threads)
     import torch
 
     torch.set_num_threads(spec.num_threads)

@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import Optional
 
+from engine.logging_setup import configure_logging
+
 COMMAND_MODULES = (
     "engine.entrypoints.serve",
     "engine.entrypoints.generate",
@@ -58,6 +60,7 @@ def build_parser(commands: Optional[tuple[str, ...]] = None) -> argparse.Argumen
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    configure_logging()
     # `ringllm bench ...` does not import the engine (torch, the server) just to build --help.
     parser = build_parser(() if argv[:1] == ["bench"] else None)
     args = parser.parse_args(argv)

@@ -10,8 +10,10 @@ subclass given as a class or a dotted path replaces it), and calls, in order:
 - ``execute_model(scheduler_output) -> ModelRunnerOutput``: once per step that runs
   requests (contract: engine/core/sched_output.py).
 
-Any other public method may be called by name from the frontend through
-``LLM.collective_rpc`` / ``AsyncLLM.collective_rpc`` (its result must be msgspec-encodable).
+A method marked ``@rpc_method`` may be called by name from the frontend through
+``LLM.collective_rpc`` / ``AsyncLLM.collective_rpc`` (its result must be msgspec-encodable);
+nothing else is reachable, so a frontend can never call ``load_model`` or a helper that was
+public only for the worker's own use.
 A step that raises fails the requests it ran, not the engine (engine/core/engine_core.py).
 
 This module imports no torch: the frontend imports it to check a ``worker_cls``.
@@ -19,11 +21,30 @@ This module imports no torch: the frontend imports it to check a ``worker_cls``.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_RPC_MARK = "_ringllm_rpc_method"
+
+
+def rpc_method(fn: _F) -> _F:
+    """Marks a worker method as callable through ``collective_rpc``."""
+    setattr(fn, _RPC_MARK, True)
+    return fn
+
+
+def rpc_callable(worker: Any, name: Any) -> Optional[Callable[..., Any]]:
+    """The bound method ``name`` of ``worker`` if it is marked ``@rpc_method``, else None."""
+    if not isinstance(name, str) or name.startswith("_"):
+        return None
+    fn = getattr(type(worker), name, None)
+    if not getattr(fn, _RPC_MARK, False):
+        return None
+    return getattr(worker, name)
 
 
 class Worker:
