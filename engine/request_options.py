@@ -1,13 +1,14 @@
 """vLLM's per-request keywords that ``LLM``, ``LLMEngine`` and ``AsyncLLM`` share, each with
 vLLM's meaning: ``lora_request`` (no adapters here: only None), ``tokenization_kwargs``
 (truncation of a text prompt, done as the Hugging Face tokenizer does it) and
-``chat_template`` (a template string or the path of a file holding one).
+``chat_template`` (a template string or the path of a file holding one, by vLLM's rule).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
 
+from engine.frontend.chat_template import compile_template
 from engine.frontend.input_processor import PromptType
 from engine.frontend.renderer import encode
 
@@ -68,16 +69,37 @@ def _encode_truncated(tokenizer: Any, text: str, max_length: int, add_special_to
     return encoding.ids
 
 
+# A chat template file larger than this is not a chat template (the largest on the Hub are ~20 KB).
+MAX_CHAT_TEMPLATE_FILE_BYTES = 1 << 20
+
+
 def load_chat_template(chat_template: Optional[str]) -> Optional[str]:
-    """A chat template given as a file path is read; a template string is used as given."""
+    """vLLM's ``load_chat_template`` rules: a string holding any of ``{``, ``}`` or a newline is a
+    template's text; otherwise it must be the path of a file, which is read. Unlike vLLM, the
+    file must be a template: UTF-8, at most 1 MiB, and with at least one Jinja tag (``{{`` or
+    ``{%``), since a file without one (``/etc/passwd``) would render as itself, ignoring the
+    messages. Neither a template nor a file is a ValueError naming ``chat_template``."""
     if chat_template is None:
         return None
     if not isinstance(chat_template, str):
         raise TypeError(f"chat_template must be a str (a template or a file path), got {type(chat_template).__name__}")
+    if any(c in chat_template for c in "{}\n"):
+        return chat_template
     path = os.path.expanduser(chat_template)
-    if os.path.isfile(path):
+    if not os.path.isfile(path):
+        raise ValueError(f"chat_template: {chat_template!r} is neither a file nor a template (it has no '{{', "
+                         "'}' or newline)")
+    if os.path.getsize(path) > MAX_CHAT_TEMPLATE_FILE_BYTES:
+        raise ValueError(f"chat_template: the file {chat_template!r} is larger than "
+                         f"{MAX_CHAT_TEMPLATE_FILE_BYTES} bytes, too large for a chat template")
+    try:
         with open(path, encoding="utf-8") as f:
-            return f.read()
-    if not any(c in chat_template for c in "{}\n"):
-        raise ValueError(f"chat_template: {chat_template!r} is neither a file nor a template")
-    return chat_template
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"chat_template: the file {chat_template!r} is not UTF-8 text, so not a chat template"
+                         ) from None
+    if "{{" not in text and "{%" not in text:
+        raise ValueError(f"chat_template: the file {chat_template!r} holds no Jinja tag ('{{{{' or '{{%'), so "
+                         "it is not a chat template")
+    compile_template(text)  # a syntax error is the file's, named now rather than at the first chat
+    return text

@@ -16,7 +16,8 @@ import msgspec
 
 from engine.config import EngineConfig
 from engine.exceptions import ParameterError
-from engine.frontend.tokenizer import FastTokenizer
+from engine.frontend.chat_template import ChatTemplateError, TemplateLimits, render_chat
+from engine.frontend.tokenizer import FastTokenizer, chat_template_source
 from engine.frontend.renderer import encode, max_token_bytes
 from engine.frontend.bad_words import tokenize_bad_words
 from engine.pooling_params import PoolingParams
@@ -39,6 +40,11 @@ class TokensPrompt(TypedDict, total=False):
 PromptType = Union[str, TextPrompt, TokensPrompt, Sequence[int]]
 
 ChatMessage = dict[str, Any]
+
+# Template variables that are the request's own fields, not chat_template_kwargs' to set.
+_RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "conversation", "chat_template"})
+# The fields a chat render's ValueError may name ("continue_final_message: ...").
+_CHAT_FIELDS = frozenset({"messages", "chat_template", "continue_final_message", "documents", "tools"})
 
 
 def get_tokenizer(config: EngineConfig):
@@ -190,19 +196,43 @@ class InputProcessor:
 
     def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None) -> str:
-        """The conversation as prompt text, through the tokenizer's chat template."""
+                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None,
+                    documents: Optional[list[dict]] = None, max_chars: Optional[int] = None) -> str:
+        """The conversation as prompt text, through ``chat_template`` (a template's text) or the
+        tokenizer's, rendered in the bounded sandbox (engine/frontend/chat_template.py): past its
+        time bound or past ``max_chars`` of output (default: what the context can hold) it is a
+        ParameterError, like every other fault of the template or the messages. As vLLM,
+        ``chat_template_kwargs`` reach the template and override the named arguments."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer, but the engine was built with skip_tokenizer_init=True")
+        variables = dict(chat_template_kwargs or {})
+        for key in variables:
+            if not isinstance(key, str) or key in _RESERVED_TEMPLATE_VARIABLES:
+                raise ParameterError(f"chat_template_kwargs may not set {key!r} (the request's own field)",
+                                     parameter="chat_template_kwargs")
+        add_generation_prompt = variables.pop("add_generation_prompt", add_generation_prompt)
+        continue_final_message = variables.pop("continue_final_message", continue_final_message)
+        tools = variables.pop("tools", tools)
+        documents = variables.pop("documents", documents)
         if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
+            raise ParameterError("continue_final_message and add_generation_prompt cannot both be true (set "
+                                 "add_generation_prompt=false to continue the final message)",
+                                 parameter="continue_final_message")
+        limits = TemplateLimits(max_chars=max_chars or self.max_prompt_bytes or TemplateLimits.max_chars)
+        at_fault = "messages" if chat_template is None else "chat_template"
         try:
-            return self.tokenizer.apply_chat_template(
-                conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, tools=tools, tokenize=False,
-                **(chat_template_kwargs or {}))
-        except Exception as e:  # jinja and template errors: the caller's input is at fault
-            raise ParameterError(f"the chat template failed on these messages: {e}", parameter="messages") from e
+            source = chat_template_source(self.tokenizer, chat_template, tools)
+            return render_chat(source, conversation, special_tokens=self.tokenizer.special_tokens_map,
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, tools=tools, documents=documents,
+                               variables=variables, limits=limits)
+        except ParameterError:
+            raise
+        except ChatTemplateError as e:
+            raise ParameterError(str(e), parameter=at_fault) from None
+        except ValueError as e:  # "<field>: what is wrong"
+            field = str(e).split(":", 1)[0]
+            raise ParameterError(str(e), parameter=field if field in _CHAT_FIELDS else at_fault) from None
 
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):

@@ -6,7 +6,8 @@ would freeze every stream and /health for as long, so ``Renderer`` runs such wor
 small thread pool. The pool is bounded twice: in threads (``workers``) and in the work
 admitted to it (jobs and bytes, running or queued); past either bound ``run`` refuses at once
 with ``RendererBusyError`` (the server answers 503 + Retry-After) instead of queueing without
-end. Inputs under ``INLINE_MAX_BYTES`` run inline: they cost less than a hop to a thread.
+end. Inputs under ``INLINE_MAX_BYTES`` run inline: they cost less than a hop to a thread;
+chat templates never do, whatever their input (a short message can meet a long template).
 
 The tokenizer calls here go through the Rust ``tokenizers`` batch entry points, which
 release the GIL while they work (the single-text ``Tokenizer.encode`` and ``decode`` hold it
@@ -45,9 +46,11 @@ class Renderer:
         self._lock = threading.Lock()
         self._jobs = self._bytes = 0
 
-    async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, off the loop unless ``size`` (bytes of input) is small."""
-        if size < INLINE_MAX_BYTES:
+    async def run(self, size: int, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
+        """``fn(*args)``, off the loop unless ``size`` (bytes of input) is small and ``inline``
+        allows it: a chat template's cost is the template's, not its input's, so it never runs
+        inline (it bounds its own time: engine/frontend/chat_template.py)."""
+        if inline and size < INLINE_MAX_BYTES:
             return fn(*args)
         with self._lock:
             if self._jobs >= self._max_jobs or self._bytes + size > self._max_bytes:

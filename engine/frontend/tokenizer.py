@@ -7,7 +7,8 @@ A tokenizer directory whose ``tokenizer_config.json`` names the plain fast class
 flag that makes transformers rebuild the post-processor is exactly its ``tokenizer.json``:
 ``FastTokenizer`` reads that, the special tokens and the chat template, and gives the same
 ids, text and prompts (tests/test_tokenizer.py checks each against ``AutoTokenizer``).
-Chat templates are rendered by transformers' own renderer (``chat_template_utils``, which
+Chat templates are rendered in engine/frontend/chat_template.py's bounded sandbox, the same
+environment as transformers' renderer (whose message helpers it uses: ``chat_template_utils``
 imports no torch), loaded at the first chat request. Every other tokenizer goes through
 ``AutoTokenizer`` as before.
 
@@ -132,24 +133,16 @@ class FastTokenizer:
                             documents: Optional[list] = None, chat_template: Optional[str] = None,
                             add_generation_prompt: bool = False, continue_final_message: bool = False,
                             tokenize: bool = True, **kwargs: Any) -> str | list[int]:
-        """transformers' ``apply_chat_template`` for one conversation (the same renderer and
-        arguments: the special tokens, then ``kwargs``, reach the template)."""
-        from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+        """transformers' ``apply_chat_template`` for one conversation (the same environment and
+        arguments: the special tokens, then ``kwargs``, reach the template), rendered in the
+        bounded sandbox of engine/frontend/chat_template.py with its default limits."""
+        from engine.frontend.chat_template import render_chat
 
-        template = chat_template if chat_template is not None else self.chat_template
-        if template is None:
-            raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set and "
-                             "no template argument was passed!")
-        if not conversation:
-            raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt are not compatible.")
-        rendered, _ = render_jinja_template(
-            conversations=[_normalize_chat_messages(conversation)], tools=tools, documents=documents,
-            chat_template=template, return_assistant_tokens_mask=False,
-            continue_final_message=continue_final_message, add_generation_prompt=add_generation_prompt,
-            **{**self.special_tokens_map, **kwargs})
-        return self.encode(rendered[0], add_special_tokens=False) if tokenize else rendered[0]
+        rendered = render_chat(chat_template_source(self, chat_template, tools), conversation,
+                               special_tokens=self.special_tokens_map, add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, tools=tools, documents=documents,
+                               variables=kwargs)
+        return self.encode(rendered, add_special_tokens=False) if tokenize else rendered
 
     # ------------------------------------------------------------------ the user's tokenizer
     def hf(self) -> Any:
@@ -160,6 +153,22 @@ class FastTokenizer:
 
             self._hf = AutoTokenizer.from_pretrained(self.name_or_path)
         return self._hf
+
+
+def chat_template_source(tokenizer: Any, chat_template: Optional[str], tools: Optional[list] = None) -> str:
+    """The template text to render: ``chat_template`` when given, else the tokenizer's (for a
+    transformers tokenizer with named templates, the one it picks for ``tools``)."""
+    if chat_template is not None:
+        if not isinstance(chat_template, str):
+            raise TypeError(f"chat_template must be a str, got {type(chat_template).__name__}")
+        return chat_template
+    template = getattr(tokenizer, "chat_template", None)
+    if template is not None and not isinstance(template, str):
+        template = tokenizer.get_chat_template(None, tools)
+    if template is None:
+        raise ValueError("chat_template: the model has no chat template (neither tokenizer_config.json nor "
+                         "chat_template.jinja sets one); pass chat_template")
+    return template
 
 
 def cleans_up_spaces(tokenizer: Any) -> bool:

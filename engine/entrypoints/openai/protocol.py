@@ -218,6 +218,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: Optional[NonNegativeInt] = None
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template: Optional[str] = None  # a template's text, never a path (rendered in the sandbox)
+    continue_final_message: bool = False  # the final (assistant) message left open, to be continued
 
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         """With no max_(completion_)tokens the answer may run to the end of the context."""

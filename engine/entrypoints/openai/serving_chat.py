@@ -8,6 +8,7 @@ the request, so a refused request still gets its 4xx instead of a stream.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import AsyncIterator, Optional
 
@@ -19,32 +20,54 @@ from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                 DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
                                                 random_id)
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
+from engine.exceptions import ParameterError
+from engine.frontend.chat_template import TemplateLimits
 from engine.frontend.renderer import encode
 from engine.outputs import CompletionOutput, RequestOutput
 
 ROLE = "assistant"
+# A render past its own time bound is answered this much later at the latest (see render()).
+_RENDER_GRACE_S = 2.0
+# /tokenize counts a chat of any length: its template may write up to this many characters.
+_TOKENIZE_MAX_CHARS = TemplateLimits.max_chars
 
 
 class OpenAIServingChat(OpenAIServing):
     async def render(self, body_messages, add_generation_prompt: bool = True,
-                     chat_template_kwargs: Optional[dict] = None, must_fit: bool = True) -> tuple[str, list[int]]:
+                     chat_template_kwargs: Optional[dict] = None, must_fit: bool = True,
+                     chat_template: Optional[str] = None,
+                     continue_final_message: bool = False) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids (also used by /tokenize), rendered
-        and tokenized off the event loop unless it is short. ``must_fit``: text too long for the
-        context is refused before it is tokenized (/tokenize counts any length)."""
+        and tokenized on the renderer pool, always: the template's cost is its own, whatever the
+        messages' size, and it bounds itself (engine/frontend/chat_template.py). ``must_fit``:
+        text too long for the context is refused before it is tokenized (/tokenize counts any
+        length). ``chat_template`` is a template's text, never a path."""
         conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
         # The template's work grows with the text and with the number of messages.
         size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
-        return await self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs,
-                                  must_fit)
+        job = self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs, must_fit,
+                           chat_template, continue_final_message, inline=False)
+        try:  # the render stops itself at its bound; this only answers if a C call overran it
+            return await asyncio.wait_for(job, TemplateLimits.timeout_s + _RENDER_GRACE_S)
+        except asyncio.TimeoutError:
+            raise OpenAIError(400, f"the chat template did not finish within {TemplateLimits.timeout_s:g} s",
+                              param="messages" if chat_template is None else "chat_template",
+                              code="invalid_value") from None
 
     def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
-                must_fit: bool) -> tuple[str, list[int]]:
+                must_fit: bool, chat_template: Optional[str] = None,
+                continue_final_message: bool = False) -> tuple[str, list[int]]:
         processor = self.engine.input_processor
         try:
-            text = processor.render_chat(conversation, add_generation_prompt=add_generation_prompt,
-                                         chat_template_kwargs=chat_template_kwargs)
+            text = processor.render_chat(conversation, chat_template=chat_template,
+                                         add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message,
+                                         chat_template_kwargs=chat_template_kwargs,
+                                         max_chars=None if must_fit else _TOKENIZE_MAX_CHARS)
             if must_fit:
                 processor.check_text_fits(text, param="messages")  # before the costly part: tokenizing
+        except ParameterError as exc:
+            raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
         return text, encode(self.tokenizer, text, add_special_tokens=False)
@@ -56,7 +79,8 @@ class OpenAIServingChat(OpenAIServing):
         request_id, created = random_id("chatcmpl"), now()
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
-                                                body.chat_template_kwargs)
+                                                body.chat_template_kwargs, chat_template=body.chat_template,
+                                                continue_final_message=body.continue_final_message)
             stream = self.generate({"prompt_token_ids": token_ids, "prompt": text}, params, request_id, started)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream))

@@ -193,10 +193,10 @@ class OpenAIServing:
         finally:
             self.num_waiting -= held
 
-    async def offload(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+    async def offload(self, size: int, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
         """``fn(*args)`` on the engine's renderer pool (tokenizing, chat templates, detokenizing)."""
         try:
-            return await self.engine.renderer.run(size, fn, *args)
+            return await self.engine.renderer.run(size, fn, *args, inline=inline)
         except RendererBusyError as exc:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
