@@ -72,11 +72,12 @@ class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=Tru
         return next(name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name)))
 
     def schema_text(self) -> Optional[str]:
-        """The JSON schema as canonical text (sorted keys), or None without one."""
+        """The JSON schema as compact text, or None without one. Key order is kept: it is the
+        order in which properties are generated."""
         if self.json is None:
             return None
         schema = _json.loads(self.json) if isinstance(self.json, str) else self.json
-        return _json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        return _json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
     def key(self) -> tuple:
         """What a compiled grammar is cached by: the constraint and every option that shapes it."""
