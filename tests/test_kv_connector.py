@@ -20,7 +20,7 @@ from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout, encode_header
 from engine.kv_transfer.shared_storage import SharedStorageConnector
 from engine.kv_transfer.store import BlockStore
 from engine.kv_transfer.store_dir import SECRET_NAME, StoreDir
-from test_kv_transfer import NOBODY, kv_config
+from test_kv_transfer import NOBODY, call_within, kv_config
 
 
 # ---------------------------------------------------------------- the store, entry by entry
@@ -98,20 +98,6 @@ def test_an_entry_forged_without_the_secret_is_a_miss(tmp_path):
     assert bytes(store.load(digest(1))) == bytes(poison)
 
 
-def load_within(store: BlockStore, block_hash: bytes, path: str, deadline_s: float = 60.0):
-    """``store.load`` in a thread; if it has not returned by the deadline, whatever it waits on at
-    ``path`` (a FIFO wanting a writer) is released before the test fails."""
-    result = []
-    worker = threading.Thread(target=lambda: result.append(store.load(block_hash)), daemon=True)
-    worker.start()
-    worker.join(deadline_s)
-    if worker.is_alive():
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        worker.join(deadline_s)
-        pytest.fail(f"load() blocked on {path} for {deadline_s:.0f} s")
-    return result[0]
-
-
 @pytest.mark.parametrize("plant", ["fifo", "symlink_to_an_entry", "symlink_to_a_fifo", "directory",
                                    "another_users_entry", "device"])
 def test_anything_but_a_regular_file_of_ours_at_an_entry_name_is_a_miss_and_never_blocks(tmp_path, plant):
@@ -137,7 +123,7 @@ def test_anything_but_a_regular_file_of_ours_at_an_entry_name_is_a_miss_and_neve
             os.mknod(name, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero: reads never end
         except PermissionError:
             pytest.skip("no CAP_MKNOD here to make a device node")
-    assert load_within(store, digest(1), name) is None
+    assert call_within(60, name, lambda: store.load(digest(1))) is None
     assert not store.contains(digest(1))
     if plant != "directory":
         store.save(digest(1), payload(1))  # a save replaces the planted name with an entry of ours

@@ -231,19 +231,30 @@ def test_a_corrupted_entry_ends_the_loaded_run_and_the_rest_is_computed(tiny_mod
     assert_same_outputs(warm, cold)
 
 
-def run_within(deadline_s: float, fifo: str, fn):
-    """``fn()`` in a thread; if it has not returned by the deadline, the engine is released from
-    ``fifo`` (a writer opens it) before the test fails, so that a hang is a failure, not a stuck suite."""
+def call_within(deadline_s: float, fifo: str, fn):
+    """``fn()`` in a thread. If it has not returned by the deadline, whatever waits on ``fifo`` (an
+    open that wants a writer) is released before the test fails: a hang is a failure, not a stuck
+    suite. An exception of ``fn`` is raised here."""
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+
+    def call():
+        try:
+            result.append((True, fn()))
+        except BaseException as e:  # handed to the test's thread
+            result.append((False, e))
+
+    worker = threading.Thread(target=call, daemon=True)
     worker.start()
     worker.join(deadline_s)
     if worker.is_alive():
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         worker.join(deadline_s)
         os.close(fd)
-        pytest.fail(f"the engine did not serve its requests within {deadline_s:.0f} s with a FIFO at {fifo}")
-    return result[0]
+        pytest.fail(f"blocked for {deadline_s:.0f} s on the FIFO at {fifo}")
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
 
 
 def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_outputs(tiny_model_dir, produced,
@@ -263,7 +274,7 @@ def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_out
     header.mac[:] = entry_mac(os.urandom(32), bytes(header), memoryview(poison))
     with open(forged, "wb") as f:
         f.write(bytes(header) + poison)
-    warm = run_within(240, fifo, lambda: run(tiny_model_dir, store_copy, "kv_consumer"))
+    warm = call_within(240, fifo, lambda: run(tiny_model_dir, store_copy, "kv_consumer"))
     assert [o.num_cached_tokens for o in warm] == [2 * BLOCK, BLOCK, 0]
     assert_same_outputs(warm, cold)
 
