@@ -37,6 +37,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "max_position_embeddings": 32768,
               "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
               "layer_types": None, "bos_token_id": None, "eos_token_id": None},
+    "qwen3": {**_COMMON, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+              "attention_bias": False, "max_position_embeddings": 32768,
+              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+              "layer_types": None, "bos_token_id": None, "eos_token_id": None},
 }
 
 
@@ -62,7 +67,7 @@ def read_hf_config(path: str) -> Optional[HFConfig]:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     if "head_dim" in cfg and not cfg["head_dim"]:
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
-    if cfg["model_type"] == "qwen2":  # Qwen2Config.__post_init__
+    if cfg["model_type"] in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
         if not cfg["use_sliding_window"]:
             cfg["sliding_window"] = None
         if cfg["layer_types"] is None:

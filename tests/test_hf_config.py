@@ -36,6 +36,10 @@ CASES = {
                                    "num_key_value_heads": 2, "rope_theta": 1000000.0},
     "qwen2-sliding-off": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **_SMALL,
                           "use_sliding_window": False, "sliding_window": 128},
+    "qwen3-minimal": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SMALL},
+    "qwen3-head-dim-and-window": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **_SMALL,
+                                  "head_dim": 32, "num_key_value_heads": 2, "use_sliding_window": True,
+                                  "sliding_window": 64, "max_window_layers": 1, "tie_word_embeddings": True},
     "mistral-minimal": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL},
     "mistral-no-window": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL,
                           "sliding_window": None, "num_key_value_heads": 1},
@@ -53,7 +57,8 @@ def _structure(cfg) -> dict:
             "head_dim": model.head_dim, "intermediate": model.intermediate, "vocab": model.vocab_size,
             "eps": model.eps, "tied": model.tied, "window": model.sliding_window,
             "sliding_layers": [layer.sliding for layer in model.layers], "layers": len(model.layers),
-            "qkv_bias": [layer.qkv_bias is not None for layer in model.layers], "rope": model.rope_cis}
+            "qkv_bias": [layer.qkv_bias is not None for layer in model.layers], "rope": model.rope_cis,
+            "qk_norm": [layer.q_norm is not None for layer in model.layers]}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

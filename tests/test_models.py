@@ -1,7 +1,7 @@
 """The model runner against HF transformers, in float32 (and the default model in bf16).
 
 Tiny random-weight checkpoints of each supported family (Llama, Qwen2 with its qkv
-bias, Mistral with a sliding window shorter than the sequence) are written with
+bias, Qwen3 with its per-head q/k norms, Mistral with a sliding window shorter than the sequence) are written with
 transformers and compared logprob for logprob and token for token, through
 prefill in one piece, chunked prefill over many small KV blocks, and decode.
 The real default model is compared token for token in the few tests marked ``model``.
@@ -12,7 +12,7 @@ import contextlib
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from engine.config import EngineArgs
 from engine.models import get_model_class
@@ -28,6 +28,9 @@ FAMILIES = {
         rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=64))),
     "qwen2": (Qwen2Config, dict(architectures=["Qwen2ForCausalLM"], tie_word_embeddings=False)),
+    # per-head q/k RMSNorm, no qkv bias, head_dim apart from hidden / heads, untied (and tied) head
+    "qwen3": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False, head_dim=32)),
+    "qwen3-tied": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True)),
     "mistral": (MistralConfig, dict(architectures=["MistralForCausalLM"], sliding_window=7)),
 }
 PROMPTS = [[5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9],
@@ -40,11 +43,13 @@ def family(request, tmp_path_factory):
     cls, extra = FAMILIES[request.param]
     path = str(tmp_path_factory.mktemp(request.param))
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_config(cls(**{**TINY, **extra}), dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.2)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):  # not all ones: the norm's weight counts
+                p.uniform_(0.5, 1.5)
     hf.save_pretrained(path)
     return path, hf
 
@@ -167,7 +172,7 @@ def test_decode_attention_kernel_matches_torch_attention(family, dtype):
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="not supported.*LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM"):
+    with pytest.raises(ValueError, match="not supported.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         get_model_class("GPT2LMHeadModel")
     path = write_tiny_model(str(tmp_path), architectures=["GPT2LMHeadModel"])
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
@@ -266,7 +271,7 @@ def test_default_model_bf16_greedy_starts_like_transformers_bf16():
         assert req.output_token_ids[:first] == hf_greedy(hf, req.prompt_token_ids, first), text
 
 
-@pytest.mark.parametrize("family", ["qwen2"], indirect=True)  # compiling is slow: one family
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)  # compiling is slow: one family (q/k norms too)
 def test_compiled_forward_matches_eager_without_recompiling(family):
     """compilation mode 1 runs the layers' dense blocks through torch.compile: same tokens as
     eager, and new batch sizes and context lengths reuse the graphs instead of recompiling."""

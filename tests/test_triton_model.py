@@ -10,6 +10,7 @@ dummy-weight Llama keeps the interpreter's cost (every program in Python) to sec
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -65,11 +66,19 @@ def _interpreter(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # read again at launch; restored after the test
 
 
-@pytest.fixture(scope="module", params=["llama", "sliding"])
+@pytest.fixture(scope="module", params=["llama", "sliding", "qwen3"])
 def model_dir(request, tmp_path_factory):
-    extra = {} if request.param == "llama" else dict(architectures=["MistralForCausalLM"], sliding_window=7,
-                                                      tie_word_embeddings=False)
-    return write_tiny_model(str(tmp_path_factory.mktemp(request.param)), vocab_size=1024, **extra)
+    extra = {"llama": {}, "sliding": dict(architectures=["MistralForCausalLM"], sliding_window=7,
+                                          tie_word_embeddings=False),
+             "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32)}[request.param]
+    path = write_tiny_model(str(tmp_path_factory.mktemp(request.param)), vocab_size=1024, **extra)
+    if request.param == "qwen3":  # the per-head q/k norms: a Qwen3 config, as Qwen3Config writes it
+        config_file = os.path.join(path, "config.json")
+        with open(config_file) as f:
+            config = json.load(f)
+        with open(config_file, "w") as f:
+            json.dump({**config, "model_type": "qwen3"}, f)
+    return path
 
 
 def _runner(path: str, dtype: str, kernels: str):

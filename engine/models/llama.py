@@ -1,4 +1,4 @@
-"""One decoder for the Llama family (Llama/SmolLM, Qwen2, Mistral) over the paged KV cache.
+"""One decoder for the Llama family (Llama/SmolLM, Qwen2, Qwen3, Mistral) over the paged KV cache.
 
 Built for a lean CPU decode step rather than for module reuse:
 - q/k/v and gate/up are fused into one matmul each, and only the rows that are
@@ -53,6 +53,7 @@ from engine.kernels.onednn_linear import PackedLinear
 from engine.models.attention import AttentionMetadata, paged_attention
 from engine.models import llama_triton
 from engine.models.half_logits import refine_near_max
+from engine.models.qk_norm import qk_rms_norm_
 
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -120,12 +121,15 @@ def _proj(x: torch.Tensor, w: torch.Tensor | PackedBF16 | PackedLinear, bias: Op
 
 class DecoderLayer(nn.Module):
     def __init__(self, hidden: int, qkv_out: int, q_size: int, intermediate: int, qkv_bias: bool,
-                 sliding: bool, in_major: bool, act: dict, mm: dict) -> None:
+                 qk_norm_dim: int, sliding: bool, in_major: bool, act: dict, mm: dict) -> None:
+        """``qk_norm_dim``: head_dim for Qwen3's per-head q/k RMSNorm, 0 for none."""
         super().__init__()
         tall = (lambda out, inp: (inp, out)) if in_major else (lambda out, inp: (out, inp))
         self.input_norm = _param(hidden, fill=1.0, **act)
         self.qkv = _param(*tall(qkv_out, hidden), **mm)
         self.qkv_bias = _param(qkv_out, fill=0.0, **mm) if qkv_bias else None
+        self.q_norm = _param(qk_norm_dim, fill=1.0, **act) if qk_norm_dim else None
+        self.k_norm = _param(qk_norm_dim, fill=1.0, **act) if qk_norm_dim else None
         self.o_proj = _param(hidden, q_size, **mm)
         self.post_norm = _param(hidden, fill=1.0, **act)
         self.gate_up = _param(*tall(2 * intermediate, hidden), **mm)
@@ -184,8 +188,10 @@ class LlamaForCausalLM(nn.Module):
         self.sliding_window = self._sliding_window(cfg)
         layer_types = getattr(cfg, "layer_types", None) or []
         qkv_bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        qk_norm_dim = self.head_dim if cfg.model_type == "qwen3" else 0
         self.layers = nn.ModuleList(
             DecoderLayer(self.hidden, self.q_size + 2 * self.kv_size, self.q_size, self.intermediate, qkv_bias,
+                         qk_norm_dim,
                          sliding=self.sliding_window is not None and (
                              not layer_types or layer_types[i] == "sliding_attention"),
                          in_major=self.in_major, act=act, mm=mm)
@@ -209,7 +215,7 @@ class LlamaForCausalLM(nn.Module):
         window = getattr(cfg, "sliding_window", None)
         if not window:
             return None
-        if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+        if cfg.model_type in ("qwen2", "qwen3") and not getattr(cfg, "use_sliding_window", False):
             return None
         return int(window)
 
@@ -231,7 +237,8 @@ class LlamaForCausalLM(nn.Module):
         packed = self.packed_layers if input_ids.shape[0] <= self.packed_rows and not self.compiled else None
         for i, layer in enumerate(self.layers):
             w = layer if packed is None else packed[i]
-            qkv = self._attn_in(h, layer.input_norm, w.qkv, layer.qkv_bias, positions, rope)
+            qkv = self._attn_in(h, layer.input_norm, w.qkv, layer.qkv_bias, positions, rope, layer.q_norm,
+                                layer.k_norm)
             attn = paged_attention(qkv, kv_caches[i], md, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.scale, layer.sliding)
             h = self._attn_out_mlp(h, attn, w.o_proj, layer.post_norm, w.gate_up, w.down)
@@ -254,14 +261,20 @@ class LlamaForCausalLM(nn.Module):
         self._attn_out_mlp = torch.compile(self._attn_out_mlp, dynamic=True)
 
     def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-                 positions: torch.Tensor, rope: Optional[torch.Tensor]) -> torch.Tensor:
-        """Norm, fused q/k/v projection and RoPE on q and k (in place where eager allows)."""
+                 positions: torch.Tensor, rope: Optional[torch.Tensor], q_norm: Optional[torch.Tensor] = None,
+                 k_norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Norm, fused q/k/v projection, Qwen3's per-head q/k norm, and RoPE on q and k (in
+        place where eager allows)."""
         num_tokens, cols = h.shape[0], self.q_size + self.kv_size
         if self.c_activations:
             qkv = _proj(activation.rms_norm(h, norm, self.eps), w, bias, self.in_major)
+            if q_norm is not None:
+                qk_rms_norm_(qkv, q_norm, k_norm, self.num_heads, self.num_kv_heads, self.head_dim, self.eps)
             return activation.rotary_(qkv, positions, self.cos_sin, cols // self.head_dim, self.head_dim)
         x = F.rms_norm(h, (self.hidden,), norm, self.eps)
         qkv = _proj(x, w, bias, self.in_major)
+        if q_norm is not None:
+            qkv = qk_rms_norm_(qkv, q_norm, k_norm, self.num_heads, self.num_kv_heads, self.head_dim, self.eps)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, self.head_dim // 2, 2)
         if self.compiled:
             c, s = rope[..., 0], rope[..., 1]
@@ -325,6 +338,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             target = self._simple_target(name)
             if target is not None:
+                if target[0] in ("q_norm", "k_norm"):  # indexes head_dim, as the permuted q/k rows do
+                    tensor = _pair_rotary_rows(tensor, 1, self.head_dim)
                 self._param(*target).copy_(tensor.to(self.dtype))
                 missing.discard(self._param_name(*target))
                 continue
@@ -373,7 +388,8 @@ class LlamaForCausalLM(nn.Module):
     _SIMPLE = {"embed_tokens.weight": ("embed", None), "norm.weight": ("norm", None),
                "lm_head.weight": ("lm_head", None), "input_layernorm.weight": ("input_norm", 0),
                "post_attention_layernorm.weight": ("post_norm", 0), "self_attn.o_proj.weight": ("o_proj", 0),
-               "mlp.down_proj.weight": ("down", 0)}
+               "mlp.down_proj.weight": ("down", 0), "self_attn.q_norm.weight": ("q_norm", 0),
+               "self_attn.k_norm.weight": ("k_norm", 0)}
     # HF projection -> our fused parameter; parts are concatenated in this order.
     _FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
               "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import triton as K
+from engine.models.qk_norm import qk_rms_norm_
 
 if TYPE_CHECKING:
     from engine.models.attention import AttentionMetadata
@@ -37,6 +38,8 @@ def forward(model: "LlamaForCausalLM", input_ids: torch.Tensor, positions: torch
         x = (K.rms_norm(h, layer.input_norm, eps) if delta is None
              else K.rms_norm(delta, layer.input_norm, eps, residual=h))  # h += delta
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        if layer.q_norm is not None:
+            qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, model.num_heads, model.num_kv_heads, d, eps)
         K.rotary_embedding(qkv[:, :q_size + kv_size], positions, model.cos_sin, d)
         K.reshape_and_cache(qkv[:, q_size:], kv_caches[i], md.slot_mapping)
         attn = K.paged_attention(qkv[:, :q_size].view(qkv.shape[0], model.num_heads, d), kv_caches[i],
