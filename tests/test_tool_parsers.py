@@ -19,6 +19,7 @@ from engine.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
 from engine.entrypoints.openai.tool_parsers.partial_json import canonical, canonical_prefix
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing, plan_tool_calls
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 NESTED = {"city": "Zürich", "when": {"days": [1, 2, {"deep": [[], {}]}], "exact": None}, "ok": True}
 TRICKY = {"text": 'a {brace} and "quotes" and \\ and [brackets] </tool_call> ]', "emoji": "🌧", "n": -0.5}
@@ -287,6 +288,16 @@ def test_named_choice_constrains_to_the_arguments_object():
     assert named.mode == "named" and named.schema == WEATHER["function"]["parameters"]
     assert plan(tools=[NOW], tool_choice={"type": "function", "function": {"name": "now"}}).schema == {
         "type": "object", "properties": {}}
+
+
+def test_forced_calls_take_the_constraint_and_refuse_a_second_one():
+    required = plan(tools=[WEATHER], tool_choice="required")
+    params = required.constrain(SamplingParams(max_tokens=8))
+    assert params.structured_outputs.json == required.schema
+    with pytest.raises(OpenAIError) as info:
+        required.constrain(SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json_object=True)))
+    assert info.value.param == "tool_choice" and "not both" in info.value.message
+    assert plan(tools=[NOW], tool_choice="none").constrain(params) is params
 
 
 def test_two_tools_defining_one_def_differently_are_refused():

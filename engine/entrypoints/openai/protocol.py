@@ -9,6 +9,7 @@ and mapped onto ``SamplingParams`` in one place. Unknown fields are ignored, as 
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -191,10 +192,48 @@ class ContentPart(Struct, kw_only=True):
     text: Optional[str] = None
 
 
+# ---- tool calling (OpenAI's shapes; tool_parsers/ reads the calls out of model text) ----
+
+class FunctionDefinition(Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1)]
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
+    strict: Optional[bool] = None
+
+
+class ChatCompletionToolsParam(Struct, kw_only=True):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    """``{"type": "function", "function": {"name": ...}}``: this function must be called."""
+
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None  # a tool message: the call it answers
 
     def for_template(self, index: int) -> dict[str, str]:
         """The plain ``{"role", "content"}`` dict chat templates expect; only text parts exist here."""
@@ -207,11 +246,30 @@ class ChatMessage(Struct, kw_only=True):
         message = {"role": self.role, "content": content or ""}
         if self.name:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [_call_for_template(call, index) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
+    """A call as chat templates take it: ``arguments`` a dict, not JSON text (transformers'
+    convention, which vLLM follows); empty arguments are ``{}``."""
+    try:
+        arguments = json.loads(call.function.arguments) if call.function.arguments else {}
+    except ValueError:
+        raise OpenAIError(400, f"the arguments of tool call {call.id!r} are not valid JSON",
+                          param=f"messages.{index}.tool_calls", code="invalid_value") from None
+    return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    tools: Optional[list[ChatCompletionToolsParam]] = None
+    # Unset: "auto" with tools, "none" without (vLLM); tool_parsers/tool_choice.py checks the rest.
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
     max_tokens: Optional[PositiveInt] = None
     max_completion_tokens: Optional[PositiveInt] = None
     logprobs: bool = False
@@ -296,14 +354,31 @@ class ChatLogProbs(Struct):
     content: Optional[list[ChatLogProbsContent]] = None
 
 
-class ChatResponseMessage(Struct):
+class ChatResponseMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: Optional[str]  # null when the reply is only tool calls
+    tool_calls: list[ToolCall] = []
+
+
+class DeltaFunctionCall(Struct, omit_defaults=True):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(Struct, omit_defaults=True):
+    """A streamed call: its first delta carries ``id``, ``type`` and the whole ``name``; later
+    ones pieces of ``arguments``, which concatenate to the JSON object."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[DeltaFunctionCall] = None
 
 
 class DeltaMessage(Struct, omit_defaults=True):
     role: Optional[str] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
 
 CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs)

@@ -20,6 +20,7 @@ from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                 DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
                                                 random_id)
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
+from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.exceptions import ParameterError
 from engine.frontend.chat_template import TemplateLimits
 from engine.frontend.renderer import encode
@@ -33,20 +34,24 @@ _TOKENIZE_MAX_CHARS = TemplateLimits.max_chars
 
 
 class OpenAIServingChat(OpenAIServing):
+    tool_serving = ToolServing()  # the server's --enable-auto-tool-choice / --tool-call-parser
+
     async def render(self, body_messages, add_generation_prompt: bool = True,
                      chat_template_kwargs: Optional[dict] = None, must_fit: bool = True,
                      chat_template: Optional[str] = None,
-                     continue_final_message: bool = False) -> tuple[str, list[int]]:
+                     continue_final_message: bool = False,
+                     tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids (also used by /tokenize), rendered
         and tokenized on the renderer pool, always: the template's cost is its own, whatever the
         messages' size, and it bounds itself (engine/frontend/chat_template.py). ``must_fit``:
         text too long for the context is refused before it is tokenized (/tokenize counts any
-        length). ``chat_template`` is a template's text, never a path."""
+        length). ``chat_template`` is a template's text, never a path. ``tools``: the request's
+        tool definitions, a variable of the template whether or not it uses them."""
         conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
         # The template's work grows with the text and with the number of messages.
         size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
         job = self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs, must_fit,
-                           chat_template, continue_final_message, inline=False)
+                           chat_template, continue_final_message, tools, inline=False)
         try:  # the render stops itself at its bound; this only answers if a C call overran it
             return await asyncio.wait_for(job, TemplateLimits.timeout_s + _RENDER_GRACE_S)
         except asyncio.TimeoutError:
@@ -56,12 +61,12 @@ class OpenAIServingChat(OpenAIServing):
 
     def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
                 must_fit: bool, chat_template: Optional[str] = None,
-                continue_final_message: bool = False) -> tuple[str, list[int]]:
+                continue_final_message: bool = False, tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
         processor = self.engine.input_processor
         try:
             text = processor.render_chat(conversation, chat_template=chat_template,
                                          add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message,
+                                         continue_final_message=continue_final_message, tools=tools,
                                          chat_template_kwargs=chat_template_kwargs,
                                          max_chars=None if must_fit else _TOKENIZE_MAX_CHARS)
             if must_fit:
@@ -75,28 +80,47 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), ChatCompletionRequest)
         model = self.check_model(body.model)
-        params = body.to_sampling_params(self.model_defaults)
+        tool_plan = plan_tool_calls(body, self.tool_serving)
+        params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
         request_id, created = random_id("chatcmpl"), now()
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
                                                 body.chat_template_kwargs, chat_template=body.chat_template,
-                                                continue_final_message=body.continue_final_message)
+                                                continue_final_message=body.continue_final_message,
+                                                tools=tool_plan.tools)
             stream = self.generate({"prompt_token_ids": token_ids, "prompt": text}, params, request_id, started)
             if body.stream:
-                return await self.sse_response(request, self._chunks(body, model, request_id, created, stream))
+                return await self.sse_response(request, self._chunks(body, model, request_id, created, stream,
+                                                                     tool_plan))
             final: Optional[RequestOutput] = None
             async with contextlib.aclosing(stream), self.time_limit(self.deadline()):
                 async for final in stream:
                     pass
-        choices = [ChatChoice(c.index, ChatResponseMessage(ROLE, c.text), self._logprobs(body, c),
-                              c.finish_reason, c.stop_reason) for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            message, finish_reason = self._message(tool_plan, c)
+            choices.append(ChatChoice(c.index, message, self._logprobs(body, c), finish_reason, c.stop_reason))
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
         usage = UsageInfo(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
         return json_response(ChatCompletionResponse(request_id, created, model, choices, usage=usage))
 
+    def _message(self, tool_plan: ToolCallPlan, completion: CompletionOutput) -> tuple[ChatResponseMessage, str]:
+        """A whole reply as its message and finish reason: its tool calls read out of the text
+        when the request asks for calls (content null when there are only calls)."""
+        parser = tool_plan.new_parser(self.tokenizer)
+        if parser is None:
+            return ChatResponseMessage(ROLE, completion.text), completion.finish_reason
+        extracted = parser.extract_tool_calls(completion.text)
+        calls = extracted.tool_calls[:tool_plan.max_calls]
+        message = ChatResponseMessage(ROLE, extracted.content if calls else completion.text, calls)
+        return message, tool_plan.finish_reason(bool(calls), completion.finish_reason)
+
     async def _chunks(self, body: ChatCompletionRequest, model: str, request_id: str, created: int,
-                      stream: AsyncIterator[RequestOutput]) -> AsyncIterator[ChatCompletionChunk]:
+                      stream: AsyncIterator[RequestOutput],
+                      tool_plan: Optional[ToolCallPlan] = None) -> AsyncIterator[ChatCompletionChunk]:
         usage = UsageInfo()
+        parsers = [tool_plan.new_parser(self.tokenizer) if tool_plan else None for _ in range(body.n)]
+        streamers = [p.streamer(tool_plan.max_calls) if p else None for p in parsers]
         first = True
         async with contextlib.aclosing(stream):
             async for output in stream:
@@ -109,6 +133,10 @@ class OpenAIServingChat(OpenAIServing):
                 for c in output.outputs:
                     usage.completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(body, c)
+                    if streamers[c.index] is not None:  # the request asks for tool calls: deltas in their shape
+                        for chunk in self._tool_chunks(streamers[c.index], tool_plan, c, logprobs):
+                            yield ChatCompletionChunk(request_id, created, model, [chunk])
+                        continue
                     if not c.text and logprobs is None and c.finish_reason is None:
                         continue  # text held back (stop strings, partial UTF-8): nothing to say yet
                     delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
@@ -117,6 +145,21 @@ class OpenAIServingChat(OpenAIServing):
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield ChatCompletionChunk(request_id, created, model, [], usage=usage)
+
+    @staticmethod
+    def _tool_chunks(streamer, tool_plan: ToolCallPlan, completion: CompletionOutput,
+                     logprobs: Optional[ChatLogProbs]) -> list[ChatStreamChoice]:
+        """One output's stream choices: the deltas its text settles, then, when it is the last,
+        the parse of the whole reply with the finish reason (``tool_calls`` after calls)."""
+        chunks = []
+        delta = streamer.feed(completion.text)
+        if delta is not None or logprobs is not None:
+            chunks.append(ChatStreamChoice(completion.index, delta or DeltaMessage(), logprobs))
+        if completion.finish_reason is not None:
+            last = streamer.finish() or DeltaMessage()
+            finish = tool_plan.finish_reason(streamer.tools_called, completion.finish_reason)
+            chunks.append(ChatStreamChoice(completion.index, last, None, finish, completion.stop_reason))
+        return chunks
 
     @staticmethod
     def _logprobs(body: ChatCompletionRequest, completion: CompletionOutput) -> Optional[ChatLogProbs]:
