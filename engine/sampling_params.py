@@ -19,6 +19,11 @@ from engine.structured_output.params import StructuredOutputsParams
 __all__ = ["BeamSearchParams", "RequestOutputKind", "SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
 _SAMPLING_EPS = 1e-5
+# Stop strings are ringllm's bound (vLLM documents none; OpenAI allows 4): every new piece of
+# text is searched for each of them, so their number and length bound the work a request adds
+# to each step of the event loop (engine/frontend/detokenizer.py).
+MAX_STOP_STRINGS = 256
+MAX_STOP_STRING_CHARS = 1024
 # Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
@@ -131,6 +136,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
                           allowed="None, or an int: -1 (the whole vocabulary), 0 or a count below 2**63")
         if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
             raise _bad("stop", "a non-empty string or a list of them", self.stop)
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ParameterError(f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
+                                 f"{MAX_STOP_STRING_CHARS} characters each, got {len(self.stop)} of up to "
+                                 f"{max(map(len, self.stop))} characters", parameter="stop")
         _token_ids("stop_token_ids", self.stop_token_ids)
         _token_ids("all_stop_token_ids", self.all_stop_token_ids)
         for name in _BOOL_FIELDS:

@@ -14,16 +14,26 @@ Stop strings follow vLLM: the search starts far enough back to catch a stop stri
 began before the newest text; on a hit the text is cut before it (or after it, with
 ``include_stop_str_in_output``). While a request runs, the last ``len(longest stop) - 1``
 characters are held back from streamed text, since they may turn out to start a stop string.
+The search is one regex scan of the new text's window for any stop (SamplingParams bounds
+their number and length), so a request with many stop strings costs each step little.
 """
 from __future__ import annotations
 
 import functools
+import re
 from typing import Optional
 
 from tokenizers import Tokenizer, decoders
 from tokenizers.decoders import DecodeStream
 
 from engine.sampling_params import SamplingParams
+
+@functools.lru_cache(maxsize=256)
+def _stop_pattern(stops: tuple[str, ...]) -> re.Pattern:
+    """Any of ``stops``, as one regex: compiled once per distinct list (a few ms for
+    SamplingParams' 256 at most), shared by the n sequences of a request and later requests."""
+    return re.compile("|".join(map(re.escape, stops)))
+
 
 # Prompt tokens fed to the decoder before the output, so the first output token decodes
 # as it does in running text (matters for tokenizers that strip a leading space).
@@ -34,7 +44,7 @@ class IncrementalDetokenizer:
     """The output text of one request and its stop strings; subclasses turn ids into text."""
 
     __slots__ = ("output_text", "_num_tokens", "_stop", "_include_stop", "_min_tokens", "_stop_buffer",
-                 "_sent")
+                 "_sent", "_stop_pattern", "_longest_stop")
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._decode(prompt_token_ids[-_PROMPT_CONTEXT:])  # context only: its text is dropped
@@ -43,7 +53,9 @@ class IncrementalDetokenizer:
         self._stop = params.stop
         self._include_stop = params.include_stop_str_in_output
         self._min_tokens = params.min_tokens
-        self._stop_buffer = 0 if not self._stop or self._include_stop else max(map(len, self._stop)) - 1
+        self._longest_stop = max(map(len, self._stop), default=0)
+        self._stop_buffer = 0 if not self._stop or self._include_stop else self._longest_stop - 1
+        self._stop_pattern = _stop_pattern(tuple(self._stop)) if self._stop else None
         self._sent = 0  # characters of output_text already returned as deltas
 
     def _decode(self, token_ids: list[int]) -> str:
@@ -79,6 +91,10 @@ class IncrementalDetokenizer:
 
     def _check_stop_strings(self, new_chars: int) -> Optional[str]:
         text = self.output_text
+        # One C-level scan of the window where a stop string overlapping the new text can start;
+        # only when it finds something are the stops tried one by one, in vLLM's order.
+        if self._stop_pattern.search(text, max(0, len(text) + 1 - new_chars - self._longest_stop)) is None:
+            return None
         for stop in self._stop:
             index = text.find(stop, 1 - new_chars - len(stop))
             if index == -1:
