@@ -37,6 +37,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     # A pooling request (runner="pooling"): prefill only, one output with ``pooled``, no sampling.
     pooling_params: Optional[PoolingParams] = None
+    # Enters the digest of the first prefix-cache block: requests with different salts share no
+    # cached KV (vLLM's cache_salt, for tenants who must not read each other's prefixes).
+    cache_salt: Optional[str] = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -122,9 +125,13 @@ class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True):
     engine_index: int
     pid: int
     num_kv_blocks: int
+    # the core's own derivation of the config, checked by the frontend (engine/core/handshake.py)
     block_size: int
     max_model_len: int
     vocab_size: int
+    dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
 
 
 class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -110,7 +110,7 @@ def run_to_completion(client, ids: set[str]) -> dict[str, list[int]]:
 def test_handshake_reports_kv_cache_and_model_limits(client):
     ready = client.ready
     assert ready.num_kv_blocks > 0 and ready.block_size == 16
-    assert ready.max_model_len == 256 and ready.vocab_size == 49152
+    assert ready.max_model_len == 256 and ready.vocab_size == 49152 and ready.dtype == "float32"
     assert ready.pid == client._core.proc.pid
 
 
@@ -173,6 +173,23 @@ def test_startup_failure_raises_the_cause_and_leaves_nothing(tiny_model_dir):
     # Valid for the frontend, but the core cannot fit one request in this KV cache.
     with pytest.raises(EngineStartupError, match="kv_cache_memory"):
         SyncMPClient(tiny_config(tiny_model_dir, kv_cache_memory=4096))
+    assert set(live_children()) <= before
+
+
+def test_a_core_that_derived_another_config_is_refused_naming_the_field(tiny_model_dir):
+    """The core derives its config from the arguments on its own (it loads meanwhile); a
+    frontend whose config says otherwise must not start on it."""
+    import dataclasses
+
+    from engine.client.mp_client import SyncMPClient
+    from engine.exceptions import EngineStartupError
+
+    config = tiny_config(tiny_model_dir, max_num_seqs=8)
+    drifted = dataclasses.replace(config, scheduler_config=dataclasses.replace(config.scheduler_config,
+                                                                                max_num_seqs=7))
+    before = set(live_children())
+    with pytest.raises(EngineStartupError, match="another config .*max_num_seqs: core 8, frontend 7"):
+        SyncMPClient(drifted)
     assert set(live_children()) <= before
 
 

@@ -21,7 +21,8 @@ from typing import Any, Optional
 import msgspec
 
 from engine import envs
-from engine.config import CoreLaunch, EngineArgs
+from engine.config import CoreLaunch, EngineArgs, EngineConfig
+from engine.core.handshake import check_ready
 from engine.core.engine_core_proc import CoreLaunchSpec, channel_class, make_codec
 from engine.exceptions import EngineStartupError
 from engine.protocol import EngineDead, EngineReady, Shutdown
@@ -164,11 +165,12 @@ def start_cores(launch: CoreLaunch, engine_indices: list[int]) -> list[CoreProce
         raise
 
 
-def wait_cores(cores: list[CoreProcess]) -> list[CoreProcess]:
-    """Wait until every core is READY; on any failure all of them are stopped."""
+def wait_cores(cores: list[CoreProcess], config: EngineConfig) -> list[CoreProcess]:
+    """Wait until every core is READY with the config this frontend derived
+    (engine/core/handshake.py); on any failure all of them are stopped."""
     try:
         for core in cores:
-            core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S)
+            check_ready(core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S), config, core.name)
         return cores
     except BaseException:
         close_cores(cores, timeout=0)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import msgspec
 
 from engine import envs
+from engine.core.handshake import ready_fields
 from engine.torch_env import prepare_torch_env
 from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
                              EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
@@ -294,10 +295,8 @@ def main(argv: list[str]) -> int:
             return 1
         gc.collect()  # the model and libraries stay for good: keep them out of every collection
         gc.freeze()
-        channel.send(EngineReady(
-            engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
-            block_size=config.cache_config.block_size, max_model_len=config.model_config.max_model_len,
-            vocab_size=config.model_config.vocab_size), timeout=10.0)
+        channel.send(EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
+                                 **ready_fields(config)), timeout=10.0)
         try:
             EngineCoreProc(core, channel, spec.engine_index).run_busy_loop()
         except TransportError:
