@@ -177,8 +177,8 @@ class RingEnds:
         happen; what is half-sent (``body``, or an earlier message) is finished in the
         background (``finish_later``), so the ring never stops at half a message."""
         pending = self.pending
-        if pending is not None and pending[1] is body and pending[2] == 0:
-            self.pending = None
+        if pending is not None and pending[1] is body and pending[2] == 0 and self.pusher is None:
+            self.pending = None  # (a pusher that took it on owns it now: it goes out)
         self.finish_later()
 
     # ------------------------------------------------------------------ receiving
