@@ -85,6 +85,16 @@ class ToolParser:
     def make_tool_call_id(self) -> str:
         return random_id("chatcmpl-tool")
 
+    def memo_for(self, text: str) -> dict:
+        """What this reply has finished (JSON values by offset, see ``partial_json``), for a parser
+        to read again at no cost: a stream parses a text that only grows, and a value finished
+        once stays finished. Valid while ``text`` extends the last one, started afresh otherwise."""
+        seen, memo = self.__dict__.get("_memo", ("", {}))
+        if not text.startswith(seen):
+            memo = {}
+        self.__dict__["_memo"] = (text, memo)
+        return memo
+
 
 def hold_back(text: str, marker: str) -> str:
     """``text`` without a tail that may be the start of ``marker`` (``"Sure <tool_"``): that

@@ -18,7 +18,7 @@ class RequiredToolCallParser(ToolParser):
         start = skip_ws(text, 0)
         if start < len(text):
             try:
-                end = calls_in_array(text, start, final, reply.calls, ("parameters",))
+                end = calls_in_array(text, start, final, reply.calls, ("parameters",), self.memo_for(text))
             except ValueError:
                 if final:
                     raise
@@ -40,7 +40,7 @@ class NamedToolCallParser(ToolParser):
         if start == len(text):
             return ParsedReply("")
         try:
-            arguments, end = canonical_prefix(text, start)
+            arguments, end = canonical_prefix(text, start, self.memo_for(text))
         except ValueError:
             return ParsedReply("")
         return ParsedReply("", [ParsedCall(self.name, arguments, end is not None)])

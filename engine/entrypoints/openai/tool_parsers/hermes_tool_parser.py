@@ -27,7 +27,7 @@ class Hermes2ProToolParser(ToolParser):
                     raise ValueError("an empty tool call block")
                 if text[body] != "{":
                     raise ValueError("a tool call block that is not a JSON object")
-                call, end = call_from_object(text, body, final)
+                call, end = call_from_object(text, body, final, memo=self.memo_for(text))
             except ValueError:
                 if final:
                     raise

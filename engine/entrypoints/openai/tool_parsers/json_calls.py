@@ -12,12 +12,13 @@ from engine.entrypoints.openai.tool_parsers.partial_json import (canonical, cano
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 
-def call_from_object(text: str, start: int, final: bool,
-                     argument_keys: tuple[str, ...] = ARGUMENT_KEYS) -> tuple[ParsedCall, Optional[int]]:
+def call_from_object(text: str, start: int, final: bool, argument_keys: tuple[str, ...] = ARGUMENT_KEYS,
+                     memo: Optional[dict] = None) -> tuple[ParsedCall, Optional[int]]:
     """The call written as the JSON object at ``text[start]``, and where the object ends (None
     while unfinished). Its arguments are the first of ``argument_keys`` it writes; none at all
-    is ``{}`` (a call without parameters). ValueError: not a call, or unfinished when ``final``."""
-    members, end = object_members(text, start)
+    is ``{}`` (a call without parameters). ValueError: not a call, or unfinished when ``final``.
+    ``memo``: the reply's finished JSON values (partial_json)."""
+    members, end = object_members(text, start, memo)
     name = None
     if "name" in members and members["name"][1] is not None:
         value = json.loads(text[members["name"][0]:members["name"][1]])
@@ -32,7 +33,7 @@ def call_from_object(text: str, start: int, final: bool,
             if value_end is not None:
                 arguments, settled = _string_arguments(text[value_start:value_end]), True
         else:
-            arguments, args_end = canonical_prefix(text, value_start)
+            arguments, args_end = canonical_prefix(text, value_start, memo)
             settled = args_end is not None
     elif end is not None:
         arguments, settled = "{}", True
@@ -54,7 +55,7 @@ def _string_arguments(raw: str) -> str:
 
 
 def calls_in_array(text: str, start: int, final: bool, calls: list[ParsedCall],
-                   argument_keys: tuple[str, ...] = ARGUMENT_KEYS) -> Optional[int]:
+                   argument_keys: tuple[str, ...] = ARGUMENT_KEYS, memo: Optional[dict] = None) -> Optional[int]:
     """Append the calls of the JSON array at ``text[start]`` (a ``[``) to ``calls`` as far as the
     text goes, and return where the array ends (None while unfinished). ValueError: not an
     array of calls, or unfinished when ``final``. Calls read before an error stay appended."""
@@ -70,7 +71,7 @@ def calls_in_array(text: str, start: int, final: bool, calls: list[ParsedCall],
         first = False
         if text[pos] != "{":
             raise ValueError("expected a tool call object")
-        call, end = call_from_object(text, pos, final, argument_keys)
+        call, end = call_from_object(text, pos, final, argument_keys, memo)
         calls.append(call)
         if end is None:
             break

@@ -25,7 +25,7 @@ class Llama3JsonToolParser(ToolParser):
         reply = ParsedReply("")
         try:
             while True:
-                call, end = call_from_object(text, pos, final)
+                call, end = call_from_object(text, pos, final, memo=self.memo_for(text))
                 reply.calls.append(call)
                 if end is None:
                     break

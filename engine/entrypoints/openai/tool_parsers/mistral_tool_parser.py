@@ -33,7 +33,7 @@ class MistralToolParser(ToolParser):
                     if final:
                         raise ValueError("no calls after [TOOL_CALLS]")
                     break
-                end = calls_in_array(text, start, final, reply.calls, ("arguments",))
+                end = calls_in_array(text, start, final, reply.calls, ("arguments",), self.memo_for(text))
             except ValueError:
                 if final:
                     raise

@@ -10,6 +10,10 @@ turned into the part of that spelling it already determines: whole keys and valu
 decoded part of an unfinished string, but never an unfinished number or literal (``1`` may
 still become ``1.5``, ``2e-1`` is ``0.2``). So every streamed prefix is a prefix of the final
 text, which is exactly ``canonical(text)``.
+
+A stream re-reads its growing reply on every piece, so each finished value is remembered by its
+offset (``memo``, one per reply): the next read jumps over it, and only the unfinished path from
+the outermost value to the end of the text is read again.
 """
 from __future__ import annotations
 
@@ -34,8 +38,8 @@ class _End(Exception):
 class _Canonical:
     """One recursive-descent pass over ``text`` from ``pos``, writing the canonical spelling."""
 
-    def __init__(self, text: str, pos: int) -> None:
-        self.text, self.pos, self.out = text, pos, []
+    def __init__(self, text: str, pos: int, memo: Optional[dict[int, tuple[str, int]]]) -> None:
+        self.text, self.pos, self.out, self.memo = text, pos, [], memo
 
     def skip_ws(self) -> None:
         text, pos = self.text, self.pos
@@ -47,13 +51,20 @@ class _Canonical:
 
     def value(self) -> None:
         self.skip_ws()
-        ch = self.text[self.pos]
-        if ch == "{":
-            self.container("}", member=True)
-        elif ch == "[":
-            self.container("]", member=False)
-        elif ch == '"':
-            self.string()
+        start, ch = self.pos, self.text[self.pos]
+        if self.memo is not None and start in self.memo:
+            spelling, self.pos = self.memo[start]
+            self.out.append(spelling)
+            return
+        if ch == "{" or ch == "[" or ch == '"':
+            mark = len(self.out)
+            if ch == '"':
+                self.string()
+            else:
+                self.container("}" if ch == "{" else "]", member=ch == "{")
+            if self.memo is not None:  # finished: the same for every longer text
+                self.out[mark:] = ["".join(self.out[mark:])]
+                self.memo[start] = (self.out[mark], self.pos)
         elif ch == "-" or ch.isdigit():
             self.number()
         else:
@@ -149,10 +160,12 @@ def _whole_escapes_end(body: str) -> int:
         pos = slash + width
 
 
-def canonical_prefix(text: str, start: int = 0) -> tuple[str, Optional[int]]:
+def canonical_prefix(text: str, start: int = 0,
+                     memo: Optional[dict[int, tuple[str, int]]] = None) -> tuple[str, Optional[int]]:
     """The canonical spelling of the JSON value at ``text[start:]`` as far as the text settles
-    it, and where the value ends (None while it is unfinished). ValueError if it is not JSON."""
-    parser = _Canonical(text, start)
+    it, and where the value ends (None while it is unfinished). ValueError if it is not JSON.
+    ``memo``: the finished values of this text or of a text it extends, by offset."""
+    parser = _Canonical(text, start, memo)
     try:
         parser.value()
     except _End:
@@ -160,9 +173,9 @@ def canonical_prefix(text: str, start: int = 0) -> tuple[str, Optional[int]]:
     return "".join(parser.out), parser.pos
 
 
-def value_end(text: str, start: int) -> Optional[int]:
+def value_end(text: str, start: int, memo: Optional[dict] = None) -> Optional[int]:
     """Where the JSON value at ``text[start:]`` ends, or None if the text ends first."""
-    return canonical_prefix(text, start)[1]
+    return canonical_prefix(text, start, memo)[1]
 
 
 def canonical(text: str) -> str:
@@ -176,7 +189,8 @@ def canonical(text: str) -> str:
     return out
 
 
-def object_members(text: str, start: int) -> tuple[dict[str, tuple[int, Optional[int]]], Optional[int]]:
+def object_members(text: str, start: int,
+                   memo: Optional[dict] = None) -> tuple[dict[str, tuple[int, Optional[int]]], Optional[int]]:
     """The members of the JSON object at ``text[start]`` (a ``{``) that the text has reached:
     ``{key: (value start, value end or None)}``, and the object's end (None while unfinished).
     A key is listed once its value has begun. ValueError if it is not a JSON object."""
@@ -192,7 +206,7 @@ def object_members(text: str, start: int) -> tuple[dict[str, tuple[int, Optional
             return members, pos + 1
         if text[pos] != '"':
             raise ValueError("expected a key")
-        key_end = value_end(text, pos)
+        key_end = value_end(text, pos, memo)
         if key_end is None:
             return members, None
         key = _DECODER.decode(text[pos:key_end])
@@ -204,7 +218,7 @@ def object_members(text: str, start: int) -> tuple[dict[str, tuple[int, Optional
         pos = skip_ws(text, pos + 1)
         if pos == len(text):
             return members, None
-        end = value_end(text, pos)
+        end = value_end(text, pos, memo)
         members[key] = (pos, end)
         if end is None:
             return members, None

@@ -28,7 +28,7 @@ class PythonicToolParser(ToolParser):
             return ParsedReply("", _calls_of_list(text[start:]))
         reply = ParsedReply("")
         try:
-            _scan_calls(text, start + 1, reply.calls)
+            _scan_calls(text, start + 1, reply.calls, self.memo_for(text))
         except ValueError:
             if not reply.calls:  # "[1] a footnote": prose after all
                 return ParsedReply(text)
@@ -53,40 +53,21 @@ def _calls_of_list(source: str) -> list[ParsedCall]:
     return calls
 
 
-def _scan_calls(text: str, pos: int, calls: list[ParsedCall]) -> None:
+def _scan_calls(text: str, pos: int, calls: list[ParsedCall], memo: dict) -> None:
     """Append the calls of an unfinished ``[f(a=1), ...`` (from after its ``[``) as far as the
-    text settles them."""
+    text settles them. ``memo``: the calls and arguments already read, by offset."""
     while True:
         pos = skip_ws(text, pos)
         if pos == len(text) or text[pos] == "]":
             return
-        name = _NAME.match(text, pos)
-        if name is None:
-            raise ValueError("expected a function name")
-        pos = skip_ws(text, name.end())
-        if pos == len(text):
-            return  # the name may go on
-        if text[pos] != "(":
-            raise ValueError("expected '(' after a function name")
-        kwargs: dict[str, Any] = {}
-        call = ParsedCall(name.group(), "{", False)
-        calls.append(call)
-        pos += 1
-        while True:
-            pos = skip_ws(text, pos)
-            if pos == len(text):
+        if ("call", pos) in memo:  # finished before: its end, and the call
+            pos, done = memo[("call", pos)]
+            calls.append(ParsedCall(done.name, done.arguments, True))
+        else:
+            pos = _scan_call(text, pos, calls, memo)
+            if pos is None:
                 return
-            if text[pos] == ")":
-                call.arguments, call.complete = _dumps(kwargs), True
-                break
-            end = _argument_end(text, pos)
-            if end is None:
-                return
-            key, value = _keyword(text[pos:end])
-            kwargs[key] = value
-            call.arguments = _dumps(kwargs)[:-1]  # without the closing brace: more may follow
-            pos = end + 1 if text[end] == "," else end
-        pos = skip_ws(text, pos + 1)
+        pos = skip_ws(text, pos)
         if pos == len(text) or text[pos] == "]":
             return
         if text[pos] != ",":
@@ -94,11 +75,57 @@ def _scan_calls(text: str, pos: int, calls: list[ParsedCall]) -> None:
         pos += 1
 
 
-def _argument_end(text: str, pos: int) -> Optional[int]:
-    """The index of the ``,`` or ``)`` that ends the argument at ``pos`` (outside brackets and
-    string literals), or None if the text ends first."""
-    depth = 0
+def _scan_call(text: str, start: int, calls: list[ParsedCall], memo: dict) -> Optional[int]:
+    """Append the call at ``start`` as far as the text settles it; where it ends, or None while
+    it is unfinished."""
+    name = _NAME.match(text, start)
+    if name is None:
+        raise ValueError("expected a function name")
+    pos = skip_ws(text, name.end())
+    if pos == len(text):
+        return None  # the name may go on
+    if text[pos] != "(":
+        raise ValueError("expected '(' after a function name")
+    kwargs: dict[str, Any] = {}
+    call = ParsedCall(name.group(), "{", False)
+    calls.append(call)
+    pos += 1
+    while True:
+        pos = skip_ws(text, pos)
+        if pos == len(text):
+            break
+        if text[pos] == ")":
+            call.complete = True
+            break
+        if ("arg", pos) in memo:
+            end, key, value = memo[("arg", pos)]
+        else:
+            end = _argument_end(text, pos, memo)
+            if end is None:
+                break
+            key, value = _keyword(text[pos:end])
+            memo[("arg", pos)] = (end, key, value)
+        kwargs[key] = value
+        pos = end + 1 if text[end] == "," else end
+    if call.complete:
+        call.arguments = _dumps(kwargs)
+        memo[("call", start)] = (pos + 1, call)
+        return pos + 1
+    # Unfinished, without the closing brace: more arguments may follow. It changes only
+    # when an argument is added.
+    if memo.get(("partial", start), (None,))[0] != len(kwargs):
+        memo[("partial", start)] = (len(kwargs), _dumps(kwargs)[:-1])
+    call.arguments = memo[("partial", start)][1]
+    return None
+
+
+def _argument_end(text: str, start: int, memo: dict) -> Optional[int]:
+    """The index of the ``,`` or ``)`` that ends the argument at ``start`` (outside brackets and
+    string literals), or None if the text ends first; then where the scan may resume (outside
+    any string) is kept in ``memo``, so a long argument is not read again from its start."""
+    pos, depth = memo.get(("scan", start), (start, 0))
     while pos < len(text):
+        memo[("scan", start)] = (pos, depth)
         ch = text[pos]
         if ch in "'\"":
             quote = ch * 3 if text.startswith(ch * 3, pos) else ch
