@@ -199,10 +199,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout_s, metavar="SECONDS",
                        help="Close a connection that sends no byte of a next request for this long "
                             "(default: %(default)s).")
+    group.add_argument("--enable-request-id-headers", action="store_true", default=d.enable_request_id_headers,
+                       help="Answer every request with an X-Request-Id header: the request's own, or the id it "
+                            "was served under (vLLM's flag).")
     group.add_argument("--max-connections", type=int, default=d.max_connections,
                        help="Most open connections. One more closes the longest idle one, or gets 503 when all "
                             "are busy (default: 1024, or half the open-file limit when lower; the limit is "
                             "raised to its hard limit at start).")
+    group.add_argument("--health-busy-timeout", type=float, default=d.health_busy_timeout_s, metavar="SECONDS",
+                       help="/health answers 503 once the EngineCore leaves a liveness probe (a round trip between "
+                            "two steps) unanswered this long while requests are in flight; raise it if one step "
+                            "can take longer (default: %(default)s).")
+    group.add_argument("--health-idle-timeout", type=float, default=d.health_idle_timeout_s, metavar="SECONDS",
+                       help="The same bound while no request is in flight (default: %(default)s).")
 
 
 def api_key_from(args: argparse.Namespace) -> Optional[str]:
@@ -244,7 +253,10 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
                           max_waiting_requests=args.max_waiting_requests,
                           request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout,
                           header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                          keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections)
+                          keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections,
+                          health_busy_timeout_s=args.health_busy_timeout,
+                          health_idle_timeout_s=args.health_idle_timeout,
+                          enable_request_id_headers=args.enable_request_id_headers)
 
 
 

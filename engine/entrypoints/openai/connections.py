@@ -143,9 +143,12 @@ _REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json
 class ConnectionGuard:
     """The phases, deadlines and cap of every connection of one listening socket."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, probe_paths: frozenset[str] = frozenset()) -> None:
+        """``probe_paths``: routes not counted in ``requests_in_flight`` (/health, /metrics...)."""
         self.limits = limits
+        self.probe_paths = probe_paths
         self.open = 0
+        self.requests_in_flight = 0  # being handled, probes aside
         # Connections without a request in hand, the longest waiting first: who is evicted.
         self._idle: collections.OrderedDict[GuardedRequestHandler, None] = collections.OrderedDict()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -198,6 +201,15 @@ class ConnectionGuard:
         protocol = request.protocol
         if isinstance(protocol, GuardedRequestHandler):
             self.busy(protocol)
+        if request.path in self.probe_paths:
+            return await handler(request)
+        self.requests_in_flight += 1
+        try:
+            return await self._with_body_deadline(request, handler)
+        finally:
+            self.requests_in_flight -= 1
+
+    async def _with_body_deadline(self, request: web.Request, handler) -> web.StreamResponse:
         body = request.content
         if body.is_eof():
             return await handler(request)

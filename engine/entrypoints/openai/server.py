@@ -22,6 +22,7 @@ import hmac
 import logging
 import resource
 import signal
+import uuid
 from dataclasses import dataclass
 from typing import AsyncContextManager, Optional
 
@@ -31,9 +32,11 @@ from aiohttp import web
 from engine.engine_client import EngineClient
 from engine.entrypoints.openai.connections import (ConnectionGuard, ConnectionLimits, abandon_body,
                                                    default_max_connections, raise_open_file_limit)
+from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.public_errors import payload_error, public_error
+from engine.entrypoints.openai.request_fields import REQUEST_ID_HEADER, REQUEST_ID_KEY
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
@@ -59,6 +62,10 @@ class ServerSettings:
     body_timeout_s: float = 60.0
     keep_alive_timeout_s: float = 5.0  # vLLM's (uvicorn's timeout_keep_alive)
     max_connections: Optional[int] = None  # None: connections.default_max_connections of the fd limit
+    # /health is 503 once the core leaves a liveness probe unanswered this long (liveness.py).
+    health_busy_timeout_s: float = 5.0  # with requests in flight
+    health_idle_timeout_s: float = 30.0
+    enable_request_id_headers: bool = False  # vLLM's: every response carries X-Request-Id
     # --enable-auto-tool-choice and the --tool-call-parser class (cli_args.tool_serving_from)
     tool_serving: ToolServing = ToolServing()
 
@@ -73,7 +80,9 @@ class ServerSettings:
                   ("header_timeout_s", self.header_timeout_s > 0, "> 0"),
                   ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
                   ("keep_alive_timeout_s", self.keep_alive_timeout_s > 0, "> 0"),
-                  ("max_connections", self.max_connections is None or self.max_connections >= 1, ">= 1")]
+                  ("max_connections", self.max_connections is None or self.max_connections >= 1, ">= 1"),
+                  ("health_busy_timeout_s", self.health_busy_timeout_s > 0, "> 0"),
+                  ("health_idle_timeout_s", self.health_idle_timeout_s > 0, "> 0")]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
@@ -225,32 +234,47 @@ async def body_limit_middleware(request: web.Request, handler) -> web.StreamResp
     return await handler(request)
 
 
+async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """--enable-request-id-headers: the request's id (its X-Request-Id, else the id it was
+    served under, else a new one) in X-Request-Id, set before the headers go out (streams too)."""
+    response.headers[REQUEST_ID_HEADER] = (request.headers.get(REQUEST_ID_HEADER) or request.get(REQUEST_ID_KEY)
+                                           or uuid.uuid4().hex)
+
+
 # ---- the factory ----
 
 def build_app(engine_client: AsyncContextManager[EngineClient], settings: ServerSettings) -> web.Application:
     """The server app. ``engine_client`` is an async context manager yielding the engine, e.g.
     ``build_async_engine_client_from_engine_args(args)``; the app enters it on startup and
     leaves it on cleanup."""
-    connections = ConnectionGuard(settings.connection_limits())
+    connections = ConnectionGuard(settings.connection_limits(), OPEN_PATHS)
     app = web.Application(middlewares=[connections.middleware, error_middleware, api_key_middleware,
                                        body_limit_middleware],
                           client_max_size=settings.max_request_body_bytes)
     app[SETTINGS] = settings
     app[CONNECTIONS] = connections
     app.add_routes(ROUTES)
+    if settings.enable_request_id_headers:
+        app.on_response_prepare.append(add_request_id_header)
 
     async def engine_lifetime(app: web.Application):
         async with engine_client as engine:
-            app[SERVING] = await _make_serving(engine, settings)
+            liveness = CoreLiveness(engine, settings.health_busy_timeout_s, settings.health_idle_timeout_s,
+                                    lambda: connections.requests_in_flight > 0)
+            app[SERVING] = await _make_serving(engine, settings, liveness)
             logger.info("serving %s", ", ".join(app[SERVING].chat.model_names))
-            yield
+            liveness.start()
+            try:
+                yield
+            finally:
+                await liveness.stop()
             logger.info("shutting the engine down")
 
     app.cleanup_ctx.append(engine_lifetime)
     return app
 
 
-async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Serving:
+async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness: CoreLiveness) -> Serving:
     if not isinstance(engine, EngineClient):
         raise TypeError(f"the server needs an engine.engine_client.EngineClient, got {type(engine).__name__}")
     model_config = engine.model_config
@@ -264,7 +288,8 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings) -> Servi
     chat = OpenAIServingChat(*shared)
     chat.tool_serving = settings.tool_serving
     embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
-    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat), metrics, deadlines, embedding)
+    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
+                   embedding)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

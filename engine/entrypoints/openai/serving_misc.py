@@ -10,6 +10,7 @@ import logging
 
 from aiohttp import web
 
+from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
 from engine.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
                                                 OpenAIError, TokenizeRequest, TokenizeResponse,
@@ -30,8 +31,9 @@ def ringllm_version() -> str:
 
 
 class OpenAIServingMisc:
-    def __init__(self, chat: OpenAIServingChat) -> None:
+    def __init__(self, chat: OpenAIServingChat, liveness: CoreLiveness) -> None:
         self.chat = chat
+        self.liveness = liveness
         self.engine = chat.engine
         self.created = now()
 
@@ -42,17 +44,21 @@ class OpenAIServingMisc:
                                         for name in self.chat.model_names]))
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 while the engine can serve; 503 once it is dead (a load balancer's signal to stop)."""
+        """200 while the engine can serve; 503 once it is dead, or while it leaves liveness probes
+        unanswered (a load balancer's signal to stop sending). Never waits on the core."""
         try:
             await self.engine.check_health()
         except EngineDeadError as exc:
             raise OpenAIError(503, str(exc), type="server_error", code="engine_dead") from None
+        problem = self.liveness.problem()
+        if problem is not None:
+            raise OpenAIError(503, problem, type="server_error", code="engine_unresponsive")
         return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.Response:
         metrics = self.chat.metrics
         metrics.observe_transport(self.engine.take_transport_latencies())
-        if not self.engine.errored:
+        if not self.engine.errored and self.liveness.problem() is None:  # else the counters only
             try:
                 stats = await self.engine.get_stats()
             except EngineDeadError:
