@@ -31,7 +31,7 @@ def generate(llm, prompt="The fruit is", **kw):
     return llm.generate(prompt, SamplingParams(**kw), use_tqdm=False)[0].outputs[0]
 
 
-def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_one(llm):
+def test_logit_bias_forces_a_token(llm):
     assert generate(llm, temperature=1.0, seed=3, logit_bias={BANANA: 100}).token_ids == [BANANA] * 6
     greedy = generate(llm, temperature=0.0).token_ids
     banned = generate(llm, temperature=0.0, logit_bias={greedy[0]: -100}).token_ids
@@ -39,13 +39,13 @@ def test_logit_bias_of_100_forces_a_token_and_minus_100_bans_one(llm):
     assert generate(llm, temperature=0.0, logit_bias={greedy[0]: 0.0}).token_ids == greedy
 
 
-def test_allowed_token_ids_restrict_every_sample(llm):
+def test_allowed_token_ids_are_the_only_ones_sampled(llm):
     allowed = [BANANA, 28, 4000]
     out = generate(llm, temperature=1.5, seed=1, max_tokens=30, allowed_token_ids=allowed)
     assert set(out.token_ids) <= set(allowed) and len(set(out.token_ids)) > 1
 
 
-def test_bad_words_ban_single_tokens_and_sequences(llm, tiny_model_dir):
+def test_bad_words_are_never_generated(llm, tiny_model_dir):
     greedy = generate(llm, temperature=0.0, max_tokens=8).token_ids
     tok = FastTokenizer.from_dir(tiny_model_dir)
     word = tok.decode([greedy[0]])

@@ -118,10 +118,24 @@ class _SamplingFields(Struct, kw_only=True):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+    # Structured outputs and logit controls (engine/entrypoints/openai/structured_outputs.py).
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Union[str, dict[str, Any], None] = None  # deprecated (vLLM): structured_outputs.json
+    guided_regex: Optional[str] = None  # deprecated: structured_outputs.regex
+    guided_choice: Optional[list[str]] = None  # deprecated: structured_outputs.choice
+    guided_grammar: Optional[str] = None  # deprecated: structured_outputs.grammar
+    guided_whitespace_pattern: Optional[str] = None  # deprecated: structured_outputs.whitespace_pattern
+    logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias, clamped to [-100, 100]
+    allowed_token_ids: Optional[TokenIds] = None
+    bad_words: Optional[list[str]] = None
 
     def _sampling_params(self, model_defaults: dict[str, Any], max_tokens: Optional[int],
                          logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
         """``model_defaults``: SamplingParams fields from the model's generation config."""
+        from engine.entrypoints.openai.structured_outputs import sampling_extras
+
+        extras = sampling_extras(self)
         chosen = {name: getattr(self, name) for name in MODEL_DEFAULTED if getattr(self, name) is not None}
         fields = {**model_defaults, **chosen}
         if max_tokens is not None or "max_tokens" not in fields:
@@ -133,7 +147,7 @@ class _SamplingFields(Struct, kw_only=True):
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
-                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY, **extras)
         except ParameterError as exc:
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
 
