@@ -47,7 +47,7 @@ def step(runner: ModelRunner, reqs: list[Request], chunk: Optional[int] = None,
     for r, n in zip(so.requests, so.num_scheduled_tokens):
         r.num_computed_tokens += n
         if r.request_id in sampled:
-            r.append_output_token_ids([sampled[r.request_id]])
+            r.append_output_token(sampled[r.request_id])
     return out
 
 

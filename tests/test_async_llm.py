@@ -15,7 +15,8 @@ import time
 import pytest
 
 from engine.async_llm import AsyncLLM, build_async_engine_client_from_engine_args
-from engine.client.dp_client import DPAsyncMPClient, DPLBAsyncMPClient
+from engine.client.dp_client import DPLBAsyncMPClient
+from engine.client.mp_client import AsyncMPClient
 from engine.config import AsyncEngineArgs
 from engine.exceptions import EngineDeadError
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -171,7 +172,7 @@ async def test_data_parallel_spreads_requests_and_routes_aborts(tiny_model_dir):
 async def test_external_lb_rank_serves_through_its_own_core(tiny_model_dir):
     rank_args = args(tiny_model_dir, data_parallel_size=2, data_parallel_rank=1, data_parallel_external_lb=True)
     async with build_async_engine_client_from_engine_args(rank_args) as llm:
-        assert isinstance(llm.engine_core, DPAsyncMPClient) and llm.engine_core.ready.engine_index == 1
+        assert type(llm.engine_core) is AsyncMPClient and llm.engine_core.ready.engine_index == 1
         outs = await collect(llm, "hello", greedy(max_tokens=5), "rank1")
         assert len(outs[-1].outputs[0].token_ids) == 5
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.client import AsyncEngineCoreClient, EngineCoreClient, InprocClient, make_client
-from engine.client.dp_client import DPAsyncMPClient, DPLBAsyncMPClient
+from engine.client.dp_client import DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
 
 
@@ -28,7 +28,7 @@ def imported_modules(module: str) -> set[str]:
 
 def test_every_client_implements_its_interface():
     assert issubclass(InprocClient, EngineCoreClient) and issubclass(SyncMPClient, EngineCoreClient)
-    for cls in (AsyncMPClient, DPAsyncMPClient, DPLBAsyncMPClient):
+    for cls in (AsyncMPClient, DPLBAsyncMPClient):
         assert issubclass(cls, AsyncEngineCoreClient) and not cls.__abstractmethods__
 
 

@@ -46,10 +46,10 @@ def test_decode_allocates_a_block_only_when_the_last_one_is_full():
     assert admit(kv, req)
     compute(kv, req)
     assert len(req.block_ids) == 1
-    req.append_output_token_ids([9])  # position 4 starts block 2
+    req.append_output_token(9)  # position 4 starts block 2
     assert kv.allocate_slots(req, 1) and len(req.block_ids) == 2
     compute(kv, req)
-    req.append_output_token_ids([9])
+    req.append_output_token(9)
     assert kv.allocate_slots(req, 1) and len(req.block_ids) == 2
 
 

@@ -1,8 +1,8 @@
 """Data parallel: one frontend, several EngineCore processes, one ring pair each.
 
 ``DPLBAsyncMPClient`` balances requests over N cores by outstanding work and routes each
-abort to the rank that owns the request. ``DPAsyncMPClient`` serves a single rank behind an
-external load balancer (``data_parallel_external_lb``): one core, tagged with its rank.
+abort to the rank that owns the request. A single rank behind an external load balancer
+(``data_parallel_external_lb``) needs no balancing: it is a plain ``AsyncMPClient`` of its one core.
 ``engine.client.factory.make_client`` makes the choice once, at start-up.
 """
 from __future__ import annotations
@@ -14,11 +14,6 @@ from engine.client.mp_client import AsyncMPClient
 from engine.config import EngineConfig
 from engine.core.core_process import CoreProcess
 from engine.protocol import EngineCoreOutputs, EngineCoreRequest
-
-
-class DPAsyncMPClient(AsyncMPClient):
-    """This frontend serves rank ``data_parallel_rank`` only (``frontend_engine_indices``); a
-    balancer in front spreads load."""
 
 
 class DPLBAsyncMPClient(AsyncMPClient):

@@ -9,7 +9,7 @@ import contextlib
 from typing import Iterator, Optional, Union
 
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient, InprocClient
-from engine.client.dp_client import DPAsyncMPClient, DPLBAsyncMPClient
+from engine.client.dp_client import DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
 from engine.config import EngineArgs, EngineConfig, core_launch
 from engine.core.core_process import CoreProcess, close_cores, start_cores
@@ -20,15 +20,14 @@ def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfi
                 started: Optional[list[CoreProcess]] = None) -> Union[EngineCoreClient, AsyncEngineCoreClient]:
     """``InprocClient`` (the core in this process), ``SyncMPClient`` (LLM over the ring) or,
     for asyncio, ``AsyncMPClient``; with data parallelism the balancing
-    ``DPLBAsyncMPClient``, or ``DPAsyncMPClient`` for one rank behind an external balancer."""
+    ``DPLBAsyncMPClient``. One rank behind an external balancer (``data_parallel_external_lb``)
+    is a plain ``AsyncMPClient`` of that rank's core (``frontend_engine_indices``)."""
     if asyncio_mode and not multiprocess_mode:
         raise NotImplementedError("Running EngineCore in asyncio without multiprocessing is not supported.")
     if asyncio_mode:
         parallel = config.parallel_config
-        if parallel.data_parallel_size == 1:
+        if parallel.data_parallel_size == 1 or parallel.data_parallel_external_lb:
             return AsyncMPClient(config, started)
-        if parallel.data_parallel_external_lb:
-            return DPAsyncMPClient(config, started)
         return DPLBAsyncMPClient(config, started)
     if multiprocess_mode:
         return SyncMPClient(config, started)

@@ -45,12 +45,12 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
-                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output")
+                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
                  priority: int = 0, max_model_len: Optional[int] = None,
-                 pooling_params: Optional[PoolingParams] = None) -> None:
+                 pooling_params: Optional[PoolingParams] = None, cache_salt: Optional[str] = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -85,11 +85,12 @@ class Request:
         # With sampling_params.structured_outputs: its grammar (engine/structured_output/manager.py
         # GrammarState), set by the scheduler when the request is added.
         self.structured_output = None
+        self.cache_salt = cache_salt  # mixed into the first block's digest (kv_cache.block_hashes)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params)
+                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params, req.cache_salt)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -108,9 +109,10 @@ class Request:
         """Output tokens allowed: max_tokens capped by what fits in max_model_len."""
         return self._max_tokens
 
-    def append_output_token_ids(self, token_ids: list[int]) -> None:
-        self.output_token_ids.extend(token_ids)
-        self.all_token_ids.extend(token_ids)
+    def append_output_token(self, token: int) -> None:
+        """The one way a sampled token joins the request: output and all-token lists stay in step."""
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "

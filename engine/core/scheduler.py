@@ -294,8 +294,7 @@ class Scheduler:
                 raise RuntimeError(f"runner output out of batch order: {sampled_ids[j]!r} for {req_id!r}")
             token = sampled_tokens[j]
             j += 1
-            req.output_token_ids.append(token)
-            req.all_token_ids.append(token)
+            req.append_output_token(token)
             if caching:
                 self.kv_cache.cache_blocks(req)
             out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,

@@ -81,11 +81,6 @@ class Renderer:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def text_size(text: str) -> int:
-    """A cheap upper bound of ``len(text.encode())`` for pool accounting (4 bytes a char at most)."""
-    return 4 * len(text)
-
-
 def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=...)``, releasing the GIL while it works."""
     backend = tokenizer.backend_tokenizer
