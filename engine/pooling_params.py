@@ -5,6 +5,9 @@ A msgspec Struct, like SamplingParams, because it crosses the ring inside the re
 embedding model: ``task``, ``normalize`` (None: the engine's ``pooler_config``, True unless
 set) and ``dimensions`` (matryoshka truncation, which no model here supports, so any value is
 refused). How rows are pooled (LAST or MEAN) is the engine's ``pooler_config``, as in vLLM.
+``use_activation`` is vLLM's newer name for the embedding's activation, L2 normalisation here:
+when set it decides, over ``normalize``. ``truncate_prompt_tokens`` and ``truncation_side`` cut
+the prompt as for SamplingParams.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Optional
 
 import msgspec
 
-from engine.sampling_params import RequestOutputKind
+from engine.sampling_params import RequestOutputKind, verify_truncation
 
 POOLING_TASKS = ("embed",)  # what a decoder converted to an embedding model serves
 
@@ -22,14 +25,24 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     normalize: Optional[bool] = None
     task: Optional[str] = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    use_activation: Optional[bool] = None
+    truncate_prompt_tokens: Optional[int] = None
+    truncation_side: Optional[str] = None
+
+    @property
+    def normalized(self) -> Optional[bool]:
+        """Whether to L2-normalise (None: the engine's pooler_config decides)."""
+        return self.use_activation if self.use_activation is not None else self.normalize
 
     def verify(self, task: Optional[str] = None) -> None:
         """ValueError naming the field when this engine cannot serve these params."""
         if self.dimensions is not None:
             raise ValueError(f"PoolingParams.dimensions={self.dimensions!r}: the model does not support "
                              "matryoshka representation (changing output dimensions)")
-        if self.normalize is not None and not isinstance(self.normalize, bool):
-            raise ValueError(f"PoolingParams.normalize must be a bool or None, got {self.normalize!r}")
+        for name in ("normalize", "use_activation"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PoolingParams.{name} must be a bool or None, got {getattr(self, name)!r}")
+        verify_truncation(self.truncate_prompt_tokens, self.truncation_side, "PoolingParams")
         chosen = task if task is not None else self.task
         if chosen is not None and chosen not in POOLING_TASKS:
             raise ValueError(f"pooling_task must be one of {POOLING_TASKS} for this model, got {chosen!r}")

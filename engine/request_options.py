@@ -50,10 +50,12 @@ def tokenize_with_kwargs(tokenizer: Any, prompt: PromptType, kwargs: Optional[di
     add_special_tokens = kwargs.get("add_special_tokens", add_special_tokens)
     truncation, max_length = kwargs.get("truncation"), kwargs.get("max_length")
     # As Hugging Face: max_length alone truncates too; truncation alone cuts at model_max_length.
+    # The prompt's other keys (cache_salt, and multimodal ones to be refused) stay with it.
+    rest = {k: v for k, v in prompt.items() if k != "prompt"} if isinstance(prompt, dict) else {}
     if truncation in (None, False, "do_not_truncate") and not (truncation is None and max_length is not None):
-        return {"prompt_token_ids": encode(tokenizer, text, add_special_tokens), "prompt": text}
-    return {"prompt_token_ids": _encode_truncated(tokenizer, text, max_length or tokenizer.model_max_length,
-                                                  add_special_tokens), "prompt": text}
+        return {**rest, "prompt_token_ids": encode(tokenizer, text, add_special_tokens), "prompt": text}
+    return {**rest, "prompt_token_ids": _encode_truncated(tokenizer, text, max_length or tokenizer.model_max_length,
+                                                          add_special_tokens), "prompt": text}
 
 
 def _encode_truncated(tokenizer: Any, text: str, max_length: int, add_special_tokens: bool) -> list[int]:

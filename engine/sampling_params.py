@@ -44,7 +44,37 @@ class SamplingType(enum.IntEnum):
     RANDOM_SEED = 2
 
 
-class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
+# vLLM SamplingParams fields ringllm does not carry, with vLLM's default: any other value is a
+# ValueError naming the field (a name vLLM does not have stays msgspec's TypeError, as in vLLM).
+VLLM_UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "prompt_logprob_token_ids": None, "prompt_logprob_start": None, "logprob_token_ids": None,
+    "flat_logprobs": False, "stream_interval": None, "extra_args": None, "skip_reading_prefix_cache": None,
+    "thinking_token_budget": None, "repetition_detection": None, "routed_experts_prompt_start": 0,
+    "trace_decode_token_ids": None,
+}
+# vLLM SamplingParams fields that ask nothing of ringllm: accepted and dropped, for this reason.
+VLLM_NO_OP_FIELDS: dict[str, str] = {
+    "skip_clone": "a hint that the object need not be copied; ringllm copies the params it changes",
+    "output_text_buffer_length": "derived from the stop strings by the engine (vLLM sets it itself too)",
+}
+
+
+class _VLLMKeywords(type(msgspec.Struct)):
+    """Constructing SamplingParams with a vLLM field ringllm does not carry fails with a
+    ValueError that names it, instead of msgspec's TypeError for an unknown keyword."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        for name in [k for k in kwargs if k in VLLM_NO_OP_FIELDS]:
+            del kwargs[name]
+        for name in [k for k in kwargs if k in VLLM_UNSUPPORTED_FIELDS]:
+            if kwargs[name] != VLLM_UNSUPPORTED_FIELDS[name]:
+                raise ParameterError(f"SamplingParams.{name} is not supported by ringllm", parameter=name,
+                                     value=kwargs[name])
+            del kwargs[name]
+        return super().__call__(*args, **kwargs)
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metaclass=_VLLMKeywords):
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -76,6 +106,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     structured_outputs: Optional[StructuredOutputsParams] = None
     # Filled in by the frontend: each bad word tokenized with and without a leading space.
     bad_words_token_ids: list[list[int]] = []
+    # Keep only this many prompt tokens (-1: max_model_len), cut from ``truncation_side``: "left"
+    # (the default, as vLLM) keeps the last ones, "right" the first ones. Applied by the frontend.
+    truncate_prompt_tokens: Optional[int] = None
+    truncation_side: Optional[str] = None
 
     def __post_init__(self) -> None:
         """Normalise the shorthands, then validate. Runs on construction, on
@@ -148,6 +182,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True):
         if not isinstance(self.output_kind, RequestOutputKind):
             raise _bad("output_kind", "a RequestOutputKind", self.output_kind)
         self._verify_logit_controls()
+        verify_truncation(self.truncate_prompt_tokens, self.truncation_side, "SamplingParams")
 
     def _verify_logit_controls(self) -> None:
         """logit_bias, allowed_token_ids, bad_words and structured_outputs; token ids are checked
@@ -194,6 +229,18 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+
+
+def verify_truncation(truncate_prompt_tokens: Any, truncation_side: Any, owner: str) -> None:
+    """truncate_prompt_tokens: None, -1 (the model's context) or a positive int; truncation_side:
+    None, "left" or "right" (shared with PoolingParams)."""
+    k = truncate_prompt_tokens
+    if k is not None and not (_is_int(k) and (k == -1 or 1 <= k <= _INT64_MAX)):
+        raise ParameterError(f"{owner}.truncate_prompt_tokens must be None, -1 (the model's context length) or a "
+                             f"positive int, got {_show(k)}", parameter="truncate_prompt_tokens", value=k)
+    if truncation_side not in (None, "left", "right"):
+        raise ParameterError(f"{owner}.truncation_side must be None, 'left' or 'right', got {_show(truncation_side)}",
+                             parameter="truncation_side", value=truncation_side)
 
 
 # ---- validation helpers: each raises ParameterError naming its field ----

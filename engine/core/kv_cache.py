@@ -12,7 +12,9 @@ queue, so a later request with the same prefix can revive it; it loses the regis
 when it is handed out again (eviction, least recently freed first).
 
 The digest is blake2b, not Python's ``hash``: a crafted prompt must not be able to collide with
-another user's prefix and read its KV.
+another user's prefix and read its KV. A request's ``cache_salt`` (vLLM's) is the parent of its
+first block, so every digest of a salted request depends on the salt: requests with different
+salts (or one salted, one not) never share a block.
 """
 from __future__ import annotations
 
@@ -81,6 +83,14 @@ class FreeBlockQueue:
 
 def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+def salt_digest(cache_salt: Optional[str]) -> bytes:
+    """The parent of a request's first block: empty without a salt, else a digest of it in a
+    domain of its own (it can equal no block digest but by a 128-bit collision)."""
+    if cache_salt is None:
+        return b""
+    return hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=16).digest()
 
 
 class KVCacheManager:
@@ -210,5 +220,6 @@ class KVCacheManager:
         bs = self.block_size
         tokens = request.all_token_ids
         for i in range(len(hashes), num_tokens // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else b"", tokens[i * bs:(i + 1) * bs]))
+            parent = hashes[-1] if hashes else salt_digest(request.cache_salt)
+            hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
         return hashes

@@ -30,11 +30,18 @@ _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False, output_kind=R
 
 class TextPrompt(TypedDict, total=False):
     prompt: str
+    cache_salt: str  # vLLM's: prefix-cache blocks are shared only between requests of one salt
 
 
 class TokensPrompt(TypedDict, total=False):
     prompt_token_ids: list[int]
     prompt: str  # optional: the text the ids came from, echoed in RequestOutput.prompt
+    cache_salt: str
+
+
+# vLLM prompt keys for inputs that only multimodal (or embedding-input) models take: on the text
+# models served here each is a ValueError, never dropped in silence.
+_MULTIMODAL_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "prompt_embeds")
 
 
 PromptType = Union[str, TextPrompt, TokensPrompt, Sequence[int]]
@@ -148,15 +155,46 @@ class InputProcessor:
         if priority and not self.priority_scheduling:
             raise ParameterError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
                                  parameter="priority", value=priority)
+        cache_salt = self._prompt_options(prompt)
         text, token_ids = self._tokenize(prompt, add_special_tokens)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.truncation_side)
         if pooling:
             self._validate(token_ids, _POOLING_SAMPLING)
             return EngineCoreRequest(request_id, token_ids, _POOLING_SAMPLING, None, _arrival_time(arrival_time),
-                                     priority, pooling_params=params), text
+                                     priority, pooling_params=params, cache_salt=cache_salt), text
         self._validate(token_ids, params)
         request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
-                                    _arrival_time(arrival_time), priority)
+                                    _arrival_time(arrival_time), priority, cache_salt=cache_salt)
         return request, text
+
+    @staticmethod
+    def _prompt_options(prompt: PromptType) -> Optional[str]:
+        """A dict prompt's ``cache_salt`` (a non-empty str, or None); its multimodal keys are
+        refused, as vLLM refuses them for a text model."""
+        if not isinstance(prompt, dict):
+            return None
+        for key in _MULTIMODAL_KEYS:
+            if prompt.get(key) is not None:
+                raise ParameterError(f"{key}: this is a text-only model; it takes no multimodal or embedding "
+                                     "inputs", parameter=key)
+        salt = prompt.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ParameterError(f"cache_salt must be a non-empty string, got {salt!r}", parameter="cache_salt")
+        return salt
+
+    def _truncate(self, token_ids: list[int], keep: Optional[int], side: Optional[str]) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep ``keep`` tokens (-1: max_model_len), the last ones
+        unless ``side`` is "right"."""
+        if keep is None:
+            return token_ids
+        if keep == -1:
+            keep = self.max_model_len
+        elif keep > self.max_model_len:
+            raise ParameterError(f"truncate_prompt_tokens={keep} is more than max_model_len={self.max_model_len}",
+                                 parameter="truncate_prompt_tokens", value=keep)
+        if len(token_ids) <= keep:
+            return token_ids
+        return token_ids[:keep] if side == "right" else token_ids[len(token_ids) - keep:]
 
     def check_runner(self, pooling: bool) -> None:
         """A generation request on a pooling model, or a pooling one on a generating model, is a

@@ -196,7 +196,7 @@ class ModelRunner:
             if not last:
                 return None
             vec = state.pool_sum / req.num_prompt_tokens
-        normalize = req.pooling_params.normalize
+        normalize = req.pooling_params.normalized
         if normalize if normalize is not None else pooler.normalize:
             vec = torch.nn.functional.normalize(vec, dim=0)
         return vec.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()

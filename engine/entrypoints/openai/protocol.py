@@ -5,7 +5,9 @@ is refused by the decoder with the field's JSON path, whose first step becomes t
 ``param``. Every integer is bounded to int64, so whatever is accepted can cross the wire to
 the EngineCore (msgpack) and fit its tensors.
 The sampling fields both generation endpoints accept are declared once (``_SamplingFields``)
-and mapped onto ``SamplingParams`` in one place. Unknown fields are ignored, as OpenAI does.
+and mapped onto ``SamplingParams`` in one place. A field not declared here is placed by
+``field_support``: a vLLM field ringllm does not carry is a 400 naming it (unless its value asks
+for nothing), and a name vLLM does not know either is ignored with a warning in the log.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from engine.entrypoints.openai.field_support import check_undeclared
 from engine.exceptions import ParameterError
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -77,7 +80,7 @@ def decode_request(body: bytes, type_: type) -> Any:
     400 too: msgspec stops at Python's recursion limit and raises RecursionError.
     """
     try:
-        return msgspec.json.decode(body, type=type_)
+        request = msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
         raise OpenAIError(400, f"invalid request: {exc}", param=_msgspec_field(exc),
                           code="invalid_value") from None
@@ -85,10 +88,13 @@ def decode_request(body: bytes, type_: type) -> Any:
         raise OpenAIError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
     except RecursionError:
         raise OpenAIError(400, "invalid JSON body: it is nested too deeply", code="invalid_json") from None
+    check_undeclared(body, type_)  # vLLM's fields not declared here: refused, or warned about
+    return request
 
 
 class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage (so far) in every chunk, not only in a last one
 
 
 # Unset (None), these take the model's generation-config default, then SamplingParams' own,
@@ -118,6 +124,15 @@ class _SamplingFields(Struct, kw_only=True):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
+    # vLLM's extras (engine/entrypoints/openai/field_support.py places every vLLM field).
+    truncate_prompt_tokens: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
+    truncation_side: Optional[Literal["left", "right"]] = None
+    prompt_logprobs: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
+    return_tokens_as_token_ids: Optional[bool] = None  # logprob tokens as "token_id:{id}"
+    return_token_ids: Optional[bool] = None  # prompt_token_ids and each choice's token_ids
+    priority: Int64 = 0  # lower first; needs --scheduling-policy priority
+    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=256)]] = None
+    cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
     # Structured outputs and logit controls (engine/entrypoints/openai/structured_outputs.py).
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None
@@ -130,9 +145,24 @@ class _SamplingFields(Struct, kw_only=True):
     allowed_token_ids: Optional[TokenIds] = None
     bad_words: Optional[list[str]] = None
 
+    def prompt_dict(self, prompt: Any, text: Optional[str] = None) -> dict[str, Any]:
+        """An engine prompt (text, or token ids with their ``text``) carrying the cache salt."""
+        engine_prompt: dict[str, Any] = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        if text is not None:
+            engine_prompt["prompt"] = text
+        if self.cache_salt is not None:
+            engine_prompt["cache_salt"] = self.cache_salt
+        return engine_prompt
+
     def _sampling_params(self, model_defaults: dict[str, Any], max_tokens: Optional[int],
                          logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
         """``model_defaults``: SamplingParams fields from the model's generation config."""
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError(400, "stream_options can only be set when stream is true", param="stream_options",
+                              code="invalid_value")
+        if self.stream and self.prompt_logprobs is not None:
+            raise OpenAIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs",
+                              code="invalid_value")
         from engine.entrypoints.openai.structured_outputs import sampling_extras
 
         extras = sampling_extras(self)
@@ -147,6 +177,7 @@ class _SamplingFields(Struct, kw_only=True):
                 ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
+                truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side,
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY, **extras)
         except ParameterError as exc:
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
@@ -154,6 +185,21 @@ class _SamplingFields(Struct, kw_only=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM: needs include_usage too)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+    def check_max_tokens(self, max_model_len: int) -> None:
+        """More new tokens than the whole context can hold is a 400 naming the field, as vLLM answers."""
+        name, value = self._max_tokens_field()
+        if value is not None and value > max_model_len:
+            raise OpenAIError(400, f"{name}={value} is more than the model's context length "
+                              f"max_model_len={max_model_len}", param=name, code="invalid_value")
+
+    def _max_tokens_field(self) -> tuple[str, Optional[int]]:
+        return "max_tokens", getattr(self, "max_tokens", None)
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -171,8 +217,10 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
-        return self._sampling_params(model_defaults, self.max_tokens, self.logprobs,
-                                     self.logprobs if self.echo and self.logprobs is not None else None)
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo and self.logprobs is not None:
+            prompt_logprobs = self.logprobs  # the echoed prompt's own logprobs
+        return self._sampling_params(model_defaults, self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
@@ -196,6 +244,15 @@ class EmbeddingRequest(Struct, kw_only=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[PositiveInt] = None  # matryoshka truncation: refused, no model here has it
     user: Optional[str] = None
+    # vLLM's extras (engine/entrypoints/openai/field_support.py places every vLLM field).
+    use_activation: Optional[bool] = None  # the embedding's activation, L2 normalisation here
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # what the values are rounded to
+    endianness: Literal["native", "little", "big"] = "native"  # byte order of base64 values
+    truncate_prompt_tokens: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
+    truncation_side: Optional[Literal["left", "right"]] = None
+    priority: Int64 = 0
+    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=256)]] = None
+    cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
 
     def prompts(self) -> list[Union[str, list[int]]]:
         return _prompt_batch(self.input, "input")
@@ -288,17 +345,26 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: Optional[PositiveInt] = None
     logprobs: bool = False
     top_logprobs: Optional[NonNegativeInt] = None
+    echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
     chat_template: Optional[str] = None  # a template's text, never a path (rendered in the sandbox)
     continue_final_message: bool = False  # the final (assistant) message left open, to be continued
 
+    def _max_tokens_field(self) -> tuple[str, Optional[int]]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         """With no max_(completion_)tokens the answer may run to the end of the context."""
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value")
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo and self.logprobs:
+            prompt_logprobs = self.top_logprobs or 0  # as vLLM: the echoed prompt's logprobs too
         return self._sampling_params(model_defaults, self.max_completion_tokens or self.max_tokens,
-                                     (self.top_logprobs or 0) if self.logprobs else None, None)
+                                     (self.top_logprobs or 0) if self.logprobs else None, prompt_logprobs)
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -326,10 +392,15 @@ def now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(Struct):
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (or loaded by a KV connector)
+
+
 class UsageInfo(Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole (not streamed) responses
 
 
 class CompletionLogProbs(Struct):
@@ -339,18 +410,35 @@ class CompletionLogProbs(Struct):
     top_logprobs: list[Optional[dict[str, float]]] = []
 
 
-def _choice(name: str, body: tuple[str, Any], logprobs: Any) -> type[Struct]:
+class PromptLogprob(Struct):
+    """One entry of vLLM's ``prompt_logprobs``: a prompt position's {token id: this}."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+# vLLM's prompt_logprobs: per prompt token, None for the first one (nothing predicts it), else
+# {token id: PromptLogprob} for the actual token and the top-N.
+PromptLogprobs = Optional[list[Optional[dict[int, PromptLogprob]]]]
+_TOKEN_IDS = ("token_ids", Optional[list[int]], None)  # vLLM's return_token_ids
+_PROMPT_TOKEN_IDS = ("prompt_token_ids", Optional[list[int]], None)
+_PROMPT_LOGPROBS = ("prompt_logprobs", PromptLogprobs, None)
+
+
+def _choice(name: str, body: tuple[str, Any], logprobs: Any, extra: tuple = ()) -> type[Struct]:
     """A choice in OpenAI's field order: ``index``, its body (text, message or delta), ``logprobs``,
-    ``finish_reason``, ``stop_reason`` (vLLM's extra)."""
+    ``finish_reason``, ``stop_reason`` (vLLM's extra), then ``extra`` (vLLM's optional fields)."""
     return msgspec.defstruct(name, [("index", int), body, ("logprobs", Optional[logprobs], None),
                                     ("finish_reason", Optional[str], None),
-                                    ("stop_reason", Union[int, str, None], None)], module=__name__)
+                                    ("stop_reason", Union[int, str, None], None), *extra], module=__name__)
 
 
-def _response(name: str, choice: type[Struct], object_: str) -> type[Struct]:
-    """A response or stream chunk: ``id, created, model, choices, object, usage``, in that order."""
+def _response(name: str, choice: type[Struct], object_: str, extra: tuple = ()) -> type[Struct]:
+    """A response or stream chunk: ``id, created, model, choices, object, usage``, in that order,
+    then ``extra``."""
     return msgspec.defstruct(name, [("id", str), ("created", int), ("model", str), ("choices", list[choice]),
-                                    ("object", str, object_), ("usage", Optional[UsageInfo], None)],
+                                    ("object", str, object_), ("usage", Optional[UsageInfo], None), *extra],
                              module=__name__)
 
 
@@ -395,12 +483,15 @@ class DeltaMessage(Struct, omit_defaults=True):
     tool_calls: Optional[list[DeltaToolCall]] = None
 
 
-CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs)
+CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs,
+                           (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _TOKEN_IDS))
 CompletionResponse = _response("CompletionResponse", CompletionChoice, "text_completion")
-ChatChoice = _choice("ChatChoice", ("message", ChatResponseMessage), ChatLogProbs)
-ChatCompletionResponse = _response("ChatCompletionResponse", ChatChoice, "chat.completion")
-ChatStreamChoice = _choice("ChatStreamChoice", ("delta", DeltaMessage), ChatLogProbs)
-ChatCompletionChunk = _response("ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk")
+ChatChoice = _choice("ChatChoice", ("message", ChatResponseMessage), ChatLogProbs, (_TOKEN_IDS,))
+ChatCompletionResponse = _response("ChatCompletionResponse", ChatChoice, "chat.completion",
+                                   (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS))
+ChatStreamChoice = _choice("ChatStreamChoice", ("delta", DeltaMessage), ChatLogProbs, (_TOKEN_IDS,))
+ChatCompletionChunk = _response("ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk",
+                                (_PROMPT_TOKEN_IDS,))
 
 
 class ModelCard(Struct):
@@ -439,6 +530,7 @@ class EmbeddingUsage(Struct):
 
 
 class EmbeddingResponse(Struct, kw_only=True):
+    id: Optional[str] = None  # vLLM's: embd-{request id}
     object: str = "list"
     data: list[EmbeddingData]
     model: str

@@ -19,6 +19,8 @@ from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                 ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
                                                 DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
                                                 random_id)
+from engine.entrypoints.openai import request_fields
+from engine.entrypoints.openai.protocol import PromptTokensDetails
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.exceptions import ParameterError
@@ -82,13 +84,15 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(body.model)
         tool_plan = plan_tool_calls(body, self.tool_serving)
         params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
-        request_id, created = random_id("chatcmpl"), now()
+        body.check_max_tokens(self.max_model_len)
+        request_id, created = request_fields.request_id("chatcmpl", request, body.request_id), now()
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
                                                 body.chat_template_kwargs, chat_template=body.chat_template,
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools)
-            stream = self.generate({"prompt_token_ids": token_ids, "prompt": text}, params, request_id, started)
+            stream = self.generate(body.prompt_dict(token_ids, text), params,
+                                   request_fields.engine_request_id(request_id), started, body.priority)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream,
                                                                      tool_plan))
@@ -97,12 +101,21 @@ class OpenAIServingChat(OpenAIServing):
                 async for final in stream:
                     pass
         choices = []
+        echo = _echo_text(body)
         for c in final.outputs:
             message, finish_reason = self._message(tool_plan, c)
-            choices.append(ChatChoice(c.index, message, self._logprobs(body, c), finish_reason, c.stop_reason))
+            if echo and message.content is not None:
+                message.content = echo + message.content
+            choices.append(ChatChoice(c.index, message, self._logprobs(body, c), finish_reason, c.stop_reason,
+                                      token_ids=c.token_ids if body.return_token_ids else None))
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
-        return json_response(ChatCompletionResponse(request_id, created, model, choices, usage=usage))
+        prompt_ids = final.prompt_token_ids or token_ids  # truncate_prompt_tokens may have cut it
+        usage = UsageInfo(len(prompt_ids), completion_tokens, len(prompt_ids) + completion_tokens,
+                          PromptTokensDetails(final.num_cached_tokens or 0))
+        return json_response(ChatCompletionResponse(
+            request_id, created, model, choices, usage=usage,
+            prompt_logprobs=request_fields.prompt_logprobs(final, params.prompt_logprobs),
+            prompt_token_ids=prompt_ids if body.return_token_ids else None))
 
     def _message(self, tool_plan: ToolCallPlan, completion: CompletionOutput) -> tuple[ChatResponseMessage, str]:
         """A whole reply as its message and finish reason: its tool calls read out of the text
@@ -127,9 +140,15 @@ class OpenAIServingChat(OpenAIServing):
                 if first:  # the engine accepted the request: open every choice with its role
                     first = False
                     usage.prompt_tokens = len(output.prompt_token_ids or ())
+                    prompt_ids = output.prompt_token_ids if body.return_token_ids else None
+                    echo = _echo_text(body)
                     for index in range(body.n):
                         yield ChatCompletionChunk(request_id, created, model,
-                                                  [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))])
+                                                  [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))],
+                                                  prompt_token_ids=prompt_ids if index == 0 else None)
+                        if echo:
+                            yield ChatCompletionChunk(request_id, created, model,
+                                                      [ChatStreamChoice(index, DeltaMessage(content=echo))])
                 for c in output.outputs:
                     usage.completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(body, c)
@@ -141,7 +160,11 @@ class OpenAIServingChat(OpenAIServing):
                         continue  # text held back (stop strings, partial UTF-8): nothing to say yet
                     delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
                     yield ChatCompletionChunk(request_id, created, model, [
-                        ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason)])
+                        ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason,
+                                         token_ids=c.token_ids if body.return_token_ids else None)],
+                        usage=UsageInfo(usage.prompt_tokens, usage.completion_tokens,
+                                        usage.prompt_tokens + usage.completion_tokens)
+                        if body.continuous_usage else None)
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield ChatCompletionChunk(request_id, created, model, [], usage=usage)
@@ -169,11 +192,20 @@ class OpenAIServingChat(OpenAIServing):
         content = []
         for token_id, row in zip(completion.token_ids, completion.logprobs):
             chosen = row.get(token_id) or next(iter(row.values()))
-            token = chosen.decoded_token or ""
-            top = sorted((lp for lp in row.values() if lp.rank is not None and lp.rank <= top_n),
-                         key=lambda lp: lp.rank)
+            as_ids = body.return_tokens_as_token_ids
+            token = request_fields.token_text(token_id, chosen.decoded_token, as_ids)
+            top = sorted(((i, lp) for i, lp in row.items() if lp.rank is not None and lp.rank <= top_n),
+                         key=lambda item: item[1].rank)
+            names = [request_fields.token_text(i, lp.decoded_token, as_ids) for i, lp in top]
             content.append(ChatLogProbsContent(
                 token, chosen.logprob, list(token.encode()),
-                [ChatLogProb(lp.decoded_token or "", lp.logprob, list((lp.decoded_token or "").encode()))
-                 for lp in top]))
+                [ChatLogProb(name, lp.logprob, list(name.encode())) for name, (_, lp) in zip(names, top)]))
         return ChatLogProbs(content)
+
+
+def _echo_text(body: ChatCompletionRequest) -> str:
+    """vLLM's ``echo`` in chat: the last message's content, when it is the assistant's (the
+    answer continues it), is sent back before the new text; otherwise nothing."""
+    if not body.echo or body.messages[-1].role != ROLE:
+        return ""
+    return body.messages[-1].for_template(len(body.messages) - 1)["content"] or ""

@@ -3,7 +3,10 @@
 Each prompt of a batch is its own engine request; choice ``i * n + k`` is the k-th sample of
 prompt i, as OpenAI and vLLM number them. Logprobs use the legacy completions shape
 (tokens, token_logprobs, top_logprobs, text_offset); with ``echo`` the prompt's own
-logprobs come first, the first prompt token having none.
+logprobs come first, the first prompt token having none. vLLM's extras: ``prompt_logprobs`` (in
+vLLM's shape, on each choice), ``return_token_ids``, ``return_tokens_as_token_ids``,
+``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
+``stream_options.continuous_usage_stats`` (the usage so far in every chunk).
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from typing import AsyncIterator, Optional
 from aiohttp import web
 
 from engine.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
-                                                CompletionResponse, UsageInfo, decode_request, now,
-                                                random_id)
+                                                CompletionResponse, PromptTokensDetails, UsageInfo, decode_request, now)
+from engine.entrypoints.openai.request_fields import engine_request_id, prompt_logprobs, request_id, token_text
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -24,18 +27,19 @@ class OpenAIServingCompletion(OpenAIServing):
         body = decode_request(await request.read(), CompletionRequest)
         model = self.check_model(body.model)
         params = body.to_sampling_params(self.model_defaults)
+        body.check_max_tokens(self.max_model_len)
         prompts = body.prompts()
-        request_id, created = random_id("cmpl"), now()
+        response_id, created = request_id("cmpl", request, body.request_id), now()
         with self.admit(len(prompts), params.n) as started:
-            outputs = self.generate_all([p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
-                                        params, request_id, started)
+            outputs = self.generate_all([body.prompt_dict(p) for p in prompts], params,
+                                        engine_request_id(response_id), started, priority=body.priority)
             if body.stream:
-                return await self.sse_response(request, self._chunks(body, model, request_id, created, outputs))
+                return await self.sse_response(request, self._chunks(body, model, response_id, created, outputs))
             finals: dict[int, RequestOutput] = {}
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
                     finals[i] = output
-        choices, usage = [], UsageInfo()
+        choices, usage, cached = [], UsageInfo(), 0
         for i in range(len(prompts)):
             final = finals[i]
             prompt_text = self._prompt_text(final) if body.echo else ""
@@ -43,18 +47,24 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices.append(CompletionChoice(
                     index=i * params.n + completion.index, text=prompt_text + completion.text,
                     logprobs=self._logprobs(body, final, completion, echo=body.echo),
-                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
+                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+                    prompt_logprobs=prompt_logprobs(final, body.prompt_logprobs),
+                    prompt_token_ids=final.prompt_token_ids if body.return_token_ids else None,
+                    token_ids=completion.token_ids if body.return_token_ids else None))
                 usage.completion_tokens += len(completion.token_ids)
             usage.prompt_tokens += len(final.prompt_token_ids or ())
+            cached += final.num_cached_tokens or 0
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        usage.prompt_tokens_details = PromptTokensDetails(cached)
         choices.sort(key=lambda c: c.index)
-        return json_response(CompletionResponse(request_id, created, model, choices, usage=usage))
+        return json_response(CompletionResponse(response_id, created, model, choices, usage=usage))
 
     async def _chunks(self, body: CompletionRequest, model: str, request_id: str, created: int,
                       outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[CompletionResponse]:
         n = body.n
         seen: set[int] = set()  # prompts counted in usage
         echoed: set[int] = set()  # choices whose prompt has been echoed
+        opened: set[int] = set()  # choices that have had their first chunk (return_token_ids)
         offsets: dict[int, int] = {}  # text_offset reached by each choice
         usage = UsageInfo()
         async with contextlib.aclosing(outputs):
@@ -74,11 +84,21 @@ class OpenAIServingCompletion(OpenAIServing):
                         offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
                     if not text and logprobs is None and completion.finish_reason is None:
                         continue  # text held back (stop strings, partial UTF-8): nothing to say yet
-                    yield CompletionResponse(request_id, created, model, [CompletionChoice(
-                        index, text, logprobs, completion.finish_reason, completion.stop_reason)])
+                    ids = body.return_token_ids
+                    first = index not in opened
+                    opened.add(index)
+                    choice = CompletionChoice(index, text, logprobs, completion.finish_reason, completion.stop_reason,
+                                              prompt_token_ids=output.prompt_token_ids if ids and first else None,
+                                              token_ids=completion.token_ids if ids else None)
+                    yield CompletionResponse(request_id, created, model, [choice],
+                                             usage=self._usage_so_far(usage) if body.continuous_usage else None)
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield CompletionResponse(request_id, created, model, [], usage=usage)
+
+    @staticmethod
+    def _usage_so_far(usage: UsageInfo) -> UsageInfo:
+        return UsageInfo(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens + usage.completion_tokens)
 
     def _prompt_text(self, output: RequestOutput) -> str:
         if output.prompt is not None:
@@ -95,12 +115,14 @@ class OpenAIServingCompletion(OpenAIServing):
             rows += zip(output.prompt_token_ids or [], output.prompt_logprobs or [])
         rows += zip(completion.token_ids, completion.logprobs or [])
         for token_id, row in rows:
+            as_ids = body.return_tokens_as_token_ids
             if row is None:  # the first prompt token: nothing came before to predict it
-                token, logprob, top = self.tokenizer.decode([token_id]), None, None
+                token = token_text(token_id, None, True) if as_ids else self.tokenizer.decode([token_id])
+                logprob, top = None, None
             else:
                 chosen = row[token_id] if token_id in row else next(iter(row.values()))
-                token, logprob = chosen.decoded_token or "", chosen.logprob
-                top = {lp.decoded_token or "": lp.logprob for lp in row.values()}
+                token, logprob = token_text(token_id, chosen.decoded_token, as_ids), chosen.logprob
+                top = {token_text(i, lp.decoded_token, as_ids): lp.logprob for i, lp in row.items()}
             result.tokens.append(token)
             result.token_logprobs.append(logprob)
             result.top_logprobs.append(top)

@@ -2,19 +2,24 @@
 
 Each input of a batch is its own engine request (``AsyncLLM.encode``), admitted like a
 completion prompt; the vectors come back in input order, as a list of floats or, with
-``encoding_format="base64"``, as base64 of their little-endian float32 bytes (what the
-``openai`` client asks for by default and decodes with numpy).
+``encoding_format="base64"``, as base64 of their bytes (little-endian float32 by default: what
+the ``openai`` client asks for and decodes with numpy). vLLM's extras: ``embed_dtype``
+(float32, float16 or bfloat16: the values are rounded to it, and base64 carries its bytes),
+``endianness`` of those bytes, ``use_activation`` (L2 normalisation), ``truncate_prompt_tokens``
+with ``truncation_side``, ``priority``, ``request_id`` and ``cache_salt``.
 """
 from __future__ import annotations
 
 import base64
 import contextlib
+import sys
 from typing import Any, AsyncIterator, Callable, Union
 
 from aiohttp import web
 
 from engine.entrypoints.openai.protocol import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-                                                OpenAIError, decode_request, random_id)
+                                                OpenAIError, decode_request)
+from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import RendererBusyError
 from engine.outputs import PoolingRequestOutput
@@ -30,26 +35,32 @@ class OpenAIServingEmbedding(OpenAIServing):
                               "representation (changing output dimensions)", param="dimensions",
                               code="invalid_value")
         prompts = body.prompts()
-        params = PoolingParams(task="embed")
-        request_id = random_id("embd")
+        params = PoolingParams(task="embed", use_activation=body.use_activation,
+                               truncate_prompt_tokens=body.truncate_prompt_tokens,
+                               truncation_side=body.truncation_side)
+        response_id = request_id("embd", request, body.request_id)
         finals: dict[int, PoolingRequestOutput] = {}
+        salt = {} if body.cache_salt is None else {"cache_salt": body.cache_salt}
         with self.admit(len(prompts), 1) as started:
-            outputs = self.generate_all([p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts],
-                                        params, request_id, started)
+            outputs = self.generate_all([{"prompt": p, **salt} if isinstance(p, str) else
+                                         {"prompt_token_ids": p, **salt} for p in prompts],
+                                        params, engine_request_id(response_id), started, priority=body.priority)
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
                     finals[i] = output
-        data = [EmbeddingData(index=i, embedding=_encode(finals[i].outputs.data, body.encoding_format))
+        data = [EmbeddingData(index=i, embedding=_encode(finals[i].outputs.data, body))
                 for i in range(len(prompts))]
         tokens = sum(len(finals[i].prompt_token_ids) for i in range(len(prompts)))
-        return json_response(EmbeddingResponse(data=data, model=model, usage=EmbeddingUsage(tokens, tokens)))
+        return json_response(EmbeddingResponse(id=response_id, data=data, model=model,
+                                               usage=EmbeddingUsage(tokens, tokens)))
 
     async def generate(self, prompt: Any, params: PoolingParams, request_id: str,
-                       started: Callable[[], None]) -> AsyncIterator[PoolingRequestOutput]:
+                       started: Callable[[], None], priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
         """The engine's one output for an admitted input (``encode``, not ``generate``); closing
         this stream early aborts the request in the core."""
         try:
-            async with contextlib.aclosing(self.engine.encode(prompt, params, request_id)) as outputs:
+            async with contextlib.aclosing(self.engine.encode(prompt, params, request_id,
+                                                              priority=priority)) as outputs:
                 async for output in outputs:
                     started()
                     yield output
@@ -57,7 +68,17 @@ class OpenAIServingEmbedding(OpenAIServing):
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
 
-def _encode(data: Any, encoding_format: str) -> Union[list[float], str]:
-    if encoding_format == "base64":
-        return base64.b64encode(data.numpy().astype("<f4").tobytes()).decode("ascii")
-    return data.tolist()
+def _encode(data: Any, body: EmbeddingRequest) -> Union[list[float], str]:
+    """The vector (a float32 tensor) in ``embed_dtype``: as floats, or as base64 of its bytes in
+    ``endianness``. torch is imported here, not at the top: a generating server never needs it
+    (pooling outputs arrive as tensors, so it is loaded by then)."""
+    import torch
+
+    values = data.to(getattr(torch, body.embed_dtype))
+    if body.encoding_format != "base64":
+        return values.float().tolist()
+    bits = torch.int32 if values.dtype == torch.float32 else torch.int16  # base64 carries the values' bits
+    raw = values.view(bits).numpy()
+    order = sys.byteorder if body.endianness == "native" else body.endianness
+    return base64.b64encode(raw.astype(raw.dtype.newbyteorder("<" if order == "little" else ">")).tobytes()
+                            ).decode("ascii")

@@ -201,12 +201,13 @@ class OpenAIServing:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
-                       started: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+                       started: Callable[[], None], priority: int = 0) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one admitted request. Closing this stream early (cancel,
         timeout, error) aborts the request in the core; a request refused by the core raises."""
         first = True
         try:
-            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id)) as outputs:
+            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id,
+                                                                priority=priority)) as outputs:
                 async for output in outputs:
                     if first:
                         first = False
@@ -218,11 +219,11 @@ class OpenAIServing:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
     def generate_all(self, prompts: Sequence[Any], params: SamplingParams, request_id: str,
-                     started: Callable[[], None]) -> AsyncIterator[tuple[int, RequestOutput]]:
+                     started: Callable[[], None], priority: int = 0) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every prompt's outputs as ``(prompt index, output)``; leaving early aborts the
         requests still running with one message to the core, not one per prompt."""
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        return merge_streams([self.generate(p, params, i, started) for p, i in zip(prompts, ids)],
+        return merge_streams([self.generate(p, params, i, started, priority) for p, i in zip(prompts, ids)],
                              abort=lambda: self.engine.abort(ids))
 
     def deadline(self) -> Optional[float]:

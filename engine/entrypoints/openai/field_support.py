@@ -1,0 +1,255 @@
+"""Where ringllm stands on every request field vLLM's OpenAI server knows: implemented, refused,
+or accepted as a no-op with the reason written beside it. A request field is a promise, so none
+is dropped in silence.
+
+``PLACEMENT`` covers each name of ``vllm_fields.VLLM_FIELDS`` (tests/test_field_support.py fails
+on one it does not cover) and is what ``check_undeclared`` acts on for the fields of a body that
+the request struct does not declare:
+
+- a **refused** field sent with a value that asks for something is a 400 naming it (its vLLM
+  default, or another value that asks nothing, passes);
+- a **no-op** field is accepted as it is;
+- a name vLLM does not know either is ignored, with one warning in the server log per name, as
+  vLLM warns ("The following fields were present in the request but ignored").
+
+A refused field that the struct does declare (``suffix``, ``dimensions``) is refused by the
+serving code itself; the test sends every refused field's ``example`` and expects its 400, so
+either way the list and the server cannot disagree. ``Implemented`` names the tests that observe
+the field's effect; the test checks each exists and that the field is declared.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Union
+
+import msgspec
+
+from engine.entrypoints.openai.vllm_fields import VLLM_FIELDS
+from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Implemented:
+    tests: tuple[str, ...]  # "tests/file.py::test_name": each observes the field's effect
+
+
+@dataclass(frozen=True)
+class Refused:
+    example: Any  # a value that asks for something: answered with a 400 naming the field
+    inert: tuple = (None,)  # values that ask for nothing (vLLM's default): accepted
+    why: str = ""  # said in the 400 after "is not supported"
+
+
+@dataclass(frozen=True)
+class NoOp:
+    reason: str
+
+
+Placement = Union[Implemented, Refused, NoOp]
+
+
+def _impl(*tests: str) -> Implemented:
+    return Implemented(tuple(tests))
+
+
+_FIELDS = "tests/test_request_fields.py::"
+_SERVER = "tests/test_openai_server.py::"
+_MAPPING = _FIELDS + "test_sampling_fields_reach_the_engine"
+_TEMPLATES = "tests/test_chat_template_limits.py::"
+_TOOLS = "tests/test_tool_calling.py::"
+_SO = "tests/test_structured_outputs_http.py::"
+
+# What /v1/completions and /v1/chat/completions share.
+_GENERATION: dict[str, Placement] = {
+    "model": _impl(_SERVER + "test_unknown_model_is_404"),
+    "n": _impl(_SERVER + "test_batch_of_prompts_with_n_numbers_choices_prompt_major"),
+    "temperature": _impl(_MAPPING, "tests/test_sampler.py::test_random_sampling_follows_the_distribution_and_the_masks"),
+    "top_p": _impl(_MAPPING, "tests/test_sampler.py::test_top_p_keeps_the_smallest_set_reaching_p"),
+    "top_k": _impl(_MAPPING, "tests/test_sampler.py::test_top_k_keeps_exactly_the_k_largest_per_row"),
+    "min_p": _impl(_MAPPING, "tests/test_sampler.py::test_min_p_drops_tokens_below_a_fraction_of_the_top_probability"),
+    "repetition_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_repetition_penalty_steers_greedy_away_from_seen_tokens"),
+    "presence_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_penalties_change_logits_exactly_as_specified"),
+    "frequency_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_penalties_change_logits_exactly_as_specified"),
+    "seed": _impl(_MAPPING, "tests/test_sampler.py::test_seeded_request_is_reproducible_across_batch_compositions"),
+    "stop": _impl(_SERVER + "test_stop_string_cuts_the_text_before_it"),
+    "stop_token_ids": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
+    "min_tokens": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
+    "ignore_eos": _impl(_MAPPING, "tests/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
+    "include_stop_str_in_output": _impl(_MAPPING, "tests/test_output_processor.py::test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort"),
+    "skip_special_tokens": _impl(_MAPPING, "tests/test_detokenizer.py::test_same_pieces_as_decode_stream"),
+    "stream": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
+    "stream_options": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+                            _FIELDS + "test_stream_options_without_stream_is_400"),
+    "max_tokens": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage",
+                        _FIELDS + "test_max_tokens_beyond_the_context_is_400"),
+    "user": NoOp("informational: OpenAI's end-user id for abuse monitoring; it changes no output (vLLM ignores it too)"),
+    "session_id": NoOp("informational: groups related requests; nothing here routes or caches by session"),
+    "spaces_between_special_tokens": NoOp("ringllm decodes with fast (tokenizers) tokenizers only, which put no "
+                                          "spaces around special tokens whatever the flag says"),
+    "return_token_offsets": NoOp("honoured by vLLM only on its /render endpoints; ignored on generation "
+                                 "endpoints, as vLLM does"),
+    "return_mm_kwargs": NoOp("honoured by vLLM only on its /render endpoints, for multimodal inputs; ignored on "
+                             "generation endpoints, as vLLM does"),
+    # Refused: nothing in ringllm carries them.
+    "use_beam_search": Refused(True, (None, False), "over HTTP; use LLM.beam_search"),
+    "length_penalty": Refused(0.5, (None, 1.0), "(it applies to beam search only)"),
+    "watermarking": Refused(True, (None, False)),
+    "logprob_token_ids": Refused([1, 2]),
+    "routed_experts_prompt_start": Refused(1, (None, 0), "(no mixture-of-experts models here)"),
+    "kv_transfer_params": Refused({"do_remote_prefill": True}, (None, {}),
+                                  "per request (KV transfer is configured per engine: --kv-transfer-config)"),
+    "ec_transfer_params": Refused({"x": 1}, (None, {})),
+    "vllm_xargs": Refused({"x": 1}, (None, {}), "(no custom extensions are loaded)"),
+    "repetition_detection": Refused({"max_pattern_size": 4, "min_count": 3}),
+    "stream_interval": Refused(4, (None, 1)),
+    "thinking_token_budget": Refused(16, (None, -1), "(no reasoning models here)"),
+    "logit_bias": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
+    "allowed_token_ids": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
+    "bad_words": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
+    "response_format": _impl(_SO + "test_response_format_json_schema_strict",
+                             _SO + "test_response_format_json_object_and_text"),
+    "structured_outputs": _impl(_SO + "test_structured_outputs_field_on_completions_and_chat_streams"),
+    "truncate_prompt_tokens": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
+    "truncation_side": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
+    "prompt_logprobs": _impl(_FIELDS + "test_prompt_logprobs_without_echo_and_in_chat"),
+    "return_tokens_as_token_ids": _impl(_FIELDS + "test_return_tokens_as_token_ids_in_logprobs"),
+    "return_token_ids": _impl(_FIELDS + "test_return_token_ids_whole_and_streamed"),
+    "priority": _impl(_FIELDS + "test_priority_needs_the_priority_policy_and_is_honoured"),
+    "request_id": _impl(_FIELDS + "test_request_id_and_the_x_request_id_header"),
+    "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits", _FIELDS + "test_salted_blocks_hash_apart"),
+    # The tiny and default tokenizers add no special token to a prompt, so no test could see it.
+    "add_special_tokens": Refused(False, (None, True)),  # overridden for chat below
+}
+
+COMPLETION: dict[str, Placement] = {
+    **_GENERATION,
+    "prompt": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage"),
+    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
+    "logprobs": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
+    "suffix": Refused("!", (None, ""), "(no model here has a fill-in-the-middle template)"),
+    "prompt_embeds": Refused("AAAA", (None, [])),
+}
+
+CHAT: dict[str, Placement] = {
+    **_GENERATION,
+    "messages": _impl(_SERVER + "test_chat_completion_uses_the_tokenizer_chat_template"),
+    "max_completion_tokens": _impl(_SERVER + "test_streamed_chat_opens_with_the_role_and_ends_with_finish_reason"),
+    "logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
+    "top_logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
+    "add_special_tokens": Refused(True, (None, False)),
+    "echo": _impl(_FIELDS + "test_chat_echo_starts_with_the_assistant_message"),
+    "include_reasoning": NoOp("no reasoning parser runs here, so there is no reasoning to include or leave out"),
+    "reasoning_effort": Refused("high", (None,), "(no reasoning models here)"),
+    "documents": Refused([{"title": "t", "text": "x"}], (None, [])),
+    "media_io_kwargs": Refused({"image": {}}, (None, {}), "(text models only)"),
+    "mm_processor_kwargs": Refused({"x": 1}, (None, {}), "(text models only)"),
+    "return_prompt_text": Refused(True, (None, False)),
+    "tools": _impl(_TOOLS + "test_tools_and_a_tool_call_history_reach_the_chat_template",
+                   _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not"),
+    "tool_choice": _impl(_TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
+                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not"),
+    "parallel_tool_calls": _impl(_TOOLS + "test_parallel_tool_calls_false_gives_one_call"),
+    "chat_template": _impl(_TEMPLATES + "test_a_request_chat_template_is_rendered"),
+    "continue_final_message": _impl(_TEMPLATES + "test_continue_final_message_leaves_the_last_message_open"),
+    "add_generation_prompt": _impl(_FIELDS + "test_add_generation_prompt_changes_the_prompt"),
+    "chat_template_kwargs": _impl(_TEMPLATES + "test_chat_template_kwargs_override_the_named_arguments_as_in_vllm"),
+}
+
+_EMBED = _FIELDS
+EMBEDDING: dict[str, Placement] = {
+    "model": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "input": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "encoding_format": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "user": _GENERATION["user"],
+    "dimensions": Refused(8, (None,), "(no model here has matryoshka representations)"),
+    "padding": Refused("max_length", (None, "do_not_pad")),
+    "mm_processor_kwargs": Refused({"x": 1}, (None, {}), "(text models only)"),
+    "endianness": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
+    "embed_dtype": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
+    "use_activation": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
+    "truncate_prompt_tokens": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "truncation_side": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "request_id": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "priority": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "cache_salt": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "add_special_tokens": Refused(False, (None, True)),
+}
+
+STREAM_OPTIONS: dict[str, Placement] = {
+    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
+    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk"),
+}
+
+# SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.
+_ENGINE_TESTS = {
+    "truncate_prompt_tokens": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
+    "detokenize": "tests/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
+    "output_kind": "tests/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
+    "structured_outputs": "tests/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
+    "logprobs": "tests/test_sampler.py::test_logprobs_are_raw_with_ranks_of_the_sampled_token",
+    "logit_bias": "tests/test_logit_controls.py::test_logit_bias_of_100_forces_a_token_and_minus_100_bans_one",
+    "allowed_token_ids": "tests/test_logit_controls.py::test_allowed_token_ids_restrict_every_sample",
+    "bad_words": "tests/test_logit_controls.py::test_bad_words_ban_single_tokens_and_sequences",
+}
+SAMPLING_PARAMS: dict[str, Placement] = {
+    **{name: _impl("tests/test_field_support.py::test_sampling_params_fields_are_implemented_by_the_struct",
+                   *([_ENGINE_TESTS[name]] if name in _ENGINE_TESTS else
+                     [t for t in getattr(_GENERATION.get(name), "tests", ()) if t != _MAPPING]))
+       for name in VLLM_FIELDS["SamplingParams"] if name not in VLLM_UNSUPPORTED_FIELDS
+       and name not in VLLM_NO_OP_FIELDS and name != "spaces_between_special_tokens"},
+    "spaces_between_special_tokens": _GENERATION["spaces_between_special_tokens"],
+    **{name: Refused("any value but vLLM's default", (default,)) for name, default in VLLM_UNSUPPORTED_FIELDS.items()},
+    **{name: NoOp(reason) for name, reason in VLLM_NO_OP_FIELDS.items()},
+}
+
+PLACEMENT: dict[str, dict[str, Placement]] = {
+    "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
+    "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS,
+}
+
+# At most this many distinct unknown names are warned about, so that clients sending random
+# names cannot grow the set (or the log) without bound.
+_MAX_WARNED = 256
+_warned: set[str] = set()
+
+
+def _same(value: Any, inert: Any) -> bool:
+    """JSON equality, where true is not 1 (Python's ``True == 1``)."""
+    return value == inert and isinstance(value, bool) == isinstance(inert, bool)
+
+
+def _raw_keys(body: bytes) -> dict[str, msgspec.Raw]:
+    """The top-level keys of a JSON object body, values left undecoded (a cheap scan)."""
+    return msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+
+
+def check_undeclared(body: bytes, type_: type) -> None:
+    """Act on the fields of ``body`` that ``type_`` (a request struct that already decoded it)
+    does not declare: 400 for a refused one asking for something, a warning for an unknown name.
+
+    Raises OpenAIError; imported lazily by the protocol module, which defines it.
+    """
+    from engine.entrypoints.openai.protocol import OpenAIError
+
+    placement = PLACEMENT.get(type_.__name__, {})
+    declared = set(type_.__struct_fields__)
+    unknown = []
+    for name, raw in _raw_keys(body).items():
+        if name in declared:
+            continue
+        place = placement.get(name)
+        if isinstance(place, Refused):
+            value = msgspec.json.decode(raw)
+            if not any(_same(value, inert) for inert in place.inert):
+                reason = f" {place.why}" if place.why else ""
+                raise OpenAIError(400, f"{name} is not supported by this server{reason}", param=name,
+                                  code="unsupported_field")
+        elif place is None:
+            unknown.append(name)
+    fresh = [name for name in unknown if name not in _warned]
+    if fresh and len(_warned) < _MAX_WARNED:
+        _warned.update(fresh)
+        logger.warning("The following fields were present in the request but ignored: %s", set(fresh))

@@ -1,0 +1,45 @@
+"""vLLM's extra request fields as both generation endpoints answer them, in one place: the
+request id (``request_id`` or the ``X-Request-Id`` header), tokens as ``token_id:{id}`` strings
+(``return_tokens_as_token_ids``), and the prompt's logprobs in vLLM's shape (``prompt_logprobs``).
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Optional
+
+from aiohttp import web
+
+from engine.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs
+from engine.outputs import RequestOutput
+
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_KEY = "ringllm_request_id"  # where the served id is kept on the aiohttp request
+
+
+def request_id(prefix: str, request: web.Request, body_request_id: Optional[str]) -> str:
+    """The response id, as vLLM makes it: ``{prefix}-{X-Request-Id header, else the body's
+    request_id, else a random uuid}``."""
+    base = request.headers.get(REQUEST_ID_HEADER) or body_request_id or uuid.uuid4().hex
+    request[REQUEST_ID_KEY] = base  # for the X-Request-Id response header
+    return f"{prefix}-{base}"
+
+
+def engine_request_id(response_id: str) -> str:
+    """The id of its requests in the engine: the response id made unique, since a client may
+    send the same request_id twice at once (the engine refuses a duplicate id)."""
+    return f"{response_id}-{uuid.uuid4().hex[:8]}"
+
+
+def token_text(token_id: int, decoded: Optional[str], as_ids: Optional[bool]) -> str:
+    """A logprob's token: ``token_id:{id}`` with return_tokens_as_token_ids (tokens that are
+    not valid UTF-8 on their own stay identifiable), else its decoded text."""
+    return f"token_id:{token_id}" if as_ids else (decoded or "")
+
+
+def prompt_logprobs(output: RequestOutput, wanted: Optional[int]) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs`` of a finished output, or None when they were not asked for."""
+    if wanted is None or output.prompt_logprobs is None:
+        return None
+    return [None if row is None else {token_id: PromptLogprob(lp.logprob, lp.rank, lp.decoded_token)
+                                      for token_id, lp in row.items()}
+            for row in output.prompt_logprobs]
