@@ -35,10 +35,22 @@ builds do not match this torch and are not needed for text generation):
     ringllm bench offline --peer vllm --peer-python /path/vllm-venv/bin/python --dtype float32
 
 The peer runs with ``HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE=4`` (any of them
-set in the environment wins), in ``--peer-dtype`` (default: ``--dtype``), eager unless
-``--no-peer-eager`` (compiled start-up takes ~90-190 s on 2 cores). vLLM picks its own CPU threads
-(on 2 cores it runs the model on 1 and keeps 1 for its frontend; ``VLLM_CPU_OMP_THREADS_BIND`` changes
-that), so its row is the same in every ``--threads`` table.
+set in the environment wins), in ``--peer-dtype`` (default: ``--dtype``), in vLLM's default mode:
+compiled, as a vLLM user gets it (start-up ~80-190 s on 2 cores; ~1.9x its eager throughput on a
+Sapphire Rapids host). ``--peer-eager`` adds vLLM eager (``enforce_eager``) as one more method
+beside it; ratios are taken against the compiled peer. vLLM picks its own CPU threads (on 2 cores
+it runs the model on 1 and keeps 1 for its frontend; ``VLLM_CPU_OMP_THREADS_BIND`` changes that), so
+its rows are the same in every ``--threads`` table.
+
+**llama.cpp as a peer.** ``--llamacpp-python PATH`` adds llama.cpp (``benchmarks/peer_llamacpp.py``
+under the python of a venv with ``llama-cpp-python`` built for this CPU) on the GGUF file ``--gguf``
+(default: the embedded model's own Q4_1 file, the one ringllm converts), one thread, for the single
+and prefill scenarios (a llama.cpp context decodes one sequence; for many streams run its server
+and ``ringllm bench serving --peer-url``):
+
+    python -m venv /path/llamacpp-venv && CMAKE_ARGS="-DGGML_NATIVE=ON" \
+      /path/llamacpp-venv/bin/pip install llama-cpp-python          # builds llama.cpp, ~4-8 min
+    ringllm bench offline --scenarios single,prefill --llamacpp-python /path/llamacpp-venv/bin/python
 """
 from __future__ import annotations
 
@@ -53,7 +65,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import peer_vllm
+from benchmarks import peer_llamacpp, peer_vllm
 from benchmarks.harness import Bench, Column
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,8 +185,10 @@ def _default_model_dir() -> str:
 def run_worker(engine: str, a: argparse.Namespace) -> dict:
     """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single, prefill
     or a comma-separated list of them)."""
-    if engine == "vllm":
-        return _run_peer_vllm(a)
+    if engine in ("vllm", "vllm-eager"):
+        return _run_peer_vllm(a, eager=engine == "vllm-eager")
+    if engine == "llamacpp":
+        return _run_peer_llamacpp(a)
     cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", a.mode,
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
            "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
@@ -189,20 +203,41 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
 PEER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "4"}
 
 
-def _run_peer_vllm(a: argparse.Namespace) -> dict:
-    """benchmarks/peer_vllm.py under ``--peer-python``, in a scratch working directory (so nothing of
-    ringllm's is importable there), with the job as JSON on stdin."""
+def _run_peer_vllm(a: argparse.Namespace, eager: bool) -> dict:
+    """benchmarks/peer_vllm.py under ``--peer-python``, compiled unless ``eager``."""
     job = {"model": a.model or _default_model_dir(), "dtype": a.peer_dtype or a.dtype,
-           "enforce_eager": a.peer_eager, "max_model_len": a.max_model_len,
+           "enforce_eager": eager, "max_model_len": a.max_model_len,
            "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
            "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens),
            "mode": a.mode, "spawn_time": time.time()}
-    env = {**PEER_ENV, **os.environ}
+    return _run_peer_script("vllm", a.peer_python, "peer_vllm.py", job, {**PEER_ENV, **os.environ},
+                            peer_vllm.MARKER)
+
+
+def _run_peer_llamacpp(a: argparse.Namespace) -> dict:
+    """benchmarks/peer_llamacpp.py under ``--llamacpp-python``, one thread, on ``--gguf``."""
+    job = {"gguf": a.gguf or _default_gguf(), "threads": 1, "n_batch": a.llamacpp_n_batch,
+           "n_ctx": a.max_model_len, "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
+           "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens), "mode": a.mode,
+           "spawn_time": time.time()}
+    return _run_peer_script("llama.cpp", a.llamacpp_python, "peer_llamacpp.py", job, dict(os.environ),
+                            peer_llamacpp.MARKER)
+
+
+def _run_peer_script(engine: str, python: str, script: str, job: dict, env: dict, marker: str) -> dict:
+    """A peer's worker script under its own python, in a scratch working directory (so nothing of
+    ringllm's is importable there), with the job as JSON on stdin."""
     env.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory(prefix="ringllm-peer-") as scratch:
-        proc = subprocess.run([a.peer_python, os.path.join(_ROOT, "benchmarks", "peer_vllm.py")],
+        proc = subprocess.run([python, os.path.join(_ROOT, "benchmarks", script)],
                               input=json.dumps(job), env=env, capture_output=True, text=True, cwd=scratch)
-    return _json_result("vllm", proc, marker=peer_vllm.MARKER)
+    return _json_result(engine, proc, marker=marker)
+
+
+def _default_gguf() -> str:
+    from engine.models.default_model import default_gguf_path
+
+    return default_gguf_path()
 
 
 def _json_result(engine: str, proc: subprocess.CompletedProcess, marker: str = "") -> dict:
@@ -244,8 +279,12 @@ def main(argv=None) -> int:
     p.add_argument("--peer-python", default=None, help="python of a venv that has vLLM (see above)")
     p.add_argument("--peer-dtype", default=None, choices=["bfloat16", "float32", "float16"],
                    help="the peer's dtype (default: --dtype)")
-    p.add_argument("--peer-eager", action=argparse.BooleanOptionalAction, default=True,
-                   help="vLLM with enforce_eager (default); --no-peer-eager compiles (start-up ~90-190 s)")
+    p.add_argument("--peer-eager", action="store_true",
+                   help="also run vLLM eager (enforce_eager) beside its default compiled mode")
+    p.add_argument("--llamacpp-python", default=None,
+                   help="python of a venv with llama-cpp-python: adds llama.cpp (single, prefill; see above)")
+    p.add_argument("--gguf", default=None, help="llama.cpp's GGUF file (default: the embedded model's Q4_1)")
+    p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp's prompt batch size")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
@@ -262,7 +301,11 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bench = Bench("offline", model=a.model or "SmolLM2-135M-Instruct")
     threads = [int(t) for t in a.threads.split(",")]
-    peer = f"vllm {a.peer_dtype or a.dtype} {'eager' if a.peer_eager else 'compiled'}" if a.peer else None
+    peer = f"vllm {a.peer_dtype or a.dtype} compiled" if a.peer else None
+    peers = {peer: "vllm"} if peer else {}
+    if peer and a.peer_eager:
+        peers[f"vllm {a.peer_dtype or a.dtype} eager"] = "vllm-eager"
+    llamacpp = "llama.cpp 1t (GGUF)" if a.llamacpp_python else None
     scenarios = a.scenarios.split(",")
     if not set(scenarios) <= {"batch", "single", "prefill"}:
         p.error(f"--scenarios: {a.scenarios!r}; choose from batch, single, prefill")
@@ -270,8 +313,10 @@ def main(argv=None) -> int:
         for t in threads:
             for engine in a.engines.split(","):
                 bench.add(mode, f"{engine} {t}t", case(engine, mode, t, a))
-        if peer:
-            bench.add(mode, peer, case(a.peer, mode, 0, a))
+        for name, engine in peers.items():
+            bench.add(mode, name, case(engine, mode, 0, a))
+        if llamacpp and mode != "batch":
+            bench.add(mode, llamacpp, case("llamacpp", mode, 1, a))
     bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.offline").info)
     bench.notes.append(f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, "
                        f"torch {_torch_version()}")
@@ -279,8 +324,11 @@ def main(argv=None) -> int:
         bench.notes.append(f"prefill: {a.num_prompts} prompts of ~{a.prefill_tokens} tokens, 1 output token; "
                            "tok/s counts prompt tokens")
     if peer:
-        bench.notes.append(f"peer: {peer}, {a.peer_python}, vLLM's own CPU threads; "
+        bench.notes.append(f"peer: {', '.join(peers)}, {a.peer_python}, vLLM's own CPU threads; "
                            + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PEER_ENV.items()))
+    if llamacpp:
+        bench.notes.append(f"peer: {llamacpp}, {a.llamacpp_python}, {a.gguf or _default_gguf()}, "
+                           f"n_batch {a.llamacpp_n_batch}; no batch scenario")
     throughput = [c for c in (Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
                               Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
                               Column("prefill prompt tok/s", "prefill", "tok_s", "{:.1f}", higher_is_better=True))
@@ -291,10 +339,11 @@ def main(argv=None) -> int:
                             Column(f"peak RSS MiB ({first})", first, "peak_rss_mib", "{:.0f}")]
     for t in threads:
         ratios = []
-        for base, label in [(f"transformers {t}t", "transformers"), (peer, "vllm")]:
+        for base, label in [(f"transformers {t}t", "transformers"), (peer, "vllm"), (llamacpp, "llama.cpp")]:
             if base in bench.methods():
-                ratios += [Column(f"{mode} vs {label}", mode, "tok_s", ratio_to=base) for mode in scenarios]
-        methods = [m for m in bench.methods() if m.endswith(f" {t}t") or m == peer]
+                ratios += [Column(f"{mode} vs {label}", mode, "tok_s", ratio_to=base) for mode in scenarios
+                           if not (base == llamacpp and mode == "batch")]
+        methods = [m for m in bench.methods() if m.endswith(f" {t}t") or m in peers or m == llamacpp]
         print(bench.table(f"Offline throughput, {a.dtype}, {t} thread(s)", columns + ratios, methods) + "\n")
     print("\n".join(bench.notes))
     kw = {"out_dir": a.out} if a.out else {}

@@ -41,7 +41,7 @@ def test_bench_serving_measures_a_peer_server_beside_ringllm(tiny_model_dir, tmp
 
 @pytest.mark.slow
 @pytest.mark.model
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # vLLM compiles (its default mode): minutes of start-up on 2 cores
 @pytest.mark.skipif(not os.environ.get("RINGLLM_VLLM_PYTHON"),
                     reason="set RINGLLM_VLLM_PYTHON to the python of a venv with vLLM (benchmarks/offline.py)")
 def test_bench_offline_runs_vllm_as_a_peer(tmp_path):
@@ -50,15 +50,38 @@ def test_bench_offline_runs_vllm_as_a_peer(tmp_path):
                           "--peer-python", os.environ["RINGLLM_VLLM_PYTHON"], "--engines", "ringllm",
                           "--scenarios", "single,prefill", "--dtype", "float32", "--num-prompts", "2",
                           "--output-tokens", "4", "--prefill-tokens", "40", "--rounds", "1", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=580)
+                         cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| vllm float32 eager |" in res.stdout and "single vs vllm" in res.stdout
+    assert "| vllm float32 compiled |" in res.stdout and "single vs vllm" in res.stdout
     data = json.load(open(next(tmp_path.glob("offline-*.json"))))
-    peer = data["summary"]["single"]["vllm float32 eager"]
+    peer = data["summary"]["single"]["vllm float32 compiled"]
     assert peer["tok_s"]["median"] > 0 and peer["ready_s"]["median"] >= peer["startup_s"]["median"] > 0
     assert peer["peak_rss_mib"]["median"] > 100
     prefill = data["summary"]["prefill"]
-    assert prefill["vllm float32 eager"]["tokens"]["median"] == prefill["ringllm 1t"]["tokens"]["median"] > 2 * 30
+    assert prefill["vllm float32 compiled"]["tokens"]["median"] == prefill["ringllm 1t"]["tokens"]["median"] > 2 * 30
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.environ.get("RINGLLM_LLAMACPP_PYTHON"),
+                    reason="set RINGLLM_LLAMACPP_PYTHON to the python of a venv with llama-cpp-python "
+                           "(benchmarks/offline.py)")
+def test_bench_offline_runs_llamacpp_as_a_peer_on_the_gguf(tmp_path):
+    """The llama.cpp runner (benchmarks/peer_llamacpp.py) on the embedded model's own GGUF, beside
+    ringllm, one round: its rows, its ratio columns, and the same prompt-token count."""
+    res = subprocess.run([sys.executable, "-m", "engine.entrypoints.cli", "bench", "offline",
+                          "--llamacpp-python", os.environ["RINGLLM_LLAMACPP_PYTHON"], "--engines", "ringllm",
+                          "--scenarios", "single,prefill", "--num-prompts", "2", "--output-tokens", "4",
+                          "--prefill-tokens", "40", "--rounds", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| llama.cpp 1t (GGUF) |" in res.stdout and "single vs llama.cpp" in res.stdout
+    data = json.load(open(next(tmp_path.glob("offline-*.json"))))
+    peer = data["summary"]["single"]["llama.cpp 1t (GGUF)"]
+    assert peer["tok_s"]["median"] > 0 and peer["peak_rss_mib"]["median"] > 50
+    prefill = data["summary"]["prefill"]
+    assert prefill["llama.cpp 1t (GGUF)"]["tokens"]["median"] == prefill["ringllm 1t"]["tokens"]["median"]
 
 
 @pytest.mark.slow
