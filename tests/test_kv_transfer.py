@@ -231,6 +231,16 @@ def test_a_corrupted_entry_ends_the_loaded_run_and_the_rest_is_computed(tiny_mod
     assert_same_outputs(warm, cold)
 
 
+def forge_entry(path: str, payload: bytes) -> None:
+    """Rewrite the entry at ``path`` to hold ``payload``, as the format says, with a MAC under a
+    guessed key: every other header field (block hash, model digest, geometry) is public."""
+    with open(path, "rb") as f:
+        header = EntryHeader.from_buffer_copy(f.read(HEADER_SIZE))
+    header.mac[:] = entry_mac(os.urandom(32), bytes(header), memoryview(payload))
+    with open(path, "wb") as f:
+        f.write(bytes(header) + payload)
+
+
 def call_within(deadline_s: float, fifo: str, fn):
     """``fn()`` in a thread. If it has not returned by the deadline, whatever waits on ``fifo`` (an
     open that wants a writer) is released before the test fails: a hang is a failure, not a stuck
@@ -267,13 +277,8 @@ def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_out
     link = files[1][1][0]  # prompt 1: block 1's own, whole entry, reached through a symlink
     os.rename(link, store_copy.parent / "moved.kv")
     os.symlink(store_copy.parent / "moved.kv", link)
-    forged = files[2][0][0]  # prompt 2: block 0 rewritten as the format says, poisoned, MAC without the secret
-    with open(forged, "rb") as f:
-        header = EntryHeader.from_buffer_copy(f.read(HEADER_SIZE))  # every field but the MAC is public
-        poison = bytes(len(f.read()))  # zeroed KV: moves the logprobs if it is used
-    header.mac[:] = entry_mac(os.urandom(32), bytes(header), memoryview(poison))
-    with open(forged, "wb") as f:
-        f.write(bytes(header) + poison)
+    forged = files[2][0][0]  # prompt 2: block 0 forged with zeroed KV (it moves the logprobs if used)
+    forge_entry(forged, bytes(os.path.getsize(forged) - HEADER_SIZE))
     warm = call_within(240, fifo, lambda: run(tiny_model_dir, store_copy, "kv_consumer"))
     assert [o.num_cached_tokens for o in warm] == [2 * BLOCK, BLOCK, 0]
     assert_same_outputs(warm, cold)
@@ -318,16 +323,33 @@ def test_kv_both_engines_share_prefixes_while_both_run(tiny_model_dir, tmp_path)
 
 
 @pytest.mark.model
-def test_the_default_model_gives_the_same_greedy_tokens_from_loaded_kv(tmp_path):
+def test_the_default_model_gives_the_same_greedy_text_from_loaded_kv_and_ignores_a_poisoned_store(tmp_path):
     prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(40))
+    other = " ".join(f"Line {i}: a slow green turtle naps under the old oak tree." for i in range(60))
     params = SamplingParams(temperature=0.0, max_tokens=24)
     outs = {}
     for role in ("kv_producer", "kv_consumer"):
         llm = LLM(kv_transfer_config=kv_config(tmp_path, role), dtype="float32", max_model_len=2048)
         try:
-            outs[role] = llm.generate([prompt], params, use_tqdm=False)[0]
+            outs[role] = llm.generate([prompt, other] if role == "kv_producer" else [prompt], params,
+                                      use_tqdm=False)
         finally:
             llm.shutdown()
-    assert outs["kv_producer"].num_cached_tokens == 0
-    assert outs["kv_consumer"].num_cached_tokens == full_blocks(outs["kv_producer"]) > 400
-    assert outs["kv_consumer"].outputs[0].token_ids == outs["kv_producer"].outputs[0].token_ids
+    (cold, source), (warm,) = outs["kv_producer"], outs["kv_consumer"]
+    assert cold.num_cached_tokens == 0
+    assert warm.num_cached_tokens == full_blocks(cold) > 400
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    # Poisoned: each of the prompt's entries given the other prompt's KV of the same position under a
+    # forged MAC. Accepted, it turns the answer into "...a classic "fairy tale"..." (checked once with
+    # the MAC check disabled); refused, the answer is the cold one.
+    theirs = [files[0] for files in entry_files(tmp_path, source)]
+    for files, donor in zip(entry_files(tmp_path, cold), theirs):
+        with open(donor, "rb") as f:
+            forge_entry(files[0], f.read()[HEADER_SIZE:])
+    llm = LLM(kv_transfer_config=kv_config(tmp_path, "kv_consumer"), dtype="float32", max_model_len=2048)
+    try:
+        poisoned = llm.generate([prompt], params, use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    assert poisoned.num_cached_tokens == 0
+    assert poisoned.outputs[0].text == cold.outputs[0].text
