@@ -235,8 +235,21 @@ def model_under_test(tiny: bool, tmp: str) -> tuple[list[str], str, str]:
             "tiny Llama, dummy weights (2 layers, hidden 64), float32")
 
 
+SCENARIOS = ("streams", "structured")  # structured: benchmarks/serving_structured.py
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--scenario", choices=SCENARIOS, default="streams")
+    known, rest = first.parse_known_args(argv)
+    if known.scenario == "structured":
+        from benchmarks.serving_structured import main as structured
+
+        return structured(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=SCENARIOS, default="streams",
+                        help="streams (this sweep) or structured (json_schema beside unconstrained: "
+                             "benchmarks/serving_structured.py, with its own flags)")
     parser.add_argument("--tiny", action="store_true", help="Sweep the tiny dummy-weight model instead.")
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="Concurrency levels.")
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)

@@ -1,0 +1,205 @@
+"""Serving, structured scenario: json_schema requests beside the same load unconstrained.
+
+    ringllm bench serving --scenario structured [--concurrency 64] [--rounds 1] [--output-tokens 64]
+
+One ``ringllm serve`` (shm) on the default model; closed-loop streaming clients as in the
+streams scenario (benchmarks/serving.py). Methods, alternated within each round:
+
+- ``unconstrained``: C clients, plain completions of ``--output-tokens`` tokens (ignore_eos);
+- ``json_schema shared``: the same clients, every request constrained by one 5-field schema
+  (compiled once, in the warm-up);
+- ``json_schema distinct``: every client its own 5-field schema, new in every round (field names
+  carry a fresh suffix), so each of the C schemas compiles while the load runs;
+- ``unconstrained + C new schemas``: C unconstrained clients while a burst of C one-token
+  requests with C new schemas arrives (their grammars compile in the core's pool), against
+  ``unconstrained + C plain 1-token``: the same burst without schemas. Only the unconstrained
+  streams are measured: the ITL p99 ratio of the two is what compiling costs the running streams;
+- ``c=1 new schema`` / ``c=1 unconstrained``: 8 requests one at a time (the TTFT a new schema
+  adds, with no queueing in the way).
+
+The constrained requests end where their JSON ends (grammar end = stop), so throughput is output
+tokens per second, not requests per second. The schemas bound their strings (maxLength) so a
+record is ~40-60 tokens of the default tokenizer.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Optional
+
+import aiohttp
+
+from benchmarks.harness import OUT_DIR, Bench, Column
+from benchmarks.serving import RequestStats, Server, make_prompts, model_under_test, percentile
+
+UNCONSTRAINED = "unconstrained"
+SHARED, DISTINCT = "json_schema shared", "json_schema distinct"
+BURST_SCHEMAS, BURST_PLAIN = "unconstrained + {c} new schemas", "unconstrained + {c} plain 1-token"
+ONE_NEW, ONE_PLAIN = "c=1 new schema", "c=1 unconstrained"
+
+
+def five_field_schema(suffix: str = "") -> dict:
+    props = {f"name{suffix}": {"type": "string", "maxLength": 24}, f"age{suffix}": {"type": "integer"},
+             f"city{suffix}": {"type": "string", "maxLength": 24}, f"email{suffix}": {"type": "string", "maxLength": 32},
+             f"active{suffix}": {"type": "boolean"}}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+async def stream(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
+                 schema: Optional[dict]) -> RequestStats:
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+               "stream_options": {"include_usage": True}}
+    if schema is None:
+        payload["ignore_eos"] = True
+    else:
+        payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
+    stats = RequestStats()
+    start = last = time.perf_counter()
+    async with session.post(url + "/v1/completions", json=payload) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            now = time.perf_counter()
+            if event["choices"]:
+                if stats.ttft == 0.0:
+                    stats.ttft = now - start
+                else:
+                    stats.gaps.append(now - last)
+                last = now
+            if event.get("usage"):
+                stats.output_tokens = event["usage"]["completion_tokens"]
+    stats.latency = time.perf_counter() - start
+    return stats
+
+
+def summarize(results: list[RequestStats], duration: float) -> dict:
+    ttfts = [r.ttft * 1e3 for r in results]
+    gaps = [g * 1e3 for r in results for g in r.gaps]
+    return {"output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99),
+            "mean_output_tokens": sum(r.output_tokens for r in results) / len(results)}
+
+
+class Load:
+    def __init__(self, url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> None:
+        self.url, self.model, self.c, self.per_client, self.max_tokens = url, model, concurrency, per_client, max_tokens
+        self.seeds = itertools.count(1)
+        self.fresh = itertools.count()
+
+    def _session(self, limit: int) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+                                     timeout=aiohttp.ClientTimeout(total=3600))
+
+    async def clients(self, schemas: list[Optional[dict]], burst: Optional[list[Optional[dict]]] = None) -> dict:
+        """len(schemas) closed-loop clients (client i constrained by schemas[i]); ``burst``: one
+        1-token request per entry, sent at once alongside and not measured."""
+        prompts = make_prompts(len(schemas) * self.per_client, next(self.seeds))
+        results: list[RequestStats] = []
+        async with self._session(len(schemas) + len(burst or ())) as session:
+            async def client(i: int) -> None:
+                for prompt in prompts[i::len(schemas)]:
+                    results.append(await stream(session, self.url, self.model, prompt, self.max_tokens, schemas[i]))
+
+            async def one_token(schema: Optional[dict], prompt: str) -> None:
+                await stream(session, self.url, self.model, prompt, 1, schema)
+
+            start = time.perf_counter()
+            tasks = [client(i) for i in range(len(schemas))]
+            if burst:
+                await asyncio.sleep(0)  # the streams go first; the burst lands while they decode
+                extra = make_prompts(len(burst), next(self.seeds))
+                tasks += [one_token(s, p) for s, p in zip(burst, extra)]
+            await asyncio.gather(*tasks)
+            return summarize(results, time.perf_counter() - start)
+
+    def new_schemas(self, n: int) -> list[dict]:
+        return [five_field_schema(f"_{next(self.fresh)}") for _ in range(n)]
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="The tiny dummy-weight model instead of the default.")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests-per-client", type=int, default=1)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "guidance"])
+    parser.add_argument("--out", default=OUT_DIR)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    c = args.concurrency
+    os.makedirs(args.out, exist_ok=True)
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory(prefix="ringllm-structured-") as tmp:
+        model_args, name, description = model_under_test(args.tiny, tmp)
+        bench = Bench("serving-structured", model=description)
+        bench.notes.append(f"{c} clients x {args.requests_per_client} streaming requests, up to {args.output_tokens} "
+                           f"output tokens (greedy); structured_outputs_config backend {args.backend}; "
+                           "load generator on the same machine")
+        server = Server([*model_args, "--transport", "shm", "--served-model-name", name,
+                         "--structured-outputs-config", json.dumps({"backend": args.backend})],
+                        os.path.join(args.out, "serving-structured-server.log"))
+        try:
+            server.wait_ready()
+            load = Load(server.url, name, c, args.requests_per_client, args.output_tokens)
+            shared = five_field_schema()
+            run = loop.run_until_complete
+            run(load.clients([None, shared]))  # warm-up: first requests, the backends, the shared grammar
+            burst_schemas, burst_plain = BURST_SCHEMAS.format(c=c), BURST_PLAIN.format(c=c)
+            cases = {
+                UNCONSTRAINED: lambda: load.clients([None] * c),
+                SHARED: lambda: load.clients([shared] * c),
+                DISTINCT: lambda: load.clients(load.new_schemas(c)),
+                burst_schemas: lambda: load.clients([None] * c, burst=load.new_schemas(c)),
+                burst_plain: lambda: load.clients([None] * c, burst=[None] * c),
+                ONE_NEW: lambda: one_at_a_time(load, load.new_schemas(8)),
+                ONE_PLAIN: lambda: one_at_a_time(load, [None] * 8),
+            }
+            for method, fn in cases.items():
+                bench.add("structured", method, lambda fn=fn: run(fn()))
+            bench.run(rounds=args.rounds)
+        finally:
+            server.stop()
+    s = "structured"
+    columns = [Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
+               Column("tok/s vs unconstrained", s, "output_tokens_per_s", ratio_to=UNCONSTRAINED),
+               Column("tokens/request", s, "mean_output_tokens", "{:.0f}"),
+               Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"), Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
+               Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
+    print(f"\n{bench.table('json_schema beside unconstrained', columns)}\n")
+    ttft_delta = bench.stat(s, ONE_NEW, "ttft_p50_ms").median - bench.stat(s, ONE_PLAIN, "ttft_p50_ms").median
+    itl_ratio = bench.ratio(s, "itl_p99_ms", burst_schemas, burst_plain)
+    for line in (f"constrained/unconstrained throughput: shared {bench.ratio(s, 'output_tokens_per_s', SHARED, UNCONSTRAINED):.2f}x, "
+                 f"distinct {bench.ratio(s, 'output_tokens_per_s', DISTINCT, UNCONSTRAINED):.2f}x",
+                 f"TTFT p50 a new schema adds (one request at a time): {ttft_delta:+.1f} ms",
+                 f"ITL p99 of {c} unconstrained streams while {c} new schemas compile, against the same "
+                 f"burst without schemas: {itl_ratio:.2f}x", *bench.notes):
+        print(f"- {line}")
+    for path in bench.save(extra={"ttft_p50_delta_ms": ttft_delta, "itl_p99_ratio": itl_ratio}, out_dir=args.out):
+        print(f"wrote {os.path.relpath(path)}")
+
+
+async def one_at_a_time(load: Load, schemas: list[Optional[dict]]) -> dict:
+    results = []
+    prompts = make_prompts(len(schemas), next(load.seeds))
+    async with load._session(1) as session:
+        start = time.perf_counter()
+        for schema, prompt in zip(schemas, prompts):
+            results.append(await stream(session, load.url, load.model, prompt, load.max_tokens, schema))
+        return summarize(results, time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+    main()
