@@ -4,9 +4,11 @@ size bound, and the scheduler's side saves and loads exactly the right blocks (a
 writes each token's KV as a function of its token and position)."""
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from engine.core.scheduler import Scheduler
 from engine.kv_transfer.entry import HEADER_SIZE, EntryLayout, encode_header
 from engine.kv_transfer.shared_storage import SharedStorageConnector
 from engine.kv_transfer.store import BlockStore
+from engine.kv_transfer import store_dir
 from engine.kv_transfer.store_dir import SECRET_NAME, StoreDir
 from test_kv_transfer import NOBODY, call_within, kv_config
 
@@ -189,8 +192,8 @@ def test_the_size_bound_evicts_the_least_recently_used_entries(tmp_path):
 SMALL = EntryLayout(model_id="m", dtype="float32", block_size=4, num_layers=2, num_kv_heads=1, head_dim=4)
 
 
-def connector(path, role: str):
-    return SharedStorageConnector(KVTransferConfig(**kv_config(path, role)), SMALL)
+def connector(path, role: str, **extra):
+    return SharedStorageConnector(KVTransferConfig(**kv_config(path, role, **extra)), SMALL)
 
 
 def scheduler_with(conn, num_blocks: int = 64, budget: int = 64, caching: bool = True):
@@ -281,3 +284,40 @@ def test_a_consumer_request_waiting_for_blocks_is_loaded_when_admitted_and_forgo
     while again.status is RequestStatus.WAITING:
         emulated_step(consumer, kv)
     assert again.num_cached_tokens == 0  # what was read for the aborted request went with it
+
+
+def chained_hashes(request, num_tokens: int) -> list[bytes]:
+    """The prefix cache's digests of the request's full blocks of 4 (the scheduler's BlockHashes)."""
+    ids, digests = request.all_token_ids, [b""]
+    for i in range(num_tokens // 4):
+        digests.append(hash_block(digests[-1], ids[i * 4:(i + 1) * 4]))
+    return digests[1:]
+
+
+def test_a_stalled_file_operation_costs_one_deadline_then_the_store_is_skipped_until_it_returns(
+        tmp_path, monkeypatch):
+    producer = scheduler_with(connector(tmp_path, "kv_producer"))
+    tokens = list(range(500, 517))  # 17 tokens: 4 blocks saved
+    producer.add_request(make_request("p", tokens, max_tokens=1))
+    emulated_step(producer, torch.zeros(2, 64, 4, 8))
+
+    conn = connector(tmp_path, "kv_consumer", io_timeout_s=0.5)
+    fifo = conn.store.entry_path(chained_hashes(make_request("x", tokens), 16)[1])
+    os.unlink(fifo)
+    os.mkfifo(fifo, 0o600)
+    # A filesystem whose open can wait in the kernel (a network mount whose server is away): a FIFO
+    # opened without O_NONBLOCK waits just so, for a writer.
+    monkeypatch.setattr(store_dir, "_OPEN_READ", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    first = call_within(60, fifo, lambda: conn.get_num_new_matched_tokens(make_request("a", tokens), 0,
+                                                                           chained_hashes))
+    assert first == 0  # the deadline passed: nothing loaded, the request is computed
+    assert conn.get_num_new_matched_tokens(make_request("b", tokens), 0, chained_hashes) == 0  # still stalled
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the "server" is back: the stuck open returns
+    os.unlink(fifo)
+    deadline = time.monotonic() + 60
+    for k in itertools.count():  # the store is used again once the stalled operation has returned
+        got = conn.get_num_new_matched_tokens(make_request(f"c{k}", tokens), 0, chained_hashes)
+        if got or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert got == 4  # block 0; block 1 is gone

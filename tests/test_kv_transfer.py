@@ -104,6 +104,7 @@ def store_copy(produced, tmp_path):
     ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", "kv_connector_extra_config": []},
      "kv_connector_extra_config", msgspec.ValidationError),
     (kv_config("{tmp}/x", "kv_both", max_bytes="1G"), "max_bytes", msgspec.ValidationError),
+    (kv_config("{tmp}/x", "kv_both", io_timeout_s=0), "io_timeout_s", msgspec.ValidationError),
     ({**kv_config("{tmp}/x", "kv_both"), "kv_ip": "127.0.0.1"}, "kv_ip", msgspec.ValidationError),
     (kv_config("{tmp}/file", "kv_producer"), "shared_storage_path", OSError),
     ("SharedStorageConnector", "kv_transfer_config", msgspec.ValidationError),

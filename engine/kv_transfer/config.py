@@ -37,17 +37,22 @@ class SharedStorageParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     max_bytes: bound on the bytes of all entries in the directory; least recently used entries
         are evicted beyond it. Default: the smaller of 4 GiB and half the filesystem's size.
     fsync: fsync each entry before publishing it (only useful on a disk that may lose power).
+    io_timeout_s: how long a step waits for the store's file work (one request's loads, one
+        step's saves) before going on without the store until that work returns (io_worker.py).
     """
 
     shared_storage_path: str
     max_bytes: Optional[int] = None
     fsync: bool = False
+    io_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.shared_storage_path:
             raise ValueError("shared_storage_path must be a non-empty directory path")
         if self.max_bytes is not None and self.max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+        if not self.io_timeout_s > 0:
+            raise ValueError(f"io_timeout_s must be > 0, got {self.io_timeout_s}")
 
 
 # Connector name -> the Struct its kv_connector_extra_config must convert to.

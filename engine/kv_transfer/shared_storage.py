@@ -20,6 +20,9 @@ The EngineCore holds one connector, used from both of its sides, as in vLLM's sp
   entry just ends the run there.
 - worker side (``start_load_kv`` before the forward pass, ``save_kv`` after it): copies between
   the entries and the paged KV cache, following ``KVConnectorMetadata``.
+
+Both sides do their file work through one ``IOWorker`` thread with a deadline (io_worker.py), so
+a stalled filesystem costs the step loop at most ``io_timeout_s`` once, never a hang.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import torch
 
 from engine.kv_transfer.config import DEFAULT_MAX_BYTES, KVTransferConfig
 from engine.kv_transfer.entry import EntryLayout
+from engine.kv_transfer.io_worker import IOWorker
 from engine.kv_transfer.store import BlockStore
 
 logger = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ class SharedStorageConnector:
         path = params.shared_storage_path
         max_bytes = params.max_bytes or default_max_bytes(path)
         self.store = BlockStore(path, layout, max_bytes, params.fsync)
+        self.io = IOWorker(path, params.io_timeout_s)
         self.block_size = layout.block_size
         self.is_producer = config.is_kv_producer
         self.is_consumer = config.is_kv_consumer
@@ -74,14 +79,20 @@ class SharedStorageConnector:
         first = num_computed_tokens // bs
         if self._pending is None or self._pending[:2] != (request.request_id, first):
             max_blocks = (request.num_tokens - 1) // bs
-            payloads = []
-            for block_hash in block_hashes(request, max_blocks * bs)[first:max_blocks]:
-                payload = self.store.load(block_hash)
-                if payload is None:
-                    break
-                payloads.append(payload)
+            wanted = block_hashes(request, max_blocks * bs)[first:max_blocks]
+            payloads = self.io.call(lambda: self._load_run(wanted), default=[]) if wanted else []
             self._pending = (request.request_id, first, payloads)
         return len(self._pending[2]) * bs
+
+    def _load_run(self, block_hashes: list[bytes]) -> list[memoryview]:
+        """The payloads of the leading blocks of ``block_hashes`` that the store holds (on the IO thread)."""
+        payloads = []
+        for block_hash in block_hashes:
+            payload = self.store.load(block_hash)
+            if payload is None:
+                break
+            payloads.append(payload)
+        return payloads
 
     def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """The request was admitted with ``num_external_tokens`` from the store: its blocks are
@@ -120,12 +131,19 @@ class SharedStorageConnector:
             kv_caches[:, block_id].copy_(src)
 
     def save_kv(self, kv_caches: torch.Tensor, meta: KVConnectorMetadata) -> None:
-        for block_id, block_hash in meta.saves:
+        """Save this step's completed prompt blocks: copied out here, written on the IO thread."""
+        if not meta.saves:
+            return
+        blocks = [(block_hash, kv_caches[:, block_id].to("cpu", copy=True).contiguous())
+                  for block_id, block_hash in meta.saves]
+        self.io.call(lambda: self._save_blocks(blocks), default=None)
+
+    def _save_blocks(self, blocks: list[tuple[bytes, torch.Tensor]]) -> None:
+        for block_hash, block in blocks:
             if self.store.contains(block_hash):
                 self.store.touch(block_hash)
-                continue
-            block = kv_caches[:, block_id].to("cpu", copy=True).contiguous()
-            self.store.save(block_hash, memoryview(block.view(torch.uint8).reshape(-1).numpy()))
+            else:
+                self.store.save(block_hash, memoryview(block.view(torch.uint8).reshape(-1).numpy()))
 
 
 def model_identity(config: Any) -> str:
