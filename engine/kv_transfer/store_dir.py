@@ -24,7 +24,8 @@ Files in it:
 Bounded: every call is one system call on this directory or on a regular file of ours of a
 known size, none waits for another process. This holds on a local filesystem (tmpfs such as
 /dev/shm, a local disk); on a network or FUSE mount a call can stall in the kernel, which no
-flag prevents: keep a store on local storage.
+flag prevents, so the connector makes these calls on a thread of their own, with a deadline
+(io_worker.py).
 """
 from __future__ import annotations
 
