@@ -10,37 +10,22 @@ from __future__ import annotations
 import itertools
 import logging
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import msgspec
 from tqdm.auto import tqdm
 
 from engine import envs
+from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchSequence  # noqa: F401 (exported)
 from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
-from engine.outputs import EmbeddingRequestOutput, Logprob, PoolingRequestOutput, RequestOutput
+from engine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class BeamSearchSequence:
-    """One beam: prompt and generated tokens, the top logprobs at each generated position."""
-
-    tokens: list[int]
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
-    cum_logprob: float = 0.0
-    text: Optional[str] = None
-
-
-@dataclass
-class BeamSearchOutput:
-    sequences: list[BeamSearchSequence]  # best first
 
 
 class LLM:
@@ -158,50 +143,23 @@ class LLM:
         return self._wait(ids, use_tqdm)
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
-        """vLLM's beam search, driven from here: each round asks the engine for one token with
-        the top ``2 * beam_width`` logprobs for every live beam, then keeps the best
-        ``beam_width`` per prompt by length-penalised cumulative logprob."""
+        """vLLM's beam search (engine/beam_search.py), each round's requests run as one batch."""
         self._check_runner("generate", "LLM.beam_search()")
         tokenizer = self.llm_engine.tokenizer
-        eos = self.llm_engine.input_processor.eos_token_id
-        width = params.beam_width
-
-        def score(beam: BeamSearchSequence) -> float:
-            length = len(beam.tokens) - (1 if beam.tokens[-1] == eos else 0)
-            return beam.cum_logprob / (length ** params.length_penalty)
-
-        live: list[list[BeamSearchSequence]] = []
+        prompt_ids = []
         for prompt in self._as_list(prompts):
             if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-                tokens = list(prompt["prompt_token_ids"])
+                prompt_ids.append(list(prompt["prompt_token_ids"]))
             elif isinstance(prompt, (list, tuple)):
-                tokens = list(prompt)
+                prompt_ids.append(list(prompt))
             else:
-                tokens = tokenizer.encode(prompt["prompt"] if isinstance(prompt, dict) else prompt)
-            live.append([BeamSearchSequence(tokens)])
-        completed: list[list[BeamSearchSequence]] = [[] for _ in live]
-        step = SamplingParams(logprobs=2 * width, max_tokens=1, temperature=params.temperature)
-        for _ in range(params.max_tokens):
-            beams = [beam for group in live for beam in group]
-            if not beams:
-                break
-            results = iter(self.generate([{"prompt_token_ids": b.tokens} for b in beams], step, use_tqdm=False))
-            for i, group in enumerate(live):
-                candidates = []
-                for beam in group:
-                    top = next(results).outputs[0].logprobs[0]
-                    for token_id, logprob in top.items():
-                        new = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [top],
-                                                 beam.cum_logprob + logprob.logprob)
-                        (completed[i] if token_id == eos and not params.ignore_eos else candidates).append(new)
-                live[i] = sorted(candidates, key=score, reverse=True)[:width]
-        outputs = []
-        for group, done in zip(live, completed):
-            best = sorted(done + group, key=score, reverse=True)[:width]
-            for beam in best:
-                beam.text = tokenizer.decode(beam.tokens) if tokenizer is not None else None
-            outputs.append(BeamSearchOutput(best))
-        return outputs
+                prompt_ids.append(tokenizer.encode(prompt["prompt"] if isinstance(prompt, dict) else prompt))
+        search = BeamSearch(prompt_ids, params, self.llm_engine.input_processor.eos_token_id)
+        while not search.done:
+            outputs = self.generate([{"prompt_token_ids": b.tokens} for b in search.beams()], search.step_params,
+                                    use_tqdm=False)
+            search.advance([out.outputs[0].logprobs[0] for out in outputs])
+        return search.outputs(tokenizer.decode if tokenizer is not None else None)
 
     def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
               pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, BeamSearchParams, SamplingParams
 from engine.async_llm import AsyncLLM
+from engine.beam_search import BeamSearch, BeamSearchSequence
 from engine.config import AsyncEngineArgs
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request
@@ -350,3 +351,35 @@ def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
             engine.shutdown()
 
     asyncio.run(run())
+
+
+# ---- beam search over HTTP ----
+
+def test_use_beam_search_gives_the_beams_llm_beam_search_finds(server, tiny_model_dir):
+    """The n best beams, best first, exactly those of LLM.beam_search on the same model and
+    weights (--seed 0), length_penalty included; what a beam search cannot honour is a 400."""
+    ask = dict(n=3, max_tokens=4, ignore_eos=True, length_penalty=0.5, use_beam_search=True, return_token_ids=True)
+    out = complete(server, **ask)
+    beams = [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
+    assert len(beams) == 3 and len({tuple(b) for b in beams}) == 3 and all(len(b) == 4 for b in beams)
+    assert out["usage"]["completion_tokens"] == 12
+    answer = chat(server, **ask)
+    assert len(answer["choices"]) == 3 and all(len(c["token_ids"]) == 4 for c in answer["choices"])
+    llm = LLM(model=tiny_model_dir, **TINY)
+    try:
+        (expected,) = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True,
+                                                                 length_penalty=0.5))
+        prompt_len = len(llm.get_tokenizer().encode(PROMPT))
+    finally:
+        llm.shutdown()
+    assert beams == [seq.tokens[prompt_len:] for seq in expected.sequences]
+    for field, value in (("stream", True), ("logprobs", 1), ("stop", ["x"]), ("top_p", 0.5)):
+        assert_400(server, "/v1/completions", {"prompt": PROMPT, "use_beam_search": True, field: value}, field)
+
+
+def test_length_penalty_divides_the_score_by_length_to_its_power():
+    search = BeamSearch([[1, 2]], BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=0.5), eos_token_id=0)
+    beam = BeamSearchSequence([1, 2, 3, 4], cum_logprob=-8.0)
+    assert search.score(beam) == -8.0 / 4 ** 0.5
+    search.params = BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=2.0)
+    assert search.score(beam) == -8.0 / 16

@@ -94,8 +94,9 @@ _GENERATION: dict[str, Placement] = {
     "return_mm_kwargs": NoOp("honoured by vLLM only on its /render endpoints, for multimodal inputs; ignored on "
                              "generation endpoints, as vLLM does"),
     # Refused: nothing in ringllm carries them.
-    "use_beam_search": Refused(True, (None, False), "over HTTP; use LLM.beam_search"),
-    "length_penalty": Refused(0.5, (None, 1.0), "(it applies to beam search only)"),
+    "use_beam_search": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds"),
+    "length_penalty": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds",
+                            _FIELDS + "test_length_penalty_divides_the_score_by_length_to_its_power"),
     "watermarking": Refused(True, (None, False)),
     "logprob_token_ids": Refused([1, 2]),
     "routed_experts_prompt_start": Refused(1, (None, 0), "(no mixture-of-experts models here)"),

@@ -133,6 +133,8 @@ class _SamplingFields(Struct, kw_only=True):
     priority: Int64 = 0  # lower first; needs --scheduling-policy priority
     request_id: Optional[Annotated[str, Meta(min_length=1, max_length=256)]] = None
     cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
+    use_beam_search: bool = False  # n is the beam width (serving_beam_search.py)
+    length_penalty: float = 1.0  # beam search: scores are cumulative logprob / length ** this
     # Structured outputs and logit controls (engine/entrypoints/openai/structured_outputs.py).
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None

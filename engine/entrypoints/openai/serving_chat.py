@@ -19,7 +19,7 @@ from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                 ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
                                                 DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
                                                 random_id)
-from engine.entrypoints.openai import request_fields
+from engine.entrypoints.openai import request_fields, serving_beam_search
 from engine.entrypoints.openai.protocol import PromptTokensDetails
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
@@ -91,6 +91,8 @@ class OpenAIServingChat(OpenAIServing):
                                                 body.chat_template_kwargs, chat_template=body.chat_template,
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools)
+            if body.use_beam_search:
+                return await self._beam_search(body, model, token_ids, request_id, created, started)
             stream = self.generate(body.prompt_dict(token_ids, text), params,
                                    request_fields.engine_request_id(request_id), started, body.priority)
             if body.stream:
@@ -116,6 +118,24 @@ class OpenAIServingChat(OpenAIServing):
             request_id, created, model, choices, usage=usage,
             prompt_logprobs=request_fields.prompt_logprobs(final, params.prompt_logprobs),
             prompt_token_ids=prompt_ids if body.return_token_ids else None))
+
+    async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
+                           created: int, started) -> web.Response:
+        """``use_beam_search``: the ``n`` best beams as the ``n`` choices (serving_beam_search.py)."""
+        beam = serving_beam_search.beam_search_params(body, body.max_completion_tokens or body.max_tokens,
+                                                      self.max_model_len)
+        async with self.time_limit(self.deadline()):
+            (output,) = await serving_beam_search.run_all(self.engine, [token_ids], beam,
+                                                          request_fields.engine_request_id(request_id), started, body)
+        answers = serving_beam_search.beam_answers(self.tokenizer, token_ids, output, body,
+                                                   self.engine.input_processor.eos_token_id)
+        choices = [ChatChoice(k, ChatResponseMessage(ROLE, text), None, finish,
+                              token_ids=generated if body.return_token_ids else None)
+                   for k, (text, generated, finish) in enumerate(answers)]
+        completion_tokens = sum(len(generated) for _, generated, _ in answers)
+        usage = UsageInfo(len(token_ids), completion_tokens, len(token_ids) + completion_tokens)
+        return json_response(ChatCompletionResponse(request_id, created, model, choices, usage=usage,
+                                                    prompt_token_ids=token_ids if body.return_token_ids else None))
 
     def _message(self, tool_plan: ToolCallPlan, completion: CompletionOutput) -> tuple[ChatResponseMessage, str]:
         """A whole reply as its message and finish reason: its tool calls read out of the text

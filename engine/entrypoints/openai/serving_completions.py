@@ -18,7 +18,9 @@ from aiohttp import web
 from engine.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
                                                 CompletionResponse, PromptTokensDetails, UsageInfo, decode_request, now)
 from engine.entrypoints.openai.request_fields import engine_request_id, prompt_logprobs, request_id, token_text
+from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_search_params, run_all
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
+from engine.frontend.renderer import encode
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -30,6 +32,8 @@ class OpenAIServingCompletion(OpenAIServing):
         body.check_max_tokens(self.max_model_len)
         prompts = body.prompts()
         response_id, created = request_id("cmpl", request, body.request_id), now()
+        if body.use_beam_search:
+            return await self._beam_search(body, model, prompts, response_id, created)
         with self.admit(len(prompts), params.n) as started:
             outputs = self.generate_all([body.prompt_dict(p) for p in prompts], params,
                                         engine_request_id(response_id), started, priority=body.priority)
@@ -95,6 +99,26 @@ class OpenAIServingCompletion(OpenAIServing):
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield CompletionResponse(request_id, created, model, [], usage=usage)
+
+    async def _beam_search(self, body: CompletionRequest, model: str, prompts: list, response_id: str,
+                           created: int) -> web.Response:
+        """``use_beam_search``: the ``n`` best beams of each prompt, as its ``n`` choices."""
+        beam = beam_search_params(body, body.max_tokens, self.max_model_len)
+        with self.admit(len(prompts), body.n) as started:
+            ids = [p if isinstance(p, list) else await self.offload(len(p), encode, self.tokenizer, p, True)
+                   for p in prompts]
+            async with self.time_limit(self.deadline()):
+                outputs = await run_all(self.engine, ids, beam, engine_request_id(response_id), started, body)
+        eos = self.engine.input_processor.eos_token_id
+        choices, usage = [], UsageInfo(sum(map(len, ids)))
+        for i, (prompt_ids, output) in enumerate(zip(ids, outputs)):
+            for k, (text, generated, finish) in enumerate(beam_answers(self.tokenizer, prompt_ids, output, body, eos)):
+                choices.append(CompletionChoice(i * body.n + k, text, None, finish,
+                                                prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                                                token_ids=generated if body.return_token_ids else None))
+                usage.completion_tokens += len(generated)
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        return json_response(CompletionResponse(response_id, created, model, choices, usage=usage))
 
     @staticmethod
     def _usage_so_far(usage: UsageInfo) -> UsageInfo:
