@@ -138,6 +138,7 @@ _REFUSED_BODY = (b'{"error":{"message":"the server has too many open connections
                  b'"type":"server_error","param":null,"code":"overloaded"}}')
 _REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY))
+_REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class ConnectionGuard:
@@ -149,6 +150,8 @@ class ConnectionGuard:
         self.probe_paths = probe_paths
         self.open = 0
         self.requests_in_flight = 0  # being handled, probes aside
+        self.refused = 0  # connections answered 503 at accept
+        self._last_refusal_log = float("-inf")
         # Connections without a request in hand, the longest waiting first: who is evicted.
         self._idle: collections.OrderedDict[GuardedRequestHandler, None] = collections.OrderedDict()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -165,7 +168,12 @@ class ConnectionGuard:
     # ---- phases ----
     def opened(self, handler: GuardedRequestHandler, transport: asyncio.BaseTransport) -> None:
         if self.open >= self.limits.max_connections and not self._evict_one():
-            logger.warning("refused a connection: all %d connections are busy", self.open)
+            self.refused += 1
+            now = self._loop.time()
+            if now - self._last_refusal_log >= _REFUSAL_LOG_INTERVAL_S:  # a flood logs a line, not a line each
+                self._last_refusal_log = now
+                logger.warning("all %d connections are busy: refusing new ones with 503 (%d so far)", self.open,
+                               self.refused)
             transport.write(_REFUSED)
             handler.force_close()
             return
