@@ -253,6 +253,11 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
     return path, fmt
 
 
+def _config_file(path: str, load_format: str) -> str:
+    """The file a model's config comes from, for error messages."""
+    return path if load_format == "gguf" else os.path.join(path, "config.json")
+
+
 def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
     """The model's config: read as JSON for the model types ringllm runs (engine/hf_config.py:
     no transformers, no torch), through ``AutoConfig`` otherwise."""
@@ -461,7 +466,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ValueError(
-            f"model: architecture {archs or getattr(hf_config, 'model_type', '?')} is not supported; "
+            f"model: {_config_file(path, load_format)}: architecture "
+            f"{archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     runner, convert, pooler = resolve_runner(args.runner, args.convert, args.pooler_config, arch)
     # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector

@@ -52,21 +52,65 @@ class HFConfig(types.SimpleNamespace):
         return dict(vars(self))
 
 
+# Sizes the engine builds tensors from: each must be a positive int where the config has it.
+_POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+class ModelConfigError(ValueError):
+    """A model file is unreadable or inconsistent: the message names the file and the problem
+    in one line (what ``ringllm serve`` prints, what ``LLM()`` raises)."""
+
+
+def check_config_values(values: dict[str, Any], file: str) -> None:
+    """The sizes the engine builds tensors from are positive ints (what transformers' configs
+    also accept is left to the model's build and the weights' shapes to refuse)."""
+    for key in _POSITIVE_INTS:
+        value = values.get(key)
+        if value is None and key in ("head_dim", "num_key_value_heads"):
+            continue  # derived from the others
+        if key in values and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ModelConfigError(f"model: {file}: {key} must be a positive integer, got {value!r}")
+    eps = values.get("rms_norm_eps")
+    if "rms_norm_eps" in values and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0):
+        raise ModelConfigError(f"model: {file}: rms_norm_eps must be a positive number, got {eps!r}")
+
+
+def read_json_object(file: str, what: str = "model") -> dict[str, Any]:
+    """``file`` as a JSON object, or a ModelConfigError naming it and what is wrong."""
+    try:
+        with open(file, "rb") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ModelConfigError(f"{what}: {file} does not exist") from None
+    except UnicodeDecodeError:
+        raise ModelConfigError(f"{what}: {file} is not UTF-8 text, so not valid JSON") from None
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{what}: {file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+                               ) from None
+    except OSError as e:
+        raise ModelConfigError(f"{what}: cannot read {file}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{what}: {file} is not a JSON object")
+    return data
+
+
 def read_hf_config(path: str) -> Optional[HFConfig]:
     """``path``'s config.json as an HFConfig, or None when transformers must read it (a model
-    type not in DEFAULTS, or a remote-code config)."""
-    with open(os.path.join(path, "config.json"), "rb") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"model: {path!r} has a config.json that is not a JSON object")
+    type not in DEFAULTS, or a remote-code config). A config whose sizes cannot build a model
+    is a ModelConfigError naming the file and the field."""
+    file = os.path.join(path, "config.json")
+    data = read_json_object(file)
     defaults = DEFAULTS.get(data.get("model_type"))
     if defaults is None or "auto_map" in data:
         return None
     cfg = {**defaults, **data}
+    check_config_values(cfg, file)
     if not cfg["num_key_value_heads"]:
         cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     if "head_dim" in cfg and not cfg["head_dim"]:
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+    check_config_values(cfg, file)  # the derived ones too (hidden_size < num_attention_heads: head_dim 0)
     if cfg["model_type"] in ("qwen2", "qwen3"):  # Qwen2Config / Qwen3Config.__post_init__
         if not cfg["use_sliding_window"]:
             cfg["sliding_window"] = None

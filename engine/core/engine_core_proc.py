@@ -280,6 +280,16 @@ def _send_dead(channel: Any, engine_index: int, error: str) -> None:
         pass
 
 
+def _startup_cause(exc: BaseException) -> str:
+    """What the frontend reports for a core that could not start: a ValueError (a bad model
+    file or setting: its message names the file and the problem) as its one line, the
+    traceback kept for the core's debug log; anything else (an engine bug) with its traceback."""
+    if isinstance(exc, ValueError):
+        logger.debug("EngineCore failed to start:\n%s", traceback.format_exc())
+        return " ".join(str(exc).split("\n")) or type(exc).__name__
+    return f"EngineCore failed to start:\n{traceback.format_exc()}"
+
+
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
@@ -290,8 +300,8 @@ def main(argv: list[str]) -> int:
     try:
         try:
             config, core = _start_core(spec)
-        except Exception:
-            _send_dead(channel, spec.engine_index, f"EngineCore failed to start:\n{traceback.format_exc()}")
+        except Exception as exc:
+            _send_dead(channel, spec.engine_index, _startup_cause(exc))
             return 1
         gc.collect()  # the model and libraries stay for good: keep them out of every collection
         gc.freeze()

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.exceptions import ParameterError
 from engine.frontend.chat_template import ChatTemplateError, TemplateLimits, render_chat
 from engine.frontend.tokenizer import FastTokenizer, chat_template_source
+from engine.hf_config import ModelConfigError
 from engine.frontend.renderer import encode, max_token_bytes
 from engine.frontend.bad_words import tokenize_bad_words
 from engine.pooling_params import PoolingParams
@@ -54,6 +55,11 @@ _RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "conversation", "chat_temp
 _CHAT_FIELDS = frozenset({"messages", "chat_template", "continue_final_message", "documents", "tools"})
 
 
+# The files a Hugging Face tokenizer is read from: a directory with none of them has no tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model")
+
+
 def get_tokenizer(config: EngineConfig):
     """The model's tokenizer, or None with skip_tokenizer_init: a ``FastTokenizer`` where that is
     exact (engine/frontend/tokenizer.py: no transformers, no torch), else transformers'. Only
@@ -62,6 +68,9 @@ def get_tokenizer(config: EngineConfig):
     if model_config.skip_tokenizer_init:
         return None
     path = model_config.tokenizer
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+        raise ModelConfigError(f"tokenizer: {path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); pass "
+                               "tokenizer=<a directory with one>, or skip_tokenizer_init=True")
     try:
         fast = None if path.endswith(".gguf") else FastTokenizer.from_dir(path)
         if fast is not None:
@@ -72,8 +81,11 @@ def get_tokenizer(config: EngineConfig):
             tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
         else:
             tokenizer = AutoTokenizer.from_pretrained(path)
+    except ModelConfigError:
+        raise  # names the file already
     except Exception as e:
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {e}") from e
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {detail}") from None
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ValueError(f"tokenizer: {path!r} has no fast (tokenizers) tokenizer, which ringllm needs")
     return tokenizer

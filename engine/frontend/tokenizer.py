@@ -17,9 +17,10 @@ imports no torch), loaded at the first chat request. Every other tokenizer goes 
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional, Sequence
+
+from engine.hf_config import ModelConfigError, read_json_object
 
 # tokenizer_config.json classes whose tokenizer is the tokenizer.json as saved.
 _PLAIN_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
@@ -37,11 +38,7 @@ def _token_text(value: Any) -> Optional[str]:
 
 
 def _read_json(path: str) -> dict:
-    with open(path, "rb") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path!r} is not a JSON object")
-    return data
+    return read_json_object(path, "tokenizer")
 
 
 class FastTokenizer:
@@ -80,13 +77,21 @@ class FastTokenizer:
         template = config.get("chat_template")
         jinja = os.path.join(path, "chat_template.jinja")
         if os.path.isfile(jinja):
-            with open(jinja, encoding="utf-8") as f:
-                template = f.read()
+            try:
+                with open(jinja, encoding="utf-8") as f:
+                    template = f.read()
+            except UnicodeDecodeError:
+                raise ModelConfigError(f"tokenizer: {jinja} is not UTF-8 text, so not a chat template") from None
         if template is not None and not isinstance(template, str):
             return None  # a list of named templates
         from tokenizers import Tokenizer
 
-        return cls(path, Tokenizer.from_file(files["tokenizer.json"]), config, template)
+        try:
+            backend = Tokenizer.from_file(files["tokenizer.json"])
+        except Exception as e:  # the tokenizers library's own error: the file is not one it reads
+            raise ModelConfigError(f"tokenizer: {files['tokenizer.json']} is not a valid tokenizer.json "
+                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        return cls(path, backend, config, template)
 
     # ------------------------------------------------------------------ ids and text
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 
 from engine.config import EngineConfig
+from engine.hf_config import ModelConfigError
 from engine.models import get_model_class
 from engine.models.llama import LlamaForCausalLM
 
@@ -37,7 +38,7 @@ def load_model(config: EngineConfig, kernels: str = "auto") -> LlamaForCausalLM:
     elif mc.load_format == "gguf":
         model.load_weights(_gguf_weights(mc.model_path))
     elif mc.load_format == "safetensors":
-        model.load_weights(_safetensors_weights(mc.model_path))
+        _load_safetensors(model, mc.model_path)
     else:
         raise ValueError(f"load_format {mc.load_format!r} is not supported by the loader")
     model.eval()
@@ -45,17 +46,51 @@ def load_model(config: EngineConfig, kernels: str = "auto") -> LlamaForCausalLM:
     return model
 
 
-def _safetensors_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+class _Reading:
+    """Which file and tensor the loader is at, so a fault is reported with them."""
 
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    file = name = shape = None
+
+
+def _load_safetensors(model: LlamaForCausalLM, path: str) -> None:
+    """``path``'s weights into ``model``; a file that is not safetensors, a tensor whose shape
+    does not fit the config, or a tensor the config needs and no file has is a ModelConfigError
+    naming the file and the problem in one line."""
+    at = _Reading()
+    try:
+        model.load_weights(_safetensors_weights(path, at))
+    except ModelConfigError:
+        raise
+    except RuntimeError as e:  # a copy into a parameter of another shape
+        raise ModelConfigError(f"model: {at.file}: tensor {at.name!r} has shape {list(at.shape)}, which does not "
+                               f"fit the model config.json describes ({str(e).splitlines()[0]})") from None
+    except ValueError as e:  # the model's own check: tensors missing or left over
+        files = ", ".join(os.path.basename(f) for f in _weight_files(path))
+        raise ModelConfigError(f"model: the weights in {os.path.join(path, files)} do not match config.json: "
+                               f"{e}") from None
+
+
+def _weight_files(path: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def _safetensors_weights(path: str, at: _Reading) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    files = _weight_files(path)
     if not files:
-        raise ValueError(f"model: no *.safetensors weights in {path!r} "
-                         "(use load_format='dummy' for random weights)")
+        raise ModelConfigError(f"model: no *.safetensors weights in {path!r} "
+                               "(use load_format='dummy' for random weights)")
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        at.file, at.name, at.shape = file, None, None
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    at.name, at.shape = name, f.get_slice(name).get_shape()
+                    tensor = f.get_tensor(name)
+                    yield name, tensor
+        except SafetensorError as e:
+            raise ModelConfigError(f"model: {file} is not a valid safetensors file ({e})") from None
 
 
 def _gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
