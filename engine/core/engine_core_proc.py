@@ -26,6 +26,7 @@ import msgspec
 
 from engine import envs
 from engine.core.handshake import ready_fields
+from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
 from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
                              EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
@@ -96,6 +97,8 @@ def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
                                               a.ranks + b.ranks))
     into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
     into.error, into.internal_error = new.error, new.internal_error
+    if new.events:
+        into.events = (into.events or []) + new.events
 
 
 def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
@@ -109,9 +112,9 @@ def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
             index[out.request_id] = out
         else:
             _merge_output(held, out)
+    if new.scheduler_stats is not None and into.scheduler_stats is not None:
+        new.scheduler_stats.add_counters(into.scheduler_stats)
     into.scheduler_stats = new.scheduler_stats or into.scheduler_stats
-    if new.finished_requests:
-        into.finished_requests = (into.finished_requests or []) + new.finished_requests
 
 
 class EngineCoreProc:
@@ -129,6 +132,7 @@ class EngineCoreProc:
         self._outbox: deque = deque()
         self._running = True
         self._stepped_since_trim = False
+        self._stats_stale = False  # aborts changed the gauges and no step may follow
 
     def run_busy_loop(self) -> None:
         while self._running:
@@ -143,8 +147,13 @@ class EngineCoreProc:
             if self._running and self.core.has_unfinished_requests():
                 self._stepped_since_trim = True
                 outputs = self.core.step()
-                if outputs.outputs or outputs.finished_requests:
+                # A step without outputs (a prompt chunk) still counted prefix-cache lookups and
+                # preemptions: its stats go out too, merged into the next outputs when held.
+                if outputs.outputs or outputs.scheduler_stats is not None:
                     self._publish(outputs)
+            elif self._stats_stale:  # aborts emptied the core: its gauges must not stay stale
+                self._publish(self.core.stats_only())
+            self._stats_stale = False
             self._flush()
 
     def _wait_for_requests(self) -> list:
@@ -165,6 +174,7 @@ class EngineCoreProc:
             self.core.add_request(msg)
         elif isinstance(msg, AbortRequests):
             self.core.abort_requests(msg.request_ids)
+            self._stats_stale = self.core.log_stats
         elif isinstance(msg, UtilityCall):
             self._outbox.append(self._call_utility(msg))
         elif isinstance(msg, Shutdown):
@@ -246,9 +256,10 @@ class _PrefixFormatter(logging.Formatter):
 
 def _configure_logging(engine_index: int) -> None:
     """One line per record, prefixed (vLLM's ``(EngineCore_DP0 pid=...)``), on the stderr the
-    core shares with its frontend. Importing ``engine`` gave its loggers their own handler;
-    that handler moves to the root logger with the prefix, so ringllm's records (which
-    propagate) and other libraries' warnings all come out once, marked as the core's."""
+    core shares with its frontend. ringllm's handler (``engine.logging_setup``, the frontend's
+    format) moves to the root logger with the prefix, so ringllm's records (which propagate)
+    and other libraries' warnings all come out once, marked as the core's."""
+    configure_logging()
     ours = [logging.getLogger(name) for name in ("engine", "shm_transport")]
     handler = next((h for logger in ours for h in logger.handlers), None) or logging.StreamHandler()
     handler.setFormatter(_PrefixFormatter(f"(EngineCore_{engine_index} pid={os.getpid()}) ", handler.formatter))
