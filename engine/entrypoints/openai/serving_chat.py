@@ -29,8 +29,10 @@ from engine.frontend.renderer import encode
 from engine.outputs import CompletionOutput, RequestOutput
 
 ROLE = "assistant"
-# A render past its own time bound is answered this much later at the latest (see render()).
-_RENDER_GRACE_S = 2.0
+# A render past its own time bound is answered this much later at the latest (see render()):
+# generous, since the wait also holds the job's time in the pool's queue and the first chat's
+# one-time import of transformers' message helpers.
+_RENDER_GRACE_S = 30.0
 # /tokenize counts a chat of any length: its template may write up to this many characters.
 _TOKENIZE_MAX_CHARS = TemplateLimits.max_chars
 
