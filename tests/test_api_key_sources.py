@@ -93,6 +93,13 @@ def test_a_missing_empty_or_symlinked_key_file_is_refused_naming_it(tmp_path, se
     assert path in str(info.value)
 
 
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o606])
+def test_a_key_file_group_or_others_can_read_is_refused(tmp_path, mode):
+    path = _key_file(tmp_path, mode)
+    with pytest.raises(ValueError, match=f"--api-key-file {path}: mode {mode:04o}"):
+        server_settings_from(_parse("--api-key-file", path))
+
+
 def test_both_key_flags_at_once_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not both"):
         server_settings_from(_parse("--api-key", "a", "--api-key-file", _key_file(tmp_path, 0o600)))
