@@ -41,17 +41,11 @@ DEFAULT_MAX_CONNECTIONS = 1024
 
 @dataclass(frozen=True)
 class ConnectionLimits:
+    """The bounds above, from ``ServerSettings.connection_limits()`` (which validates them)."""
     header_timeout_s: float
     body_timeout_s: float
     keep_alive_timeout_s: float
     max_connections: int
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {self.max_connections!r}")
 
 
 def raise_open_file_limit() -> int:
