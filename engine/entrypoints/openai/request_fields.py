@@ -14,20 +14,24 @@ from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_KEY = "ringllm_request_id"  # where the served id is kept on the aiohttp request
+_FROM_CLIENT_KEY = "ringllm_request_id_from_client"
 
 
 def request_id(prefix: str, request: web.Request, body_request_id: Optional[str]) -> str:
     """The response id, as vLLM makes it: ``{prefix}-{X-Request-Id header, else the body's
     request_id, else a random uuid}``."""
-    base = request.headers.get(REQUEST_ID_HEADER) or body_request_id or uuid.uuid4().hex
+    given = request.headers.get(REQUEST_ID_HEADER) or body_request_id
+    base = given or uuid.uuid4().hex
     request[REQUEST_ID_KEY] = base  # for the X-Request-Id response header
+    request[_FROM_CLIENT_KEY] = given is not None
     return f"{prefix}-{base}"
 
 
-def engine_request_id(response_id: str) -> str:
-    """The id of its requests in the engine: the response id made unique, since a client may
-    send the same request_id twice at once (the engine refuses a duplicate id)."""
-    return f"{response_id}-{uuid.uuid4().hex[:8]}"
+def engine_request_id(response_id: str, request: web.Request) -> str:
+    """The id of its requests in the engine: the response id, made unique when the client chose
+    it, since a client may send the same request_id twice at once (the engine refuses a
+    duplicate id)."""
+    return f"{response_id}-{uuid.uuid4().hex[:8]}" if request.get(_FROM_CLIENT_KEY) else response_id
 
 
 def token_text(token_id: int, decoded: Optional[str], as_ids: Optional[bool]) -> str:

@@ -94,9 +94,10 @@ class OpenAIServingChat(OpenAIServing):
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools)
             if body.use_beam_search:
-                return await self._beam_search(body, model, token_ids, request_id, created, started)
+                return await self._beam_search(body, model, token_ids, request_id, created, started,
+                                               request_fields.engine_request_id(request_id, request))
             stream = self.generate(body.prompt_dict(token_ids, text), params,
-                                   request_fields.engine_request_id(request_id), started, body.priority)
+                                   request_fields.engine_request_id(request_id, request), started, body.priority)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream,
                                                                      tool_plan))
@@ -122,13 +123,12 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=prompt_ids if body.return_token_ids else None))
 
     async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
-                           created: int, started) -> web.Response:
+                           created: int, started, engine_id: str) -> web.Response:
         """``use_beam_search``: the ``n`` best beams as the ``n`` choices (serving_beam_search.py)."""
         beam = serving_beam_search.beam_search_params(body, body.max_completion_tokens or body.max_tokens,
                                                       self.max_model_len)
         async with self.time_limit(self.deadline()):
-            (output,) = await serving_beam_search.run_all(self.engine, [token_ids], beam,
-                                                          request_fields.engine_request_id(request_id), started, body)
+            (output,) = await serving_beam_search.run_all(self.engine, [token_ids], beam, engine_id, started, body)
         answers = serving_beam_search.beam_answers(self.tokenizer, token_ids, output, body,
                                                    self.engine.input_processor.eos_token_id)
         choices = [ChatChoice(k, ChatResponseMessage(ROLE, text), None, finish,

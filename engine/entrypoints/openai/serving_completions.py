@@ -33,10 +33,11 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = body.prompts()
         response_id, created = request_id("cmpl", request, body.request_id), now()
         if body.use_beam_search:
-            return await self._beam_search(body, model, prompts, response_id, created)
+            return await self._beam_search(body, model, prompts, response_id, created,
+                                           engine_request_id(response_id, request))
         with self.admit(len(prompts), params.n) as started:
             outputs = self.generate_all([body.prompt_dict(p) for p in prompts], params,
-                                        engine_request_id(response_id), started, priority=body.priority)
+                                        engine_request_id(response_id, request), started, priority=body.priority)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, response_id, created, outputs))
             finals: dict[int, RequestOutput] = {}
@@ -101,14 +102,14 @@ class OpenAIServingCompletion(OpenAIServing):
             yield CompletionResponse(request_id, created, model, [], usage=usage)
 
     async def _beam_search(self, body: CompletionRequest, model: str, prompts: list, response_id: str,
-                           created: int) -> web.Response:
+                           created: int, engine_id: str) -> web.Response:
         """``use_beam_search``: the ``n`` best beams of each prompt, as its ``n`` choices."""
         beam = beam_search_params(body, body.max_tokens, self.max_model_len)
         with self.admit(len(prompts), body.n) as started:
             ids = [p if isinstance(p, list) else await self.offload(len(p), encode, self.tokenizer, p, True)
                    for p in prompts]
             async with self.time_limit(self.deadline()):
-                outputs = await run_all(self.engine, ids, beam, engine_request_id(response_id), started, body)
+                outputs = await run_all(self.engine, ids, beam, engine_id, started, body)
         eos = self.engine.input_processor.eos_token_id
         choices, usage = [], UsageInfo(sum(map(len, ids)))
         for i, (prompt_ids, output) in enumerate(zip(ids, outputs)):

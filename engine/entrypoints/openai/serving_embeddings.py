@@ -44,7 +44,8 @@ class OpenAIServingEmbedding(OpenAIServing):
         with self.admit(len(prompts), 1) as started:
             outputs = self.generate_all([{"prompt": p, **salt} if isinstance(p, str) else
                                          {"prompt_token_ids": p, **salt} for p in prompts],
-                                        params, engine_request_id(response_id), started, priority=body.priority)
+                                        params, engine_request_id(response_id, request), started,
+                                        priority=body.priority)
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
                     finals[i] = output
