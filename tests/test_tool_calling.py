@@ -149,6 +149,18 @@ def test_auto_reads_calls_with_the_plugin_parser(tiny):
     assert name == "echo" and isinstance(json.loads(arguments)["text"], str)
 
 
+def test_streamed_tool_calls_carry_running_usage_and_token_ids(tiny):
+    client, _ = tiny
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], max_tokens=6, temperature=0.0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"return_token_ids": True}))
+    deltas = [c for c in chunks[1:] if c.choices]  # after the role chunk
+    assert deltas and all(c.usage is not None for c in deltas)
+    assert [c.usage.completion_tokens for c in deltas] == sorted(c.usage.completion_tokens for c in deltas)
+    token_ids = [t for c in deltas for t in (c.choices[0].model_extra.get("token_ids") or ())]
+    assert len(token_ids) == chunks[-1].usage.completion_tokens == 6
+
+
 def test_tool_flags_are_checked_at_start(tiny_model_dir):
     cases = [(["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
              (["--tool-call-parser", "nope"], "invalid tool call parser: nope (choose from hermes"),

@@ -174,32 +174,33 @@ class OpenAIServingChat(OpenAIServing):
                 for c in output.outputs:
                     usage.completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(body, c)
+                    token_ids = c.token_ids if body.return_token_ids else None
+                    running = UsageInfo(usage.prompt_tokens, usage.completion_tokens,
+                                        usage.prompt_tokens + usage.completion_tokens) if body.continuous_usage else None
                     if streamers[c.index] is not None:  # the request asks for tool calls: deltas in their shape
-                        for chunk in self._tool_chunks(streamers[c.index], tool_plan, c, logprobs):
-                            yield ChatCompletionChunk(request_id, created, model, [chunk])
+                        for chunk in self._tool_chunks(streamers[c.index], tool_plan, c, logprobs, token_ids):
+                            yield ChatCompletionChunk(request_id, created, model, [chunk], usage=running)
                         continue
                     if not c.text and logprobs is None and c.finish_reason is None:
                         continue  # text held back (stop strings, partial UTF-8): nothing to say yet
                     delta = DeltaMessage(content=c.text) if c.text or c.finish_reason is None else DeltaMessage()
                     yield ChatCompletionChunk(request_id, created, model, [
                         ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason,
-                                         token_ids=c.token_ids if body.return_token_ids else None)],
-                        usage=UsageInfo(usage.prompt_tokens, usage.completion_tokens,
-                                        usage.prompt_tokens + usage.completion_tokens)
-                        if body.continuous_usage else None)
+                                         token_ids=token_ids)], usage=running)
         if body.include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield ChatCompletionChunk(request_id, created, model, [], usage=usage)
 
     @staticmethod
     def _tool_chunks(streamer, tool_plan: ToolCallPlan, completion: CompletionOutput,
-                     logprobs: Optional[ChatLogProbs]) -> list[ChatStreamChoice]:
-        """One output's stream choices: the deltas its text settles, then, when it is the last,
-        the parse of the whole reply with the finish reason (``tool_calls`` after calls)."""
+                     logprobs: Optional[ChatLogProbs], token_ids: Optional[list[int]]) -> list[ChatStreamChoice]:
+        """One output's stream choices: the deltas its text settles (with its logprobs and token
+        ids), then, when it is the last, the parse of the whole reply with the finish reason
+        (``tool_calls`` after calls)."""
         chunks = []
         delta = streamer.feed(completion.text)
-        if delta is not None or logprobs is not None:
-            chunks.append(ChatStreamChoice(completion.index, delta or DeltaMessage(), logprobs))
+        if delta is not None or logprobs is not None or token_ids:
+            chunks.append(ChatStreamChoice(completion.index, delta or DeltaMessage(), logprobs, token_ids=token_ids))
         if completion.finish_reason is not None:
             last = streamer.finish() or DeltaMessage()
             finish = tool_plan.finish_reason(streamer.tools_called, completion.finish_reason)
