@@ -187,7 +187,7 @@ def decode_us_per_output(outputs: int = 256) -> float:
 
     codec = make_codec()
     message = EngineCoreOutputs(0, [EngineCoreOutput(f"r{i}-{i}", [300 + i]) for i in range(outputs)],
-                                time.monotonic(), SchedulerStats(outputs, 0, 0.1, 0, 0, 0, outputs))
+                                time.monotonic(), SchedulerStats(outputs, 0, 0.1, 0, 0, 0))
     frame = codec.encode(message)
     best = float("inf")
     for _ in range(5):

@@ -43,6 +43,7 @@ from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.stat_loggers import IterationStats, StatLoggerBase, StatLoggerFactory
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class RequestOutputCollector:
 
 
 async def _output_handler(engine_core, output_processor: OutputProcessor,
-                          requests: dict[str, RequestOutputCollector], latencies: deque) -> None:
+                          requests: dict[str, RequestOutputCollector], latencies: deque,
+                          stat_loggers: list[tuple[Optional[int], StatLoggerBase]]) -> None:
     """The one task that turns core outputs into RequestOutputs. A free function holding no
     reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
     chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
@@ -139,11 +141,13 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
             # 1) the next OUTPUTS from any core
             outputs = await engine_core.get_output_async()
             items, timestamp = outputs.outputs, outputs.timestamp
-            latencies.append(time.monotonic() - timestamp)
+            latency = time.monotonic() - timestamp
+            latencies.append(latency)
+            iteration_stats = _iteration_stats(output_processor, latency) if stat_loggers else None
             for start in range(0, len(items), chunk):
                 # 2) detokenize, stop strings, output kinds; each output goes into its collector
                 processed = output_processor.process_outputs(
-                    items[start:start + chunk] if len(items) > chunk else items, timestamp)
+                    items[start:start + chunk] if len(items) > chunk else items, timestamp, iteration_stats)
                 # 3) forget the collectors of finished requests (their consumers still hold them)
                 for collector in processed.finished_queues:
                     if requests.get(collector.request_id) is collector:
@@ -153,6 +157,9 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
                 # 5) let this slice's consumers (and new requests) run, before the next slice
                 # and before this task goes back to waiting on the channel
                 await asyncio.sleep(0)
+            # 6) the message's stats, once per message, to the stat loggers (the server's metrics)
+            if iteration_stats is not None:
+                _record(stat_loggers, outputs.scheduler_stats, iteration_stats, outputs.engine_index)
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -164,10 +171,31 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
         requests.clear()  # the task ends here; AsyncLLM.errored reports it from now on
 
 
+def _iteration_stats(output_processor: OutputProcessor, transport_latency: float) -> IterationStats:
+    """A message's IterationStats, starting with the requests aborted here since the last one."""
+    stats = IterationStats(transport_latency=transport_latency)
+    if output_processor.aborted_stats:
+        stats.finished_requests, output_processor.aborted_stats = output_processor.aborted_stats, []
+    return stats
+
+
+def _record(stat_loggers: list[tuple[Optional[int], StatLoggerBase]], scheduler_stats,
+            iteration_stats: IterationStats, engine_index: int) -> None:
+    for rank, stat_logger in stat_loggers:
+        if rank is None or rank == engine_index:
+            try:
+                stat_logger.record(scheduler_stats, iteration_stats, engine_index)
+            except Exception:  # a broken logger loses its figures, never the engine
+                logger.exception("stat logger %s failed", type(stat_logger).__name__)
+
+
 class AsyncLLM(EngineClient):
     def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True,
+                 stat_loggers: Optional[list[StatLoggerFactory]] = None,
                  _started: Optional[list[CoreProcess]] = None) -> None:
-        """``_started``: cores already launched by ``from_engine_args`` (see config_and_cores)."""
+        """``_started``: cores already launched by ``from_engine_args`` (see config_and_cores).
+        ``stat_loggers``: vLLM's factories, ``factory(config, engine_index)``, one logger per
+        data-parallel rank (``add_stat_logger`` adds one for every rank)."""
         configure_logging()
         self.config = config
         self.model_config = config.model_config
@@ -179,10 +207,15 @@ class AsyncLLM(EngineClient):
         self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
         self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
+        # (rank or None for every rank, logger): fed by the output handler once per message
+        self._stat_loggers: list[tuple[Optional[int], StatLoggerBase]] = []
         workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
         self.renderer = Renderer(workers)
         self.output_handler: Optional[asyncio.Task] = None
         self.engine_core = make_client(True, True, config, _started)
+        for factory in stat_loggers or ():
+            for rank in config.parallel_config.frontend_engine_indices:
+                self._add_stat_logger(factory(config, rank), rank)
         # Everything built so far (torch, transformers, the tokenizer) lives as long as the
         # server: out of the collector's way, a step's burst of small objects no longer
         # triggers full collections over it (they cost milliseconds per output batch).
@@ -196,11 +229,12 @@ class AsyncLLM(EngineClient):
             pass  # no loop yet: the handler starts with the first request
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True) -> "AsyncLLM":
+    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True,
+                         stat_loggers: Optional[list[StatLoggerFactory]] = None) -> "AsyncLLM":
         """``start_engine_loop``: start the output handler now (when called inside a running
         event loop); False leaves it to the first request."""
         config, started = config_and_cores(engine_args, True)
-        return cls(config, start_engine_loop=start_engine_loop,
+        return cls(config, start_engine_loop=start_engine_loop, stat_loggers=stat_loggers,
                    log_requests=getattr(engine_args, "enable_log_requests", False), _started=started)
 
     @classmethod
@@ -217,7 +251,7 @@ class AsyncLLM(EngineClient):
         if self.output_handler is None:
             self.output_handler = asyncio.get_running_loop().create_task(
                 _output_handler(self.engine_core, self.output_processor, self._requests,
-                                self._transport_latencies),
+                                self._transport_latencies, self._stat_loggers),
                 name="AsyncLLM.output_handler")
 
     # -- state -----------------------------------------------------------------------
@@ -258,6 +292,18 @@ class AsyncLLM(EngineClient):
         prefix-cache queries and hits)."""
         return list(await asyncio.gather(*(self.engine_core.call_utility_async("get_stats", engine_index=rank)
                                            for rank in self.config.parallel_config.frontend_engine_indices)))
+
+    def add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
+        """Hand ``stat_logger.record`` every outputs message's stats from now on, from every rank."""
+        self._add_stat_logger(stat_logger, None)
+
+    def _add_stat_logger(self, stat_logger: StatLoggerBase, rank: Optional[int]) -> None:
+        if not isinstance(stat_logger, StatLoggerBase):
+            raise TypeError(f"a stat logger must be an engine.stat_loggers.StatLoggerBase, got "
+                            f"{type(stat_logger).__name__}")
+        self._stat_loggers.append((rank, stat_logger))
+        self.output_processor.log_stats = True
+        stat_logger.log_engine_initialized()
 
     def take_transport_latencies(self) -> list[float]:
         """Seconds from the core publishing each OUTPUTS message to the output handler taking

@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 
 from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
 from engine.hf_config import read_hf_config
+from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
@@ -101,6 +102,8 @@ class EngineArgs:
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
+    # vLLM's KV-cache events (engine/core/kv_events.py): a dict or a KVEventsConfig.
+    kv_events_config: Optional[KVEventsConfig | dict] = None
     # Structured outputs (engine/structured_output/): {"backend": "auto" | "xgrammar" | "guidance", ...}.
     structured_outputs_config: Optional[StructuredOutputsConfig | dict] = None
     # vLLM's runner and convert: "pooling" serves a *ForCausalLM as an embedding model
@@ -211,6 +214,7 @@ class EngineConfig:
     engine_args: EngineArgs = field(repr=False, compare=False, default=None)
     worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
+    kv_events_config: Optional[KVEventsConfig] = None  # validated; None: no KV events published
 
     @property
     def core_launch(self) -> CoreLaunch:
@@ -439,6 +443,7 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     compilation = _compilation(args.compilation_config, args.enforce_eager)
     worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
+    resolve_kv_events_config(args.kv_events_config)
     resolve_structured_outputs_config(args.structured_outputs_config)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
@@ -522,7 +527,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         compilation_config=compilation, device=device, num_threads=launch.num_threads,
         transport=launch.transport, ring_capacity=launch.ring_capacity,
         disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=launch.worker_cls,
-        kv_transfer_config=kv_transfer,
+        kv_transfer_config=kv_transfer, kv_events_config=resolve_kv_events_config(args.kv_events_config),
     )
 
 

@@ -69,8 +69,9 @@ class EngineClient(ABC):
         """Each EngineCore's totals (engine/core/engine_core.py get_stats), one per rank."""
 
     @abstractmethod
-    def take_transport_latencies(self) -> list[float]:
-        """Publish-to-receive seconds of the core's outputs since the last call (for /metrics)."""
+    def add_stat_logger(self, stat_logger: Any) -> None:
+        """Hand ``stat_logger.record(scheduler_stats, iteration_stats, engine_idx)`` each outputs
+        message's stats (engine/stat_loggers.py); the server's /metrics is fed this way."""
 
     @abstractmethod
     async def reset_prefix_cache(self) -> bool: ...

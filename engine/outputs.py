@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Optional, TypeVar, Union
 
+from engine.protocol import EngineCoreEventType
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,12 +41,24 @@ class CompletionOutput:
 
 @dataclass(slots=True)
 class RequestStateStats:
-    """Frontend-side timings of one request (time.monotonic() seconds)."""
+    """Timings of one request (time.monotonic() seconds), vLLM's fields: arrival and tokens as
+    the frontend saw them, queued and (first) scheduled as the core's events say."""
 
     arrival_time: float = 0.0
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
     num_generation_tokens: int = 0
+
+    def update_from_events(self, events) -> None:
+        """The core's EngineCoreEvents (engine/protocol.py): the first SCHEDULED counts, so a
+        preempted request's queue time is its first wait."""
+        for event in events:
+            if event.type == EngineCoreEventType.QUEUED:
+                self.queued_ts = event.timestamp
+            elif event.type == EngineCoreEventType.SCHEDULED and not self.scheduled_ts:
+                self.scheduled_ts = event.timestamp
 
     @property
     def first_token_latency(self) -> float:

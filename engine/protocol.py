@@ -55,6 +55,21 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     ranks: list[int]
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """vLLM's request events that the core timestamps (the values are vLLM's)."""
+
+    QUEUED = 1  # the core took the request
+    SCHEDULED = 2  # the scheduler moved it from waiting to running (again after a preemption)
+
+
+class EngineCoreEvent(msgspec.Struct, array_like=True):
+    """When a request reached a state in the core (``time.monotonic()``: one clock with the
+    frontend's on a host). Queue, prefill and inference times are measured from these."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     request_id: str
     new_token_ids: list[int]
@@ -69,6 +84,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     internal_error: bool = False
     # A pooling request's vector: little-endian float32 bytes (finished with FinishReason.STOP).
     pooled: Optional[bytes] = None
+    # The request's events since its previous output (vLLM's ``events``): only on the outputs
+    # that follow an event, so a decode step's outputs carry none.
+    events: Optional[list[EngineCoreEvent]] = None
 
     @property
     def finished(self) -> bool:
@@ -76,21 +94,29 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One core's state after a step (the gauges) and what the step counted (the counters), as
+    vLLM's: the frontend's stat loggers (AsyncLLM's output handler) read it from each outputs
+    message, so /metrics never asks the core."""
+
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache this step
-    prefix_cache_hits: int = 0  # of which found
-    num_preempted_reqs: int = 0
-    step_num_tokens: int = 0
+    prefix_cache_queries: int = 0  # counter: prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # counter: of which found
+    num_preempted_reqs: int = 0  # counter
+
+    def add_counters(self, earlier: "SchedulerStats") -> None:
+        """Fold in an earlier step's counters (this step's gauges are the newer ones)."""
+        self.prefix_cache_queries += earlier.prefix_cache_queries
+        self.prefix_cache_hits += earlier.prefix_cache_hits
+        self.num_preempted_reqs += earlier.num_preempted_reqs
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     engine_index: int = 0
     outputs: list[EngineCoreOutput] = []
     timestamp: float = 0.0  # time.monotonic() when published (transport latency metric)
-    scheduler_stats: Optional[SchedulerStats] = None
-    finished_requests: Optional[list[str]] = None
+    scheduler_stats: Optional[SchedulerStats] = None  # None with disable_log_stats
 
 
 class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -145,7 +145,7 @@ class RemoteServer:
 
     def unfinished_in_core(self) -> int:
         m = self.metrics()
-        return int(m["ringllm:num_requests_running"] + m["ringllm:num_requests_waiting"])
+        return int(m["vllm:num_requests_running"] + m["vllm:num_requests_waiting"])
 
 
 def _alive(pid: int) -> bool:

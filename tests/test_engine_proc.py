@@ -264,3 +264,20 @@ def test_held_outputs_merge_into_one_entry_per_request():
     assert by_id == [("a", [1, 2, 3], FinishReason.STOP), ("b", [5], FinishReason.LENGTH),
                      ("c", [9], None), ("b", [7], None)]
     assert held.outputs[0].new_logprobs.token_ids == [[1], [2], [3]]
+
+
+
+def test_held_stats_sum_their_counters_and_keep_the_newest_gauges():
+    """Steps merged while the ring is full lose no prefix-cache lookup or preemption: the
+    frontend's counters see every step, its gauges the newest state; events concatenate."""
+    from engine.protocol import EngineCoreEvent, EngineCoreEventType, SchedulerStats
+
+    queued, scheduled = (EngineCoreEvent(EngineCoreEventType.QUEUED, 1.0),
+                         EngineCoreEvent(EngineCoreEventType.SCHEDULED, 2.0))
+    held = EngineCoreOutputs(outputs=[EngineCoreOutput("a", [1], events=[queued])],
+                             scheduler_stats=SchedulerStats(3, 1, 0.5, 10, 4, 1))
+    merge_outputs(held, EngineCoreOutputs(outputs=[EngineCoreOutput("a", [2], events=[scheduled])],
+                                          scheduler_stats=SchedulerStats(2, 0, 0.25, 6, 6, 0)))
+    merge_outputs(held, EngineCoreOutputs(outputs=[], scheduler_stats=SchedulerStats(1, 0, 0.125, 0, 0, 2)))
+    assert held.scheduler_stats == SchedulerStats(1, 0, 0.125, 16, 10, 3)
+    assert held.outputs[0].events == [queued, scheduled]

@@ -143,10 +143,10 @@ def test_models_health_version_tokenize_detokenize(server, client):
 def test_metrics_count_requests_and_latencies(server, client):
     client.completions.create(prompt=PROMPT, max_tokens=3, **greedy())
     m = server.metrics()
-    assert m["ringllm:request_success_total"] >= 1 and m["ringllm:generation_tokens_total"] >= 3
+    assert m["vllm:request_success_total"] >= 1 and m["vllm:generation_tokens_total"] >= 3
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
-        assert m[f"ringllm:{name}_count"] >= 1
-    assert "ringllm:kv_cache_usage_perc" in m and "ringllm:num_requests_waiting" in m
+        assert m[f"vllm:{name}_count"] >= 1
+    assert "vllm:kv_cache_usage_perc" in m and "vllm:num_requests_waiting" in m
     assert m["ringllm:transport_latency_seconds_count"] >= 3  # one sample per step's outputs
 
 

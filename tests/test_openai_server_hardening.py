@@ -124,7 +124,7 @@ def test_a_prompt_too_long_for_the_model_is_refused_from_its_size(server):
 
 
 def test_admission_counts_sequences_and_refuses_before_the_core(server):
-    before = server.metrics().get("ringllm:prompt_tokens_total", 0.0)
+    before = server.metrics().get("vllm:prompt_tokens_total", 0.0)
     # 8 prompts x n=128 = 1024 sequences against a waiting limit of 8: overload, retry later.
     status, body, headers = server.post_json("/v1/completions", {"prompt": ["a"] * 8, "n": 128, "max_tokens": 1})
     assert status == 503 and body["error"]["code"] == "overloaded" and int(headers["Retry-After"]) >= 1
@@ -138,7 +138,7 @@ def test_admission_counts_sequences_and_refuses_before_the_core(server):
         "messages": [{"role": "user", "content": "hi"}], "n": 9, "max_tokens": 1})
     assert status == 503 and "Retry-After" in headers
     # Nothing reached the core: no prompt was processed.
-    assert server.metrics().get("ringllm:prompt_tokens_total", 0.0) == before
+    assert server.metrics().get("vllm:prompt_tokens_total", 0.0) == before
     # Within the limit: 2 prompts x n=4 = 8 sequences run.
     status, body, _ = server.post_json("/v1/completions", {"prompt": ["a", "b"], "n": 4, "max_tokens": 1})
     assert status == 200 and len(body["choices"]) == 8

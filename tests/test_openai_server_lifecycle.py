@@ -63,7 +63,7 @@ def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(server):
             running = [(await _first_event(session, server.url, LONG))[0] for _ in range(2)]
             waiting = [asyncio.create_task(session.post(server.url + "/v1/completions", json=LONG))
                        for _ in range(2)]
-            assert await asyncio.to_thread(wait_for, lambda: server.metrics()["ringllm:num_requests_waiting"] == 2,
+            assert await asyncio.to_thread(wait_for, lambda: server.metrics()["vllm:num_requests_waiting"] == 2,
                                            5.0)
             async with session.post(server.url + "/v1/completions", json=LONG) as refused:
                 body = await refused.json()

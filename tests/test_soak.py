@@ -96,8 +96,8 @@ async def drive(url: str, seconds: float, rng: random.Random, counts: collection
 
 def quiet(server: RemoteServer) -> bool:
     m = server.metrics()
-    return (m["ringllm:num_requests_running"] == 0 and m["ringllm:num_requests_waiting"] == 0
-            and m["ringllm:kv_cache_usage_perc"] == 0)
+    return (m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
+            and m["vllm:kv_cache_usage_perc"] == 0)
 
 
 def settled_rss(pid: int, timeout: float = 20.0) -> int:

@@ -22,6 +22,7 @@ import msgspec
 
 from engine.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
+from engine.core.kv_events import KVEventBatch, make_publisher
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -76,11 +77,14 @@ class EngineCore:
                 f"kv_cache_memory_bytes: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
                 "raise kv_cache_memory_bytes or lower max_model_len")
-        kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching)
+        kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching,
+                                  enable_kv_cache_events=config.kv_events_config is not None)
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
                                    structured_output=_structured_output_manager(config))
         self.log_stats = not config.disable_log_stats
+        # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
+        self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive
         self._abort_batches = 0  # abort_requests calls (AbortRequests messages) since start
@@ -126,7 +130,9 @@ class EngineCore:
     # Utility methods (callable through the client, by name).
 
     def reset_prefix_cache(self) -> bool:
-        return self.scheduler.kv_cache.reset_prefix_cache()
+        done = self.scheduler.kv_cache.reset_prefix_cache()
+        self._publish_kv_events()  # AllBlocksCleared now, not with the next step
+        return done
 
     def get_stats(self) -> dict[str, Any]:
         """Totals since start, for tests and the CLI (per-step figures go out with each step)."""
@@ -148,6 +154,8 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.worker = None
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
         if self.scheduler.structured_output is not None:
             self.scheduler.structured_output.shutdown()
 
@@ -164,7 +172,19 @@ class EngineCore:
         return [EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR, error=error, internal_error=True)
                 for req_id in failed]
 
+    def stats_only(self) -> EngineCoreOutputs:
+        """An outputs message with no outputs: the scheduler's state now (after aborts that left
+        nothing to step, so no step would report it)."""
+        return EngineCoreOutputs(self.engine_index, [], time.monotonic(), self.scheduler.make_stats())
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_event_publisher is not None:
+            events = self.scheduler.kv_cache.take_events()
+            if events:
+                self.kv_event_publisher.publish(KVEventBatch(time.time(), events))
+
     def _package(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        self._publish_kv_events()
         if self._refused:
             outputs = self._refused + outputs
             self._refused = []

@@ -22,6 +22,7 @@ import hashlib
 from array import array
 from typing import Optional
 
+from engine.core import kv_events
 from engine.core.request import Request
 
 
@@ -100,7 +101,8 @@ class KVCacheManager:
     tokens, so they survive preemption); here is only how many of its blocks are registered.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 enable_kv_cache_events: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -110,6 +112,16 @@ class KVCacheManager:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
         self._num_registered: dict[str, int] = {}
+        # With KV events: what entered and left the cache since take_events (engine/core/kv_events.py).
+        self.events: Optional[list] = [] if enable_kv_cache_events and enable_caching else None
+
+    def take_events(self) -> list:
+        """The events since the last call (the core publishes them once per step)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
 
     @property
     def num_free_blocks(self) -> int:
@@ -171,13 +183,30 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request, num_full * self.block_size)
         cached = self.cached
+        run = None if self.events is None else []  # indices of this call's new registrations
         for i in range(start, num_full):
             block = self.blocks[request.block_ids[i]]
             # A concurrent request may have registered the same tokens first: keep that block.
             if block.block_hash is None and hashes[i] not in cached:
                 block.block_hash = hashes[i]
                 cached[hashes[i]] = block
+                if run is not None:
+                    run.append(i)
         self._num_registered[req_id] = num_full
+        if run:
+            self._stored(request, hashes, run)
+
+    def _stored(self, request: Request, hashes: list[bytes], registered: list[int]) -> None:
+        """One BlockStored per run of consecutive newly registered blocks, each chained to the
+        block before it (None before the first block)."""
+        bs, tokens = self.block_size, request.all_token_ids
+        begin = 0
+        for k in range(1, len(registered) + 1):
+            if k == len(registered) or registered[k] != registered[k - 1] + 1:
+                first, last = registered[begin], registered[k - 1]
+                self.events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
+                                                    tokens[first * bs:(last + 1) * bs], bs, request.cache_salt))
+                begin = k
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (registering its computed full blocks first). Blocks go
@@ -204,12 +233,23 @@ class KVCacheManager:
         for block in self.cached.values():
             block.block_hash = None
         self.cached.clear()
+        if self.events is not None:
+            self.events.append(kv_events.AllBlocksCleared())
         return True
+
+    def _removed(self, block_hash: bytes) -> None:
+        last = self.events[-1] if self.events else None
+        if type(last) is kv_events.BlockRemoved:  # evictions in a row: one event
+            last.block_hashes.append(block_hash)
+        else:
+            self.events.append(kv_events.removed(block_hash))
 
     def _pop_free(self) -> KVCacheBlock:
         block = self.free_queue.popleft()
         if block.block_hash is not None:  # evict: its old contents are about to be overwritten
             del self.cached[block.block_hash]
+            if self.events is not None:
+                self._removed(block.block_hash)
             block.block_hash = None
         block.ref_cnt = 1
         return block

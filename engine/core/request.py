@@ -45,7 +45,8 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
-                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt")
+                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt",
+                 "events")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
@@ -86,6 +87,8 @@ class Request:
         # GrammarState), set by the scheduler when the request is added.
         self.structured_output = None
         self.cache_salt = cache_salt  # mixed into the first block's digest (kv_cache.block_hashes)
+        # EngineCoreEvents not yet sent (the scheduler records them; its next output carries them).
+        self.events: Optional[list] = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":

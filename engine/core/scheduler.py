@@ -40,7 +40,8 @@ from engine.core.kv_cache import KVCacheManager
 from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import EngineCoreOutput, FinishReason, LogprobsLists, SchedulerStats
+from engine.protocol import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
+                             SchedulerStats)
 
 
 class FCFSQueue:
@@ -127,7 +128,7 @@ class Scheduler:
         # Finished or preempted since the last batch handed to the runner.
         self.finished_req_ids: set[str] = set()
         # Counters for SchedulerStats: this step's, and totals since start.
-        self._step_queries = self._step_hits = self._step_preempted = self._step_tokens = 0
+        self._step_queries = self._step_hits = self._step_preempted = 0
         self.total_queries = self.total_hits = self.total_preemptions = 0
 
     @property
@@ -142,6 +143,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        request.events = [EngineCoreEvent(EngineCoreEventType.QUEUED, time.monotonic())]
         if request.sampling_params.structured_outputs is not None and self.structured_output is not None:
             self.structured_output.start(request)
             self.waiting_for_grammar.append(request)
@@ -235,6 +237,7 @@ class Scheduler:
             self._step_queries += req.num_tokens
             self._step_hits += num_hit_tokens
             req.status = RequestStatus.RUNNING
+            _record(req, EngineCoreEventType.SCHEDULED)
             self.running.append(req)
             batch.append(req)
             num_tokens.append(n)
@@ -245,7 +248,6 @@ class Scheduler:
         self.total_queries += self._step_queries
         self.total_hits += self._step_hits
         out = SchedulerOutput(batch, num_tokens, self.max_num_batched_tokens - budget)
-        self._step_tokens = out.total_num_scheduled_tokens
         if self.structured_output is not None:
             out.grammar_bitmask = self.structured_output.fill_bitmask(
                 [r for r, n in zip(batch, num_tokens) if r.structured_output is not None
@@ -277,7 +279,8 @@ class Scheduler:
                 if caching:
                     self.kv_cache.cache_blocks(req)
                 if plp is not None:
-                    outputs.append(EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp))
+                    outputs.append(EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp,
+                                                    events=_take_events(req)))
                 continue
             req_id = req.request_id
             if req.pooling_params is not None:  # prompt computed: its one output, and it is done
@@ -286,7 +289,7 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED_STOPPED
                 outputs.append(EngineCoreOutput(req_id, [], finish_reason=FinishReason.STOP,
                                                 num_cached_tokens=req.num_cached_tokens,
-                                                pooled=result.pooler_output[req_id]))
+                                                pooled=result.pooler_output[req_id], events=_take_events(req)))
                 self._free(req)
                 finished = True
                 continue
@@ -299,6 +302,8 @@ class Scheduler:
                 self.kv_cache.cache_blocks(req)
             out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,
                                    num_cached_tokens=req.num_cached_tokens)
+            if req.events is not None:
+                out.events, req.events = req.events, None
             if req.structured_output is not None and not self.structured_output.accept(req, token):
                 req.status = RequestStatus.FINISHED_ERROR
                 out.finish_reason, out.new_token_ids = FinishReason.ERROR, []
@@ -355,8 +360,7 @@ class Scheduler:
         return SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
             kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
-            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
-            step_num_tokens=self._step_tokens)
+            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted)
 
     def _check_stop(self, req: Request, token: int) -> bool:
         """Stop tokens (once min_tokens are out), the end of the request's grammar, then length.
@@ -438,3 +442,16 @@ class Scheduler:
             self.kv_connector.request_finished(req)
         del self.requests[req.request_id]
         self.finished_req_ids.add(req.request_id)
+
+
+def _record(req: Request, kind: EngineCoreEventType) -> None:
+    event = EngineCoreEvent(kind, time.monotonic())
+    if req.events is None:
+        req.events = [event]
+    else:
+        req.events.append(event)
+
+
+def _take_events(req: Request) -> Optional[list[EngineCoreEvent]]:
+    events, req.events = req.events, None
+    return events

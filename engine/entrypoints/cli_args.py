@@ -77,6 +77,10 @@ ENGINE_ARG_HELP = {
                           '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
                           '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
                           "(kv_role: kv_producer, kv_consumer or kv_both).",
+    "kv_events_config": "KV-cache events as a JSON object with vLLM's fields, e.g. "
+                        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+                        '"topic": ""}\' (also replay_endpoint, buffer_steps, hwm, max_queue_size): BlockStored, '
+                        "BlockRemoved and AllBlocksCleared in vLLM's msgpack format over a ZMQ PUB socket.",
     "runner": "auto (generate for the *ForCausalLM models here), generate, or pooling (an embedding model: "
               "LLM.embed, /v1/embeddings).",
     "convert": "auto, none, or embed: how a *ForCausalLM becomes a pooling model (runner pooling).",

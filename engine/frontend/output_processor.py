@@ -18,6 +18,7 @@ from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
 from engine.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput, RequestStateStats
 from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.stat_loggers import FinishedRequestStats, IterationStats
 
 
 def _pooling_output(state: "RequestState", out: EngineCoreOutput) -> PoolingRequestOutput:
@@ -78,7 +79,7 @@ class RequestState:
 
     __slots__ = ("request_id", "output_id", "prompt", "prompt_token_ids", "output_kind", "delta", "final_only",
                  "parent", "index", "detokenizer", "logprobs", "token_ids", "stats", "num_cached_tokens",
-                 "queue")
+                 "queue", "max_tokens")
 
     def __init__(self, request: EngineCoreRequest, prompt: Optional[str], detokenizer,
                  decode: TokenDecoder, parent: Optional[ParentRequest], index: int,
@@ -101,6 +102,11 @@ class RequestState:
         self.stats = RequestStateStats(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
         self.queue = queue  # AsyncLLM: the request's collector, which takes each output at once
+        self.max_tokens = getattr(params, "max_tokens", None)  # for the metrics (vLLM's max_tokens_param)
+
+    def finished_stats(self, finish_reason: FinishReason, now: float) -> FinishedRequestStats:
+        return FinishedRequestStats.of(self.stats, str(finish_reason), len(self.prompt_token_ids),
+                                       self.max_tokens, now)
 
     def make_request_output(self, new_token_ids: list[int], finish_reason: Optional[FinishReason],
                             stop_reason, error: Optional[str], internal_error: bool = False
@@ -148,6 +154,9 @@ class OutputProcessor:
         self._decode = TokenDecoder(tokenizer)
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
+        # With stat loggers (AsyncLLM): requests aborted here since the output handler last took them.
+        self.log_stats = False
+        self.aborted_stats: list[FinishedRequestStats] = []
 
     def add_request(self, request: EngineCoreRequest, prompt: Optional[str],
                     parent: Optional[ParentRequest] = None, index: int = 0, *,
@@ -183,16 +192,19 @@ class OutputProcessor:
                 if state is None:
                     continue
                 core_ids.append(child_id)
+                if self.log_stats:
+                    self.aborted_stats.append(state.finished_stats(FinishReason.ABORT, time.monotonic()))
                 if state.queue is not None:
                     output = state.make_request_output([], FinishReason.ABORT, None, None)
                     if output is not None:
                         state.queue.put(output)
         return core_ids
 
-    def process_outputs(self, outputs: list[EngineCoreOutput],
-                        engine_core_timestamp: float = 0.0) -> OutputProcessorOutput:
+    def process_outputs(self, outputs: list[EngineCoreOutput], engine_core_timestamp: float = 0.0,
+                        iteration_stats: Optional[IterationStats] = None) -> OutputProcessorOutput:
         """Turn one batch of core outputs into RequestOutputs: returned, or put into each
-        request's queue with ``engine_core_timestamp`` (when the core published them)."""
+        request's queue with ``engine_core_timestamp`` (when the core published them). With
+        ``iteration_stats``, what the batch did is added to it (engine/stat_loggers.py)."""
         result = OutputProcessorOutput()
         request_outputs, reqs_to_abort = result.request_outputs, result.reqs_to_abort
         now = time.monotonic()
@@ -203,11 +215,19 @@ class OutputProcessor:
                 continue
             new_ids = out.new_token_ids
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            if out.events is not None:
+                state.stats.update_from_events(out.events)
             if new_ids:
                 stats = state.stats
                 if not stats.first_token_ts:
                     stats.first_token_ts = now
                     state.num_cached_tokens = out.num_cached_tokens
+                    if iteration_stats is not None:
+                        _first_token(iteration_stats, state, now)
+                elif iteration_stats is not None:
+                    iteration_stats.inter_token_latencies_iter.append(now - stats.last_token_ts)
+                if iteration_stats is not None:
+                    iteration_stats.num_generation_tokens += len(new_ids)
                 stats.last_token_ts = now
                 stats.num_generation_tokens += len(new_ids)
                 if not state.delta:  # DELTA outputs carry only the new ids
@@ -224,6 +244,8 @@ class OutputProcessor:
                               state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
                                                         out.internal_error))
             if finish_reason is not None:
+                if iteration_stats is not None:
+                    iteration_stats.finished_requests.append(state.finished_stats(finish_reason, now))
                 del states[out.request_id]
                 parent = state.parent
                 if parent is not None and not parent.unfinished:
@@ -238,3 +260,15 @@ class OutputProcessor:
                 if request_output.finished:
                     result.finished_queues.append(queue)
         return result
+
+
+def _first_token(iteration_stats: IterationStats, state: RequestState, now: float) -> None:
+    """A request's first token: its time to first token, its prompt tokens, and (once per
+    user request) its ``n``."""
+    iteration_stats.time_to_first_tokens_iter.append(now - state.stats.arrival_time)
+    iteration_stats.num_prompt_tokens += len(state.prompt_token_ids)
+    parent = state.parent
+    if parent is None:
+        iteration_stats.n_params_iter.append(1)
+    elif state.index == 0:
+        iteration_stats.n_params_iter.append(parent.params.n)

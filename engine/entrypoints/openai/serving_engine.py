@@ -212,8 +212,6 @@ class OpenAIServing:
                     if first:
                         first = False
                         started()
-                    if output.finished:
-                        self.metrics.observe_finished(output)
                     yield output
         except RendererBusyError as exc:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None

@@ -1,0 +1,201 @@
+"""KV-cache events in vLLM's wire format, and the EngineCore's ZMQ publisher of them.
+
+Routers that place requests by cache contents (llm-d's KV indexer, NVIDIA Dynamo's KV router,
+vllm-router) follow an engine's prefix cache from these events rather than from metrics:
+``BlockStored`` when full blocks enter the cache, ``BlockRemoved`` when evicted blocks leave it,
+``AllBlocksCleared`` on ``reset_prefix_cache``. The block hashes are the prefix cache's own
+digests (engine/core/kv_cache.py: 16-byte blake2b, each chained to its parent block's), sent as
+msgpack bytes, which vLLM's ``ExternalBlockHash`` (``bytes | int``) admits.
+
+The wire is vLLM's (vllm/distributed/kv_events.py; events as tagged maps since vLLM PR 42892):
+a multipart message ``[topic, seq as 8 bytes big-endian, payload]`` whose payload is a msgpack
+``KVEventBatch`` array ``[ts, events, data_parallel_rank]`` (``ts`` wall-clock seconds) and each
+event a map with its class name under ``"type"`` and vLLM's field names in vLLM's order.
+
+The KV cache manager collects a step's events; the core hands them over once per step as one
+batch. Encoding and sending happen on the publisher's own thread, behind a bounded queue: a
+slow or absent subscriber never stalls a step. When the queue is full a batch is dropped and
+counted (``dropped``, logged), as a PUB socket drops for a slow subscriber anyway; sequence
+numbers are given at send, so a gap a subscriber sees is a loss at the socket, which the
+replay socket (``replay_endpoint``) can fill from the last ``buffer_steps`` batches.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from itertools import count
+from typing import Any, Optional, Union
+
+import msgspec
+
+from engine.kv_events_config import KVEventsConfig
+
+logger = logging.getLogger(__name__)
+
+MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV cache (its device memory), whatever the device
+FULL_ATTENTION = "full_attention"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # a replay's last message
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base of the events: tagged with the class name under "type"."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[bytes]
+    parent_block_hash: Optional[bytes]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    # one entry per block: what besides its tokens entered its hash (here: a cache_salt, first block only)
+    extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+    group_idx: Optional[int] = None
+    kv_cache_spec_kind: Optional[str] = None
+    kv_cache_spec_sliding_window: Optional[int] = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[bytes]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+def stored(block_hashes: list[bytes], parent: Optional[bytes], token_ids: list[int], block_size: int,
+           cache_salt: Optional[str]) -> BlockStored:
+    extra = None
+    if cache_salt is not None and parent is None:  # the salt is the first block's parent digest
+        extra = [(cache_salt,)] + [None] * (len(block_hashes) - 1)
+    return BlockStored(block_hashes, parent, token_ids, block_size, None, MEDIUM_GPU, None, extra, 0, FULL_ATTENTION)
+
+
+def removed(block_hash: bytes) -> BlockRemoved:
+    return BlockRemoved([block_hash], MEDIUM_GPU, 0)
+
+
+def offset_endpoint(endpoint: Optional[str], rank: int) -> Optional[str]:
+    """Each data-parallel rank publishes on its own address (vLLM's rule): a tcp port plus the
+    rank, an ipc/inproc path with ``_dp<rank>`` appended."""
+    if not endpoint or rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        return f"{base}:{int(port) + rank}"
+    return f"{endpoint}_dp{rank}"
+
+
+def _binds(endpoint: str) -> bool:
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class ZmqEventPublisher:
+    """PUB socket (bound or connected per vLLM's rule), optional ROUTER for replays, one thread."""
+
+    _POLL_S = 0.1
+
+    def __init__(self, config: KVEventsConfig, data_parallel_rank: int = 0) -> None:
+        import zmq
+
+        self._rank = data_parallel_rank
+        self._topic = config.topic.encode()
+        self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self.dropped = 0
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._replay = None
+        try:
+            self._pub.set_hwm(config.hwm)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            endpoint = offset_endpoint(config.endpoint, data_parallel_rank)
+            (self._pub.bind if _binds(endpoint) else self._pub.connect)(endpoint)
+            if config.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(offset_endpoint(config.replay_endpoint, data_parallel_rank))
+        except zmq.ZMQError as e:
+            self._close()
+            raise ValueError(f"kv_events_config: cannot open {config.endpoint!r} "
+                             f"(or replay_endpoint {config.replay_endpoint!r}): {e}") from None
+        self._thread = threading.Thread(target=self._run, name="kv-events-publisher", daemon=True)
+        self._thread.start()
+
+    def publish(self, batch: EventBatch) -> None:
+        """Hand a step's batch to the thread; never blocks (a full queue drops it, counted)."""
+        if batch.data_parallel_rank is None:
+            batch.data_parallel_rank = self._rank
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # the 1st, 2nd, 4th, ... drop
+                logger.warning("KV events: %d batch(es) dropped, the publisher queue is full", self.dropped)
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Send what is queued (for up to ``timeout`` s), then close the sockets."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._close()
+
+    def _close(self) -> None:
+        for sock in (self._pub, self._replay):
+            if sock is not None:
+                sock.close(linger=0)
+        self._ctx.term()
+
+    def _run(self) -> None:
+        encode = msgspec.msgpack.Encoder().encode
+        seq = count()
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                batch = self._queue.get(timeout=self._POLL_S)
+            except queue.Empty:
+                continue
+            if batch is None:
+                return
+            try:
+                n, payload = next(seq), encode(batch)
+                self._pub.send_multipart((self._topic, n.to_bytes(8, "big"), payload))
+                self._buffer.append((n, payload))
+            except Exception:  # a bad batch or a closed socket: log, keep the step loop unaffected
+                logger.exception("KV events: publishing a batch failed")
+
+    def _serve_replay(self) -> None:
+        """A subscriber sent [identity, b"", start seq]: every kept batch from there, then END_SEQ."""
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            logger.warning("KV events: a replay request of %d frames, not 3, ignored", len(frames))
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for n, payload in list(self._buffer):
+            if n >= first:
+                self._replay.send_multipart((client, b"", n.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+
+def make_publisher(config: Optional[KVEventsConfig], data_parallel_rank: int) -> Optional[ZmqEventPublisher]:
+    return ZmqEventPublisher(config, data_parallel_rank) if config is not None and config.active else None

@@ -1,0 +1,182 @@
+"""KV-cache events: a subscriber follows the prefix cache over ZMQ, in vLLM's wire format.
+
+The subscriber is what a router runs: pyzmq SUB, and msgspec structs declared here the way
+vLLM's consumers declare them (the batch a positional array, each event a map tagged "type"),
+not ringllm's own classes, so the test fails if the wire drifts from vLLM's. The engine is a
+real ``LLM`` with its EngineCore in its own process, on the tiny model with a 12-block cache,
+so new prompts must evict the old ones' blocks.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import msgspec
+import pytest
+import zmq
+
+from engine import LLM, SamplingParams
+from engine.core.kv_cache import hash_block
+from openai_server_utils import free_port
+
+BLOCK = 16
+TOPIC = "kv"
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[Union[bytes, int]]
+    parent_block_hash: Union[bytes, int, None]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list] = None
+    group_idx: Optional[int] = None
+    kv_cache_spec_kind: Optional[str] = None
+    kv_cache_spec_sliding_window: Optional[int] = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[Union[bytes, int]]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+class Subscriber:
+    """A SUB socket bound before the engine starts (the engine's PUB connects to it)."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt_string(zmq.SUBSCRIBE, TOPIC)
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.sock.bind(self.endpoint)
+        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self.last_seq = -1
+        self.events: list = []
+
+    def drain(self, until, timeout: float = 30.0) -> list:
+        """Receive batches until ``until(all events so far)`` holds; checks the framing."""
+        deadline = time.monotonic() + timeout
+        while not until(self.events):
+            assert time.monotonic() < deadline, f"events so far: {self.events}"
+            if self.sock.poll(100):
+                topic, seq, payload = self.sock.recv_multipart()
+                assert topic == TOPIC.encode() and len(seq) == 8
+                n = int.from_bytes(seq, "big")
+                assert n == self.last_seq + 1 or self.last_seq == -1, "a batch was lost"
+                self.last_seq = n
+                batch = self.decoder.decode(payload)
+                assert batch.data_parallel_rank == 0 and batch.ts > 1e9  # wall-clock seconds
+                self.events.extend(batch.events)
+        return self.events
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def chain(tokens: list[int]) -> list[bytes]:
+    """The prefix cache's digests of the full blocks of ``tokens``."""
+    hashes, parent = [], b""
+    for i in range(len(tokens) // BLOCK):
+        parent = hash_block(parent, tokens[i * BLOCK:(i + 1) * BLOCK])
+        hashes.append(parent)
+    return hashes
+
+
+def stored_hashes(events) -> list[bytes]:
+    return [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+
+
+@pytest.fixture
+def subscriber():
+    sub = Subscriber()
+    yield sub
+    sub.close()
+
+
+def test_a_subscriber_follows_the_cache_stored_evicted_and_cleared(tiny_model_dir, subscriber):
+    llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32",
+              kv_cache_memory=12 * (8 << 10), max_model_len=128, block_size=BLOCK,
+              kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
+                                "endpoint": subscriber.endpoint, "topic": TOPIC})
+    greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    try:
+        # PUB/SUB drops what is sent before the subscription arrives: warm up until a batch lands
+        warm = [[1000 + i] * BLOCK + [1] for i in range(50)]
+        for prompt in warm:
+            llm.generate({"prompt_token_ids": prompt}, greedy, use_tqdm=False)
+            if subscriber.sock.poll(200):
+                break
+        subscriber.drain(lambda ev: stored_hashes(ev))
+        subscriber.events.clear()
+
+        # 1) a new prefix of three full blocks: BlockStored with the cache's own digests, chained
+        prompt = [(7 * j) % 2000 + 10 for j in range(3 * BLOCK)] + [5, 6]
+        expected = chain(prompt)
+        llm.generate({"prompt_token_ids": prompt}, greedy, use_tqdm=False)
+        events = subscriber.drain(lambda ev: set(expected) <= set(stored_hashes(ev)))
+        stores = [e for e in events if isinstance(e, BlockStored) and set(e.block_hashes) & set(expected)]
+        assert [h for e in stores for h in e.block_hashes] == expected
+        first = stores[0]
+        assert first.parent_block_hash is None and first.block_size == BLOCK and first.medium == "GPU"
+        assert first.token_ids == prompt[:len(first.block_hashes) * BLOCK]
+        assert all(len(h) == 16 for h in expected)  # blake2b-128 digests, sent as bytes
+
+        # 2) the same prefix again: a hit, nothing stored
+        subscriber.events.clear()
+        llm.generate({"prompt_token_ids": prompt[:2 * BLOCK] + [9, 9]}, greedy, use_tqdm=False)
+        # 3) prompts that need every block: the old ones are evicted, BlockRemoved names them
+        for i in range(3):
+            llm.generate({"prompt_token_ids": [300 + i] * (6 * BLOCK) + [1]}, greedy, use_tqdm=False)
+        events = subscriber.drain(lambda ev: set(expected) <= {h for e in ev if isinstance(e, BlockRemoved)
+                                                              for h in e.block_hashes})
+        assert not set(expected) & set(stored_hashes(events))  # the hit stored nothing new of it
+        assert all(e.medium == "GPU" for e in events if isinstance(e, BlockRemoved))
+
+        # 4) reset_prefix_cache: AllBlocksCleared
+        assert llm.reset_prefix_cache()
+        subscriber.drain(lambda ev: any(isinstance(e, AllBlocksCleared) for e in ev))
+    finally:
+        llm.shutdown()
+
+
+def test_cache_salt_is_the_first_blocks_extra_key():
+    from engine.core import kv_events
+
+    event = msgspec.msgpack.decode(msgspec.msgpack.encode(kv_events.stored([b"a" * 16, b"b" * 16], None,
+                                                                           list(range(32)), BLOCK, "tenant")),
+                                   type=BlockStored)
+    assert event.extra_keys == [["tenant"], None] and event.kv_cache_spec_kind == "full_attention"
+
+
+@pytest.mark.parametrize("config, field", [({"enable_kv_cache_events": True, "publisher": "kafka"}, "publisher"),
+                                           ({"enable_kv_cache_events": True, "endpoint": "udp://x"}, "endpoint"),
+                                           ({"enable_kv_cache_events": True, "hwm": 0}, "hwm"),
+                                           ({"enable_kv_cache_events": True, "topics": "x"}, "topics")])
+def test_a_bad_kv_events_config_is_refused_naming_the_field(config, field):
+    from engine.config import EngineArgs
+
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(kv_events_config=config).create_engine_config()
