@@ -243,6 +243,9 @@ def plan(serving=ToolServing(), **body):
     ({"tools": [NOW], "tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
       "tool_choice": "none"}, "tools", 'type "object"'),
+    ({"tools": [NOW], "tool_choice": {"type": "function"}}, "tool_choice", "function"),
+    ({"tools": [NOW], "tool_choice": {"type": "function", "function": {}}}, "tool_choice", "name"),
+    ({"tools": [NOW], "tool_choice": "always"}, "tool_choice", ""),
 ])
 def test_tool_requests_vllm_refuses_are_400_naming_the_field(body, param, message):
     with pytest.raises(OpenAIError) as info:
