@@ -168,11 +168,14 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         for name in ("logprobs", "prompt_logprobs"):  # a bool is refused: logprobs=True means no count
             _optional_int(name, getattr(self, name), low=-1,
                           allowed="None, or an int: -1 (the whole vocabulary), 0 or a count below 2**63")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:  # first: O(1) for a huge list
+            raise ParameterError(f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
+                                 f"{MAX_STOP_STRING_CHARS} characters each, got {len(self.stop)}", parameter="stop")
         if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
             raise _bad("stop", "a non-empty string or a list of them", self.stop)
-        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
             raise ParameterError(f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
-                                 f"{MAX_STOP_STRING_CHARS} characters each, got {len(self.stop)} of up to "
+                                 f"{MAX_STOP_STRING_CHARS} characters each, got one of "
                                  f"{max(map(len, self.stop))} characters", parameter="stop")
         _token_ids("stop_token_ids", self.stop_token_ids)
         _token_ids("all_stop_token_ids", self.all_stop_token_ids)

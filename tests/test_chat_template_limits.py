@@ -62,6 +62,11 @@ def test_the_time_bound_stops_a_render_that_stays_within_its_steps():
         render_chat(PATHOLOGICAL["nested loops writing nothing"], USER, special_tokens={}, limits=limits)
 
 
+def test_a_template_source_past_its_bound_is_refused_before_compiling():
+    with pytest.raises(ValueError, match="at most 131072 are allowed"):
+        render_chat("{{ x }}" * 20000, USER, special_tokens={})
+
+
 def test_output_past_max_chars_is_refused_and_within_it_rendered():
     template = "{% for i in range(1000) %}x{% endfor %}"
     assert render_chat(template, USER, special_tokens={}, limits=TemplateLimits(max_chars=1000)) == "x" * 1000

@@ -51,6 +51,9 @@ from jinja2.visitor import NodeTransformer
 MAX_INT_ARGUMENT = MAX_RANGE
 # Integer arithmetic results (``**``, ``*``): far beyond any count a template needs.
 MAX_INT_BITS = 4096
+# A template's source: compiling costs ~0.2 ms per tag here and is not interruptible, so its
+# length is bounded (the longest chat templates on the Hugging Face Hub are ~20-30 KB).
+MAX_TEMPLATE_CHARS = 128 << 10
 # A width in a format string ("{:>N}", "%Ns", strftime's "%NY") of this many digits or more.
 _WIDE_FORMAT = re.compile(r"\d{6,}")
 
@@ -356,7 +359,11 @@ _ENVIRONMENT_LOCK = threading.Lock()  # Environment's template cache is not docu
 @lru_cache(maxsize=64)
 def compile_template(source: str) -> jinja2.Template:
     """``source`` compiled (once per distinct text: a model's template is compiled at its first
-    request, a request's template at each distinct one, the last 64 kept)."""
+    request, a request's template at each distinct one, the last 64 kept). Compiling is not
+    counted by a render's budget, so the source's length bounds it instead."""
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise ChatTemplateError(f"the chat template is {len(source)} characters long; at most "
+                                f"{MAX_TEMPLATE_CHARS} are allowed")
     try:
         with _ENVIRONMENT_LOCK:
             return _ENVIRONMENT.from_string(source)
