@@ -61,7 +61,9 @@ def test_bad_server_settings_name_the_field():
 
 @pytest.mark.parametrize("command,expected", [
     ("serve", ["MODEL", "--host", "--port", "--api-key", "--max-waiting-requests", "--request-timeout",
-               "--drain-timeout", *(f"--{f.replace('_', '-')}" for f in ENGINE_ARG_HELP)]),
+               "--drain-timeout", "--api-key-file", "--header-timeout", "--body-timeout", "--keep-alive-timeout",
+               "--max-connections", "--health-busy-timeout", "--health-idle-timeout",
+               *(f"--{f.replace('_', '-')}" for f in ENGINE_ARG_HELP)]),
     ("generate", ["PROMPT", "--max-tokens", "--chat", "--model", "--transport"]),
     ("chat", ["--url", "--api-key", "--model", "--system-prompt", "--quick"]),
     ("complete", ["--url", "--api-key", "--model", "--quick"]),
