@@ -4,7 +4,8 @@ The rendered prompt is tokenized here without special tokens: the template alrea
 them as text, and a tokenizer that adds a BOS would otherwise add a second one. With no
 max_tokens the answer is bounded by the model's generation config, else by the context, as
 vLLM allows. Streams open with a role chunk per choice, but only once the engine has accepted
-the request, so a refused request still gets its 4xx instead of a stream.
+the request, so a refused request still gets its 4xx instead of a stream. A request that asks
+for tool calls (tool_parsers/tool_choice.py) has them read out of each reply, whole or streamed.
 """
 from __future__ import annotations
 
