@@ -180,3 +180,62 @@ def test_a_bad_kv_events_config_is_refused_naming_the_field(config, field):
 
     with pytest.raises(ValueError, match=field):
         EngineArgs(kv_events_config=config).create_engine_config()
+
+
+def test_replay_serves_the_missed_batches_then_the_end_marker(tmp_path):
+    """A subscriber that saw a gap asks the ROUTER for every batch from a sequence number on
+    (with a DEALER: a REQ socket would take the first reply only)."""
+    from engine.core.kv_events import END_SEQ, ZmqEventPublisher
+    from engine.kv_events_config import resolve_kv_events_config
+
+    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
+                                       "replay_endpoint": f"ipc://{tmp_path}/replay", "topic": TOPIC})
+    publisher = ZmqEventPublisher(config)
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.LINGER, 0)
+    try:
+        from engine.core import kv_events
+
+        for i in range(3):
+            publisher.publish(kv_events.KVEventBatch(float(i), [kv_events.removed(bytes([i]) * 16)]))
+        req.connect(f"ipc://{tmp_path}/replay")
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        replayed, deadline = [], time.monotonic() + 30
+        while len(replayed) < 2:  # batches reach the buffer once sent: ask again until both are there
+            assert time.monotonic() < deadline, replayed
+            replayed = []
+            req.send_multipart((b"", (1).to_bytes(8, "big")))
+            while True:
+                assert req.poll(10_000), "no replay answer"
+                empty, seq, payload = req.recv_multipart()
+                assert empty == b""
+                if seq == END_SEQ:
+                    assert payload == b""
+                    break
+                replayed.append((int.from_bytes(seq, "big"), decoder.decode(payload)))
+        assert [(n, b.ts, b.events[0].block_hashes) for n, b in replayed] == [(1, 1.0, [b"\x01" * 16]),
+                                                                              (2, 2.0, [b"\x02" * 16])]
+    finally:
+        req.close()
+        ctx.term()
+        publisher.shutdown()
+
+
+def test_a_full_queue_drops_batches_and_counts_them_without_blocking(tmp_path):
+    from engine.core import kv_events
+    from engine.kv_events_config import resolve_kv_events_config
+
+    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
+                                       "max_queue_size": 1})
+    publisher = kv_events.ZmqEventPublisher(config)
+    publisher.shutdown()  # its thread gone, nothing drains the queue any more
+    for i in range(3):
+        publisher.publish(kv_events.KVEventBatch(float(i), [kv_events.AllBlocksCleared()]))
+    assert publisher.dropped == 2
+
+
+def test_an_endpoint_zmq_cannot_open_fails_the_start_naming_kv_events_config(tiny_model_dir):
+    with pytest.raises(Exception, match="kv_events_config: cannot open 'tcp://[*]:notaport'"):
+        LLM(model=tiny_model_dir, load_format="dummy", device="cpu", kv_cache_memory=1 << 20, max_model_len=128,
+            kv_events_config={"enable_kv_cache_events": True, "endpoint": "tcp://*:notaport"})

@@ -152,10 +152,15 @@ class EngineCore:
                              "(engine.worker.rpc_method)")
         return [msgspec.to_builtins(fn(*args, **kwargs))]
 
+    def stop_publishing(self) -> None:
+        """Send the KV events still queued (briefly) and close their sockets; idempotent."""
+        publisher, self.kv_event_publisher = self.kv_event_publisher, None
+        if publisher is not None:
+            publisher.shutdown()
+
     def shutdown(self) -> None:
         self.worker = None
-        if self.kv_event_publisher is not None:
-            self.kv_event_publisher.shutdown()
+        self.stop_publishing()
         if self.scheduler.structured_output is not None:
             self.scheduler.structured_output.shutdown()
 

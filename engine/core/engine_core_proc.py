@@ -281,7 +281,7 @@ def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
 
         args["worker_cls"] = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
     config = create_engine_config(EngineArgs(**args))
-    return config, EngineCore(config)
+    return config, EngineCore(config, spec.engine_index)
 
 
 def _send_dead(channel: Any, engine_index: int, error: str) -> None:
@@ -328,6 +328,7 @@ def main(argv: list[str]) -> int:
             _send_dead(channel, spec.engine_index, f"it died of {type(e).__name__} (the EngineCore log has the "
                                                    "traceback)")
             return 1
+        core.stop_publishing()  # a clean stop: the KV-event publisher sends what it holds
         return 0
     finally:
         channel.close()
