@@ -47,6 +47,9 @@ CASES = [
      None),
     ("mistral", f'Checking. [TOOL_CALLS] [{{"name": "a", "arguments": {dumps(TRICKY)}}}, '
                 '{"name": "b", "arguments": {}}]', [("a", TRICKY), ("b", {})], "Checking. "),
+    ("mistral", f'[TOOL_CALLS]get_weather[ARGS]{dumps(NESTED)}[TOOL_CALLS]now[ARGS]{{}}', [("get_weather", NESTED),
+                                                                                        ("now", {})], None),
+    ("mistral", f'Sure.[TOOL_CALLS]search[ARGS] {dumps(TRICKY)}', [("search", TRICKY)], "Sure."),
     ("pythonic", '[get_weather(city="Zürich", days=[1, 2, {"deep": ((), {})}], exact=None, ok=True)]',
      [("get_weather", {"city": "Zürich", "days": [1, 2, {"deep": [[], {}]}], "exact": None, "ok": True})], None),
     ("pythonic", "[search(text='a {brace}, \"quotes\", (parens) and ]', n=-0.5), now(), "
@@ -60,6 +63,7 @@ PLAIN = [  # replies without calls: content, whole
     ("llama3_json", 'Sure, here: {"name": "f", "parameters": {}}'),
     ("llama3_json", '{"answer": 42}'),
     ("mistral", "No [TOOL_ here, just [brackets]."),
+    ("mistral", "[TOOL_CALLS]not a name[ARGS]{}"),
     ("pythonic", "[1] a footnote, then text"),
     ("pythonic", '[f(x=__import__("os").system("echo owned"))]'),
     ("pythonic", "[f(1, 2)]"),
