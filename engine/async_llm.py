@@ -349,7 +349,7 @@ class AsyncLLM(EngineClient):
         self._requests[request_id] = collector  # reserved across awaits
         try:
             processor = self.input_processor
-            processor.check_prompt_fits(prompt)  # a prompt too long to fit is refused before the queue
+            processor.check_prompt_fits(prompt, params)  # a prompt too long to fit is refused before the queue
             if tokenization_kwargs:
                 prompt = await self.renderer.run(processor.prompt_size(prompt), tokenize_with_kwargs,
                                                  self.tokenizer, prompt, tokenization_kwargs)

@@ -383,3 +383,17 @@ def test_length_penalty_divides_the_score_by_length_to_its_power():
     assert search.score(beam) == -8.0 / 4 ** 0.5
     search.params = BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=2.0)
     assert search.score(beam) == -8.0 / 16
+
+
+def test_a_prompt_longer_than_the_context_fits_once_truncated(server):
+    """The size check that refuses text too long for max_model_len before tokenizing it steps
+    aside when the request truncates: vLLM cuts any prompt to truncate_prompt_tokens."""
+    limit = json.loads(server.get("/v1/models")[1])["data"][0]["max_model_len"]
+    text = "word " * (limit * 100)  # far more bytes than max_model_len tokens can hold
+    assert_400(server, "/v1/completions", {"prompt": text, "max_tokens": 1}, "prompt")
+    out = complete(server, prompt=text, max_tokens=1, truncate_prompt_tokens=8)
+    assert out["usage"]["prompt_tokens"] == 8
+    answer = chat(server, messages=[{"role": "user", "content": text}], max_tokens=1, truncate_prompt_tokens=8)
+    assert answer["usage"]["prompt_tokens"] == 8
+    assert_400(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+               "messages")

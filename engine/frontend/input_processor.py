@@ -168,7 +168,8 @@ class InputProcessor:
             raise ParameterError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
                                  parameter="priority", value=priority)
         cache_salt = self._prompt_options(prompt)
-        text, token_ids = self._tokenize(prompt, add_special_tokens)
+        truncating = params.truncate_prompt_tokens is not None
+        text, token_ids = self._tokenize(prompt, add_special_tokens, truncating)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.truncation_side)
         if pooling:
             self._validate(token_ids, _POOLING_SAMPLING)
@@ -237,8 +238,11 @@ class InputProcessor:
                                  f"max_model_len={self.max_model_len} can hold (at most {limit} bytes)",
                                  parameter=param)
 
-    def check_prompt_fits(self, prompt: PromptType) -> None:
-        """``check_text_fits`` for a prompt in any of its forms (token ids are counted later)."""
+    def check_prompt_fits(self, prompt: PromptType, params: Any = None) -> None:
+        """``check_text_fits`` for a prompt in any of its forms (token ids are counted later);
+        none for params that truncate the prompt (any length fits then, as in vLLM)."""
+        if getattr(params, "truncate_prompt_tokens", None) is not None:
+            return
         if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
             prompt = prompt.get("prompt")
         if isinstance(prompt, str):
@@ -284,7 +288,8 @@ class InputProcessor:
             field = str(e).split(":", 1)[0]
             raise ParameterError(str(e), parameter=field if field in _CHAT_FIELDS else at_fault) from None
 
-    def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[Optional[str], list[int]]:
+    def _tokenize(self, prompt: PromptType, add_special_tokens: bool,
+                  truncating: bool = False) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
@@ -296,7 +301,8 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ParameterError("text prompts need a tokenizer (skip_tokenizer_init=True); "
                                      "pass {'prompt_token_ids': [...]}", parameter="prompt")
-            self.check_text_fits(prompt)
+            if not truncating:  # a truncated prompt fits whatever its length
+                self.check_text_fits(prompt)
             return prompt, encode(self.tokenizer, prompt, add_special_tokens)
         if isinstance(prompt, (list, tuple)):
             return None, self._token_ids(prompt)

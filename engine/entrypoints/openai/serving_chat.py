@@ -93,7 +93,8 @@ class OpenAIServingChat(OpenAIServing):
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
                                                 body.chat_template_kwargs, chat_template=body.chat_template,
                                                 continue_final_message=body.continue_final_message,
-                                                tools=tool_plan.tools)
+                                                tools=tool_plan.tools,
+                                                must_fit=body.truncate_prompt_tokens is None)  # else cut to fit
             if body.use_beam_search:
                 return await self._beam_search(body, model, token_ids, request_id, created, started,
                                                request_fields.engine_request_id(request_id, request))
