@@ -158,3 +158,18 @@ def test_preemptions_and_busy_gauges_come_from_the_cores_steps(server):
     assert (value(m, "vllm:prefix_cache_queries_total") - value(before, "vllm:prefix_cache_queries_total")
             > 4 * BLOCK)
     assert value(m, "vllm:num_requests_running") == 0 and value(m, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_histogram_buckets_are_le_whether_values_come_one_at_a_time_or_per_message():
+    """A value equal to a bound counts in that bound's bucket (Prometheus' le), both on the
+    one-value path and on the sorted per-message path that inter-token latencies take."""
+    from engine.entrypoints.openai.metrics import _Histogram
+
+    values = [0.0, 0.01, 0.01, 0.02, 0.025, 0.05, 0.3, 100.0, 0.025, 0.011]
+    one, many = _Histogram((0.01, 0.025, 0.05)), _Histogram((0.01, 0.025, 0.05))
+    for v in values:
+        one.observe(v)
+    many.observe_all(list(values))
+    assert one.counts == many.counts == [3, 4, 1, 2]
+    assert many.buckets() == [("0.01", 3), ("0.025", 7), ("0.05", 8), ("+Inf", 10)]
+    assert one.sum == pytest.approx(sum(values)) and many.sum == pytest.approx(sum(values))

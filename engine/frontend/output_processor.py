@@ -209,6 +209,8 @@ class OutputProcessor:
         request_outputs, reqs_to_abort = result.request_outputs, result.reqs_to_abort
         now = time.monotonic()
         states = self.request_states
+        itl = iteration_stats.inter_token_latencies_iter.append if iteration_stats is not None else None
+        num_new = 0  # tokens in this batch, for iteration_stats
         for out in outputs:
             state = states.get(out.request_id)
             if state is None:  # aborted here while the core was still producing
@@ -224,12 +226,11 @@ class OutputProcessor:
                     state.num_cached_tokens = out.num_cached_tokens
                     if iteration_stats is not None:
                         _first_token(iteration_stats, state, now)
-                elif iteration_stats is not None:
-                    iteration_stats.inter_token_latencies_iter.append(now - stats.last_token_ts)
-                if iteration_stats is not None:
-                    iteration_stats.num_generation_tokens += len(new_ids)
+                elif itl is not None:
+                    itl(now - stats.last_token_ts)
                 stats.last_token_ts = now
                 stats.num_generation_tokens += len(new_ids)
+                num_new += len(new_ids)
                 if not state.delta:  # DELTA outputs carry only the new ids
                     state.token_ids += new_ids
                 if state.detokenizer is not None:
@@ -259,6 +260,8 @@ class OutputProcessor:
                 queue.put(request_output, engine_core_timestamp)
                 if request_output.finished:
                     result.finished_queues.append(queue)
+        if iteration_stats is not None:
+            iteration_stats.num_generation_tokens += num_new
         return result
 
 

@@ -18,7 +18,7 @@ this server's metrics, and a second app in one process gets no duplicate-metric 
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -72,11 +72,24 @@ class _Histogram:
         self.sum += value
 
     def observe_all(self, values: list) -> None:
-        if values:
-            counts, bounds = self.counts, self.bounds
+        """Many values at once (a message's inter-token latencies): sorted in C, then one bisect
+        per bucket instead of one per value. Sorts ``values`` in place."""
+        if not values:
+            return
+        if len(values) < 8:
             for value in values:
-                counts[bisect_left(bounds, value)] += 1
-            self.sum += sum(values)
+                self.observe(value)
+            return
+        values.sort()
+        counts, below = self.counts, 0
+        for i, bound in enumerate(self.bounds):
+            upto = bisect_right(values, bound)
+            counts[i] += upto - below
+            below = upto
+            if below == len(values):
+                break
+        counts[-1] += len(values) - below
+        self.sum += sum(values)
 
     def buckets(self) -> list[tuple[str, int]]:
         cumulative, out = 0, []
