@@ -15,7 +15,8 @@ setup(
                                     "benchmarks", "benchmarks.*"]),
     package_data={"benchmarks": ["*.md"]},
     setup_requires=["cffi>=1.16"],
-    cffi_modules=["shm_transport/_build_ring.py:ffibuilder", "engine/kernels/_build_cpu.py:ffibuilder"],
+    cffi_modules=["shm_transport/_build_ring.py:ffibuilder", "engine/kernels/_build_cpu.py:ffibuilder",
+                  "engine/structured_output/_build_bitmask.py:ffibuilder"],
     install_requires=[
         "torch==2.13.0",
         "numpy",
