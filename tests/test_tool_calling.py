@@ -161,6 +161,7 @@ def test_streamed_tool_calls_carry_running_usage_and_token_ids(tiny):
     assert len(token_ids) == chunks[-1].usage.completion_tokens == 6
 
 
+@pytest.mark.slow
 def test_tool_flags_are_checked_at_start(tiny_model_dir):
     cases = [(["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
              (["--tool-call-parser", "nope"], "invalid tool call parser: nope (choose from hermes"),
