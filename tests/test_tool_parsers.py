@@ -179,6 +179,22 @@ def test_every_prefix_settles_a_prefix_of_the_canonical_text(value, indent, asci
         assert final.startswith(prefix), (text[:cut], prefix)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4), st.sampled_from(["hermes", "mistral", "llama3_json"]),
+       st.lists(st.integers(1, 12), min_size=1, max_size=40), st.sampled_from([None, 2]))
+def test_random_arguments_stream_to_the_whole_parse(arguments, name, cuts, indent):
+    body = dumps({"name": "f", "arguments": arguments}, indent=indent)
+    text = {"hermes": f"<tool_call>{body}</tool_call>", "mistral": f"[TOOL_CALLS][{body}]", "llama3_json": body}[name]
+    pieces, pos = [], 0
+    for cut in cuts * (1 + len(text) // sum(cuts)):
+        pieces.append(text[pos:pos + cut])
+        pos += cut
+    whole = ToolParserManager.get_tool_parser(name)().extract_tool_calls(text)
+    assert calls_of(whole) == [("f", arguments)]
+    _, streamed, _ = stream(ToolParserManager.get_tool_parser(name)(), [p for p in pieces if p])
+    assert streamed == [("f", whole.tool_calls[0].function.arguments)]
+
+
 def test_canonical_refuses_what_is_not_json():
     for bad in ('{"a" 1}', "[1,]", "{'a': 1}", "tru e", '{"a": 1} trailing', '{"a": 1'):
         with pytest.raises(ValueError):
