@@ -239,3 +239,20 @@ def test_an_endpoint_zmq_cannot_open_fails_the_start_naming_kv_events_config(tin
     with pytest.raises(Exception, match="kv_events_config: cannot open 'tcp://[*]:notaport'"):
         LLM(model=tiny_model_dir, load_format="dummy", device="cpu", kv_cache_memory=1 << 20, max_model_len=128,
             kv_events_config={"enable_kv_cache_events": True, "endpoint": "tcp://*:notaport"})
+
+
+def test_the_kv_events_config_flag_takes_vllms_json():
+    import argparse
+
+    from engine.entrypoints.cli_args import add_engine_args, engine_args_from
+    from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = engine_args_from(parser.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true, '
+                                                                    '"endpoint": "tcp://*:5557", "topic": "kv"}']))
+    assert resolve_kv_events_config(args.kv_events_config) == KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://*:5557", topic="kv")
+    # enabled=false, or the null publisher: nothing is published
+    assert resolve_kv_events_config({"enable_kv_cache_events": False}) is None
+    assert resolve_kv_events_config({"enable_kv_cache_events": True, "publisher": "null"}) is None
