@@ -111,7 +111,8 @@ _REFUSED_HTTP = [(cls, name, place) for cls, name, place in _placed(Refused) if 
 
 @pytest.mark.parametrize("cls,name,place", _REFUSED_HTTP, ids=[f"{c}.{n}" for c, n, _ in _REFUSED_HTTP])
 def test_a_refused_field_is_400_naming_it(cls, name, place, server, pooling_server):
-    status, body, _ = _server_for(cls, server, pooling_server).post_json(ROUTES[cls], {**BASE[cls], name: place.example})
+    remote = _server_for(cls, server, pooling_server)
+    status, body, _ = remote.post_json(ROUTES[cls], {**BASE[cls], name: place.example})
     assert status == 400, f"{cls}.{name}={place.example!r} answered {status}: {body}"
     assert body["error"]["param"] == name and "support" in body["error"]["message"]
 

@@ -8,6 +8,7 @@ import base64
 import json
 import math
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -208,7 +209,8 @@ def test_priority_needs_the_priority_policy_and_is_honoured(server, pooling_serv
 def test_request_id_and_the_x_request_id_header(server):
     body, headers = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "request_id": "abc"}, {})
     assert body["id"] == "cmpl-abc" and headers["X-Request-Id"] == "abc"
-    body, headers = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}, {"X-Request-Id": "hdr-1"})
+    body, headers = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2},
+                         {"X-Request-Id": "hdr-1"})
     assert body["id"] == "chatcmpl-hdr-1" and headers["X-Request-Id"] == "hdr-1"
     body, headers = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, {})
     assert body["id"] == f"cmpl-{headers['X-Request-Id']}"
@@ -257,7 +259,8 @@ def test_chat_echo_starts_with_the_assistant_message(server):
     plain = chat(server, messages=started, continue_final_message=True, add_generation_prompt=False)
     echoed = chat(server, messages=started, continue_final_message=True, add_generation_prompt=False, echo=True)
     assert echoed["choices"][0]["message"]["content"] == "I am" + plain["choices"][0]["message"]["content"]
-    assert chat(server, echo=True)["choices"][0]["message"]["content"] == chat(server)["choices"][0]["message"]["content"]
+    content = chat(server)["choices"][0]["message"]["content"]
+    assert chat(server, echo=True)["choices"][0]["message"]["content"] == content  # the last message is the user's
     chunks = stream(server, "/v1/chat/completions", {"messages": started, "max_tokens": 4, "temperature": 0.0,
                                                      "continue_final_message": True, "add_generation_prompt": False,
                                                      "echo": True})
@@ -313,7 +316,8 @@ def test_embedding_truncation_salt_priority_and_request_id(pooling_server, serve
     right = _embed(pooling_server, truncate_prompt_tokens=3, truncation_side="right")
     assert right["data"][0]["embedding"] == _embed(pooling_server, input=ids[:3])["data"][0]["embedding"]
     salted = _embed(pooling_server, cache_salt="tenant", request_id="e-1", priority=2)
-    assert salted["id"] == "embd-e-1" and salted["data"][0]["embedding"] == _embed(pooling_server)["data"][0]["embedding"]
+    assert salted["id"] == "embd-e-1"
+    assert salted["data"][0]["embedding"] == _embed(pooling_server)["data"][0]["embedding"]
 
 
 # ---- the Python API ----
@@ -397,3 +401,38 @@ def test_a_prompt_longer_than_the_context_fits_once_truncated(server):
     assert answer["usage"]["prompt_tokens"] == 8
     assert_400(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
                "messages")
+
+
+# ---- add_special_tokens, on a tokenizer that adds a BOS ----
+
+@pytest.fixture(scope="module")
+def bos_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model, its tokenizer made to add <|im_start|> (id 1) in front of every text, as
+    Llama's adds its BOS (the default tokenizer adds nothing, so the field would show nothing)."""
+    path = tmp_path_factory.mktemp("bos-model")
+    shutil.copytree(tiny_model_dir, path, dirs_exist_ok=True)
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
+    tokenizer["post_processor"]["single"] = [bos, *tokenizer["post_processor"]["single"]]
+    tokenizer["post_processor"]["special_tokens"] = {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
+                                                                     "tokens": ["<|im_start|>"]}}
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return str(path)
+
+
+def test_add_special_tokens_adds_the_tokenizers_bos_or_not(bos_model_dir):
+    with RemoteServer(bos_model_dir, *TINY_SERVE_ARGS) as remote:
+        full = post(remote, "/tokenize", {"prompt": PROMPT})["tokens"]
+        assert full[0] == 1
+        with_bos = complete(remote, return_token_ids=True)["choices"][0]["prompt_token_ids"]
+        without = complete(remote, return_token_ids=True, add_special_tokens=False)["choices"][0]["prompt_token_ids"]
+        assert with_bos == full and without == full[1:]
+        rendered = chat(remote, return_token_ids=True)["prompt_token_ids"]
+        assert rendered[0] == 1 and chat(remote, return_token_ids=True, add_special_tokens=True)[
+            "prompt_token_ids"] == [1] + rendered
+    with RemoteServer(bos_model_dir, "--runner", "pooling", *TINY_SERVE_ARGS) as remote:
+        usage = post(remote, "/v1/embeddings", {"input": PROMPT})["usage"]["prompt_tokens"]
+        plain = post(remote, "/v1/embeddings", {"input": PROMPT, "add_special_tokens": False})
+        assert plain["usage"]["prompt_tokens"] == usage - 1
+        by_ids = post(remote, "/v1/embeddings", {"input": full[1:]})
+        assert plain["data"][0]["embedding"] == by_ids["data"][0]["embedding"]

@@ -57,6 +57,7 @@ def _impl(*tests: str) -> Implemented:
 
 _FIELDS = "tests/test_request_fields.py::"
 _SERVER = "tests/test_openai_server.py::"
+_SAMPLER = "tests/test_sampler.py::"
 _MAPPING = _FIELDS + "test_sampling_fields_reach_the_engine"
 _TEMPLATES = "tests/test_chat_template_limits.py::"
 _TOOLS = "tests/test_tool_calling.py::"
@@ -66,26 +67,29 @@ _SO = "tests/test_structured_outputs_http.py::"
 _GENERATION: dict[str, Placement] = {
     "model": _impl(_SERVER + "test_unknown_model_is_404"),
     "n": _impl(_SERVER + "test_batch_of_prompts_with_n_numbers_choices_prompt_major"),
-    "temperature": _impl(_MAPPING, "tests/test_sampler.py::test_random_sampling_follows_the_distribution_and_the_masks"),
-    "top_p": _impl(_MAPPING, "tests/test_sampler.py::test_top_p_keeps_the_smallest_set_reaching_p"),
-    "top_k": _impl(_MAPPING, "tests/test_sampler.py::test_top_k_keeps_exactly_the_k_largest_per_row"),
-    "min_p": _impl(_MAPPING, "tests/test_sampler.py::test_min_p_drops_tokens_below_a_fraction_of_the_top_probability"),
-    "repetition_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_repetition_penalty_steers_greedy_away_from_seen_tokens"),
-    "presence_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_penalties_change_logits_exactly_as_specified"),
-    "frequency_penalty": _impl(_MAPPING, "tests/test_sampler.py::test_penalties_change_logits_exactly_as_specified"),
-    "seed": _impl(_MAPPING, "tests/test_sampler.py::test_seeded_request_is_reproducible_across_batch_compositions"),
+    "temperature": _impl(_MAPPING, _SAMPLER + "test_random_sampling_follows_the_distribution_and_the_masks"),
+    "top_p": _impl(_MAPPING, _SAMPLER + "test_top_p_keeps_the_smallest_set_reaching_p"),
+    "top_k": _impl(_MAPPING, _SAMPLER + "test_top_k_keeps_exactly_the_k_largest_per_row"),
+    "min_p": _impl(_MAPPING, _SAMPLER + "test_min_p_drops_tokens_below_a_fraction_of_the_top_probability"),
+    "repetition_penalty": _impl(_MAPPING, _SAMPLER + "test_repetition_penalty_steers_greedy_away_from_seen_tokens"),
+    "presence_penalty": _impl(_MAPPING, _SAMPLER + "test_penalties_change_logits_exactly_as_specified"),
+    "frequency_penalty": _impl(_MAPPING, _SAMPLER + "test_penalties_change_logits_exactly_as_specified"),
+    "seed": _impl(_MAPPING, _SAMPLER + "test_seeded_request_is_reproducible_across_batch_compositions"),
     "stop": _impl(_SERVER + "test_stop_string_cuts_the_text_before_it"),
     "stop_token_ids": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
     "min_tokens": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
-    "ignore_eos": _impl(_MAPPING, "tests/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
-    "include_stop_str_in_output": _impl(_MAPPING, "tests/test_output_processor.py::test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort"),
+    "ignore_eos": _impl(_MAPPING,
+                        "tests/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
+    "include_stop_str_in_output": _impl(_MAPPING, "tests/test_output_processor.py::"
+                                        "test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort"),
     "skip_special_tokens": _impl(_MAPPING, "tests/test_detokenizer.py::test_same_pieces_as_decode_stream"),
     "stream": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
     "stream_options": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
                             _FIELDS + "test_stream_options_without_stream_is_400"),
     "max_tokens": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage",
                         _FIELDS + "test_max_tokens_beyond_the_context_is_400"),
-    "user": NoOp("informational: OpenAI's end-user id for abuse monitoring; it changes no output (vLLM ignores it too)"),
+    "user": NoOp("informational: OpenAI's end-user id for abuse monitoring; it changes no output "
+                 "(vLLM ignores it too)"),
     "session_id": NoOp("informational: groups related requests; nothing here routes or caches by session"),
     "spaces_between_special_tokens": NoOp("ringllm decodes with fast (tokenizers) tokenizers only, which put no "
                                           "spaces around special tokens whatever the flag says"),
@@ -120,9 +124,9 @@ _GENERATION: dict[str, Placement] = {
     "return_token_ids": _impl(_FIELDS + "test_return_token_ids_whole_and_streamed"),
     "priority": _impl(_FIELDS + "test_priority_needs_the_priority_policy_and_is_honoured"),
     "request_id": _impl(_FIELDS + "test_request_id_and_the_x_request_id_header"),
-    "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits", _FIELDS + "test_salted_blocks_hash_apart"),
-    # The tiny and default tokenizers add no special token to a prompt, so no test could see it.
-    "add_special_tokens": Refused(False, (None, True)),  # overridden for chat below
+    "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits",
+                        _FIELDS + "test_salted_blocks_hash_apart"),
+    "add_special_tokens": _impl(_FIELDS + "test_add_special_tokens_adds_the_tokenizers_bos_or_not"),
 }
 
 COMPLETION: dict[str, Placement] = {
@@ -140,7 +144,6 @@ CHAT: dict[str, Placement] = {
     "max_completion_tokens": _impl(_SERVER + "test_streamed_chat_opens_with_the_role_and_ends_with_finish_reason"),
     "logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
     "top_logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
-    "add_special_tokens": Refused(True, (None, False)),
     "echo": _impl(_FIELDS + "test_chat_echo_starts_with_the_assistant_message"),
     "include_reasoning": NoOp("no reasoning parser runs here, so there is no reasoning to include or leave out"),
     "reasoning_effort": Refused("high", (None,), "(no reasoning models here)"),
@@ -176,7 +179,7 @@ EMBEDDING: dict[str, Placement] = {
     "request_id": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
     "priority": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
     "cache_salt": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
-    "add_special_tokens": Refused(False, (None, True)),
+    "add_special_tokens": _GENERATION["add_special_tokens"],
 }
 
 STREAM_OPTIONS: dict[str, Placement] = {
@@ -190,7 +193,7 @@ _ENGINE_TESTS = {
     "detokenize": "tests/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
     "output_kind": "tests/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
     "structured_outputs": "tests/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
-    "logprobs": "tests/test_sampler.py::test_logprobs_are_raw_with_ranks_of_the_sampled_token",
+    "logprobs": _SAMPLER + "test_logprobs_are_raw_with_ranks_of_the_sampled_token",
     "logit_bias": "tests/test_logit_controls.py::test_logit_bias_forces_a_token",
     "allowed_token_ids": "tests/test_logit_controls.py::test_allowed_token_ids_are_the_only_ones_sampled",
     "bad_words": "tests/test_logit_controls.py::test_bad_words_are_never_generated",

@@ -211,6 +211,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False
     logprobs: Optional[NonNegativeInt] = None
     suffix: Optional[str] = None
+    add_special_tokens: bool = True  # the tokenizer's BOS and the like, for text prompts
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The batch of prompts, each a string or a list of token ids."""
@@ -250,6 +251,7 @@ class EmbeddingRequest(Struct, kw_only=True):
     use_activation: Optional[bool] = None  # the embedding's activation, L2 normalisation here
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # what the values are rounded to
     endianness: Literal["native", "little", "big"] = "native"  # byte order of base64 values
+    add_special_tokens: bool = True  # the tokenizer's BOS and the like, for text inputs
     truncate_prompt_tokens: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
     truncation_side: Optional[Literal["left", "right"]] = None
     priority: Int64 = 0
@@ -348,6 +350,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: Optional[NonNegativeInt] = None
     echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
+    add_special_tokens: bool = False  # on top of what the chat template writes (vLLM's default: none)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
     chat_template: Optional[str] = None  # a template's text, never a path (rendered in the sandbox)

@@ -45,7 +45,8 @@ class OpenAIServingChat(OpenAIServing):
                      chat_template_kwargs: Optional[dict] = None, must_fit: bool = True,
                      chat_template: Optional[str] = None,
                      continue_final_message: bool = False,
-                     tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
+                     tools: Optional[list[dict]] = None,
+                     add_special_tokens: bool = False) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids (also used by /tokenize), rendered
         and tokenized on the renderer pool, always: the template's cost is its own, whatever the
         messages' size, and it bounds itself (engine/frontend/chat_template.py). ``must_fit``:
@@ -56,7 +57,7 @@ class OpenAIServingChat(OpenAIServing):
         # The template's work grows with the text and with the number of messages.
         size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
         job = self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs, must_fit,
-                           chat_template, continue_final_message, tools, inline=False)
+                           chat_template, continue_final_message, tools, add_special_tokens, inline=False)
         try:  # the render stops itself at its bound; this only answers if a C call overran it
             return await asyncio.wait_for(job, TemplateLimits.timeout_s + _RENDER_GRACE_S)
         except asyncio.TimeoutError:
@@ -66,7 +67,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
                 must_fit: bool, chat_template: Optional[str] = None,
-                continue_final_message: bool = False, tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
+                continue_final_message: bool = False, tools: Optional[list[dict]] = None,
+                add_special_tokens: bool = False) -> tuple[str, list[int]]:
         processor = self.engine.input_processor
         try:
             text = processor.render_chat(conversation, chat_template=chat_template,
@@ -80,7 +82,7 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
-        return text, encode(self.tokenizer, text, add_special_tokens=False)
+        return text, encode(self.tokenizer, text, add_special_tokens=add_special_tokens)
 
     async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), ChatCompletionRequest)
@@ -94,7 +96,8 @@ class OpenAIServingChat(OpenAIServing):
                                                 body.chat_template_kwargs, chat_template=body.chat_template,
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools,
-                                                must_fit=body.truncate_prompt_tokens is None)  # else cut to fit
+                                                must_fit=body.truncate_prompt_tokens is None,  # else cut to fit
+                                                add_special_tokens=body.add_special_tokens)
             if body.use_beam_search:
                 return await self._beam_search(body, model, token_ids, request_id, created, started,
                                                request_fields.engine_request_id(request_id, request))

@@ -36,7 +36,7 @@ class OpenAIServingCompletion(OpenAIServing):
             return await self._beam_search(body, model, prompts, response_id, created,
                                            engine_request_id(response_id, request))
         with self.admit(len(prompts), params.n) as started:
-            outputs = self.generate_all([body.prompt_dict(p) for p in prompts], params,
+            outputs = self.generate_all(await self._engine_prompts(body, prompts), params,
                                         engine_request_id(response_id, request), started, priority=body.priority)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, response_id, created, outputs))
@@ -101,12 +101,25 @@ class OpenAIServingCompletion(OpenAIServing):
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield CompletionResponse(request_id, created, model, [], usage=usage)
 
+    async def _engine_prompts(self, body: CompletionRequest, prompts: list) -> list[dict]:
+        """Text prompts go to the engine as text (it tokenizes them with special tokens);
+        without ``add_special_tokens`` they are tokenized here, on the renderer pool, without."""
+        engine_prompts = []
+        for p in prompts:
+            if isinstance(p, str) and not body.add_special_tokens:
+                ids = await self.offload(len(p), encode, self.tokenizer, p, False)
+                engine_prompts.append(body.prompt_dict(ids, text=p))
+            else:
+                engine_prompts.append(body.prompt_dict(p))
+        return engine_prompts
+
     async def _beam_search(self, body: CompletionRequest, model: str, prompts: list, response_id: str,
                            created: int, engine_id: str) -> web.Response:
         """``use_beam_search``: the ``n`` best beams of each prompt, as its ``n`` choices."""
         beam = beam_search_params(body, body.max_tokens, self.max_model_len)
         with self.admit(len(prompts), body.n) as started:
-            ids = [p if isinstance(p, list) else await self.offload(len(p), encode, self.tokenizer, p, True)
+            ids = [p if isinstance(p, list) else await self.offload(len(p), encode, self.tokenizer, p,
+                                                                    body.add_special_tokens)
                    for p in prompts]
             async with self.time_limit(self.deadline()):
                 outputs = await run_all(self.engine, ids, beam, engine_id, started, body)

@@ -21,7 +21,7 @@ from engine.entrypoints.openai.protocol import (EmbeddingData, EmbeddingRequest,
                                                 OpenAIError, decode_request)
 from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
-from engine.frontend.renderer import RendererBusyError
+from engine.frontend.renderer import RendererBusyError, encode
 from engine.outputs import PoolingRequestOutput
 from engine.pooling_params import PoolingParams
 
@@ -40,11 +40,9 @@ class OpenAIServingEmbedding(OpenAIServing):
                                truncation_side=body.truncation_side)
         response_id = request_id("embd", request, body.request_id)
         finals: dict[int, PoolingRequestOutput] = {}
-        salt = {} if body.cache_salt is None else {"cache_salt": body.cache_salt}
         with self.admit(len(prompts), 1) as started:
-            outputs = self.generate_all([{"prompt": p, **salt} if isinstance(p, str) else
-                                         {"prompt_token_ids": p, **salt} for p in prompts],
-                                        params, engine_request_id(response_id, request), started,
+            inputs = [await self._engine_input(body, p) for p in prompts]
+            outputs = self.generate_all(inputs, params, engine_request_id(response_id, request), started,
                                         priority=body.priority)
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
@@ -54,6 +52,20 @@ class OpenAIServingEmbedding(OpenAIServing):
         tokens = sum(len(finals[i].prompt_token_ids) for i in range(len(prompts)))
         return json_response(EmbeddingResponse(id=response_id, data=data, model=model,
                                                usage=EmbeddingUsage(tokens, tokens)))
+
+    async def _engine_input(self, body: EmbeddingRequest, prompt: Union[str, list[int]]) -> dict[str, Any]:
+        """One input as the engine takes it, with the cache salt; a text input without
+        ``add_special_tokens`` is tokenized here (on the renderer pool), without them."""
+        if isinstance(prompt, str) and body.add_special_tokens:
+            engine_input: dict[str, Any] = {"prompt": prompt}
+        elif isinstance(prompt, str):
+            engine_input = {"prompt_token_ids": await self.offload(len(prompt), encode, self.tokenizer, prompt, False),
+                            "prompt": prompt}
+        else:
+            engine_input = {"prompt_token_ids": prompt}
+        if body.cache_salt is not None:
+            engine_input["cache_salt"] = body.cache_salt
+        return engine_input
 
     async def generate(self, prompt: Any, params: PoolingParams, request_id: str,
                        started: Callable[[], None], priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
