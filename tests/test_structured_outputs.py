@@ -254,3 +254,62 @@ def test_a_compile_past_its_bound_fails_that_request_and_no_other(tiny_model_dir
 def test_unknown_backend_is_refused_naming_the_field(tiny_model_dir):
     with pytest.raises(ValueError, match="structured_outputs_config.backend"):
         make_llm(tiny_model_dir, "outlines")
+
+
+def test_aborts_free_parked_and_running_constrained_requests(llm):
+    engine = llm.llm_engine
+    so = StructuredOutputsParams(json={"type": "object", "properties": {"aborted_while_parked": {"type": "string"}}})
+    engine.add_request("parked", "x", random_params(so))  # a new spec: still compiling
+    engine.add_request("running", "x", random_params(StructuredOutputsParams(regex="a{1,200}"), min_tokens=150))
+    for _ in range(3):
+        engine.step()
+    engine.abort_request(["parked", "running"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    scheduler = engine.engine_core.engine_core.scheduler
+    assert not scheduler.waiting_for_grammar and not scheduler.requests
+    (out,) = llm.generate("x", random_params(StructuredOutputsParams(regex=REGEX)), use_tqdm=False)
+    check(StructuredOutputsParams(regex=REGEX), out.outputs[0].text)
+
+
+def test_auto_starts_on_llguidance_and_moves_to_xgrammar_when_its_compile_is_done():
+    from concurrent.futures import Future
+
+    import tokenizers
+
+    from engine.models.default_model import default_tokenizer_path
+    from engine.structured_output.backend_guidance import GuidanceBackend, GuidanceMatcher
+    from engine.structured_output.backend_xgrammar import XgrammarBackend, XgrammarMatcher
+    from engine.structured_output.config import StructuredOutputsConfig
+    from engine.structured_output.manager import GrammarState, StructuredOutputManager
+    from engine.structured_output.vocab import load_vocabulary
+
+    vocab = load_vocabulary(default_tokenizer_path(), 49152, 2)
+    tok = tokenizers.Tokenizer.from_file(f"{default_tokenizer_path()}/tokenizer.json")
+    manager = StructuredOutputManager(StructuredOutputsConfig(), default_tokenizer_path(), 49152, 4)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    class Req:
+        request_id, output_token_ids = "r", []
+
+    # Without free whitespace llguidance writes '{"a":1}', xgrammar '{"a": 1}': a prefix xgrammar would
+    # not have written stays on llguidance.
+    for text, compact, moves in [('{"a": 1', False, True), ('{"a":1', True, False)]:
+        so = StructuredOutputsParams(json=schema, disable_any_whitespace=compact)
+        quick, slow = Future(), Future()
+        quick.set_result(GuidanceBackend(vocab).compile(so))
+        req = Req()
+        req.output_token_ids = []
+        req.structured_output = GrammarState(slow, quick, deadline=float("inf"))
+        assert manager.poll(req, 0.0) and isinstance(req.structured_output.matcher, GuidanceMatcher)
+        for token in tok.encode(text, add_special_tokens=False).ids:
+            manager.fill_bitmask([req])
+            assert manager.accept(req, token)
+            req.output_token_ids.append(token)
+        slow.set_result(XgrammarBackend(vocab).compile(so))
+        manager.fill_bitmask([req])
+        assert isinstance(req.structured_output.matcher, XgrammarMatcher if moves else GuidanceMatcher), text
+        for token in tok.encode("}", add_special_tokens=False).ids + [2]:
+            manager.fill_bitmask([req])
+            assert manager.accept(req, token)
+        assert manager.is_terminated(req)

@@ -4,7 +4,11 @@ One future per distinct spec (``StructuredOutputsParams.key()``), kept in a boun
 same schema from many clients (or the n samples of one request) compiles once, and a spec that
 failed fails again at once. Compiling releases the GIL (xgrammar and llguidance are native), so
 the step loop keeps running while a pool thread compiles. The backends, and the vocabulary they
-are built from (~0.1-0.4 s), are made lazily by the first compile, on a pool thread too.
+are built from, are made lazily by the first compile, on a pool thread too.
+
+Under ``auto`` a JSON schema is also compiled by llguidance on a thread of its own
+(``submit_quick``): ~1 ms where xgrammar takes tens, so a request can start generating at once
+and move to xgrammar's cheaper masks when its compile is done (manager.py).
 """
 from __future__ import annotations
 
@@ -27,9 +31,11 @@ class CompilePool:
         self.config = config
         self._load_vocab = load_vocab
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
+        self._quick = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-quick")
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self._max_cached = max_cached
-        self._lock = threading.Lock()  # the lazily built backends (pool threads)
+        self._vocab_lock = threading.Lock()  # the lazily built vocabulary and backends (pool threads)
+        self._locks = {"xgrammar": threading.Lock(), "guidance": threading.Lock()}
         self._vocab: Optional[Vocabulary] = None
         self._backends: dict[str, Any] = {}
 
@@ -41,7 +47,20 @@ class CompilePool:
         if future is not None:
             self._cache.move_to_end(key)
             return future
-        future = self._executor.submit(self._compile, params)
+        return self._remember(key, self._executor.submit(self._compile, params))
+
+    def submit_quick(self, params: StructuredOutputsParams) -> Optional[Future]:
+        """Under ``auto``, for a JSON schema: llguidance's compile of it (a future), or None."""
+        if self.config.backend != "auto" or params.kind not in ("json", "json_object"):
+            return None
+        key = ("guidance-quick",) + params.key()
+        future = self._cache.get(key)
+        if future is not None:
+            self._cache.move_to_end(key)
+            return future
+        return self._remember(key, self._quick.submit(lambda: self._backend("guidance").compile(params)))
+
+    def _remember(self, key: tuple, future: Future) -> Future:
         self._cache[key] = future
         while len(self._cache) > self._max_cached:
             self._cache.popitem(last=False)
@@ -49,6 +68,7 @@ class CompilePool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._quick.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------- pool threads
     def _compile(self, params: StructuredOutputsParams) -> Any:
@@ -66,11 +86,12 @@ class CompilePool:
         return self._backend("guidance").compile(params)
 
     def _backend(self, name: str) -> Any:
-        with self._lock:
+        with self._vocab_lock:
+            if self._vocab is None:
+                self._vocab = self._load_vocab()
+        with self._locks[name]:  # one backend being built never holds up the other
             backend = self._backends.get(name)
             if backend is None:
-                if self._vocab is None:
-                    self._vocab = self._load_vocab()
                 if name == "xgrammar":
                     from engine.structured_output.backend_xgrammar import XgrammarBackend as cls
                 else:

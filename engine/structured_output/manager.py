@@ -5,7 +5,11 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
    (it is not in the waiting queue, so no other request waits behind it).
 2. ``poll``: once its grammar is compiled the request gets its own matcher and joins the
    waiting queue; a spec that fails, or is still compiling after ``compile_timeout_s``,
-   finishes that request with an error.
+   finishes that request with an error. Under ``auto`` a JSON schema also compiles in
+   llguidance (~1 ms): the request starts on that matcher, and once xgrammar's compile is done
+   it moves to xgrammar's (whose masks cost microseconds, not tens of them) by replaying its
+   tokens into it; if xgrammar would not have accepted them (the backends differ in free
+   whitespace), it stays on llguidance, which is as correct, only slower.
 3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
 4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
    allowed token was left (the grammar and the request's other bans excluded everything):
@@ -34,12 +38,15 @@ from engine.structured_output.vocab import load_vocabulary
 class GrammarState:
     """One request's grammar: the compile future until it is ready, then its matcher."""
 
-    __slots__ = ("future", "deadline", "matcher")
+    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade")
 
-    def __init__(self, future: concurrent.futures.Future, deadline: float) -> None:
+    def __init__(self, future: concurrent.futures.Future, quick: Optional[concurrent.futures.Future],
+                 deadline: float) -> None:
         self.future = future
+        self.quick = quick  # llguidance's compile of the same spec (auto, JSON), or None
         self.deadline = deadline
         self.matcher: Any = None
+        self.upgrade = False  # on the quick matcher while ``future`` may still bring a cheaper one
 
 
 class StructuredOutputManager:
@@ -58,7 +65,9 @@ class StructuredOutputManager:
         if self._pool is None:
             eos = req.eos_token_id
             self._pool = CompilePool(self.config, lambda: load_vocabulary(self._tokenizer_path, self.vocab_size, eos))
-        req.structured_output = GrammarState(self._pool.submit(params), time.monotonic() + self.config.compile_timeout_s)
+        future = self._pool.submit(params)
+        quick = None if future.done() else self._pool.submit_quick(params)
+        req.structured_output = GrammarState(future, quick, time.monotonic() + self.config.compile_timeout_s)
 
     def poll(self, req: Any, now: float) -> Optional[bool]:
         """True once ``req`` has its matcher, False while compiling; GrammarError if it failed or
@@ -67,6 +76,10 @@ class StructuredOutputManager:
         if state.matcher is not None:
             return True
         if not state.future.done():
+            quick = state.quick
+            if quick is not None and quick.done() and quick.exception() is None:
+                state.matcher, state.upgrade = quick.result().matcher(), True
+                return True
             if now < state.deadline:
                 return False
             raise GrammarError(f"structured_outputs: the grammar did not compile within "
@@ -79,7 +92,7 @@ class StructuredOutputManager:
     def wait(self, reqs: list, timeout: float) -> None:
         """Sleep until one of ``reqs``' grammars is compiled, at most ``timeout`` s (the loop has
         nothing else to run; the GIL is released while waiting)."""
-        futures = [r.structured_output.future for r in reqs]
+        futures = [f for r in reqs for f in (r.structured_output.future, r.structured_output.quick) if f is not None]
         concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def fill_bitmask(self, reqs: list) -> Any:
@@ -94,7 +107,10 @@ class StructuredOutputManager:
             self._bitmask = torch.empty((self._max_rows, bitmask_words(self.vocab_size)), dtype=torch.int32)
         rows = self._bitmask[:len(reqs)]
         for i, req in enumerate(reqs):
-            req.structured_output.matcher.fill_bitmask(rows, i)
+            state = req.structured_output
+            if state.upgrade and state.future.done():
+                self._upgrade(req, state)
+            state.matcher.fill_bitmask(rows, i)
         return GrammarBitmask([r.request_id for r in reqs], rows)
 
     @staticmethod
@@ -105,6 +121,17 @@ class StructuredOutputManager:
     @staticmethod
     def is_terminated(req: Any) -> bool:
         return req.structured_output.matcher.is_terminated()
+
+    @staticmethod
+    def _upgrade(req: Any, state: GrammarState) -> None:
+        """Move ``req`` from the quick matcher to the compiled grammar's, if that accepts every
+        token generated so far."""
+        state.upgrade = False
+        if state.future.exception() is not None:
+            return
+        matcher = state.future.result().matcher()
+        if all(matcher.accept(t) for t in req.output_token_ids):
+            state.matcher = matcher
 
     def shutdown(self) -> None:
         if self._pool is not None:
