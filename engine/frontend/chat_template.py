@@ -66,6 +66,7 @@ class TemplateLimits:
     timeout_s: float = 5.0
     max_chars: int = 16 << 20
     max_iterations: int = 2_000_000
+    max_chars_reason: str = "its bound"  # why max_chars is what it is, for the error message
 
 
 class ChatTemplateError(ValueError):
@@ -102,7 +103,7 @@ class _Budget:
     def check_size(self, size: int, what: str = "a value") -> None:
         if size > self.limits.max_chars:
             raise TemplateLimitError(f"the chat template built {what} longer than {self.limits.max_chars} "
-                                     "characters (its bound)")
+                                     f"characters ({self.limits.max_chars_reason})")
 
 
 _current = threading.local()

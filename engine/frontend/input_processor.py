@@ -272,7 +272,11 @@ class InputProcessor:
             raise ParameterError("continue_final_message and add_generation_prompt cannot both be true (set "
                                  "add_generation_prompt=false to continue the final message)",
                                  parameter="continue_final_message")
-        limits = TemplateLimits(max_chars=max_chars or self.max_prompt_bytes or TemplateLimits.max_chars)
+        if max_chars is None and self.max_prompt_bytes is not None:  # longer text cannot fit the context
+            limits = TemplateLimits(max_chars=self.max_prompt_bytes,
+                                    max_chars_reason=f"more than max_model_len={self.max_model_len} can hold")
+        else:
+            limits = TemplateLimits(max_chars=max_chars or TemplateLimits.max_chars)
         at_fault = "messages" if chat_template is None else "chat_template"
         try:
             source = chat_template_source(self.tokenizer, chat_template, tools)
