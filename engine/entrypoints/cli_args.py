@@ -75,8 +75,10 @@ ENGINE_ARG_HELP = {
                   "engine.worker.Worker subclass.",
     "kv_transfer_config": "KV connector as a JSON object with vLLM's fields, e.g. "
                           '\'{"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", '
-                          '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv"}}\' '
-                          "(kv_role: kv_producer, kv_consumer or kv_both).",
+                          '"kv_connector_extra_config": {"shared_storage_path": "/dev/shm/kv-$USER"}}\' '
+                          "(kv_role: kv_producer, kv_consumer or kv_both). The directory must be this user's and "
+                          "not writable by others (created 0700 when missing): a store is shared by one user's "
+                          "processes only.",
     "kv_events_config": "KV-cache events as a JSON object with vLLM's fields, e.g. "
                         '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
                         '"topic": ""}\' (also replay_endpoint, buffer_steps, hwm, max_queue_size): BlockStored, '
