@@ -317,6 +317,8 @@ def test_forced_calls_take_the_constraint_and_refuse_a_second_one():
     required = plan(tools=[WEATHER], tool_choice="required")
     params = required.constrain(SamplingParams(max_tokens=8))
     assert params.structured_outputs.json == required.schema
+    # no invented keys and no free whitespace: what a small model otherwise fills its budget with
+    assert params.structured_outputs.disable_additional_properties and params.structured_outputs.disable_any_whitespace
     with pytest.raises(OpenAIError) as info:
         required.constrain(SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json_object=True)))
     assert info.value.param == "tool_choice" and "not both" in info.value.message

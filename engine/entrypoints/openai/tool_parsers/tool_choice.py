@@ -9,7 +9,9 @@
   ``{"name": <one of the tools>, "parameters": <its schema>}`` (at most one with
   ``parallel_tool_calls=false``), or the named function's arguments object. Free whitespace is
   left out of that grammar: the arguments are re-spelled canonically anyway, and a small model
-  under a constraint that allows it can spend its whole budget on newlines.
+  under a constraint that allows it can spend its whole budget on newlines. So are properties a
+  schema does not name (as xgrammar's strict mode, vLLM's default, leaves them out): the default
+  model otherwise fills calls with invented keys until it runs out of tokens.
 
 A 400 names the field at fault (``tools``, ``tool_choice``) with vLLM's message.
 """
@@ -68,7 +70,8 @@ class ToolCallPlan:
             if params.structured_outputs is not None:
                 raise OpenAIError(400, "You can only either use constraints for structured outputs or tools, not both.",
                                   param="tool_choice", code="invalid_value")
-            constraint = StructuredOutputsParams(json=self.schema, disable_any_whitespace=True)
+            constraint = StructuredOutputsParams(json=self.schema, disable_any_whitespace=True,
+                                                 disable_additional_properties=True)
             return msgspec.structs.replace(params, structured_outputs=constraint)
         if self.mode == "auto" and self.auto_parser.keeps_special_tokens:
             return msgspec.structs.replace(params, skip_special_tokens=False)
@@ -128,7 +131,9 @@ def required_schema(tools: list[ChatCompletionToolsParam], parallel: bool) -> di
                          "properties": {"name": {"type": "string", "enum": [tool.function.name]},
                                         "parameters": parameters},
                          "required": ["name", "parameters"]})
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
+    # (vLLM writes {"type": "object", "anyOf": ...}: each branch is an object already, and a
+    # closed outer object without properties would admit none.)
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": branches}}
     if not parallel:
         schema["maxItems"] = 1
     if defs:
