@@ -436,3 +436,20 @@ def test_add_special_tokens_adds_the_tokenizers_bos_or_not(bos_model_dir):
         assert plain["usage"]["prompt_tokens"] == usage - 1
         by_ids = post(remote, "/v1/embeddings", {"input": full[1:]})
         assert plain["data"][0]["embedding"] == by_ids["data"][0]["embedding"]
+
+
+def test_documents_reasoning_effort_and_return_prompt_text(server):
+    """documents and reasoning_effort reach the template as vLLM passes them; return_prompt_text
+    sends back what it rendered (whole, and in a stream's first chunk)."""
+    template = ("{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}<{{ reasoning_effort }}>"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    ask = dict(chat_template=template, documents=[{"title": "T", "text": "body"}], reasoning_effort="high",
+               return_prompt_text=True)
+    answer = chat(server, **ask)
+    assert answer["prompt_text"] == "[T: body]<high>" + MESSAGES[0]["content"]
+    assert answer["usage"]["prompt_tokens"] == len(tokenize(server, answer["prompt_text"]))
+    assert chat(server)["prompt_text"] is None
+    kwargs_win = chat(server, **ask, chat_template_kwargs={"reasoning_effort": "low"})
+    assert "<low>" in kwargs_win["prompt_text"]
+    chunks = stream(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, **ask})
+    assert chunks[0]["prompt_text"] == answer["prompt_text"] and all(c["prompt_text"] is None for c in chunks[1:])

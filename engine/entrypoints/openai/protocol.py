@@ -351,10 +351,21 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: Optional[NonNegativeInt] = None
     echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
     add_special_tokens: bool = False  # on top of what the chat template writes (vLLM's default: none)
+    documents: Optional[list[dict[str, str]]] = None  # for RAG templates: the template's ``documents``
+    # The template's ``reasoning_effort`` (as vLLM passes it); no effect on a template that ignores it.
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
+    return_prompt_text: Optional[bool] = None  # the rendered prompt in ``prompt_text`` (a stream's first chunk)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
     chat_template: Optional[str] = None  # a template's text, never a path (rendered in the sandbox)
     continue_final_message: bool = False  # the final (assistant) message left open, to be continued
+
+    def template_kwargs(self) -> Optional[dict[str, Any]]:
+        """``chat_template_kwargs`` over vLLM's named template variables (``documents``,
+        ``reasoning_effort``), which the template sees as it sees the kwargs."""
+        named = {name: value for name, value in (("documents", self.documents),
+                                                 ("reasoning_effort", self.reasoning_effort)) if value is not None}
+        return {**named, **(self.chat_template_kwargs or {})} if named else self.chat_template_kwargs
 
     def _max_tokens_field(self) -> tuple[str, Optional[int]]:
         if self.max_completion_tokens is not None:
@@ -429,6 +440,7 @@ PromptLogprobs = Optional[list[Optional[dict[int, PromptLogprob]]]]
 _TOKEN_IDS = ("token_ids", Optional[list[int]], None)  # vLLM's return_token_ids
 _PROMPT_TOKEN_IDS = ("prompt_token_ids", Optional[list[int]], None)
 _PROMPT_LOGPROBS = ("prompt_logprobs", PromptLogprobs, None)
+_PROMPT_TEXT = ("prompt_text", Optional[str], None)  # vLLM's return_prompt_text
 
 
 def _choice(name: str, body: tuple[str, Any], logprobs: Any, extra: tuple = ()) -> type[Struct]:
@@ -493,10 +505,10 @@ CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs
 CompletionResponse = _response("CompletionResponse", CompletionChoice, "text_completion")
 ChatChoice = _choice("ChatChoice", ("message", ChatResponseMessage), ChatLogProbs, (_TOKEN_IDS,))
 ChatCompletionResponse = _response("ChatCompletionResponse", ChatChoice, "chat.completion",
-                                   (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS))
+                                   (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _PROMPT_TEXT))
 ChatStreamChoice = _choice("ChatStreamChoice", ("delta", DeltaMessage), ChatLogProbs, (_TOKEN_IDS,))
 ChatCompletionChunk = _response("ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk",
-                                (_PROMPT_TOKEN_IDS,))
+                                (_PROMPT_TOKEN_IDS, _PROMPT_TEXT))
 
 
 class ModelCard(Struct):

@@ -93,7 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id, created = request_fields.request_id("chatcmpl", request, body.request_id), now()
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
-                                                body.chat_template_kwargs, chat_template=body.chat_template,
+                                                body.template_kwargs(), chat_template=body.chat_template,
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools,
                                                 must_fit=body.truncate_prompt_tokens is None,  # else cut to fit
@@ -105,7 +105,7 @@ class OpenAIServingChat(OpenAIServing):
                                    request_fields.engine_request_id(request_id, request), started, body.priority)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream,
-                                                                     tool_plan))
+                                                                     tool_plan, text))
             final: Optional[RequestOutput] = None
             async with contextlib.aclosing(stream), self.time_limit(self.deadline()):
                 async for final in stream:
@@ -125,7 +125,8 @@ class OpenAIServingChat(OpenAIServing):
         return json_response(ChatCompletionResponse(
             request_id, created, model, choices, usage=usage,
             prompt_logprobs=request_fields.prompt_logprobs(final, params.prompt_logprobs),
-            prompt_token_ids=prompt_ids if body.return_token_ids else None))
+            prompt_token_ids=prompt_ids if body.return_token_ids else None,
+            prompt_text=text if body.return_prompt_text else None))
 
     async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
                            created: int, started, engine_id: str) -> web.Response:
@@ -157,7 +158,8 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _chunks(self, body: ChatCompletionRequest, model: str, request_id: str, created: int,
                       stream: AsyncIterator[RequestOutput],
-                      tool_plan: Optional[ToolCallPlan] = None) -> AsyncIterator[ChatCompletionChunk]:
+                      tool_plan: Optional[ToolCallPlan] = None,
+                      prompt_text: Optional[str] = None) -> AsyncIterator[ChatCompletionChunk]:
         usage = UsageInfo()
         parsers = [tool_plan.new_parser(self.tokenizer) if tool_plan else None for _ in range(body.n)]
         streamers = [p.streamer(tool_plan.max_calls) if p else None for p in parsers]
@@ -172,7 +174,9 @@ class OpenAIServingChat(OpenAIServing):
                     for index in range(body.n):
                         yield ChatCompletionChunk(request_id, created, model,
                                                   [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))],
-                                                  prompt_token_ids=prompt_ids if index == 0 else None)
+                                                  prompt_token_ids=prompt_ids if index == 0 else None,
+                                                  prompt_text=prompt_text if index == 0 and body.return_prompt_text
+                                                  else None)
                         if echo:
                             yield ChatCompletionChunk(request_id, created, model,
                                                       [ChatStreamChoice(index, DeltaMessage(content=echo))])
