@@ -256,3 +256,11 @@ def test_the_kv_events_config_flag_takes_vllms_json():
     # enabled=false, or the null publisher: nothing is published
     assert resolve_kv_events_config({"enable_kv_cache_events": False}) is None
     assert resolve_kv_events_config({"enable_kv_cache_events": True, "publisher": "null"}) is None
+
+
+def test_each_data_parallel_rank_publishes_on_its_own_address():
+    from engine.core.kv_events import offset_endpoint
+
+    assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"

@@ -7,6 +7,7 @@ count is known in advance; the scrape is parsed with prometheus_client's own par
 from __future__ import annotations
 
 import asyncio
+import time
 
 import openai
 import pytest
@@ -173,3 +174,50 @@ def test_histogram_buckets_are_le_whether_values_come_one_at_a_time_or_per_messa
     assert one.counts == many.counts == [3, 4, 1, 2]
     assert many.buckets() == [("0.01", 3), ("0.025", 7), ("0.05", 8), ("+Inf", 10)]
     assert one.sum == pytest.approx(sum(values)) and many.sum == pytest.approx(sum(values))
+
+
+async def test_each_data_parallel_rank_is_its_own_engine_series(tiny_model_dir):
+    """With two EngineCores, every message's stats reach the loggers under its rank: per-rank
+    loggers made by vLLM-style factories see only their rank, /metrics has engine="0" and "1"."""
+    from engine import AsyncEngineArgs, AsyncLLM, SamplingParams
+    from engine.entrypoints.openai.metrics import ServerMetrics
+    from engine.stat_loggers import StatLoggerBase
+    from test_engine_proc import TINY
+
+    class Ranks(StatLoggerBase):
+        def __init__(self, config, engine_index: int) -> None:
+            self.engine_index, self.seen = engine_index, set()
+
+        def record(self, scheduler_stats, iteration_stats, engine_idx: int = 0) -> None:
+            self.seen.add(engine_idx)
+
+    made: list[Ranks] = []
+
+    def factory(config, index: int) -> Ranks:
+        made.append(Ranks(config, index))
+        return made[-1]
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, data_parallel_size=2, **TINY),
+                                       stat_loggers=[factory])
+    metrics = ServerMetrics("tiny", engine.config.model_config.max_model_len, [0, 1])
+    engine.add_stat_logger(metrics)
+    try:
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        for rank, count in ((0, 1), (1, 2)):
+            for i in range(count):
+                async for _ in engine.generate({"prompt_token_ids": [5, 6, 7 + i]}, params, f"r{rank}-{i}",
+                                               data_parallel_rank=rank):
+                    pass
+        deadline = time.monotonic() + 30
+        while sum(s.success["length"] for s in metrics.engines.values()) < 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        samples = {(s.name, s.labels.get("engine"), s.labels.get("finished_reason")): s.value
+                   for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+        assert samples[("vllm:request_success_total", "0", "length")] == 1
+        assert samples[("vllm:request_success_total", "1", "length")] == 2
+        assert (samples[("vllm:generation_tokens_total", "0", None)],
+                samples[("vllm:generation_tokens_total", "1", None)]) == (3, 6)
+        assert [(r.engine_index, r.seen) for r in made] == [(0, {0}), (1, {1})]
+    finally:
+        engine.shutdown()
