@@ -25,6 +25,7 @@ from aiohttp import web
 from engine.engine_client import EngineClient
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
+from engine.entrypoints.openai.public_errors import public_error
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
 from engine.frontend.renderer import RendererBusyError
 from engine.outputs import RequestOutput
@@ -259,7 +260,8 @@ class OpenAIServing:
             except Exception as exc:
                 error = to_openai_error(exc)
                 logger.info("stream %s ended with an error: %s", request.path, error.message)
-                await response.write(b"data: " + _encode(error.body()) + b"\n\n")
+                # the same rules as every other error body (public_errors.py)
+                await response.write(b"data: " + _encode(public_error(error).body()) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
