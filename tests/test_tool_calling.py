@@ -211,7 +211,7 @@ def model():
 def test_required_gives_calls_of_the_tools_streamed_and_not(model):
     client, name = model
     kwargs = dict(model=name, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0.0,
-                  max_tokens=120)
+                  max_tokens=300)
     out = client.chat.completions.create(**kwargs).choices[0]
     assert out.finish_reason == "tool_calls" and out.message.content is None and out.message.tool_calls
     for call in out.message.tool_calls:
@@ -231,7 +231,7 @@ def test_parallel_tool_calls_false_gives_one_call(model):
     client, name = model
     out = client.chat.completions.create(
         model=name, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False, temperature=0.0,
-        max_tokens=120, messages=[{"role": "user", "content": "Weather in Paris and the time in Tokyo?"}]).choices[0]
+        max_tokens=200, messages=[{"role": "user", "content": "Weather in Paris and the time in Tokyo?"}]).choices[0]
     (call,) = out.message.tool_calls
     check_call(call.function.name, call.function.arguments)
 
@@ -239,7 +239,7 @@ def test_parallel_tool_calls_false_gives_one_call(model):
 @pytest.mark.model
 def test_named_choice_calls_that_function_streamed_and_not(model):
     client, name = model
-    kwargs = dict(model=name, messages=ASK, tools=[WEATHER, TIME], temperature=0.0, max_tokens=80,
+    kwargs = dict(model=name, messages=ASK, tools=[WEATHER, TIME], temperature=0.0, max_tokens=200,
                   tool_choice={"type": "function", "function": {"name": "get_time"}})
     out = client.chat.completions.create(**kwargs).choices[0]
     (call,) = out.message.tool_calls
