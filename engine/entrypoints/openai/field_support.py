@@ -97,20 +97,9 @@ _GENERATION: dict[str, Placement] = {
                                  "endpoints, as vLLM does"),
     "return_mm_kwargs": NoOp("honoured by vLLM only on its /render endpoints, for multimodal inputs; ignored on "
                              "generation endpoints, as vLLM does"),
-    # Refused: nothing in ringllm carries them.
     "use_beam_search": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds"),
     "length_penalty": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds",
                             _FIELDS + "test_length_penalty_divides_the_score_by_length_to_its_power"),
-    "watermarking": Refused(True, (None, False)),
-    "logprob_token_ids": Refused([1, 2]),
-    "routed_experts_prompt_start": Refused(1, (None, 0), "(no mixture-of-experts models here)"),
-    "kv_transfer_params": Refused({"do_remote_prefill": True}, (None, {}),
-                                  "per request (KV transfer is configured per engine: --kv-transfer-config)"),
-    "ec_transfer_params": Refused({"x": 1}, (None, {})),
-    "vllm_xargs": Refused({"x": 1}, (None, {}), "(no custom extensions are loaded)"),
-    "repetition_detection": Refused({"max_pattern_size": 4, "min_count": 3}),
-    "stream_interval": Refused(4, (None, 1)),
-    "thinking_token_budget": Refused(16, (None, -1), "(no reasoning models here)"),
     "logit_bias": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "allowed_token_ids": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "bad_words": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
@@ -127,6 +116,17 @@ _GENERATION: dict[str, Placement] = {
     "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits",
                         _FIELDS + "test_salted_blocks_hash_apart"),
     "add_special_tokens": _impl(_FIELDS + "test_add_special_tokens_adds_the_tokenizers_bos_or_not"),
+    # Refused: nothing in ringllm carries them out.
+    "watermarking": Refused(True, (None, False)),
+    "logprob_token_ids": Refused([1, 2]),
+    "routed_experts_prompt_start": Refused(1, (None, 0), "(no mixture-of-experts models here)"),
+    "kv_transfer_params": Refused({"do_remote_prefill": True}, (None, {}),
+                                  "per request (KV transfer is configured per engine: --kv-transfer-config)"),
+    "ec_transfer_params": Refused({"x": 1}, (None, {})),
+    "vllm_xargs": Refused({"x": 1}, (None, {}), "(no custom extensions are loaded)"),
+    "repetition_detection": Refused({"max_pattern_size": 4, "min_count": 3}),
+    "stream_interval": Refused(4, (None, 1)),
+    "thinking_token_budget": Refused(16, (None, -1), "(no reasoning models here)"),
 }
 
 COMPLETION: dict[str, Placement] = {
@@ -162,7 +162,6 @@ CHAT: dict[str, Placement] = {
     "chat_template_kwargs": _impl(_TEMPLATES + "test_chat_template_kwargs_override_the_named_arguments_as_in_vllm"),
 }
 
-_EMBED = _FIELDS
 EMBEDDING: dict[str, Placement] = {
     "model": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
     "input": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
@@ -171,14 +170,14 @@ EMBEDDING: dict[str, Placement] = {
     "dimensions": Refused(8, (None,), "(no model here has matryoshka representations)"),
     "padding": Refused("max_length", (None, "do_not_pad")),
     "mm_processor_kwargs": Refused({"x": 1}, (None, {}), "(text models only)"),
-    "endianness": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
-    "embed_dtype": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
-    "use_activation": _impl(_EMBED + "test_embedding_dtype_endianness_and_activation"),
-    "truncate_prompt_tokens": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
-    "truncation_side": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
-    "request_id": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
-    "priority": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
-    "cache_salt": _impl(_EMBED + "test_embedding_truncation_salt_priority_and_request_id"),
+    "endianness": _impl(_FIELDS + "test_embedding_dtype_endianness_and_activation"),
+    "embed_dtype": _impl(_FIELDS + "test_embedding_dtype_endianness_and_activation"),
+    "use_activation": _impl(_FIELDS + "test_embedding_dtype_endianness_and_activation"),
+    "truncate_prompt_tokens": _impl(_FIELDS + "test_embedding_truncation_salt_priority_and_request_id"),
+    "truncation_side": _impl(_FIELDS + "test_embedding_truncation_salt_priority_and_request_id"),
+    "request_id": _impl(_FIELDS + "test_embedding_truncation_salt_priority_and_request_id"),
+    "priority": _impl(_FIELDS + "test_embedding_truncation_salt_priority_and_request_id"),
+    "cache_salt": _impl(_FIELDS + "test_embedding_truncation_salt_priority_and_request_id"),
     "add_special_tokens": _GENERATION["add_special_tokens"],
 }
 
