@@ -453,3 +453,10 @@ def test_documents_reasoning_effort_and_return_prompt_text(server):
     assert "<low>" in kwargs_win["prompt_text"]
     chunks = stream(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, **ask})
     assert chunks[0]["prompt_text"] == answer["prompt_text"] and all(c["prompt_text"] is None for c in chunks[1:])
+
+
+def test_a_request_id_longer_than_its_bound_is_400(server):
+    long_id = "x" * 257
+    assert_400(server, "/v1/completions", {"prompt": PROMPT, "request_id": long_id}, "request_id")
+    code, body, _ = server.post_json("/v1/completions", {"prompt": PROMPT, "max_tokens": 1}, {"X-Request-Id": long_id})
+    assert code == 400 and body["error"]["param"] == "X-Request-Id"

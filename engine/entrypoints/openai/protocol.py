@@ -33,6 +33,7 @@ Int64 = Annotated[int, Meta(ge=_INT64_MIN, le=_INT64_MAX)]
 PositiveInt = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
 NonNegativeInt = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
 TokenIds = list[NonNegativeInt]
+MAX_REQUEST_ID_CHARS = 256  # a request_id (or X-Request-Id) lands in logs and engine ids
 
 
 class OpenAIError(Exception):
@@ -131,7 +132,7 @@ class _SamplingFields(Struct, kw_only=True):
     return_tokens_as_token_ids: Optional[bool] = None  # logprob tokens as "token_id:{id}"
     return_token_ids: Optional[bool] = None  # prompt_token_ids and each choice's token_ids
     priority: Int64 = 0  # lower first; needs --scheduling-policy priority
-    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=256)]] = None
+    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]] = None
     cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
     use_beam_search: bool = False  # n is the beam width (serving_beam_search.py)
     length_penalty: float = 1.0  # beam search: scores are cumulative logprob / length ** this
@@ -255,7 +256,7 @@ class EmbeddingRequest(Struct, kw_only=True):
     truncate_prompt_tokens: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
     truncation_side: Optional[Literal["left", "right"]] = None
     priority: Int64 = 0
-    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=256)]] = None
+    request_id: Optional[Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]] = None
     cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
 
     def prompts(self) -> list[Union[str, list[int]]]:

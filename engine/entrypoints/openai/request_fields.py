@@ -9,7 +9,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs
+from engine.entrypoints.openai.protocol import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprob, PromptLogprobs
 from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -20,7 +20,11 @@ _FROM_CLIENT_KEY = "ringllm_request_id_from_client"
 def request_id(prefix: str, request: web.Request, body_request_id: Optional[str]) -> str:
     """The response id, as vLLM makes it: ``{prefix}-{X-Request-Id header, else the body's
     request_id, else a random uuid}``."""
-    given = request.headers.get(REQUEST_ID_HEADER) or body_request_id
+    header = request.headers.get(REQUEST_ID_HEADER)
+    if header is not None and len(header) > MAX_REQUEST_ID_CHARS:  # the body's request_id has the same bound
+        raise OpenAIError(400, f"the {REQUEST_ID_HEADER} header is longer than {MAX_REQUEST_ID_CHARS} characters",
+                          param=REQUEST_ID_HEADER, code="invalid_value")
+    given = header or body_request_id
     base = given or uuid.uuid4().hex
     request[REQUEST_ID_KEY] = base  # for the X-Request-Id response header
     request[_FROM_CLIENT_KEY] = given is not None
