@@ -45,6 +45,8 @@ PATHOLOGICAL = {
     "percent width": "{{ '%1000000000s' % 'x' }}",
     "replace growing": "{% set s = 'x' * 100000 %}{{ s.replace('x', 'y' * 100000) }}",
     "join growing": "{% set s = 'x' * 100000 %}{{ (s|list)|join('y' * 50000) }}",
+    "indent growing": "{% set s = '\n' * 100000 %}{{ s|indent(100000) }}",
+    "tabs growing": "{% set s = '\t' * 100000 %}{{ s.expandtabs(100000) }}",
     "integer power": "{% set ns = namespace(n=10) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}"
                      "{% endfor %}{{ ns.n }}",
 }

@@ -11,8 +11,9 @@ here runs under ``TemplateLimits`` and checks them as it goes:
   recursion is counted) and each filter or operator spends one step: past ``max_iterations``
   steps, or past ``timeout_s``, the render stops;
 - its output, and every string or list that an operator, filter or call builds, is at most
-  ``max_chars`` long, checked before ``*``, ``**``, ``+``, ``~``, ``%``, ``join``, ``replace``
-  and ``tojson`` build their result, and after every other filter and call;
+  ``max_chars`` long, checked before ``*``, ``**``, ``+``, ``~``, ``%``, ``join``, ``replace``,
+  ``tojson``, ``indent`` and ``expandtabs`` build their result, and after every other filter and
+  call;
 - an integer passed to a filter or a Python function or method is at most
   ``MAX_INT_ARGUMENT`` (Jinja's own range bound), so ``'x'.ljust(10**10)`` is refused before it
   allocates; integer arithmetic stays under ``MAX_INT_BITS``.
@@ -157,7 +158,8 @@ def _check_result(value: Any, budget: _Budget) -> Any:
 
 
 def _predict(name: str, args: tuple, budget: _Budget) -> None:
-    """Refuse ``join`` and ``replace`` whose result would be too long, before building it."""
+    """Refuse a ``join``, ``replace``, ``tojson``, ``indent`` or ``expandtabs`` whose result would
+    be too long, before building it (their result grows with input times argument)."""
     strings = [a for a in args if isinstance(a, str)]
     if name == "replace" and len(strings) >= 3:
         text, old, new = strings[:3]
@@ -170,6 +172,13 @@ def _predict(name: str, args: tuple, budget: _Budget) -> None:
             budget.check_size(_weight(list(items), budget) + len(sep) * len(items))
     elif name == "tojson" and args:
         budget.check_size(2 * _weight(args[0], budget))
+    elif name == "indent" and args and isinstance(args[0], str):  # the filter: (text, width=4, ...)
+        width = args[1] if len(args) > 1 else 4
+        width = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        budget.check_size(len(args[0]) + args[0].count("\n") * max(width, 0))
+    elif name == "expandtabs" and isinstance(args[-1], str):  # the method: (tabsize=8, owner)
+        tabsize = args[0] if len(args) > 1 and isinstance(args[0], int) else 8
+        budget.check_size(len(args[-1]) + args[-1].count("\t") * max(tabsize, 0))
 
 
 # Filters that never write their input out as text: their list arguments need not be weighed
