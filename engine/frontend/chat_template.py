@@ -20,7 +20,7 @@ here runs under ``TemplateLimits`` and checks them as it goes:
 
 Past a bound the render raises ``TemplateLimitError`` (a ValueError: the server answers 400).
 What remains: one filter or method call may build up to its input times ``MAX_INT_ARGUMENT``
-characters before its result is refused (``indent(100000)`` on many lines), and comparisons
+characters before its result is refused (a format string of many 5-digit widths), and comparisons
 of deeply shared structures are not counted; both stay within the time the sandbox allows
 their inputs to be built in.
 
