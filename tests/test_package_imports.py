@@ -79,15 +79,12 @@ def _module_level_imports(name: str, path: str, known: set[str]) -> set[str]:
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
         stack.extend(ast.iter_child_nodes(node))
-    # importing a.b.c imports its packages a and a.b first, except the packages above ``name``
-    # itself: Python has begun importing those before ``name``, so they are no edge of ``name``'s
-    parts = name.split(".")
-    ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
+    # importing a.b.c imports its packages a and a.b first
     closed = set()
     for module in found:
         parts = module.split(".")
         closed.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return {m for m in closed - ancestors if m in known and m != name}
+    return {m for m in closed if m in known and m != name}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:

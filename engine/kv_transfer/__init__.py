@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.kv_transfer.config import KVTransferConfig
-
-__all__ = ["KVTransferConfig", "make_kv_connector"]
+# The package imports none of its modules at its top: engine/config.py imports config.py, and
+# a package that imported its own submodules back would sit in an import circle with them.
+__all__ = ["make_kv_connector"]
 
 
 def make_kv_connector(config: Any, model: Any):
