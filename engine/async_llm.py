@@ -75,6 +75,13 @@ def _merge(pending: RequestOutput, new: RequestOutput, aggregate: bool) -> None:
             pending.outputs.append(completion)
 
 
+def _num_new_tokens(output: RequestOutput, aggregate: bool, sent: int) -> int:
+    """New tokens in ``output`` (its longest completion): all it carries when outputs are
+    deltas, else what it has beyond the ``sent`` already yielded."""
+    longest = max((len(c.token_ids) for c in output.outputs), default=0)
+    return longest if aggregate else longest - sent
+
+
 class RequestOutputCollector:
     """One request's mailbox between the output handler and its consumer.
 
@@ -381,9 +388,15 @@ class AsyncLLM(EngineClient):
             collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority,
                                                lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                                                data_parallel_rank=data_parallel_rank)
-            finished = False
+            finished, sent = False, None  # sent: output tokens already yielded (None: nothing yet)
+            interval = getattr(sampling_params, "stream_interval", None)  # PoolingParams have none
             while not finished:
                 output = collector.get_nowait() or await collector.get()
+                # stream_interval: after the first, an output waits until it has that many new tokens
+                while interval and sent is not None and not output.finished and output.error is None \
+                        and _num_new_tokens(output, collector.aggregate, sent) < interval:
+                    _merge(output, collector.get_nowait() or await collector.get(), collector.aggregate)
+                sent = (sent or 0) + (_num_new_tokens(output, collector.aggregate, sent or 0) if interval else 0)
                 if output.error is not None:
                     error = EngineStepError if output.internal_error else EngineGenerateError
                     raise error(f"request {request_id!r} failed: {output.error}")

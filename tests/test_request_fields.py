@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import LLM, BeamSearchParams, SamplingParams
+from engine import LLM, BeamSearchParams, RequestOutputKind, SamplingParams
 from engine.async_llm import AsyncLLM
 from engine.beam_search import BeamSearch, BeamSearchSequence
 from engine.config import AsyncEngineArgs
@@ -460,3 +460,31 @@ def test_a_request_id_longer_than_its_bound_is_400(server):
     assert_400(server, "/v1/completions", {"prompt": PROMPT, "request_id": long_id}, "request_id")
     code, body, _ = server.post_json("/v1/completions", {"prompt": PROMPT, "max_tokens": 1}, {"X-Request-Id": long_id})
     assert code == 400 and body["error"]["param"] == "X-Request-Id"
+
+
+def test_stream_interval_batches_the_streamed_tokens(server, tiny_model_dir):
+    """Every chunk but the first and the last carries at least stream_interval tokens (vLLM's
+    meaning), over HTTP and through AsyncLLM.generate; the tokens are the same as without it."""
+    payload = {"prompt": PROMPT, "max_tokens": 13, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    plain = sum((c["choices"][0]["token_ids"] for c in stream(server, "/v1/completions", payload)), [])
+    batched = stream(server, "/v1/completions", {**payload, "stream_interval": 4})
+    chunks = [c["choices"][0]["token_ids"] for c in batched]
+    assert sum(chunks, []) == plain and len(plain) == 13
+    assert all(len(ids) >= 4 for ids in chunks[1:-1]) and len(chunks) <= 2 + (13 - 1) // 4
+    assert_400(server, "/v1/completions", {**payload, "stream": True, "stream_interval": 0}, "stream_interval")
+
+    async def run(kind):
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY))
+        try:
+            params = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0, stream_interval=3,
+                                    output_kind=kind)
+            return [[len(c.token_ids) for c in out.outputs] async for out in engine.generate(PROMPT, params, "si")]
+        finally:
+            engine.shutdown()
+
+    deltas = [n for (n,) in asyncio.run(run(RequestOutputKind.DELTA))]
+    assert sum(deltas) == 10 and all(n >= 3 for n in deltas[1:-1])
+    totals = [n for (n,) in asyncio.run(run(RequestOutputKind.CUMULATIVE))]
+    assert totals[-1] == 10 and all(b - a >= 3 for a, b in zip(totals, totals[1:-1]))
+    with pytest.raises(ValueError, match="stream_interval"):
+        SamplingParams(stream_interval=0)

@@ -116,6 +116,7 @@ _GENERATION: dict[str, Placement] = {
     "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits",
                         _FIELDS + "test_salted_blocks_hash_apart"),
     "add_special_tokens": _impl(_FIELDS + "test_add_special_tokens_adds_the_tokenizers_bos_or_not"),
+    "stream_interval": _impl(_FIELDS + "test_stream_interval_batches_the_streamed_tokens"),
     # Refused: nothing in ringllm carries them out.
     "watermarking": Refused(True, (None, False)),
     "logprob_token_ids": Refused([1, 2]),
@@ -125,7 +126,6 @@ _GENERATION: dict[str, Placement] = {
     "ec_transfer_params": Refused({"x": 1}, (None, {})),
     "vllm_xargs": Refused({"x": 1}, (None, {}), "(no custom extensions are loaded)"),
     "repetition_detection": Refused({"max_pattern_size": 4, "min_count": 3}),
-    "stream_interval": Refused(4, (None, 1)),
     "thinking_token_budget": Refused(16, (None, -1), "(no reasoning models here)"),
 }
 
@@ -189,6 +189,7 @@ STREAM_OPTIONS: dict[str, Placement] = {
 # SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.
 _ENGINE_TESTS = {
     "truncate_prompt_tokens": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
+    "stream_interval": _FIELDS + "test_stream_interval_batches_the_streamed_tokens",
     "detokenize": "tests/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
     "output_kind": "tests/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
     "structured_outputs": "tests/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",

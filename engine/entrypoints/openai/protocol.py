@@ -136,6 +136,7 @@ class _SamplingFields(Struct, kw_only=True):
     cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
     use_beam_search: bool = False  # n is the beam width (serving_beam_search.py)
     length_penalty: float = 1.0  # beam search: scores are cumulative logprob / length ** this
+    stream_interval: Optional[PositiveInt] = None  # a stream's chunks carry at least this many tokens each
     # Structured outputs and logit controls (engine/entrypoints/openai/structured_outputs.py).
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None
@@ -181,6 +182,7 @@ class _SamplingFields(Struct, kw_only=True):
                 prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
                 truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side,
+                stream_interval=self.stream_interval if self.stream else None,  # vLLM: ignored unless streaming
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY, **extras)
         except ParameterError as exc:
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
