@@ -79,11 +79,16 @@ def _module_level_imports(name: str, path: str, known: set[str]) -> set[str]:
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
         stack.extend(ast.iter_child_nodes(node))
-    # importing a.b.c imports its packages a and a.b first
-    closed = set()
+    # Importing a.b.c imports its packages a and a.b first, which are edges too, except the
+    # packages above ``name`` itself: Python began importing those before ``name``, and a path
+    # through them reads nothing of theirs. Naming one explicitly (``from engine import envs``)
+    # does read its namespace, and stays an edge.
+    parts = name.split(".")
+    ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
+    closed = set(found)
     for module in found:
         parts = module.split(".")
-        closed.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        closed.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) not in ancestors)
     return {m for m in closed if m in known and m != name}
 
 
