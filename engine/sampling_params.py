@@ -48,7 +48,7 @@ class SamplingType(enum.IntEnum):
 # ValueError naming the field (a name vLLM does not have stays msgspec's TypeError, as in vLLM).
 VLLM_UNSUPPORTED_FIELDS: dict[str, Any] = {
     "prompt_logprob_token_ids": None, "prompt_logprob_start": None, "logprob_token_ids": None,
-    "flat_logprobs": False, "extra_args": None, "skip_reading_prefix_cache": None,
+    "flat_logprobs": False, "extra_args": None,
     "thinking_token_budget": None, "repetition_detection": None, "routed_experts_prompt_start": 0,
     "trace_decode_token_ids": None,
 }
@@ -113,6 +113,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
     # Streamed outputs (AsyncLLM.generate) carry at least this many new tokens each, the first
     # and the last excepted (vLLM's stream_interval; None: each as it comes).
     stream_interval: Optional[int] = None
+    # vLLM's: compute the whole prompt, reading nothing from the prefix cache (prompt_logprobs
+    # requests never read it anyway); what it computes is still cached for others.
+    skip_reading_prefix_cache: Optional[bool] = None
 
     def __post_init__(self) -> None:
         """Normalise the shorthands, then validate. Runs on construction, on
@@ -190,6 +193,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         self._verify_logit_controls()
         verify_truncation(self.truncate_prompt_tokens, self.truncation_side, "SamplingParams")
         _optional_int("stream_interval", self.stream_interval, low=1)
+        if self.skip_reading_prefix_cache is not None and not isinstance(self.skip_reading_prefix_cache, bool):
+            raise _bad("skip_reading_prefix_cache", "a bool or None", self.skip_reading_prefix_cache)
 
     def _verify_logit_controls(self) -> None:
         """logit_bias, allowed_token_ids, bad_words and structured_outputs; token ids are checked

@@ -337,6 +337,8 @@ def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
         assert llm.generate(salted, SamplingParams(max_tokens=1), use_tqdm=False)[0].num_cached_tokens > 0
         assert llm.generate({**salted, "cache_salt": "b"}, SamplingParams(max_tokens=1),
                             use_tqdm=False)[0].num_cached_tokens == 0
+        skipping = SamplingParams(max_tokens=1, skip_reading_prefix_cache=True)
+        assert llm.generate(salted, skipping, use_tqdm=False)[0].num_cached_tokens == 0
         for key in ("multi_modal_data", "mm_processor_kwargs"):
             with pytest.raises(ValueError, match=key):
                 llm.generate({"prompt": PROMPT, key: {"image": [0]}}, params, use_tqdm=False)

@@ -135,7 +135,8 @@ class KVCacheManager:
         """The longest run of cached full blocks that prefixes the request's tokens, and the
         number of tokens they hold. At least one token is always left to compute, since the
         model must run on the last token to sample the next one. Nothing is reserved yet."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        params = request.sampling_params
+        if not self.enable_caching or params.prompt_logprobs is not None or params.skip_reading_prefix_cache:
             return [], 0  # prompt logprobs need every prompt position computed
         hashes = self.block_hashes(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size

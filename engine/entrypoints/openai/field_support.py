@@ -190,6 +190,7 @@ STREAM_OPTIONS: dict[str, Placement] = {
 _ENGINE_TESTS = {
     "truncate_prompt_tokens": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
     "stream_interval": _FIELDS + "test_stream_interval_batches_the_streamed_tokens",
+    "skip_reading_prefix_cache": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
     "detokenize": "tests/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
     "output_kind": "tests/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
     "structured_outputs": "tests/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
