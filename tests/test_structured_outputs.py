@@ -313,3 +313,19 @@ def test_auto_starts_on_llguidance_and_moves_to_xgrammar_when_its_compile_is_don
             manager.fill_bitmask([req])
             assert manager.accept(req, token)
         assert manager.is_terminated(req)
+
+
+def test_structural_tag_on_xgrammar_and_refused_on_guidance(llm):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
+                                                "content": {"type": "json_schema", "json_schema": schema}}}
+    so = StructuredOutputsParams(structural_tag=json.dumps(tag), disable_any_whitespace=True)
+    if llm.llm_engine.config.engine_args.structured_outputs_config["backend"] == "guidance":
+        with pytest.raises(ValueError, match="structural_tag is supported by the xgrammar backend only"):
+            llm.generate("x", random_params(so), use_tqdm=False)
+        return
+    (out,) = llm.generate("x", random_params(so), use_tqdm=False)
+    match = re.fullmatch(r"<call>(.*)</call>", out.outputs[0].text, re.S)
+    assert match and out.outputs[0].finish_reason == "stop", out.outputs[0].text
+    jsonschema.validate(json.loads(match.group(1)), schema)
