@@ -18,6 +18,11 @@ streams scenario (benchmarks/serving.py). Methods, alternated within each round:
   unconstrained: the median over pairs of the TTFT difference is what a new schema adds, with no
   queueing in the way and the machine's drifting load cancelled pair by pair.
 
+``--peer-url URL`` adds a running OpenAI-compatible server (vLLM's, with its xgrammar backend) as
+three more methods, ``PEER unconstrained``, ``PEER json_schema shared`` and ``PEER json_schema
+distinct``, sent the same requests (``response_format`` json_schema on /v1/completions) and
+interleaved with ringllm's, so the constrained throughput ratio against it is a same-run figure.
+
 The constrained requests end where their JSON ends (grammar end = stop), so throughput is output
 tokens per second, not requests per second. The schemas bound their strings (maxLength) so a
 record is ~40-60 tokens of the default tokenizer.
@@ -37,7 +42,7 @@ from typing import Optional
 import aiohttp
 
 from benchmarks.harness import OUT_DIR, Bench, Column
-from benchmarks.serving import RequestStats, Server, make_prompts, model_under_test, percentile
+from benchmarks.serving import RequestStats, Server, make_prompts, model_under_test, peer_model, percentile
 
 UNCONSTRAINED = "unconstrained"
 SHARED, DISTINCT = "json_schema shared", "json_schema distinct"
@@ -140,6 +145,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20,
                         help="The server's KV cache (64 streams of ~130 tokens need ~0.2 GiB on the default model).")
     parser.add_argument("--out", default=OUT_DIR)
+    parser.add_argument("--peer-url", default=None, help="Also measure this running OpenAI-compatible server.")
+    parser.add_argument("--peer-name", default="peer", help="The peer's method prefix in the tables.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     c = args.concurrency
@@ -170,6 +177,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                 burst_plain: lambda: load.clients([None] * c, burst=[None] * c),
                 PAIRS: lambda: pairs(load, 8),
             }
+            if args.peer_url:
+                peer_url = args.peer_url.rstrip("/")
+                peer = Load(peer_url, peer_model(peer_url), c, args.requests_per_client, args.output_tokens)
+                run(peer.clients([None, shared]))  # the same warm-up
+                cases[f"{args.peer_name} {UNCONSTRAINED}"] = lambda: peer.clients([None] * c)
+                cases[f"{args.peer_name} {SHARED}"] = lambda: peer.clients([shared] * c)
+                cases[f"{args.peer_name} {DISTINCT}"] = lambda: peer.clients(peer.new_schemas(c))
+                bench.notes.append(f"{args.peer_name}: {peer_url}, model {peer.model!r}")
             for method, fn in cases.items():
                 bench.add("structured", method, lambda fn=fn: run(fn()))
             bench.run(rounds=args.rounds)
@@ -188,10 +203,21 @@ def main(argv: Optional[list[str]] = None) -> None:
                  f"distinct {bench.ratio(s, 'output_tokens_per_s', DISTINCT, UNCONSTRAINED):.2f}x",
                  f"TTFT p50 a new schema adds (one request at a time): {ttft_delta:+.1f} ms",
                  f"ITL p99 of {c} unconstrained streams while {c} new schemas compile, against the same "
-                 f"burst without schemas: {itl_ratio:.2f}x", *bench.notes):
+                 f"burst without schemas: {itl_ratio:.2f}x", *peer_lines(bench, args), *bench.notes):
         print(f"- {line}")
     for path in bench.save(extra={"ttft_p50_delta_ms": ttft_delta, "itl_p99_ratio": itl_ratio}, out_dir=args.out):
         print(f"wrote {os.path.relpath(path)}")
+
+
+def peer_lines(bench: Bench, args: argparse.Namespace) -> list[str]:
+    """The same-run ratios against the peer, when there is one."""
+    if not args.peer_url:
+        return []
+    s, p = "structured", args.peer_name
+    return [f"constrained throughput against {p}: shared "
+            f"{bench.ratio(s, 'output_tokens_per_s', SHARED, f'{p} {SHARED}'):.2f}x, distinct "
+            f"{bench.ratio(s, 'output_tokens_per_s', DISTINCT, f'{p} {DISTINCT}'):.2f}x; unconstrained "
+            f"{bench.ratio(s, 'output_tokens_per_s', UNCONSTRAINED, f'{p} {UNCONSTRAINED}'):.2f}x"]
 
 
 async def pairs(load: Load, n: int) -> dict:
