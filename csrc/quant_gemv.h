@@ -1,0 +1,49 @@
+/* Small-batch matmuls straight on GGUF block-quantized weights (Q4_0, Q4_1, Q8_0).
+ *
+ * A decode step at a few rows reads every weight once per token, so its speed is the
+ * memory bandwidth divided by the weight bytes: a Q4_1 weight is 5 bits, bf16 is 16. The
+ * kernel reads the GGUF's own blocks (no repacking: a row of W is K / 32 blocks, rows one
+ * after another, as in the file), dequantizes them in registers and multiplies with int8
+ * dot products. Each row of x is first quantized to int8 blocks of 32 (scale d = max|x| /
+ * 127 and d * sum(q) per block, as llama.cpp's Q8_1): per block the dot product is then
+ *   Q8_0:  d_w d_x sum(q_w q_x)
+ *   Q4_0:  d_w (d_x sum(q_w q_x) - 8 s_x)          (w = d_w (q_w - 8))
+ *   Q4_1:  d_w d_x sum(q_w q_x) + m_w s_x           (w = d_w q_w + m_w)
+ * with s_x = d_x sum(q_x). All rows of x are multiplied with a weight block while it is in
+ * registers, so W is read once per call for up to QUANT_GEMV_MAX_M rows.
+ *
+ * Variants: AVX-512 (F, BW, VNNI: vpdpbusd, two blocks per register), AVX2 (vpmaddubsw),
+ * plain C; the best one the CPU has, chosen by CPUID, capped by max_isa so tests run each.
+ */
+#ifndef RINGLLM_QUANT_GEMV_H
+#define RINGLLM_QUANT_GEMV_H
+
+#include <stdint.h>
+
+/* GGML type ids, as gguf.GGMLQuantizationType numbers them. */
+#define QUANT_GGML_Q4_0 2
+#define QUANT_GGML_Q4_1 3
+#define QUANT_GGML_Q8_0 8
+#define QUANT_BLOCK 32
+#define QUANT_GEMV_MAX_M 8
+/* max_isa values: the most a call may use. */
+#define QUANT_ISA_C 0
+#define QUANT_ISA_AVX2 1
+#define QUANT_ISA_AVX512_VNNI 2
+
+/* Bytes of one block of 32 weights of this type, or 0 for a type the kernels lack. */
+int quant_block_bytes(int type);
+
+/* The best variant this CPU runs (a QUANT_ISA_* value). */
+int quant_best_isa(void);
+
+/* y[r, j] = sum_i x[r, i] * W[j, i] for r < m <= QUANT_GEMV_MAX_M; x is [m, k] float32
+ * (row stride x_stride floats), y is [m, n] float32 row-major; w holds W's n rows of
+ * k / 32 blocks. Returns 0; -1 for bad sizes or type; -2 when scratch memory ran out. */
+int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+               int max_isa, float *y);
+
+/* The dense float32 [n, k] matrix of w (for steps too large for the GEMV). Returns 0 or -1. */
+int quant_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out);
+
+#endif
