@@ -272,48 +272,6 @@ def test_aborts_free_parked_and_running_constrained_requests(llm):
     check(StructuredOutputsParams(regex=REGEX), out.outputs[0].text)
 
 
-def test_auto_compiles_xgrammar_only_after_the_first_token_on_llguidance():
-    """The first token waits for llguidance's ~1 ms compile alone: xgrammar's (tens of ms of CPU
-    on two cores) starts with the first accepted token, and a spec already compiled is used at once."""
-    import time
-
-    import tokenizers
-
-    from engine.models.default_model import default_tokenizer_path
-    from engine.structured_output.config import StructuredOutputsConfig
-    from engine.structured_output.manager import StructuredOutputManager
-
-    tok = tokenizers.Tokenizer.from_file(f"{default_tokenizer_path()}/tokenizer.json")
-    manager = StructuredOutputManager(StructuredOutputsConfig(), default_tokenizer_path(), 49152, 4)
-    so = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
-
-    class Req:
-        request_id, eos_token_id = "r", 2
-
-        def __init__(self) -> None:
-            self.output_token_ids, self.sampling_params = [], SamplingParams(structured_outputs=so)
-
-    try:
-        req = Req()
-        manager.start(req)
-        state = req.structured_output
-        assert state.future is None and state.quick is not None
-        deadline = time.monotonic() + 120
-        while not manager.poll(req, time.monotonic()):
-            assert time.monotonic() < deadline
-            manager.wait([req], 1.0)
-        assert state.future is None  # ready on llguidance, nothing else compiling yet
-        manager.fill_bitmask([req])
-        assert manager.accept(req, tok.encode("{", add_special_tokens=False).ids[0])
-        assert state.future is not None  # xgrammar's compile starts with the first token
-        state.future.result(timeout=120)
-        again = Req()
-        manager.start(again)  # the same spec: its compiled grammar is used, nothing submitted
-        assert again.structured_output.future is state.future and again.structured_output.quick is None
-    finally:
-        manager.shutdown()
-
-
 def test_auto_starts_on_llguidance_and_moves_to_xgrammar_when_its_compile_is_done():
     from concurrent.futures import Future
 
@@ -342,7 +300,7 @@ def test_auto_starts_on_llguidance_and_moves_to_xgrammar_when_its_compile_is_don
         quick.set_result(GuidanceBackend(vocab).compile(so))
         req = Req()
         req.output_token_ids = []
-        req.structured_output = GrammarState(slow, quick, deadline=float("inf"), params=so)
+        req.structured_output = GrammarState(slow, quick, deadline=float("inf"))
         assert manager.poll(req, 0.0) and isinstance(req.structured_output.matcher, GuidanceMatcher)
         for token in tok.encode(text, add_special_tokens=False).ids:
             manager.fill_bitmask([req])

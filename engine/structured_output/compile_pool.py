@@ -41,13 +41,6 @@ class CompilePool:
         self._vocab: Optional[Vocabulary] = None
         self._backends: dict[str, Any] = {}
 
-    def cached(self, params: StructuredOutputsParams) -> Optional[Future]:
-        """The compile of ``params`` already submitted (done or running), or None."""
-        future = self._cache.get(params.key())
-        if future is not None:
-            self._cache.move_to_end(params.key())
-        return future
-
     def submit(self, params: StructuredOutputsParams) -> Future:
         """The compiled grammar of ``params`` (a future; GrammarError when it cannot compile).
         Called from the step loop only: the cache needs no lock."""

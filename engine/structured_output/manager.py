@@ -9,10 +9,7 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
    llguidance (~1 ms): the request starts on that matcher, and once xgrammar's compile is done
    it moves to xgrammar's (whose masks cost microseconds, not tens of them) by replaying its
    tokens into it; if xgrammar would not have accepted them (the backends differ in free
-   whitespace), it stays on llguidance, which is as correct, only slower. xgrammar's compile
-   (10-40 ms of CPU for a small schema) is submitted only once the request has its first
-   token: on two cores it would otherwise take CPU from the very step and frontend that the
-   request's first token waits on.
+   whitespace), it stays on llguidance, which is as correct, only slower.
 3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
 4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
    allowed token was left (the grammar and the request's other bans excluded everything):
@@ -41,13 +38,12 @@ from engine.structured_output.vocab import load_vocabulary
 class GrammarState:
     """One request's grammar: the compile future until it is ready, then its matcher."""
 
-    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade", "params")
+    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade")
 
-    def __init__(self, future: Optional[concurrent.futures.Future], quick: Optional[concurrent.futures.Future],
-                 deadline: float, params: StructuredOutputsParams) -> None:
-        self.future = future  # the compile of the request's own backend; None until it is submitted
+    def __init__(self, future: concurrent.futures.Future, quick: Optional[concurrent.futures.Future],
+                 deadline: float) -> None:
+        self.future = future
         self.quick = quick  # llguidance's compile of the same spec (auto, JSON), or None
-        self.params = params
         self.deadline = deadline
         self.matcher: Any = None
         self.upgrade = False  # on the quick matcher while ``future`` may still bring a cheaper one
@@ -69,11 +65,9 @@ class StructuredOutputManager:
         if self._pool is None:
             eos = req.eos_token_id
             self._pool = CompilePool(self.config, lambda: load_vocabulary(self._tokenizer_path, self.vocab_size, eos))
-        future = self._pool.cached(params)
-        quick = None if future is not None else self._pool.submit_quick(params)
-        if future is None and quick is None:
-            future = self._pool.submit(params)
-        req.structured_output = GrammarState(future, quick, time.monotonic() + self.config.compile_timeout_s, params)
+        future = self._pool.submit(params)
+        quick = None if future.done() else self._pool.submit_quick(params)
+        req.structured_output = GrammarState(future, quick, time.monotonic() + self.config.compile_timeout_s)
 
     def poll(self, req: Any, now: float) -> Optional[bool]:
         """True once ``req`` has its matcher, False while compiling; GrammarError if it failed or
@@ -81,9 +75,7 @@ class StructuredOutputManager:
         state: GrammarState = req.structured_output
         if state.matcher is not None:
             return True
-        if state.future is None and state.quick.done() and state.quick.exception() is not None:
-            state.future = self._pool.submit(state.params)  # llguidance refused it: the request's own compile
-        if state.future is None or not state.future.done():
+        if not state.future.done():
             quick = state.quick
             if quick is not None and quick.done() and quick.exception() is None:
                 state.matcher, state.upgrade = quick.result().matcher(), True
@@ -116,18 +108,15 @@ class StructuredOutputManager:
         rows = self._bitmask[:len(reqs)]
         for i, req in enumerate(reqs):
             state = req.structured_output
-            if state.upgrade and state.future is not None and state.future.done():
+            if state.upgrade and state.future.done():
                 self._upgrade(req, state)
             state.matcher.fill_bitmask(rows, i)
         return GrammarBitmask([r.request_id for r in reqs], rows)
 
-    def accept(self, req: Any, token_id: int) -> bool:
-        """Advance ``req``'s matcher by its sampled token; False when the grammar refuses it.
-        The first token of a request on the quick matcher submits its xgrammar compile."""
-        state: GrammarState = req.structured_output
-        if state.future is None:
-            state.future = self._pool.submit(state.params)
-        return state.matcher.accept(token_id)
+    @staticmethod
+    def accept(req: Any, token_id: int) -> bool:
+        """Advance ``req``'s matcher by its sampled token; False when the grammar refuses it."""
+        return req.structured_output.matcher.accept(token_id)
 
     @staticmethod
     def is_terminated(req: Any) -> bool:
