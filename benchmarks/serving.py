@@ -77,9 +77,10 @@ class RequestStats:
 
 
 async def stream_completion(session: aiohttp.ClientSession, url: str, model: str, prompt: str,
-                            max_tokens: int) -> RequestStats:
+                            max_tokens: int, **fields: object) -> RequestStats:
+    """One streamed greedy completion, timed; ``fields`` add to or replace the request's fields."""
     payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}, **fields}
     stats = RequestStats()
     start = last = time.perf_counter()
     async with session.post(url + "/v1/completions", json=payload) as resp:

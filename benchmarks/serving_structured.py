@@ -42,7 +42,8 @@ from typing import Optional
 import aiohttp
 
 from benchmarks.harness import OUT_DIR, Bench, Column
-from benchmarks.serving import RequestStats, Server, make_prompts, model_under_test, peer_model, percentile
+from benchmarks.serving import (RequestStats, Server, make_prompts, model_under_test, peer_model, percentile,
+                                stream_completion)
 
 UNCONSTRAINED = "unconstrained"
 SHARED, DISTINCT = "json_schema shared", "json_schema distinct"
@@ -59,34 +60,11 @@ def five_field_schema(suffix: str = "") -> dict:
 
 async def stream(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
                  schema: Optional[dict]) -> RequestStats:
-    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-               "stream_options": {"include_usage": True}}
+    """Unconstrained requests run to max_tokens; constrained ones end where their JSON ends."""
     if schema is None:
-        payload["ignore_eos"] = True
-    else:
-        payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
-    stats = RequestStats()
-    start = last = time.perf_counter()
-    async with session.post(url + "/v1/completions", json=payload) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line[6:].strip() == b"[DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise RuntimeError(f"stream error: {event['error']}")
-            now = time.perf_counter()
-            if event["choices"]:
-                if stats.ttft == 0.0:
-                    stats.ttft = now - start
-                else:
-                    stats.gaps.append(now - last)
-                last = now
-            if event.get("usage"):
-                stats.output_tokens = event["usage"]["completion_tokens"]
-    stats.latency = time.perf_counter() - start
-    return stats
+        return await stream_completion(session, url, model, prompt, max_tokens)
+    return await stream_completion(session, url, model, prompt, max_tokens, ignore_eos=False, response_format={
+        "type": "json_schema", "json_schema": {"name": "record", "schema": schema}})
 
 
 def summarize(results: list[RequestStats], duration: float) -> dict:
