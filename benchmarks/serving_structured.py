@@ -15,8 +15,9 @@ streams scenario (benchmarks/serving.py). Methods, alternated within each round:
   ``unconstrained + C plain 1-token``: the same burst without schemas. Only the unconstrained
   streams are measured: the ITL p99 ratio of the two is what compiling costs the running streams;
 - ``c=1 pairs``: 8 pairs of requests one at a time, a new schema then the same request
-  unconstrained: the median over pairs of the TTFT difference is what a new schema adds, with no
-  queueing in the way and the machine's drifting load cancelled pair by pair.
+  unconstrained, each under its own ``cache_salt`` (no prefix-cache hit between them): the median
+  over pairs of the TTFT difference is what a new schema adds, with no queueing in the way and the
+  machine's drifting load cancelled pair by pair.
 
 ``--peer-url URL`` adds a running OpenAI-compatible server (vLLM's, with its xgrammar backend) as
 three more methods, ``PEER unconstrained``, ``PEER json_schema shared`` and ``PEER json_schema
@@ -59,12 +60,12 @@ def five_field_schema(suffix: str = "") -> dict:
 
 
 async def stream(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
-                 schema: Optional[dict]) -> RequestStats:
+                 schema: Optional[dict], **fields: object) -> RequestStats:
     """Unconstrained requests run to max_tokens; constrained ones end where their JSON ends."""
     if schema is None:
-        return await stream_completion(session, url, model, prompt, max_tokens)
+        return await stream_completion(session, url, model, prompt, max_tokens, **fields)
     return await stream_completion(session, url, model, prompt, max_tokens, ignore_eos=False, response_format={
-        "type": "json_schema", "json_schema": {"name": "record", "schema": schema}})
+        "type": "json_schema", "json_schema": {"name": "record", "schema": schema}}, **fields)
 
 
 def summarize(results: list[RequestStats], duration: float) -> dict:
@@ -199,13 +200,17 @@ def peer_lines(bench: Bench, args: argparse.Namespace) -> list[str]:
 
 
 async def pairs(load: Load, n: int) -> dict:
-    """n times: a request with a new schema, then the same prompt unconstrained, one at a time."""
+    """n times: a request with a new schema, then the same prompt unconstrained, one at a time.
+    Each request has a cache_salt of its own, so the second never reads the prefix cache the first
+    filled (that would shorten its prefill and inflate the difference)."""
     deltas, constrained = [], []
     async with load._session(1) as session:
         start = time.perf_counter()
         for schema, prompt in zip(load.new_schemas(n), make_prompts(n, next(load.seeds))):
-            new = await stream(session, load.url, load.model, prompt, load.max_tokens, schema)
-            plain = await stream(session, load.url, load.model, prompt, load.max_tokens, None)
+            new = await stream(session, load.url, load.model, prompt, load.max_tokens, schema,
+                               cache_salt=f"pair-{next(load.fresh)}")
+            plain = await stream(session, load.url, load.model, prompt, load.max_tokens, None,
+                                 cache_salt=f"pair-{next(load.fresh)}")
             deltas.append((new.ttft - plain.ttft) * 1e3)
             constrained.append(new)
         out = summarize(constrained, time.perf_counter() - start)
