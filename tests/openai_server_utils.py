@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -178,3 +179,17 @@ def parse_sse(raw: bytes) -> list:
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     assert events and events[-1] == "[DONE]" and events.count("[DONE]") == 1
     return events[:-1]
+
+
+def post_while_probing_health(server: "RemoteServer", path: str, payload: dict) -> tuple[tuple, list[tuple[int, float]]]:
+    """POST ``payload`` to ``path``, and GET /health back to back while it runs: the answer, and
+    each probe's (status, round trip in s)."""
+    result: dict = {}
+    request = threading.Thread(target=lambda: result.update(answer=server.post_json(path, payload)))
+    request.start()
+    probes = []
+    while request.is_alive():
+        sent = time.monotonic()
+        probes.append((server.get("/health")[0], time.monotonic() - sent))
+    request.join()
+    return result["answer"], probes

@@ -11,14 +11,13 @@ import json
 import os
 import shutil
 import threading
-import time
 
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.frontend.chat_template import TemplateLimitError, TemplateLimits, render_chat
 from engine.frontend.tokenizer import FastTokenizer
-from openai_server_utils import TINY_SERVE_ARGS, RemoteServer
+from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, post_while_probing_health
 from test_engine_proc import TINY
 
 USER = [{"role": "user", "content": "hi"}]
@@ -93,15 +92,7 @@ def _model_with_template(tiny_model_dir: str, dst: str, template: str) -> str:
 
 def _chat_while_probing_health(server: RemoteServer, payload: dict) -> tuple[tuple, list[tuple[int, float]]]:
     """The chat request's answer, and each /health (status, round trip) sent while it ran."""
-    result: dict = {}
-    request = threading.Thread(target=lambda: result.update(answer=server.post_json("/v1/chat/completions", payload)))
-    request.start()
-    probes = []
-    while request.is_alive():
-        sent = time.monotonic()
-        probes.append((server.get("/health")[0], time.monotonic() - sent))
-    request.join()
-    return result["answer"], probes
+    return post_while_probing_health(server, "/v1/chat/completions", payload)
 
 
 @pytest.mark.slow

@@ -3,15 +3,13 @@ each: ringllm's bound, vLLM documents none), and matching them costs a step litt
 SamplingParams, the detokenizer, and a real ``ringllm serve`` on the tiny model."""
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 
 from engine.frontend.detokenizer import ByteLevelTable, make_detokenizer
 from engine.frontend.tokenizer import FastTokenizer
 from engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SamplingParams
-from openai_server_utils import TINY_SERVE_ARGS, RemoteServer
+from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, post_while_probing_health
 
 
 @pytest.mark.parametrize("stop", [[f"s{i}" for i in range(MAX_STOP_STRINGS + 1)], ["x" * (MAX_STOP_STRING_CHARS + 1)]],
@@ -62,17 +60,9 @@ def test_a_huge_stop_list_is_a_400_naming_stop(server):
 @pytest.mark.slow
 def test_the_most_stop_strings_with_n_8_leave_health_answering(server):
     stops = [f"never-{i:05d}-" + "x" * 64 for i in range(MAX_STOP_STRINGS)]
-    result: dict = {}
-    request = threading.Thread(target=lambda: result.update(answer=server.post_json(
-        "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 256, "n": 8, "ignore_eos": True,
-                            "temperature": 1.0, "seed": 0, "stop": stops})))
-    request.start()
-    probes = []
-    while request.is_alive():
-        sent = time.monotonic()
-        probes.append((server.get("/health")[0], time.monotonic() - sent))
-    request.join()
-    status, body, _ = result["answer"]
+    (status, body, _), probes = post_while_probing_health(
+        server, "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 256, "n": 8, "ignore_eos": True,
+                                    "temperature": 1.0, "seed": 0, "stop": stops})
     assert status == 200, body
     assert all(len(c["text"]) > 0 for c in body["choices"])
     assert probes and all(code == 200 for code, _ in probes)
