@@ -26,6 +26,12 @@ def reaped(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
+def exited_unreaped(pid: int) -> bool:
+    """The process has exited and nobody has collected it yet (a zombie)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "Z"
+
+
 def final_outputs(client, ids: set[str]) -> dict:
     """Each request's tokens and final output."""
     tokens = {i: [] for i in ids}
@@ -83,6 +89,9 @@ def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_
     try:
         for i in range(4):
             client.add_request(request(f"r{i}"))
+        # Read nothing until the core has exited: its error outputs and ENGINE_DEAD then arrive
+        # in one batch, and the outputs must still come out before the death is raised.
+        wait_until(lambda: exited_unreaped(pid), timeout=EXIT_DEADLINE_S)
         errors = []
         with pytest.raises(EngineDeadError, match="RuntimeError") as dead:
             while True:

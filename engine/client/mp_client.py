@@ -67,12 +67,18 @@ class SyncMPClient(EngineCoreClient):
             elif isinstance(msg, UtilityResult):
                 self._results[msg.call_id] = msg
             elif isinstance(msg, EngineDead):
-                raise self._die(msg.error)
+                # Not raised here: the outputs that came before it are handed out first (the
+                # next wait, with nothing left to hand out, raises).
+                self._die(msg.error)
+                break
         self._guard.check()  # a Ctrl-C that woke the wait (sigint_guard.py), once the batch is kept
 
     def _die(self, cause: str) -> EngineDeadError:
         """The core is gone or going: reap it and free its rings now, not at shutdown (a dead
-        core left unwaited stays a zombie for as long as this process lives)."""
+        core left unwaited stays a zombie for as long as this process lives). The first cause
+        stands: a send that finds the channel closed after ENGINE_DEAD reports the core's own."""
+        if self._dead is not None:
+            return self._dead
         self._dead = EngineDeadError(cause)
         self._core.close(timeout=_DEAD_CORE_EXIT_S)
         return self._dead
@@ -90,6 +96,8 @@ class SyncMPClient(EngineCoreClient):
                 raise self._die(f"{self._core.name} {self._core.exit_status()} ({type(e).__name__}: {e})") from None
 
     def get_output(self) -> EngineCoreOutputs:
+        """The next OUTPUTS; EngineDeadError once the core is dead (after the outputs that
+        arrived before)."""
         with self._guard:
             while not self._outputs:
                 self._receive(timeout=None)
