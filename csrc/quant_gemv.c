@@ -3,6 +3,7 @@
 #include "quant_gemv.h"
 
 #include "cpu_features.h"
+#include "quant_internal.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -28,36 +29,35 @@ int quant_block_bytes(int type) {
     case QUANT_GGML_Q4_0: return 2 + QUANT_BLOCK / 2;
     case QUANT_GGML_Q4_1: return 4 + QUANT_BLOCK / 2;
     case QUANT_GGML_Q8_0: return 2 + QUANT_BLOCK;
+    case QUANT_GGML_Q4_K: return 4 + 12 + QUANT_KBLOCK / 2;
+    case QUANT_GGML_Q5_K: return 4 + 12 + QUANT_KBLOCK / 8 + QUANT_KBLOCK / 2;
+    case QUANT_GGML_Q6_K: return QUANT_KBLOCK / 2 + QUANT_KBLOCK / 4 + QUANT_KBLOCK / 16 + 2;
     default: return 0;
     }
 }
 
-/* IEEE half to float, exact (the baseline path's conversion; SIMD paths use F16C). */
-static float half_to_float(const uint8_t *p) {
-    const uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
-    const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal half: a normal float */
-        int e = -1;
-        uint32_t mm = man;
-        do { e++; mm <<= 1; } while (!(mm & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((mm & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+int quant_block_weights(int type) {
+    if (type == QUANT_GGML_Q4_K || type == QUANT_GGML_Q5_K || type == QUANT_GGML_Q6_K) return QUANT_KBLOCK;
+    return quant_block_bytes(type) ? QUANT_BLOCK : 0;
+}
+
+void *quant_scratch(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes <= cap) return buf;
+    const size_t want = (bytes + 4095) / 4096 * 4096;
+    void *p = aligned_alloc(64, want);
+    if (!p) return NULL;
+    free(buf);
+    buf = p;
+    cap = want;
+    return buf;
 }
 
 /* Per block of weights: dot = a * d_x * sum(q_w q_x) + c * s_x (see the header). */
 static inline void block_coeffs_c(int type, const uint8_t *blk, float *a, float *c) {
-    *a = half_to_float(blk);
-    *c = type == QUANT_GGML_Q4_1 ? half_to_float(blk + 2) : type == QUANT_GGML_Q4_0 ? -8.0f * *a : 0.0f;
+    *a = quant_half_to_float(blk);
+    *c = type == QUANT_GGML_Q4_1 ? quant_half_to_float(blk + 2) : type == QUANT_GGML_Q4_0 ? -8.0f * *a : 0.0f;
 }
 
 /* Quantizes m rows of x into a's buffers: per block d = max|x| / 127, q = rint(x / d). */
@@ -287,27 +287,31 @@ static int gemv_simd(int type, int isa, const act_t *act, int64_t m, const uint8
 
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y) {
-    if (quant_block_bytes(type) == 0 || m < 1 || m > QUANT_GEMV_MAX_M || n <= 0 || k <= 0 || k % QUANT_BLOCK
-        || x_stride < k)
-        return -1;
+    const int bw = quant_block_weights(type);
+    if (bw == 0 || m < 1 || m > QUANT_GEMV_MAX_M || n <= 0 || k <= 0 || k % bw || x_stride < k) return -1;
+    int isa = quant_best_isa();
+    if (max_isa < isa) isa = max_isa;
+    if (bw == QUANT_KBLOCK) return quant_k_gemv(type, x, x_stride, m, w, n, k, isa, y);
     act_t act;
     act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
     const size_t qbytes = (size_t)m * (size_t)act.nbp * QUANT_BLOCK;
     const size_t scbytes = (size_t)m * (size_t)(act.nbp / 2) * 32 * sizeof(float);
-    void *mem = aligned_alloc(64, qbytes + scbytes);
+    void *mem = quant_scratch(qbytes + scbytes);
     if (!mem) return -2;
     act.sc = (float *)mem;
     act.q = (int8_t *)mem + scbytes;
     quantize_rows(x, x_stride, m, k, &act);
-    int isa = quant_best_isa();
-    if (max_isa < isa) isa = max_isa;
     if (!gemv_simd(type, isa, &act, m, w, n, k, y)) gemv_c(type, &act, m, w, n, k, y);
-    free(mem);
     return 0;
 }
 
 int quant_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out) {
-    if (quant_block_bytes(type) == 0 || n <= 0 || k <= 0 || k % QUANT_BLOCK) return -1;
+    const int bw = quant_block_weights(type);
+    if (bw == 0 || n <= 0 || k <= 0 || k % bw) return -1;
+    if (bw == QUANT_KBLOCK) {
+        quant_k_dequantize(type, w, n, k, out);
+        return 0;
+    }
     const size_t bb = (size_t)quant_block_bytes(type);
     const size_t blocks = (size_t)n * (size_t)(k / QUANT_BLOCK);
     for (size_t b = 0; b < blocks; b++, w += bb, out += QUANT_BLOCK) {

@@ -1,4 +1,5 @@
-/* Small-batch matmuls straight on GGUF block-quantized weights (Q4_0, Q4_1, Q8_0).
+/* Small-batch matmuls straight on GGUF block-quantized weights (Q4_0, Q4_1, Q8_0; the
+ * K-quants Q4_K, Q5_K, Q6_K in quant_kquants.c, whose header comment has their layout).
  *
  * A decode step at a few rows reads every weight once per token, so its speed is the
  * memory bandwidth divided by the weight bytes: a Q4_1 weight is 5 bits, bf16 is 16. The
@@ -24,22 +25,30 @@
 #define QUANT_GGML_Q4_0 2
 #define QUANT_GGML_Q4_1 3
 #define QUANT_GGML_Q8_0 8
+#define QUANT_GGML_Q4_K 12
+#define QUANT_GGML_Q5_K 13
+#define QUANT_GGML_Q6_K 14
 #define QUANT_BLOCK 32
+#define QUANT_KBLOCK 256
 #define QUANT_GEMV_MAX_M 8
 /* max_isa values: the most a call may use. */
 #define QUANT_ISA_C 0
 #define QUANT_ISA_AVX2 1
 #define QUANT_ISA_AVX512_VNNI 2
 
-/* Bytes of one block of 32 weights of this type, or 0 for a type the kernels lack. */
+/* Bytes of one block of this type, or 0 for a type the kernels lack. */
 int quant_block_bytes(int type);
+
+/* Weights in one block of this type: QUANT_BLOCK, QUANT_KBLOCK for the K-quants, 0 if unknown. */
+int quant_block_weights(int type);
 
 /* The best variant this CPU runs (a QUANT_ISA_* value). */
 int quant_best_isa(void);
 
 /* y[r, j] = sum_i x[r, i] * W[j, i] for r < m <= QUANT_GEMV_MAX_M; x is [m, k] float32
  * (row stride x_stride floats), y is [m, n] float32 row-major; w holds W's n rows of
- * k / 32 blocks. Returns 0; -1 for bad sizes or type; -2 when scratch memory ran out. */
+ * k / quant_block_weights(type) blocks. Returns 0; -1 for bad sizes or type; -2 when scratch
+ * memory ran out. The int8 copy of x lives in a per-thread buffer reused by the next call. */
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y);
 

@@ -12,7 +12,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h")
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h")
+_INTERNAL_SOURCES = ("quant_kquants.c",)  # compiled in, declared only in an internal header
 
 
 def _rel(path):
@@ -39,7 +40,8 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engine.kernels._cpu",
     "".join(f'#include "{name}.h"\n' for name in _NAMES),
-    sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES],
+    sources=[_rel(os.path.join(_CSRC, f"{name}.c")) for name in _NAMES]
+    + [_rel(os.path.join(_CSRC, f)) for f in _INTERNAL_SOURCES],
     include_dirs=[_rel(_CSRC)],
     depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in _INTERNAL_HEADERS]],
     libraries=["m"],

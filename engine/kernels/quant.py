@@ -1,8 +1,9 @@
-"""Matmuls straight on GGUF block-quantized weights (csrc/quant_gemv.c): Q4_0, Q4_1, Q8_0.
+"""Matmuls straight on GGUF block-quantized weights (csrc/quant_gemv.c, csrc/quant_kquants.c):
+Q4_0, Q4_1, Q8_0 (blocks of 32 weights) and the K-quants Q4_K, Q5_K, Q6_K (super-blocks of 256).
 
 Why: a decode step at a few rows is bound by reading the weights; the default model's Q4_1
 GGUF holds 5 bits a weight where bf16 holds 16. ``QuantizedLinear`` keeps a weight as the
-file's own blocks (a uint8 tensor, ``[out, in / 32 * block_bytes]``) and multiplies up to
+file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) and multiplies up to
 ``MAX_ROWS`` rows of activations against them (x is quantized per call to int8 blocks, as
 llama.cpp does); larger batches dequantize into a per-call float32 buffer and run a GEMM,
 so nothing dense stays resident.
@@ -15,42 +16,53 @@ import torch
 
 from engine.kernels.cpu import ffi, lib
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8  # gguf.GGMLQuantizationType numbers
-SUPPORTED_TYPES = (Q4_0, Q4_1, Q8_0)
-BLOCK = 32
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14  # gguf.GGMLQuantizationType numbers
+SUPPORTED_TYPES = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+TYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+BLOCK = 32  # weights per block of Q4_0/Q4_1/Q8_0; see block_weights() for every type
 MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
+_BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())
 
 
 def best_isa() -> int:
     """The best kernel variant this CPU runs (ISA_*); ISA_C where the extension is missing."""
-    return ISA_C if lib is None else int(lib.quant_best_isa())
+    return _BEST_ISA
 
 
 def block_bytes(qtype: int) -> int:
-    """Bytes of one block of 32 weights of a GGML type; 0 for a type the kernels lack."""
+    """Bytes of one block of a GGML type (``block_weights(qtype)`` weights); 0 for a type the
+    kernels lack."""
     return 0 if lib is None else int(lib.quant_block_bytes(qtype))
+
+
+def block_weights(qtype: int) -> int:
+    """Weights per block of a GGML type: 32, or 256 for the K-quants; 0 for a type the kernels lack."""
+    return 0 if lib is None else int(lib.quant_block_weights(qtype))
 
 
 class QuantizedLinear:
     """An ``[out, in]`` weight held as GGUF blocks; ``matmul(x)`` is ``x @ W.T`` in float32."""
 
-    __slots__ = ("qtype", "out_features", "in_features", "data")
+    __slots__ = ("qtype", "out_features", "in_features", "data", "_wptr")
 
     def __init__(self, data: torch.Tensor, qtype: int, out_features: int, in_features: int) -> None:
         if lib is None:
             raise RuntimeError("the quantized kernels are not built (run scripts/setup.sh)")
-        bb = block_bytes(qtype)
+        bb, bw = block_bytes(qtype), block_weights(qtype)
         if not bb:
-            raise ValueError(f"GGML type {qtype} has no quantized kernel (supported: Q4_0, Q4_1, Q8_0)")
-        if in_features % BLOCK or in_features <= 0 or out_features <= 0:
-            raise ValueError(f"in_features must be a positive multiple of {BLOCK}, got {in_features}")
-        row_bytes = in_features // BLOCK * bb
+            raise ValueError(f"GGML type {qtype} has no quantized kernel "
+                             f"(supported: {', '.join(TYPE_NAMES[t] for t in SUPPORTED_TYPES)})")
+        if in_features % bw or in_features <= 0 or out_features <= 0:
+            raise ValueError(f"in_features must be a positive multiple of {bw} for {TYPE_NAMES[qtype]}, "
+                             f"got {in_features}")
+        row_bytes = in_features // bw * bb
         if data.dtype != torch.uint8 or data.numel() != out_features * row_bytes:
             raise ValueError(f"expected {out_features} x {row_bytes} uint8 block bytes, got "
                              f"{tuple(data.shape)} {data.dtype}")
         self.qtype, self.out_features, self.in_features = qtype, out_features, in_features
         self.data = data.contiguous().view(out_features, row_bytes)
+        self._wptr = ffi.cast("const uint8_t *", self.data.data_ptr())  # cast once, not per call
 
     @property
     def nbytes(self) -> int:
@@ -59,8 +71,8 @@ class QuantizedLinear:
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[out, in]`` matrix (the GGUF's own dequantization)."""
         out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
-        rc = lib.quant_dequantize(self.qtype, ffi.cast("const uint8_t *", self.data.data_ptr()),
-                                  self.out_features, self.in_features, ffi.cast("float *", out.data_ptr()))
+        rc = lib.quant_dequantize(self.qtype, self._wptr, self.out_features, self.in_features,
+                                  ffi.cast("float *", out.data_ptr()))
         if rc != 0:
             raise RuntimeError("quant_dequantize rejected sizes it was built for")
         return out
@@ -71,13 +83,17 @@ class QuantizedLinear:
         if x.dim() != 2 or x.shape[1] != self.in_features or x.shape[0] < 1:
             raise ValueError(f"expected [rows, {self.in_features}] activations, got {tuple(x.shape)}")
         rows = x.shape[0]
-        x = x.to(torch.float32).contiguous()
+        if x.dtype != torch.float32:
+            x = x.float()
         if rows > MAX_ROWS:
             return x @ self.dequantize().t()
+        if x.stride(1) != 1 or (rows > 1 and x.stride(0) < self.in_features):
+            x = x.contiguous()  # a row-strided view (a slice of a wider buffer) runs as it is
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        rc = lib.quant_gemv(self.qtype, ffi.cast("const float *", x.data_ptr()), self.in_features, rows,
-                            ffi.cast("const uint8_t *", self.data.data_ptr()), self.out_features, self.in_features,
-                            best_isa() if max_isa is None else max_isa, ffi.cast("float *", y.data_ptr()))
+        rc = lib.quant_gemv(self.qtype, ffi.cast("const float *", x.data_ptr()),
+                            x.stride(0) if rows > 1 else self.in_features, rows,
+                            self._wptr, self.out_features, self.in_features,
+                            _BEST_ISA if max_isa is None else max_isa, ffi.cast("float *", y.data_ptr()))
         if rc == -2:
             raise MemoryError("quant_gemv: no memory for its activation scratch")
         if rc != 0:
