@@ -1,9 +1,11 @@
 """AsyncLLM: the asyncio entry point for serving (vLLM's v1 ``AsyncLLM``).
 
-Requests are tokenized here and sent to the EngineCore process(es) through an
-``AsyncMPClient``. Tokenizing anything but a short prompt runs on ``renderer``, a pool of
-``renderer_num_workers`` threads bounded in queued work (engine/frontend/renderer.py), so
-the event loop never waits on it; the server renders chat templates and detokenizes there too. One background task, the
+Requests are admitted by the input processor (``InputProcessor.admit``, LLMEngine's path too)
+and sent to the EngineCore process(es) through an ``AsyncMPClient``. Admitting a text prompt
+of more than a few KB (its tokenizing) runs on ``renderer``, a pool of ``renderer_num_workers``
+threads bounded in queued work (engine/frontend/renderer.py), so the event loop never waits
+on it; token ids are checked inline, work that holds the GIL on any thread. The server renders
+chat templates and detokenizes long texts there too. One background task, the
 output handler, pulls the core's outputs, detokenizes them in slices of
 ``RINGLLM_OUTPUT_PROC_CHUNK_SIZE`` (yielding to the loop between slices, so a step of 256
 requests never stalls the server for its whole length) and drops each request's output
@@ -17,8 +19,8 @@ are refused with it at once; a request the core refuses fails alone with
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
-import itertools
 import logging
 import time
 from collections import deque
@@ -34,14 +36,13 @@ from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
 from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
-from engine.frontend.output_processor import OutputProcessor, fan_out
+from engine.frontend.output_processor import OutputProcessor
 from engine.frontend.tokenizer import user_tokenizer
 from engine.logging_setup import configure_logging
 from engine.frontend.renderer import Renderer
 from engine.llm_engine import rpc_args
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
-from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.stat_loggers import IterationStats, StatLoggerBase, StatLoggerFactory
 
@@ -212,7 +213,6 @@ class AsyncLLM(EngineClient):
             self.input_processor = InputProcessor(config, self.tokenizer)
             self.output_processor = OutputProcessor(self.tokenizer)
         self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
-        self._internal_ids = itertools.count()
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         # (rank or None for every rank, logger): fed by the output handler once per message
         self._stat_loggers: list[tuple[Optional[int], StatLoggerBase]] = []
@@ -335,45 +335,37 @@ class AsyncLLM(EngineClient):
                           arrival_time: Optional[float] = None, priority: int = 0, *, lora_request: Any = None,
                           tokenization_kwargs: Optional[dict[str, Any]] = None,
                           data_parallel_rank: Optional[int] = None) -> RequestOutputCollector:
-        """Tokenize, validate and send; returns the request's collector at once (the first
-        output comes later). Bad input raises ValueError/TypeError and nothing is sent.
-        ``data_parallel_rank`` sends it to that rank's EngineCore."""
+        """Admit (``InputProcessor.admit``, as LLMEngine does) and send; returns the request's
+        collector at once (the first output comes later). Bad input raises ValueError/TypeError
+        and nothing is sent. A text prompt long enough to be worth it is admitted on the
+        renderer pool; token ids always inline. ``data_parallel_rank`` sends it to that rank's
+        EngineCore."""
         if self.errored:
             raise self.dead_error
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        check_lora_request(lora_request)
-        check_tokenization_kwargs(tokenization_kwargs)
+        processor = self.input_processor
+        internal_id = processor.internal_id(request_id, self._requests)
         ranks = self.config.parallel_config.frontend_engine_indices
         if data_parallel_rank is not None and data_parallel_rank not in ranks:
             raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")
         self._run_output_handler()
-        internal_id = f"{request_id}-{next(self._internal_ids)}"
         collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
                                            asyncio.get_running_loop())
         self._requests[request_id] = collector  # reserved across awaits
         try:
-            processor = self.input_processor
             processor.check_prompt_fits(prompt, params)  # a prompt too long to fit is refused before the queue
-            if tokenization_kwargs:
-                prompt = await self.renderer.run(processor.prompt_size(prompt), tokenize_with_kwargs,
-                                                 self.tokenizer, prompt, tokenization_kwargs)
-            request, text = await self.renderer.run(processor.prompt_size(prompt), processor.process, internal_id,
-                                                    prompt, params, arrival_time, priority)
-            children = fan_out(request)
-            for child, parent, index in children:
-                self.output_processor.add_request(child, text, parent, index, output_id=request_id,
-                                                  queue=collector)
-            for child, _, _ in children:
-                await self.engine_core.add_request_async(child, data_parallel_rank)
+            admit = functools.partial(processor.admit, lora_request=lora_request,
+                                      tokenization_kwargs=tokenization_kwargs)
+            admission = await self.renderer.run(processor.offload_size(prompt), admit, internal_id, prompt, params,
+                                                arrival_time, priority)
+            self.output_processor.add_admitted(admission, output_id=request_id, queue=collector)
+            for request, _, _ in admission.children:
+                await self.engine_core.add_request_async(request, data_parallel_rank)
         except BaseException:
             self._abort_now([request_id])
             raise
         if self.log_requests:
             logger.info("Added request %s (%d prompt tokens, %s)", request_id,
-                        len(request.prompt_token_ids), params)
+                        len(admission.request.prompt_token_ids), params)
         return collector
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,

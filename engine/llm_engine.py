@@ -5,14 +5,14 @@ output kinds) run here, in the caller's process; the EngineCore sits behind an
 ``EngineCoreClient``. The caller drives it: ``add_request`` any number of times, then
 ``step()`` while ``has_unfinished_requests()``.
 
-The core knows each request by an internal id, the caller's id plus a sequence number, so
-an id can be reused as soon as its request was aborted or finished (by a stop string, in
-this process): the core's outputs for the earlier request that are still on their way
-match no request any more and are dropped.
+Requests enter through ``InputProcessor.admit``, the path AsyncLLM takes too. The core knows
+each request by an internal id (``InputProcessor.internal_id``), the caller's id plus a
+sequence number, so an id can be reused as soon as its request was aborted or finished (by a
+stop string, in this process): the core's outputs for the earlier request that are still on
+their way match no request any more and are dropped.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Any, Iterable, Optional, Union
 
@@ -21,11 +21,10 @@ from engine.client.factory import config_and_cores, stopped_on_error
 from engine.core.core_process import CoreProcess
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
-from engine.frontend.output_processor import OutputProcessor, fan_out
+from engine.frontend.output_processor import OutputProcessor
 from engine.frontend.tokenizer import user_tokenizer
 from engine.logging_setup import configure_logging
 from engine.outputs import RequestOutput
-from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,6 @@ class LLMEngine:
             self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = make_client(multiprocess_mode, False, config, _started)
         self._internal_ids: dict[str, str] = {}  # the caller's request id -> the core's
-        self._sequence = itertools.count()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
@@ -60,20 +58,13 @@ class LLMEngine:
         """Queue a request; a bad prompt or bad params raise ValueError/TypeError here and
         nothing is queued. With ``params.n > 1`` the core runs n child requests.
         ``lora_request`` must be None; ``tokenization_kwargs`` truncates a text prompt."""
-        check_lora_request(lora_request)
-        check_tokenization_kwargs(tokenization_kwargs)
-        prompt = tokenize_with_kwargs(self.tokenizer, prompt, tokenization_kwargs, add_special_tokens)
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        if request_id in self._internal_ids:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        internal_id = f"{request_id}-{next(self._sequence)}"
-        request, text = self.input_processor.process(internal_id, prompt, params, arrival_time, priority,
-                                                     add_special_tokens)
+        internal_id = self.input_processor.internal_id(request_id, self._internal_ids)
+        admission = self.input_processor.admit(internal_id, prompt, params, arrival_time, priority, add_special_tokens,
+                                               lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
         self._internal_ids[request_id] = internal_id
-        for child, parent, index in fan_out(request):
-            self.output_processor.add_request(child, text, parent, index, output_id=request_id)
-            self.engine_core.add_request(child)
+        self.output_processor.add_admitted(admission, output_id=request_id)
+        for request, _, _ in admission.children:
+            self.engine_core.add_request(request)
         return request_id
 
     def step(self) -> list[RequestOutput]:

@@ -9,7 +9,6 @@ import os
 from typing import Any, Optional
 
 from engine.frontend.chat_template import compile_template
-from engine.frontend.input_processor import PromptType
 from engine.frontend.renderer import encode
 
 # What tokenization_kwargs may hold: the tokenizer's own truncation arguments.
@@ -36,8 +35,8 @@ def check_tokenization_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
         raise ValueError(f"tokenization_kwargs: max_length must be an int >= 1, got {max_length!r}")
 
 
-def tokenize_with_kwargs(tokenizer: Any, prompt: PromptType, kwargs: Optional[dict[str, Any]],
-                         add_special_tokens: bool = True) -> PromptType:
+def tokenize_with_kwargs(tokenizer: Any, prompt: Any, kwargs: Optional[dict[str, Any]],
+                         add_special_tokens: bool = True) -> Any:
     """A text prompt tokenized as vLLM's ``tokenizer.encode(text, **kwargs)`` tokenizes it, as
     ``{"prompt_token_ids", "prompt"}``: ``{"truncation": True, "max_length": N}`` gives at most
     N tokens, special tokens included, the text cut on the tokenizer's ``truncation_side``.

@@ -6,6 +6,7 @@ caller's process, with the field named, before anything is sent.
 """
 from __future__ import annotations
 
+import copy
 import enum
 import math
 import numbers
@@ -119,7 +120,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
 
     def __post_init__(self) -> None:
         """Normalise the shorthands, then validate. Runs on construction, on
-        ``msgspec.structs.replace`` and on decode, so every copy is checked again."""
+        ``msgspec.structs.replace`` and on decode, so every copy is checked again, except the
+        engine's own ``verified_copy``."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif self.stop is None:
@@ -241,6 +243,18 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+
+
+def verified_copy(params: SamplingParams, **changes: Any) -> SamplingParams:
+    """``params`` with ``changes``, neither normalised nor verified again (``msgspec.structs.replace``
+    would run ``__post_init__``, ~20 us): for the engine's copies of params it has verified,
+    whose changes keep them valid, such as the n children of a request (n=1, a seed the frontend
+    checked). Validation then runs once on each side of the ring: ``verify`` in the frontend,
+    the decode in the core."""
+    params = copy.copy(params)
+    for name, value in changes.items():
+        setattr(params, name, value)
+    return params
 
 
 def verify_truncation(truncate_prompt_tokens: Any, truncation_side: Any, owner: str) -> None:

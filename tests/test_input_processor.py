@@ -95,3 +95,57 @@ def test_priority_needs_the_priority_policy(processor, tiny_model_dir):
         processor.process("x", "hi", SamplingParams(), priority=1)
     prioritized = make_processor(tiny_model_dir, scheduling_policy="priority")
     assert prioritized.process("x", "hi", SamplingParams(), priority=-3)[0].priority == -3
+
+
+def test_admit_verifies_the_params_once_and_the_n_children_are_not_verified_again(processor, monkeypatch):
+    params = SamplingParams(n=4, seed=7, max_tokens=5, stop_token_ids=[9])
+    calls = []
+    verify = SamplingParams.verify
+    monkeypatch.setattr(SamplingParams, "verify", lambda self: calls.append(self) or verify(self))
+    internal_id = processor.internal_id("req", in_use={})
+    admission = processor.admit(internal_id, [5, 6, 7], params)
+    assert calls == [params]  # the caller's object, once; the filled-in copy and the children: never
+    children = [request for request, _, _ in admission.children]
+    assert [c.sampling_params.seed for c in children] == [7, 8, 9, 10]
+    assert {c.sampling_params.n for c in children} == {1} and len({c.request_id for c in children}) == 4
+    assert all(c.sampling_params.all_stop_token_ids == [2, 9] for c in children)  # filled in: eos added
+    assert params.n == 4 and params.all_stop_token_ids == []  # the caller's object is unchanged
+
+
+def test_admit_refuses_what_the_caller_changed_after_building_the_params(processor):
+    params = SamplingParams()
+    params.temperature = -1.0  # past __post_init__: only admission's own check sees it
+    with pytest.raises(ValueError, match="temperature"):
+        processor.admit("x-0", [5], params)
+
+
+def test_a_seed_that_cannot_be_offset_for_every_child_is_refused(processor):
+    with pytest.raises(ValueError, match="seed") as info:
+        processor.admit("x-0", [5], SamplingParams(n=3, seed=2 ** 63 - 2))
+    assert info.value.parameter == "seed"
+    assert len(processor.admit("x-1", [5], SamplingParams(n=2, seed=2 ** 63 - 2)).children) == 2
+
+
+def test_internal_ids_number_the_caller_ids_and_refuse_one_in_use(processor):
+    first, second = processor.internal_id("a", in_use=set()), processor.internal_id("a", in_use=set())
+    assert first.startswith("a-") and second.startswith("a-") and first != second
+    with pytest.raises(ValueError, match="already in use"):
+        processor.internal_id("a", in_use={"a"})
+    with pytest.raises(TypeError, match="request_id"):
+        processor.internal_id(3, in_use=set())
+
+
+def test_only_text_is_worth_a_pool_hop(processor):
+    text = "x" * 5000
+    assert processor.offload_size(text) == processor.offload_size({"prompt": text}) == 5000
+    assert processor.offload_size([5] * 5000) == processor.offload_size({"prompt_token_ids": [5] * 5000}) == 0
+    assert processor.offload_size({"prompt_token_ids": [5], "prompt": text}) == 0  # its text is only echoed
+
+
+def test_a_chat_prompt_is_rendered_and_tokenized_in_one_call(processor):
+    text, ids = processor.chat_prompt([{"role": "user", "content": "Hi!"}])
+    assert text == processor.render_chat([{"role": "user", "content": "Hi!"}])
+    assert ids == processor.tokenizer.encode(text, add_special_tokens=False)
+    with pytest.raises(ValueError, match="max_model_len=64") as info:  # refused before it is tokenized
+        processor.chat_prompt([{"role": "user", "content": "word " * 5000}])
+    assert info.value.parameter == "messages"

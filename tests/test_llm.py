@@ -191,6 +191,23 @@ def test_core_answers_invalid_requests_with_an_error_output(llm):
     assert sum(len(o.new_token_ids) for o in outputs["ok"]) == 4  # the first "ok" ran to the end
 
 
+@pytest.mark.parametrize("case,ids,params", [
+    ("empty", [], GREEDY), ("long", [5] * 300, GREEDY), ("vocab", [49152], GREEDY),
+    ("logprobs", [5], SamplingParams(max_tokens=2, logprobs=21)),
+    ("logit_bias", [5], SamplingParams(max_tokens=2, logit_bias={49152: 1.0})),
+])
+def test_the_core_refuses_with_the_frontends_own_message(llm, case, ids, params):
+    """One check (engine.request_check) on both sides of the ring: a request that reaches the
+    core without the frontend's validation is refused in the words a caller would have got."""
+    engine: LLMEngine = llm.llm_engine
+    with pytest.raises(ValueError) as frontend:
+        engine.add_request(case, {"prompt_token_ids": ids}, params)
+    core: EngineCore = engine.engine_core.engine_core
+    core.add_request(EngineCoreRequest(case, ids, params, 2))
+    (refused,) = core.step().outputs
+    assert refused.finish_reason is FinishReason.ERROR and refused.error == str(frontend.value)
+
+
 def test_ctrl_c_during_generate_aborts_its_requests(llm, monkeypatch):
     engine = llm.llm_engine
     real_step, calls = engine.step, []

@@ -27,7 +27,7 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
-from engine.worker.logit_controls import check_logit_controls
+from engine.request_check import RequestLimits, check_request
 from engine.worker.worker import rpc_callable
 
 logger = logging.getLogger(__name__)
@@ -64,8 +64,7 @@ class EngineCore:
         self.config = config
         self.engine_index = engine_index
         self.max_model_len = config.model_config.max_model_len
-        self.vocab_size = config.model_config.vocab_size
-        self.max_logprobs = config.model_config.max_logprobs
+        self.limits = RequestLimits.of(config.model_config)
         # The Worker interface, in vLLM's order (engine/worker/worker.py).
         self.worker = resolve_worker_cls(config.worker_cls)(config)
         self.worker.init_device()
@@ -91,8 +90,12 @@ class EngineCore:
         logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
                     self.num_kv_blocks, block_size, self.max_model_len)
 
-    def add_request(self, request: EngineCoreRequest) -> None:
-        error = self._check(request)
+    def add_request(self, request: EngineCoreRequest, *, params_verified: bool = False) -> None:
+        """Queue ``request``, or answer it with an error output. ``params_verified``: its
+        SamplingParams were verified since they were last changed, as the decode that brought
+        the request over the ring verifies them (msgspec runs their ``__post_init__``), so they
+        are not verified again."""
+        error = self._check(request, params_verified)
         if error is not None:
             self._refused.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR,
                                                   error=error))
@@ -196,33 +199,20 @@ class EngineCore:
         stats = self.scheduler.make_stats() if self.log_stats else None
         return EngineCoreOutputs(self.engine_index, outputs, time.monotonic(), stats)
 
-    def _check(self, request: EngineCoreRequest) -> Optional[str]:
-        """Why the core cannot serve ``request``, or None. The frontend checks the same things
-        with friendlier messages; this guards everything else that can reach the core."""
-        prompt = request.prompt_token_ids
+    def _check(self, request: EngineCoreRequest, params_verified: bool) -> Optional[str]:
+        """Why the core cannot serve ``request``, or None. The frontend ran the same
+        ``check_request`` before sending it; this guards everything else that can reach the core."""
         params = request.sampling_params
         if request.request_id in self.scheduler.requests:
             return f"request id {request.request_id!r} is already in use"
-        if not prompt:
-            return "the prompt is empty (it must contain at least one token)"
-        if len(prompt) > self.max_model_len:
-            return (f"the prompt (length {len(prompt)}) is longer than the maximum model length "
-                    f"max_model_len={self.max_model_len}")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            return f"prompt token ids must be in [0, {self.vocab_size}), got {min(prompt)}..{max(prompt)}"
         try:
-            params.verify()
+            if not params_verified:
+                params.verify()
+            check_request(request.prompt_token_ids, params, self.limits)
         except ValueError as e:
             return str(e)
         if params.n != 1:
             return f"SamplingParams.n must be 1 inside the core (the frontend fans out n={params.n})"
-        error = check_logit_controls(params, self.vocab_size)
-        if error is not None:
-            return error
         if params.structured_outputs is not None and self.scheduler.structured_output is None:
             return "structured_outputs needs the model's tokenizer (the engine was built with skip_tokenizer_init=True)"
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > self.max_logprobs:
-                return f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, got {value}"
         return None

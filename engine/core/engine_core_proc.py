@@ -171,7 +171,7 @@ class EngineCoreProc:
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, EngineCoreRequest):
-            self.core.add_request(msg)
+            self.core.add_request(msg, params_verified=True)  # its decode verified them
         elif isinstance(msg, AbortRequests):
             self.core.abort_requests(msg.request_ids)
             self._stats_stale = self.core.log_stats

@@ -1,16 +1,20 @@
 """Prompts in, ``EngineCoreRequest``s out: tokenize, validate, finish the sampling params.
 
+``admit`` is the one way a request enters the engine, for ``LLMEngine`` and ``AsyncLLM`` alike.
 Everything the core would refuse is refused here first, with a ValueError (a ParameterError
 naming the field where one is at fault) or a TypeError, so a bad request fails in the
-caller's hands and never reaches the engine.
+caller's hands and never reaches the engine: the checks that need the model are
+``engine.request_check``'s, the same function the core runs. The params are verified once
+here; the copies made after that (the filled-in params, the n children) are not verified again.
 The caller's SamplingParams object is never modified: filled-in params are a copy.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
-from typing import Any, Optional, Sequence, TypedDict, Union
+from typing import Any, Container, NamedTuple, Optional, Sequence, TypedDict, Union
 
 import msgspec
 
@@ -21,9 +25,12 @@ from engine.frontend.tokenizer import FastTokenizer, chat_template_source
 from engine.hf_config import ModelConfigError
 from engine.frontend.renderer import encode, max_token_bytes
 from engine.frontend.bad_words import tokenize_bad_words
+from engine.frontend.output_processor import ParentRequest, fan_out
 from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.request_check import RequestLimits, check_request
+from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
+from engine.sampling_params import RequestOutputKind, SamplingParams, verified_copy
 
 # What a pooling request carries as its (unused) sampling params: nothing to sample or detokenize.
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -53,6 +60,18 @@ ChatMessage = dict[str, Any]
 _RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "conversation", "chat_template"})
 # The fields a chat render's ValueError may name ("continue_final_message: ...").
 _CHAT_FIELDS = frozenset({"messages", "chat_template", "continue_final_message", "documents", "tools"})
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+class Admission(NamedTuple):
+    """A request, admitted: what goes to the core (``children``: the request itself, or its n
+    children, each with its parent and index) and the prompt text its outputs echo."""
+
+    request: EngineCoreRequest
+    prompt_text: Optional[str]
+    children: list[tuple[EngineCoreRequest, Optional[ParentRequest], int]]
 
 
 # The files a Hugging Face tokenizer is read from: a directory with none of them has no tokenizer.
@@ -126,7 +145,8 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = model_config.max_model_len
         self.vocab_size = model_config.vocab_size
-        self.max_logprobs = model_config.max_logprobs
+        self.limits = RequestLimits.of(model_config)
+        self._sequence = itertools.count()  # numbers the core's request ids
         self.max_n = config.max_seqs_per_request
         self.priority_scheduling = config.scheduler_config.policy == "priority"
         self.runner_type = model_config.runner_type  # "generate": SamplingParams only; "pooling": PoolingParams only
@@ -149,6 +169,31 @@ class InputProcessor:
         """SamplingParams() with the model's generation-config defaults applied."""
         return SamplingParams(**self.default_params)
 
+    def internal_id(self, request_id: Any, in_use: Container[str]) -> str:
+        """The id the core knows a new request by: the caller's ``request_id`` plus a sequence
+        number, so an id can be reused as soon as its request finished or was aborted here (the
+        core's outputs for the earlier one, still on their way, then match no request). An id in
+        ``in_use`` (the caller's live requests) is a ValueError."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if request_id in in_use:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return f"{request_id}-{next(self._sequence)}"
+
+    def admit(self, internal_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
+              arrival_time: Optional[float] = None, priority: int = 0, add_special_tokens: bool = True, *,
+              lora_request: Any = None, tokenization_kwargs: Optional[dict[str, Any]] = None) -> Admission:
+        """Everything between a caller's arguments and the core, for ``LLMEngine`` and ``AsyncLLM``:
+        vLLM's per-request keywords checked, the prompt tokenized (``tokenization_kwargs`` may
+        truncate it) and validated, the params verified and finished, and the request fanned out
+        into its n children. CPU work only: AsyncLLM runs it on the renderer pool when
+        ``offload_size`` says the prompt is worth a thread."""
+        check_lora_request(lora_request)
+        check_tokenization_kwargs(tokenization_kwargs)
+        prompt = tokenize_with_kwargs(self.tokenizer, prompt, tokenization_kwargs, add_special_tokens)
+        request, text = self.process(internal_id, prompt, params, arrival_time, priority, add_special_tokens)
+        return Admission(request, text, fan_out(request))
+
     def process(self, request_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
                 arrival_time: Optional[float] = None, priority: int = 0,
                 add_special_tokens: bool = True) -> tuple[EngineCoreRequest, Optional[str]]:
@@ -158,8 +203,7 @@ class InputProcessor:
         if not pooling and not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         self.check_runner(pooling)
-        if pooling:
-            params.verify()
+        params.verify()  # this side's one check: the caller may have changed its object since it was built
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if not -(1 << 63) <= priority < (1 << 63):
@@ -219,12 +263,15 @@ class InputProcessor:
             raise ValueError("generation requests (SamplingParams) are only supported for generative models. "
                              "Try passing `--runner generate` to use the model as a generative model.")
 
-    def prompt_size(self, prompt: PromptType) -> int:
-        """The work tokenizing ``prompt`` is (characters, or token ids to check), to decide whether
-        it runs off the event loop; a cheap look, no validation."""
+    @staticmethod
+    def offload_size(prompt: PromptType) -> int:
+        """The text ``admit`` would tokenize for ``prompt`` (its characters), to decide whether
+        admitting it runs off the event loop; a cheap look, no validation. Token ids count 0:
+        checking them is Python work that holds the GIL, so a thread would not spare the loop
+        any of it, only add a hop."""
         if isinstance(prompt, dict):
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
-        return len(prompt) if isinstance(prompt, (str, list, tuple)) else 0
+            prompt = None if "prompt_token_ids" in prompt else prompt.get("prompt")
+        return len(prompt) if isinstance(prompt, str) else 0
 
     def check_text_fits(self, text: str, param: str = "prompt") -> None:
         """Refuse text too long for ``max_model_len`` whatever its tokens, before tokenizing it:
@@ -292,6 +339,22 @@ class InputProcessor:
             field = str(e).split(":", 1)[0]
             raise ParameterError(str(e), parameter=field if field in _CHAT_FIELDS else at_fault) from None
 
+    def chat_prompt(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None,
+                    documents: Optional[list[dict]] = None, max_chars: Optional[int] = None, *,
+                    must_fit: bool = True, add_special_tokens: bool = False) -> tuple[str, list[int]]:
+        """The conversation as prompt text and its token ids: ``render_chat``, then (``must_fit``)
+        text too long for the context refused before the costly part, then tokenized, without
+        special tokens unless asked (the template wrote them as text; a BOS added again would be
+        a second one). One job for the renderer pool: a chat's CPU work in one hop, after which
+        its ids enter ``admit`` as a token-id prompt, checked inline."""
+        text = self.render_chat(conversation, chat_template, add_generation_prompt, continue_final_message, tools,
+                                chat_template_kwargs, documents, max_chars)
+        if must_fit:
+            self.check_text_fits(text, param="messages")
+        return text, encode(self.tokenizer, text, add_special_tokens)
+
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool,
                   truncating: bool = False) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
@@ -320,39 +383,18 @@ class InputProcessor:
         return list(ids)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        """``params`` (verified) and the prompt against the engine: the core's own check
+        (engine.request_check), and what only the frontend knows (n, stop strings, grammars)."""
         if params.n > self.max_n:  # each of n is a sequence the engine would hold
             raise ParameterError(f"SamplingParams.n must be <= {self.max_n} (the sequences one request may hold), "
                                  f"got {params.n}", parameter="n", value=params.n)
-        if not token_ids:
-            raise ParameterError("the prompt is empty; it must have at least one token", parameter="prompt")
-        if len(token_ids) > self.max_model_len:
-            raise ParameterError(f"the prompt (length {len(token_ids)}) is longer than the maximum "
-                                 f"model length max_model_len={self.max_model_len}", parameter="prompt")
-        low, high = min(token_ids), max(token_ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            shown = bad if bad.bit_length() <= 64 else f"of {bad.bit_length()} bits"
-            raise ParameterError(f"prompt token id {shown} is out of the vocabulary [0, {self.vocab_size})",
-                                 parameter="prompt")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = self._num_logprobs(getattr(params, name))
-            if value is not None and value > self.max_logprobs:
-                asked = f"{value} (-1: the whole vocabulary)" if getattr(params, name) == -1 else value
-                raise ParameterError(f"SamplingParams.{name} must be <= max_logprobs={self.max_logprobs}, "
-                                     f"got {asked}", parameter=name, value=getattr(params, name))
-        self._validate_logit_controls(params)
+        if params.n > 1 and params.seed is not None and params.seed + params.n - 1 > _INT64_MAX:
+            raise ParameterError(f"SamplingParams.seed must be at most 2**63 - n with n={params.n} (sample i "
+                                 f"is seeded with seed + i), got {params.seed}", parameter="seed", value=params.seed)
+        check_request(token_ids, params, self.limits)
         if params.stop and (self.tokenizer is None or not params.detokenize):
             raise ParameterError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer",
                                  parameter="stop", value=params.stop)
-
-    def _validate_logit_controls(self, params: SamplingParams) -> None:
-        """Token ids within the vocabulary; a constraint that cannot compile (structured_outputs)."""
-        for name in ("logit_bias", "allowed_token_ids"):
-            ids = getattr(params, name)
-            bad = [t for t in ids or () if t >= self.vocab_size]
-            if bad:
-                raise ParameterError(f"SamplingParams.{name} has token id(s) out of the vocabulary "
-                                     f"[0, {self.vocab_size}): {bad[:5]}", parameter=name, value=bad[:5])
         so = params.structured_outputs
         if so is not None:
             if self.tokenizer is None:
@@ -374,7 +416,6 @@ class InputProcessor:
         if not params.ignore_eos and self.eos_token_id is not None:
             all_stop.add(self.eos_token_id)
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
-        return msgspec.structs.replace(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop),
-                                       bad_words_token_ids=bad_words,
-                                       logprobs=self._num_logprobs(params.logprobs),
-                                       prompt_logprobs=self._num_logprobs(params.prompt_logprobs))
+        return verified_copy(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop),
+                             bad_words_token_ids=bad_words, logprobs=self._num_logprobs(params.logprobs),
+                             prompt_logprobs=self._num_logprobs(params.prompt_logprobs))

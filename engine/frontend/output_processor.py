@@ -17,7 +17,7 @@ from engine.frontend.detokenizer import ByteLevelTable, IncrementalDetokenizer, 
 from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
 from engine.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput, RequestStateStats
 from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams, verified_copy
 from engine.stat_loggers import FinishedRequestStats, IterationStats
 
 
@@ -40,10 +40,12 @@ class ParentRequest:
         self.final: list[Optional[CompletionOutput]] = [None] * params.n
 
     def child(self, index: int) -> tuple[str, SamplingParams]:
-        """Child ``index``'s id and params (n=1; a seed is offset so the children differ)."""
+        """Child ``index``'s id and params (n=1; a seed is offset so the children differ): a
+        copy of the parent's verified params, not verified again (the frontend checked that
+        every child's seed fits)."""
         child_id = f"{index}_{self.request_id}"
         seed = self.params.seed
-        params = msgspec.structs.replace(self.params, n=1, seed=None if seed is None else seed + index)
+        params = verified_copy(self.params, n=1, seed=None if seed is None else seed + index)
         self.unfinished.add(child_id)
         return child_id, params
 
@@ -173,6 +175,12 @@ class OutputProcessor:
                                                                parent, index, output_id, queue)
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
+
+    def add_admitted(self, admission, output_id: str, queue=None) -> None:
+        """Track the requests ``InputProcessor.admit`` made of one user request (the request or
+        its n children), their outputs carrying ``output_id``; ``queue`` as ``add_request``."""
+        for request, parent, index in admission.children:
+            self.add_request(request, admission.prompt_text, parent, index, output_id=output_id, queue=queue)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)

@@ -18,15 +18,6 @@ import torch
 from engine.sampling_params import SamplingParams
 
 
-def check_logit_controls(params: SamplingParams, vocab_size: int) -> Optional[str]:
-    """Why the token ids of ``params``' logit controls do not fit the vocabulary, or None."""
-    for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            return f"SamplingParams.{name} has token id(s) out of the vocabulary [0, {vocab_size}): {bad[:5]}"
-    return None
-
-
 def has_logit_controls(p: SamplingParams) -> bool:
     return bool(p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids)
 

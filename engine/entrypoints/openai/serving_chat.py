@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: messages rendered through the model's chat template, then generated.
 
-The rendered prompt is tokenized here without special tokens: the template already wrote
-them as text, and a tokenizer that adds a BOS would otherwise add a second one. With no
+The input processor renders and tokenizes the conversation in one renderer-pool job (without
+special tokens: the template already wrote them as text, and a tokenizer that adds a BOS would
+otherwise add a second one); its token ids are then admitted inline, with no second hop. With no
 max_tokens the answer is bounded by the model's generation config, else by the context, as
 vLLM allows. Streams open with a role chunk per choice, but only once the engine has accepted
 the request, so a refused request still gets its 4xx instead of a stream. A request that asks
@@ -26,7 +27,6 @@ from engine.entrypoints.openai.serving_engine import OpenAIServing, json_respons
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.exceptions import ParameterError
 from engine.frontend.chat_template import TemplateLimits
-from engine.frontend.renderer import encode
 from engine.outputs import CompletionOutput, RequestOutput
 
 ROLE = "assistant"
@@ -69,20 +69,16 @@ class OpenAIServingChat(OpenAIServing):
                 must_fit: bool, chat_template: Optional[str] = None,
                 continue_final_message: bool = False, tools: Optional[list[dict]] = None,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
-        processor = self.engine.input_processor
         try:
-            text = processor.render_chat(conversation, chat_template=chat_template,
-                                         add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message, tools=tools,
-                                         chat_template_kwargs=chat_template_kwargs,
-                                         max_chars=None if must_fit else _TOKENIZE_MAX_CHARS)
-            if must_fit:
-                processor.check_text_fits(text, param="messages")  # before the costly part: tokenizing
+            return self.engine.input_processor.chat_prompt(
+                conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools,
+                chat_template_kwargs=chat_template_kwargs, max_chars=None if must_fit else _TOKENIZE_MAX_CHARS,
+                must_fit=must_fit, add_special_tokens=add_special_tokens)
         except ParameterError as exc:
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
-        return text, encode(self.tokenizer, text, add_special_tokens=add_special_tokens)
 
     async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), ChatCompletionRequest)

@@ -20,7 +20,7 @@ from engine.entrypoints.openai.protocol import (CompletionChoice, CompletionLogP
 from engine.entrypoints.openai.request_fields import engine_request_id, prompt_logprobs, request_id, token_text
 from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_search_params, run_all
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
-from engine.frontend.renderer import encode
+from engine.frontend.renderer import decode, encode
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -47,7 +47,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices, usage, cached = [], UsageInfo(), 0
         for i in range(len(prompts)):
             final = finals[i]
-            prompt_text = self._prompt_text(final) if body.echo else ""
+            prompt_text = await self._prompt_text(final) if body.echo else ""
             for completion in final.outputs:
                 choices.append(CompletionChoice(
                     index=i * params.n + completion.index, text=prompt_text + completion.text,
@@ -83,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if echo:
                         echoed.add(index)
                     usage.completion_tokens += len(completion.token_ids)
-                    text = (self._prompt_text(output) if echo else "") + completion.text
+                    text = (await self._prompt_text(output) if echo else "") + completion.text
                     logprobs = self._logprobs(body, output, completion, echo=echo, offset=offsets.get(index, 0))
                     if logprobs is not None and logprobs.text_offset:
                         offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
@@ -138,10 +138,13 @@ class OpenAIServingCompletion(OpenAIServing):
     def _usage_so_far(usage: UsageInfo) -> UsageInfo:
         return UsageInfo(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens + usage.completion_tokens)
 
-    def _prompt_text(self, output: RequestOutput) -> str:
+    async def _prompt_text(self, output: RequestOutput) -> str:
+        """The prompt to echo: its text, or a token-id prompt's ids (as the engine kept them)
+        decoded on the renderer pool, off the event loop when they are many."""
         if output.prompt is not None:
             return output.prompt
-        return self.tokenizer.decode(output.prompt_token_ids or [])
+        ids = output.prompt_token_ids or []
+        return await self.offload(len(ids), decode, self.tokenizer, ids)
 
     def _logprobs(self, body: CompletionRequest, output: RequestOutput, completion: CompletionOutput,
                   echo: bool, offset: int = 0) -> Optional[CompletionLogProbs]:
