@@ -11,18 +11,18 @@
 #include <string.h>
 
 /* Activation scratch of one call, per row r of x: the int8 values of its blocks (nbp * 32
- * bytes, nbp = blocks rounded up to even, the padding block zero) and, per pair of blocks,
- * 32 floats: lanes 0-7 d_x of the pair's first block, 8-15 of its second, 16-23 s_x / 8 of
- * the first, 24-31 of the second (the AVX-512 variant multiplies them as they lie; the
- * others read lane 0 and 16 of each half). */
+ * bytes, nbp = blocks rounded up to even, the padding block zero), and d_x and s_x of each
+ * block as two float arrays of nbs entries (blocks rounded up to 16, the padding zero), so
+ * the AVX-512 variant loads sixteen blocks' scales in one register. */
 typedef struct {
     int8_t *q;
-    float *sc;
-    int64_t nbp;
+    float *d, *s;
+    int64_t nbp, nbs;
 } act_t;
 
 static inline const int8_t *act_q(const act_t *a, int64_t r) { return a->q + (size_t)r * (size_t)a->nbp * QUANT_BLOCK; }
-static inline const float *act_sc(const act_t *a, int64_t r) { return a->sc + (size_t)r * (size_t)(a->nbp / 2) * 32; }
+static inline const float *act_d(const act_t *a, int64_t r) { return a->d + (size_t)r * (size_t)a->nbs; }
+static inline const float *act_s(const act_t *a, int64_t r) { return a->s + (size_t)r * (size_t)a->nbs; }
 
 int quant_block_bytes(int type) {
     switch (type) {
@@ -61,32 +61,27 @@ static inline void block_coeffs_c(int type, const uint8_t *blk, float *a, float 
 }
 
 /* Quantizes m rows of x into a's buffers: per block d = max|x| / 127, q = rint(x / d). */
-static void quantize_rows(const float *x, int64_t x_stride, int64_t m, int64_t k, act_t *a) {
+static void quantize_rows_c(const float *x, int64_t x_stride, int64_t m, int64_t k, const act_t *a) {
     const int64_t nb = k / QUANT_BLOCK;
     for (int64_t r = 0; r < m; r++) {
         const float *xr = x + (size_t)r * (size_t)x_stride;
         int8_t *q = (int8_t *)act_q(a, r);
-        float *sc = (float *)act_sc(a, r);
-        for (int64_t b = 0; b < a->nbp; b++) {
-            float d = 0.0f, s = 0.0f;
-            if (b < nb) {
-                float amax = 0.0f;
-                for (int i = 0; i < QUANT_BLOCK; i++) amax = fmaxf(amax, fabsf(xr[b * QUANT_BLOCK + i]));
-                d = amax / 127.0f;
-                const float id = d != 0.0f ? 1.0f / d : 0.0f;
-                int sum = 0;
-                for (int i = 0; i < QUANT_BLOCK; i++) {
-                    const int v = (int)nearbyintf(xr[b * QUANT_BLOCK + i] * id);
-                    q[b * QUANT_BLOCK + i] = (int8_t)v;
-                    sum += v;
-                }
-                s = d * (float)sum;
-            } else {
-                memset(q + b * QUANT_BLOCK, 0, QUANT_BLOCK);
+        float *d = (float *)act_d(a, r), *s = (float *)act_s(a, r);
+        for (int64_t b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < QUANT_BLOCK; i++) amax = fmaxf(amax, fabsf(xr[b * QUANT_BLOCK + i]));
+            d[b] = amax / 127.0f;
+            const float id = d[b] != 0.0f ? 1.0f / d[b] : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < QUANT_BLOCK; i++) {
+                const int v = (int)nearbyintf(xr[b * QUANT_BLOCK + i] * id);
+                q[b * QUANT_BLOCK + i] = (int8_t)v;
+                sum += v;
             }
-            float *lane = sc + (b / 2) * 32 + (b % 2) * 8;
-            for (int i = 0; i < 8; i++) { lane[i] = d; lane[16 + i] = s * 0.125f; }
+            s[b] = d[b] * (float)sum;
         }
+        memset(q + nb * QUANT_BLOCK, 0, (size_t)(a->nbp - nb) * QUANT_BLOCK);
+        for (int64_t b = nb; b < a->nbs; b++) d[b] = s[b] = 0.0f;
     }
 }
 
@@ -111,10 +106,9 @@ static void gemv_c(int type, const act_t *act, int64_t m, const uint8_t *w, int6
             for (int i = 0; i < QUANT_BLOCK; i++) wq[i] = weight_q(type, blk, i);
             for (int64_t r = 0; r < m; r++) {
                 const int8_t *xq = act_q(act, r) + b * QUANT_BLOCK;
-                const float *sc = act_sc(act, r) + (b / 2) * 32 + (b % 2) * 8;
                 int isum = 0;
                 for (int i = 0; i < QUANT_BLOCK; i++) isum += wq[i] * xq[i];
-                acc[r] += a * sc[0] * (float)isum + c * sc[16] * 8.0f;
+                acc[r] += a * act_d(act, r)[b] * (float)isum + c * act_s(act, r)[b];
             }
         }
         for (int64_t r = 0; r < m; r++) y[(size_t)r * (size_t)n + (size_t)j] = acc[r];
@@ -170,68 +164,121 @@ static inline AVX2Q __attribute__((always_inline)) void gemv_avx2_m(
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(act_q(act, r) + b * QUANT_BLOCK));
                 if (type == QUANT_GGML_Q8_0) xv = _mm256_sign_epi8(xv, sgn);
                 const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
-                const float *sc = act_sc(act, r) + (b / 2) * 32 + (b % 2) * 8;
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * sc[0]), acc[r]);
-                if (type != QUANT_GGML_Q8_0) accc[r] += c * sc[16];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * act_d(act, r)[b]), acc[r]);
+                if (type != QUANT_GGML_Q8_0) accc[r] += c * act_s(act, r)[b];
             }
         }
-        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)n + (size_t)j] = hsum8(acc[r]) + 8.0f * accc[r];
+        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)n + (size_t)j] = hsum8(acc[r]) + accc[r];
     }
 }
 
-/* ---- AVX-512 VNNI: two blocks per register ---------------------------------------- */
+/* ---- AVX-512 VNNI: two blocks per register, sixteen blocks' scales per register --- */
 
-static inline AVX512Q __attribute__((always_inline)) __m512 pair_coeff(float lo, float hi) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)),
-                                               _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
-}
+/* Lanes of a pair's coefficient: pair p of a group of 16 blocks takes block 2p in lanes 0-7
+ * and block 2p + 1 in lanes 8-15. */
+static const int32_t pair_lanes[8][16] = {
+#define PAIR(p) {2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, \
+    2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1}
+    PAIR(0), PAIR(1), PAIR(2), PAIR(3), PAIR(4), PAIR(5), PAIR(6), PAIR(7)
+#undef PAIR
+};
 
+/* Per group of 16 blocks of a row of W: the f16 scales (and Q4_1's mins) of all 16 come in one
+ * gather and one conversion; per row r of x, coef = a_b d_xb for the 16 blocks, and the
+ * offset terms c_b s_xb go into their own accumulator in the same 16 lanes. Per pair of
+ * blocks, one vpdpbusd and one permute of coef. */
 static inline AVX512Q __attribute__((always_inline)) void gemv_avx512_m(
     const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y) {
     const int64_t nb = k / QUANT_BLOCK;
-    const size_t bb = (size_t)quant_block_bytes(type);
+    const int bb = quant_block_bytes(type);
     const size_t qoff = type == QUANT_GGML_Q4_1 ? 4 : 2;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0); /* [a, b] -> [a, a, b, b] */
+    const __m512i offs = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(bb));
     for (int64_t j = 0; j < n; j++) {
         __m512 acc[QUANT_GEMV_MAX_M], accc[QUANT_GEMV_MAX_M];
         UNROLL_M for (int r = 0; r < M; r++) { acc[r] = _mm512_setzero_ps(); accc[r] = _mm512_setzero_ps(); }
-        const uint8_t *blk = w + (size_t)j * (size_t)nb * bb;
-        for (int64_t b = 0; b < nb; b += 2, blk += 2 * bb) {
-            const int two = b + 1 < nb; /* the row's last block may have no partner */
-            const float a0 = half_f16c(blk), a1 = two ? half_f16c(blk + bb) : 0.0f;
-            __m512i u;
-            __mmask64 neg = 0;
-            __m512 cv = _mm512_setzero_ps();
-            if (type == QUANT_GGML_Q8_0) {
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(blk + bb + 2)) : _mm256_setzero_si256();
-                const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-                u = _mm512_abs_epi8(wv);
-                neg = _mm512_movepi8_mask(wv);
-            } else {
-                const __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + qoff));
-                const __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(blk + bb + qoff)) : _mm_setzero_si128();
-                const __m512i aabb = _mm512_permutexvar_epi64(
-                    dup, _mm512_castsi256_si512(_mm256_set_m128i(q1, q0)));
-                u = _mm512_and_si512(_mm512_mask_srli_epi16(aabb, 0xFF00FF00u, aabb, 4), low4);
-                if (type == QUANT_GGML_Q4_1)
-                    cv = pair_coeff(half_f16c(blk + 2), two ? half_f16c(blk + bb + 2) : 0.0f);
-                else
-                    cv = pair_coeff(-8.0f * a0, -8.0f * a1);
-            }
-            const __m512 av = pair_coeff(a0, a1);
+        const uint8_t *row = w + (size_t)j * (size_t)nb * (size_t)bb;
+        for (int64_t g = 0; g < nb; g += 16) {
+            const int cnt = nb - g < 16 ? (int)(nb - g) : 16;
+            const uint8_t *blk = row + (size_t)g * (size_t)bb;
+            /* a dword at each block's start: its f16 d, then Q4_1's f16 m (else quant bytes) */
+            const __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << cnt) - 1), offs,
+                                                            blk, 1);
+            const __m512 av = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+            const __m512 cv = type == QUANT_GGML_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)))
+                                                      : _mm512_mul_ps(av, _mm512_set1_ps(-8.0f));
+            __m512 coef[QUANT_GEMV_MAX_M];
             UNROLL_M for (int r = 0; r < M; r++) {
-                __m512i xv = _mm512_loadu_si512((const void *)(act_q(act, r) + b * QUANT_BLOCK));
-                if (type == QUANT_GGML_Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
-                const float *sc = act_sc(act, r) + (b / 2) * 32;
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), _mm512_loadu_ps(sc)), av, acc[r]);
-                if (type != QUANT_GGML_Q8_0) accc[r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(sc + 16), accc[r]);
+                coef[r] = _mm512_mul_ps(av, _mm512_loadu_ps(act_d(act, r) + g));
+                if (type != QUANT_GGML_Q8_0) accc[r] = _mm512_fmadd_ps(cv, _mm512_loadu_ps(act_s(act, r) + g), accc[r]);
+            }
+            for (int p = 0; 2 * p < cnt; p++, blk += 2 * bb) {
+                const int two = 2 * p + 1 < cnt; /* the row's last block may have no partner */
+                __m512i u;
+                __mmask64 neg = 0;
+                if (type == QUANT_GGML_Q8_0) {
+                    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(blk + bb + 2)) : _mm256_setzero_si256();
+                    const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                    u = _mm512_abs_epi8(wv);
+                    neg = _mm512_movepi8_mask(wv);
+                } else {
+                    const __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + qoff));
+                    const __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(blk + bb + qoff)) : _mm_setzero_si128();
+                    const __m512i aabb = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(_mm256_set_m128i(q1, q0)));
+                    u = _mm512_and_si512(_mm512_mask_srli_epi16(aabb, 0xFF00FF00u, aabb, 4), low4);
+                }
+                const __m512i lanes = _mm512_loadu_si512((const void *)pair_lanes[p]);
+                UNROLL_M for (int r = 0; r < M; r++) {
+                    __m512i xv = _mm512_loadu_si512((const void *)(act_q(act, r) + (g + 2 * p) * QUANT_BLOCK));
+                    if (type == QUANT_GGML_Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(lanes, coef[r]), acc[r]);
+                }
             }
         }
         UNROLL_M for (int r = 0; r < M; r++)
             y[(size_t)r * (size_t)n + (size_t)j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], accc[r]));
+    }
+}
+
+/* The same values as quantize_rows_c: vcvtps2dq rounds to nearest even, as nearbyintf does in
+ * the default rounding mode. */
+static AVX2Q void quantize_rows_avx2(const float *x, int64_t x_stride, int64_t m, int64_t k, const act_t *a) {
+    const int64_t nb = k / QUANT_BLOCK;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo packs' lane interleave */
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * (size_t)x_stride;
+        int8_t *q = (int8_t *)act_q(a, r);
+        float *d = (float *)act_d(a, r), *s = (float *)act_s(a, r);
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = xr + b * QUANT_BLOCK;
+            __m256 v[4];
+            __m256 mx = _mm256_setzero_ps();
+            for (int t = 0; t < 4; t++) {
+                v[t] = _mm256_loadu_ps(xb + 8 * t);
+                mx = _mm256_max_ps(mx, _mm256_and_ps(v[t], absmask));
+            }
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+            d[b] = _mm_cvtss_f32(h) / 127.0f;
+            const __m256 id = _mm256_set1_ps(d[b] != 0.0f ? 1.0f / d[b] : 0.0f);
+            __m256i qi[4];
+            for (int t = 0; t < 4; t++) qi[t] = _mm256_cvtps_epi32(_mm256_mul_ps(v[t], id));
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            s[b] = d[b] * (float)_mm_cvtsi128_si32(s4);
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+            _mm256_storeu_si256((__m256i *)(q + b * QUANT_BLOCK), _mm256_permutevar8x32_epi32(p, order));
+        }
+        memset(q + nb * QUANT_BLOCK, 0, (size_t)(a->nbp - nb) * QUANT_BLOCK);
+        for (int64_t b = nb; b < a->nbs; b++) d[b] = s[b] = 0.0f;
     }
 }
 
@@ -260,9 +307,10 @@ int quant_best_isa(void) {
     return QUANT_ISA_C;
 }
 
-static int gemv_simd(int type, int isa, const act_t *act, int64_t m, const uint8_t *w, int64_t n, int64_t k,
-                     float *y) {
+static int gemv_simd(int type, int isa, const float *x, int64_t x_stride, const act_t *act, int64_t m,
+                     const uint8_t *w, int64_t n, int64_t k, float *y) {
     const int t = type == QUANT_GGML_Q4_0 ? 0 : type == QUANT_GGML_Q4_1 ? 1 : 2;
+    if (isa >= QUANT_ISA_AVX2) quantize_rows_avx2(x, x_stride, m, k, act);
     if (isa == QUANT_ISA_AVX512_VNNI) {
         const void *fns[3] = {avx512_q4_0, avx512_q4_1, avx512_q8_0};
         ((void (*const *)(const act_t *, const uint8_t *, int64_t, int64_t, float *))fns[t])[m - 1](act, w, n, k, y);
@@ -278,9 +326,9 @@ static int gemv_simd(int type, int isa, const act_t *act, int64_t m, const uint8
 #else
 int quant_best_isa(void) { return QUANT_ISA_C; }
 
-static int gemv_simd(int type, int isa, const act_t *act, int64_t m, const uint8_t *w, int64_t n, int64_t k,
-                     float *y) {
-    (void)type; (void)isa; (void)act; (void)m; (void)w; (void)n; (void)k; (void)y;
+static int gemv_simd(int type, int isa, const float *x, int64_t x_stride, const act_t *act, int64_t m,
+                     const uint8_t *w, int64_t n, int64_t k, float *y) {
+    (void)type; (void)isa; (void)x; (void)x_stride; (void)act; (void)m; (void)w; (void)n; (void)k; (void)y;
     return 0;
 }
 #endif
@@ -294,14 +342,17 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     if (bw == QUANT_KBLOCK) return quant_k_gemv(type, x, x_stride, m, w, n, k, isa, y);
     act_t act;
     act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
-    const size_t qbytes = (size_t)m * (size_t)act.nbp * QUANT_BLOCK;
-    const size_t scbytes = (size_t)m * (size_t)(act.nbp / 2) * 32 * sizeof(float);
-    void *mem = quant_scratch(qbytes + scbytes);
+    act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
+    const size_t scbytes = (size_t)m * (size_t)act.nbs * sizeof(float);
+    uint8_t *mem = quant_scratch(2 * scbytes + (size_t)m * (size_t)act.nbp * QUANT_BLOCK);
     if (!mem) return -2;
-    act.sc = (float *)mem;
-    act.q = (int8_t *)mem + scbytes;
-    quantize_rows(x, x_stride, m, k, &act);
-    if (!gemv_simd(type, isa, &act, m, w, n, k, y)) gemv_c(type, &act, m, w, n, k, y);
+    act.d = (float *)mem;
+    act.s = (float *)(mem + scbytes);
+    act.q = (int8_t *)(mem + 2 * scbytes);
+    if (!gemv_simd(type, isa, x, x_stride, &act, m, w, n, k, y)) {
+        quantize_rows_c(x, x_stride, m, k, &act);
+        gemv_c(type, &act, m, w, n, k, y);
+    }
     return 0;
 }
 

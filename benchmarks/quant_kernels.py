@@ -1,0 +1,96 @@
+"""Per-call time of the quantized matmul kernels against the bf16 GEMV, on the default model's shapes.
+
+One case is one weight format at one shape and row count; a case's figure is the mean time of
+``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, or ``Int8Linear.matmul``) over a loop of
+``--budget`` seconds, Python included: what a decode step pays per projection. Weights are
+random (gguf.quants.quantize for Q4_0/Q4_1/Q8_0, random valid blocks for the K-quants); the
+kernels' speed does not depend on the values. A K-quant needs ``in % 256 == 0``, so it has no
+figure on a 576-wide input. One torch thread, as the engine runs.
+
+    python -m benchmarks.quant_kernels --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.harness import Bench, Column
+from engine.kernels import quant
+from engine.kernels.bf16_gemv import PackedBF16
+
+# Default model (SmolLM2-135M): hidden 576, MLP 1536, vocab 49152; each as in -> out.
+SHAPES = "576x1536,1536x576,576x49152"
+
+
+def _weights(qtype: int, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    import gguf
+    if qtype in (quant.Q4_0, quant.Q4_1, quant.Q8_0):
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype))))
+    from engine.kernels.quant_blocks import random_blocks
+    return torch.from_numpy(random_blocks(qtype, n, k, rng))
+
+
+def _per_call_us(fn, x: torch.Tensor, budget: float) -> float:
+    fn(x)
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget:
+        for _ in range(10):
+            fn(x)
+        calls += 10
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
+    """name -> a matmul callable for every format that takes this shape."""
+    out = {}
+    names = getattr(quant, "TYPE_NAMES", {quant.Q4_0: "Q4_0", quant.Q4_1: "Q4_1", quant.Q8_0: "Q8_0"})
+    for qtype in quant.SUPPORTED_TYPES:  # (an older tree has no block_weights: 32-weight blocks only)
+        bw = quant.block_weights(qtype) if hasattr(quant, "block_weights") else quant.BLOCK
+        if k % bw == 0:
+            out[names[qtype]] = quant.QuantizedLinear(_weights(qtype, n, k, rng), qtype, n, k).matmul
+    w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)) * 0.02
+    try:
+        from engine.kernels.int8_linear import Int8Linear
+        out["int8 W8A8"] = Int8Linear.from_float(w).matmul
+    except ImportError:  # a tree from before the int8 kernel
+        pass
+    out["bf16 GEMV"] = PackedBF16(w).matmul
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated INxOUT")
+    ap.add_argument("--rows", default="1,4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per case and round")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(args.seed)
+    bench = Bench("quant_kernels", model="SmolLM2-135M shapes, random weights")
+    columns = []
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        formats = _formats(n, k, rng)
+        for rows in (int(r) for r in args.rows.split(",")):
+            scenario = f"{k}->{n} x{rows}"
+            x = torch.randn(rows, k)
+            for name, fn in formats.items():
+                bench.add(scenario, name, lambda fn=fn, x=x: {"us": _per_call_us(fn, x, args.budget)})
+            columns.append(Column(f"{scenario} us", scenario, "us", fmt="{:.1f}"))
+    bench.run(rounds=args.rounds)
+    print(bench.table("Per-call us (in->out x rows)", columns))
+    for note in bench.notes:
+        print(f"- {note}")
+    bench.save()
+
+
+if __name__ == "__main__":
+    main()
