@@ -36,14 +36,20 @@ typedef struct {
     int64_t nsb;
 } actk_t;
 
-/* The 8 six-bit scales and mins of Q4_K/Q5_K's 12 scale bytes. */
+/* The 8 six-bit scales and mins of Q4_K/Q5_K's 12 scale bytes s: for j < 4, sc[j] = s[j] & 63,
+ * mn[j] = s[j + 4] & 63, sc[j + 4] = s[j + 8] & 15 | s[j] >> 6 << 4, mn[j + 4] = s[j + 8] >> 4 |
+ * s[j + 4] >> 6 << 4; four bytes at a time in 32-bit words (x86 is little-endian). */
 static inline void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0f) | ((s[j] >> 6) << 4));
-        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint32_t a, b, c, v[2];
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    v[0] = a & 0x3f3f3f3fu;
+    v[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    memcpy(sc, v, 8);
+    v[0] = b & 0x3f3f3f3fu;
+    v[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    memcpy(mn, v, 8);
 }
 
 static void quantize_rows_c(const float *x, int64_t x_stride, int64_t m, const actk_t *a) {
@@ -258,6 +264,15 @@ static INLINE AVX2K void gemv_avx2_m(const int type, const actk_t *a, const int 
 
 /* ---- AVX-512 VNNI: 64 weights (four groups) per register --------------------------- */
 
+/* S per int16 lane of chunk c of Q4_K/Q5_K: lanes 0-15 sub-block 2c, 16-31 sub-block 2c + 1. */
+static const int16_t k4_sub_lanes[4][32] = {
+#define LANES(c) {2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, \
+    2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, \
+    2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1}
+    LANES(0), LANES(1), LANES(2), LANES(3)
+#undef LANES
+};
+
 /* S_g per int16 lane of chunk c of Q6_K: lane t holds group 4c + t / 8. */
 static const int16_t q6_group_lanes[4][32] = {
 #define LANES(c) {4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, 4 * c, \
@@ -300,6 +315,7 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
     }
     uint8_t sc[8], mn[8];
     k4_scales(blk + 4, sc, mn);
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
     const uint8_t *qs = blk + (type == QUANT_GGML_Q5_K ? 48 : 16);
     const __m512i qh = type == QUANT_GGML_Q5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                                : _mm512_setzero_si512();
@@ -309,7 +325,7 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
         if (type == QUANT_GGML_Q5_K)
             u[c] = _mm512_mask_add_epi8(u[c], _mm512_test_epi8_mask(qh, halves8(1 << (2 * c), 1 << (2 * c + 1))), u[c],
                                         _mm512_set1_epi8(16));
-        s[c] = halves16(sc[2 * c], sc[2 * c + 1]);
+        s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k4_sub_lanes[c]), sc16);
     }
     *nm = dup_pairs16(mn);
     *dd = half_f16c(blk);
