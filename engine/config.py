@@ -145,6 +145,7 @@ class ModelConfig:
     runner_type: str = "generate"  # resolved: generate | pooling
     convert_type: str = "none"  # resolved: none | embed
     pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
+    quantization: Optional[str] = None  # resolved: None | "gguf" (a .gguf model's own blocks) | "int8" (W8A8)
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -387,6 +388,30 @@ def _kv_cache_memory_bytes(args: EngineArgs, device: str) -> Optional[int]:
     return _positive_int(name, value, 1)
 
 
+_QUANTIZATIONS = (None, "gguf", "int8")
+
+
+def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Optional[str]:
+    """A .gguf model runs its own blocks ("gguf", vLLM's name, the default there); "int8"
+    quantizes a float checkpoint's projections at load (CPU, when the kernel is built)."""
+    q = args.quantization
+    if load_format == "gguf":
+        if q not in (None, "gguf"):
+            raise _bad("quantization", "None or 'gguf' for a .gguf model", q)
+        return "gguf"
+    if q == "gguf":
+        raise _bad("quantization", "'gguf' only with a .gguf model file", q)
+    if q == "int8":
+        from engine.kernels import quant
+
+        if device != "cpu":
+            raise _bad("quantization", "'int8' only on CPU", q)
+        if getattr(quant, "Int8Linear", None) is None:
+            raise ValueError("quantization='int8' is not supported yet: the W8A8 kernel (quant.Int8Linear) "
+                             "is not built in this version")
+    return q
+
+
 def _check_single_device(args: EngineArgs) -> None:
     """vLLM's parallelism and quantization keywords, at the one value ringllm runs."""
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -394,9 +419,10 @@ def _check_single_device(args: EngineArgs) -> None:
         if value != 1:
             raise ValueError(f"{name}={value!r} is not supported: each EngineCore runs the whole model on one "
                              f"device, so {name} must be 1 (for more engines use data_parallel_size)")
-    if args.quantization is not None:
-        raise ValueError(f"quantization={args.quantization!r} is not supported; supported: None (weights run in "
-                         "the model's dtype; a .gguf model is dequantized at load)")
+    if args.quantization not in _QUANTIZATIONS:
+        raise ValueError(f"quantization={args.quantization!r} is not supported; supported: None (weights in the "
+                         "model's dtype), 'gguf' (a .gguf model's own blocks, its default), 'int8' (dynamic W8A8 "
+                         "from a float checkpoint)")
     if not isinstance(args.shutdown_timeout, (int, float)) or isinstance(args.shutdown_timeout, bool) \
             or not 0 <= args.shutdown_timeout < float("inf"):
         raise _bad("shutdown_timeout", "a finite number of seconds >= 0", args.shutdown_timeout)
@@ -515,7 +541,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,
             skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
-            pooler_config=pooler),
+            pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device)),
         cache_config=CacheConfig(block_size=block_size,
                                  enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),

@@ -52,13 +52,13 @@ def _write(tmp_path, data: dict) -> str:
 
 
 def _structure(cfg) -> dict:
-    model = LlamaForCausalLM(cfg, torch.float32, "cpu", max_model_len=128, kernels="torch")
-    return {"hidden": model.hidden, "heads": model.num_heads, "kv_heads": model.num_kv_heads,
-            "head_dim": model.head_dim, "intermediate": model.intermediate, "vocab": model.vocab_size,
-            "eps": model.eps, "tied": model.tied, "window": model.sliding_window,
+    model = LlamaForCausalLM(cfg, torch.float32, "cpu", max_model_len=128, backend="torch")
+    d = model.dims
+    return {"hidden": d.hidden, "heads": d.num_heads, "kv_heads": d.num_kv_heads,
+            "head_dim": d.head_dim, "intermediate": d.intermediate, "vocab": d.vocab_size,
+            "eps": d.eps, "tied": d.tied, "window": d.sliding_window,
             "sliding_layers": [layer.sliding for layer in model.layers], "layers": len(model.layers),
-            "qkv_bias": [layer.qkv_bias is not None for layer in model.layers], "rope": model.rope_cis,
-            "qk_norm": [layer.q_norm is not None for layer in model.layers]}
+            "qkv_bias": d.qkv_bias, "rope": model.rope.cis, "qk_norm": d.qk_norm}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -126,17 +126,21 @@ def test_half_precision_tracks_float32(family, dtype):
     assert got == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0]), abs=0.1)
 
 
-def test_bf16_small_steps_on_the_packed_kernel_match_float32_gemms(family):
-    """Steps run on packed copies of the weights: the bf16 GEMV kernel's (csrc/gemv_bf16.c,
-    decode steps of <= 4 rows) where the CPU lacks native bf16 GEMMs, oneDNN's layout where it
-    has them (engine/kernels/onednn_linear.py, every step). They must give what the plain
-    GEMMs over the same bf16-rounded weights give, differing at most in summation order."""
+def test_bf16_packed_linear_methods_match_plain_gemms(family, monkeypatch):
+    """bf16 projections run on a packed weight: the bf16 GEMV kernel's layout (csrc/gemv_bf16.c)
+    where the CPU lacks native bf16 GEMMs, oneDNN's (engine/kernels/onednn_linear.py) where it
+    has them. They must give what plain GEMMs over the same bf16-rounded weights give, differing
+    at most in summation order, at decode sizes and in the batched steps of 3 prompts."""
+    from engine.models import linear
+
     path, _ = family
     fast = make_runner(path, dtype="bfloat16", block_size=4)
-    if fast.model.packed_layers is None:
-        pytest.skip("no packed copies on this CPU (no AVX2, and no native bf16)")
+    if not isinstance(fast.model.layers[0].qkv.method, (linear.OneDNNLinear, linear.BF16GemvLinear)):
+        pytest.skip("no packed bf16 method on this CPU (no AVX2, and no native bf16)")
+    monkeypatch.setattr(linear.onednn_linear, "supports", lambda *a: False)
+    monkeypatch.setattr(linear.bf16_gemv, "available", lambda: False)
     slow = make_runner(path, dtype="bfloat16", block_size=4)
-    slow.model.packed_layers = slow.model.packed_lm_head = None
+    assert type(slow.model.layers[0].qkv.method) in (linear.TorchLinear, linear.InputMajorLinear)
     results = []
     for runner in (fast, slow):
         reqs = [make_request(f"r{i}", p, logprobs=3) for i, p in enumerate(PROMPTS)]
@@ -156,13 +160,13 @@ def test_decode_attention_kernel_matches_torch_attention(family, dtype):
     results = []
     for use_kernel in (True, False):
         runner = make_runner(path, dtype=dtype, block_size=4)
-        if use_kernel and not runner.decode_kernel:
+        if use_kernel and not runner.attn_builder.decode_kernel:
             pytest.skip("the C decode attention does not run on this CPU")
-        if runner.model.mm_dtype == torch.bfloat16:  # bf16 compute: torch attends in bf16, the kernel
+        if runner.model.act_dtype == torch.bfloat16:  # bf16 compute: torch attends in bf16, the kernel
             # in float32, and a random tiny model's near-ties flip argmax on that difference; the
             # kernel's bf16 queries are checked against float64 in test_kernels.py instead
             pytest.skip("torch's route attends in bf16 on this CPU: not comparable token for token")
-        runner.decode_kernel = use_kernel
+        runner.attn_builder.decode_kernel = use_kernel
         reqs = [make_request(f"r{i}", p, logprobs=3) for i, p in enumerate(PROMPTS)]
         outs = generate(runner, reqs, 12)
         lps = [row[0] for o in outs[1:] for r in sorted(o.logprobs) for row in o.logprobs[r].logprobs]

@@ -1,7 +1,7 @@
-"""The decoder's Triton forward (engine/models/llama_triton.py) against its torch forward.
+"""The decoder's Triton forward (engine/models/triton_forward.py) against its torch forward.
 
 Without a GPU the Triton kernels run on CPU tensors through Triton's interpreter, forced
-with ``kernels="triton"`` (see tests/test_triton_kernels.py for why ``TRITON_INTERPRET=1``
+with ``backend="triton"`` (see tests/test_triton_kernels.py for why ``TRITON_INTERPRET=1``
 must be set while the kernels are imported and run). Two runners step the same schedule,
 built so the attention kernel sees every case the runner produces: prefill chunks of two
 prompts in one step, a chunk continuing after cached context, a prefill whose first blocks
@@ -81,15 +81,16 @@ def model_dir(request, tmp_path_factory):
     return path
 
 
-def _runner(path: str, dtype: str, kernels: str):
+def _runner(path: str, dtype: str, backend: str):
     device = "cuda" if ON_GPU else "cpu"
     runner = make_runner(path, load_format="dummy", dtype=dtype, device=device, block_size=4, seed=0,
                          max_model_len=256)
-    if kernels != "torch":
-        runner.model = load_model(runner.config, kernels=kernels)
+    if backend != "torch":
+        runner.model = load_model(runner.config, backend=backend)
+        runner.attn_builder = runner.model.attention_builder(runner.block_size)
         runner.kv_caches = None
         assert runner.initialize_kv_cache() == runner.num_blocks  # the same cache size for both forwards
-    assert runner.model.use_triton == (kernels == "triton" or (kernels == "auto" and ON_GPU))
+    assert (runner.model.backend == "triton") == (backend == "triton" or (backend == "auto" and ON_GPU))
     return runner
 
 
@@ -131,11 +132,12 @@ def test_triton_forward_matches_torch_forward(model_dir, dtype, tol):
 def test_triton_forward_is_chosen_once_by_device(tiny_model_dir):
     """"auto" picks Triton only on CUDA with triton importable; "torch" keeps the CPU forward."""
     auto = _runner(tiny_model_dir, "float32", "auto")
-    assert auto.model.use_triton == ON_GPU
-    if not ON_GPU:
-        assert auto.model.in_major and auto.decode_graphs is None  # the CPU path, unchanged
-    with pytest.raises(ValueError, match="kernels must be one of"):
-        load_model(auto.config, kernels="cuda")
+    assert (auto.model.backend == "triton") == ON_GPU
+    if not ON_GPU:  # the CPU path, unchanged: C kernels, float32 tall projections input-major
+        assert auto.model.backend == "cpu-kernels" and auto.decode_graphs is None
+        assert type(auto.model.layers[0].qkv.method).__name__ == "InputMajorLinear"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        load_model(auto.config, backend="cuda")
 
 
 @gpu
@@ -145,7 +147,7 @@ def test_cuda_runner_uses_triton_and_sizes_the_cache_from_free_memory(tiny_model
     sized from free memory (gpu_memory_utilization) when kv_cache_memory is not given."""
     runner = make_runner(tiny_model_dir, load_format="dummy", dtype="auto", device="cuda", block_size=16,
                          kv_cache_memory=None, gpu_memory_utilization=0.3)
-    assert runner.model.use_triton and runner.kv_caches.is_cuda
+    assert runner.model.backend == "triton" and runner.kv_caches.is_cuda
     assert runner.kv_caches.numel() * runner.kv_caches.element_size() > 16 << 20
     assert runner.model.dtype in (torch.bfloat16, torch.float16)
     reqs = [make_request(f"r{i}", list(range(3 + i, 40 + 7 * i))) for i in range(3)]

@@ -69,7 +69,8 @@ ENGINE_ARG_HELP = {
     "hf_overrides": "JSON object of HF config fields to override.",
     "tensor_parallel_size": "Must be 1: each EngineCore runs the whole model on one device.",
     "pipeline_parallel_size": "Must be 1: each EngineCore runs the whole model on one device.",
-    "quantization": "Must be unset: weights run in --dtype (a .gguf model is dequantized at load).",
+    "quantization": "unset (weights in --dtype), gguf (a .gguf model runs its own blocks; its default) or int8 "
+                    "(dynamic W8A8 from a float checkpoint, CPU).",
     "shutdown_timeout": "Seconds the EngineCore processes get to exit at shutdown before they are killed.",
     "worker_cls": "The EngineCore's worker: auto, or the dotted path (module.Class) of an "
                   "engine.worker.Worker subclass.",

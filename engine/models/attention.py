@@ -27,10 +27,14 @@ itself when nothing precedes it, else to keys gathered from the cache with an
 explicit causal-with-offset mask. A long chunk attending to itself is split into
 slices of query rows, each seeing only the keys up to its last row (``_causal_in_slices``).
 
-The Triton forward (engine/models/llama_triton.py) needs none of the above but
+The Triton forward (engine/models/triton_forward.py) needs none of the above but
 ``slot_mapping``: one kernel reads every sequence's keys through ``block_tables``, with
 ``cu_seqlens`` and ``context_lens`` saying where each sequence's queries sit
 (``triton_metadata`` builds them).
+
+Each forward names its builder (``TorchAttentionBuilder``, ``TritonAttentionBuilder``): the
+model runner asks the model's builder for a step's rows and metadata and never asks which
+backend runs.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import paged_attention as paged_kernel
 from engine.kernels.paged_attention import decode_attention
 
 
@@ -88,6 +93,109 @@ def triton_metadata(md: AttentionMetadata, block_ids: list[list[int]], query_len
     md.cu_seqlens = to_device(cu, torch.int32, device)
     md.context_lens = to_device(context_lens, torch.int32, device)
     md.max_query_len = max(query_lens)
+
+
+class StepRows:
+    """A step's flattened rows: token ids, positions, the first row of each scheduled request
+    (in the scheduler's order), and the attention metadata."""
+
+    __slots__ = ("ids", "positions", "first_row", "md")
+
+    def __init__(self, num_requests: int, num_decodes: int) -> None:
+        self.ids: list[int] = []
+        self.positions: list[int] = []
+        self.first_row = [0] * num_requests
+        self.md = AttentionMetadata(slot_mapping=None, num_decodes=num_decodes)
+
+    def add(self, i: int, req, start: int, n: int, block_size: int, slots: list[int]) -> None:
+        """Request ``i``'s tokens [start, start + n) as the next rows."""
+        self.first_row[i] = len(self.ids)
+        self.ids.extend(req.all_token_ids[start:start + n])
+        self.positions.extend(range(start, start + n))
+        blocks = req.block_ids
+        slots.extend(blocks[q // block_size] * block_size + q % block_size for q in range(start, start + n))
+
+
+class TorchAttentionBuilder:
+    """Metadata for ``paged_attention`` above: decodes (the C kernel's lengths, or SDPA's
+    gathered blocks and masks), then one ``PrefillChunk`` per prefill."""
+
+    def __init__(self, device: torch.device, act_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
+                 window: Optional[int], block_size: int) -> None:
+        self.device, self.window, self.block_size = device, window, block_size
+        self.decode_kernel = paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
+
+    def build(self, reqs: list, counts: list[int]) -> StepRows:
+        bs = self.block_size
+        decodes = [i for i, n in enumerate(counts) if n == 1]
+        rows = StepRows(len(reqs), len(decodes))
+        md, slots = rows.md, []
+        if decodes:
+            seq_lens = []
+            for i in decodes:
+                p = reqs[i].num_computed_tokens
+                rows.add(i, reqs[i], p, 1, bs, slots)
+                seq_lens.append(p + 1)
+            nb = -(-max(seq_lens) // bs)
+            table = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in decodes]
+            md.decode_blocks = torch.tensor(table, dtype=torch.long).view(-1).to(self.device)
+            md.decode_len = nb * bs
+            if self.decode_kernel:
+                md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
+            else:
+                md.decode_mask, md.decode_window_mask = build_decode_masks(
+                    torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
+        for i, n in enumerate(counts):
+            if n == 1:
+                continue
+            r, p0 = reqs[i], reqs[i].num_computed_tokens
+            rows.add(i, r, p0, n, bs, slots)
+            chunk = PrefillChunk(rows.first_row[i], n)
+            chunk.mask, chunk.window_mask = build_prefill_masks(p0, n, self.window, self.device)
+            if p0:
+                table = torch.tensor(r.block_ids[:-(-(p0 + n) // bs)], dtype=torch.long)
+                kv_pos = torch.arange(p0 + n)
+                chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
+            md.prefills.append(chunk)
+        md.slot_mapping = to_device(slots, torch.long, self.device)
+        return rows
+
+    def profile(self, chunk_lens: list[int], num_blocks: int) -> AttentionMetadata:
+        """A worst-case step of prompts attending to themselves (the CUDA memory profile)."""
+        chunks, start = [], 0
+        for n in chunk_lens:
+            chunks.append(PrefillChunk(start, n))
+            start += n
+        positions = torch.cat([torch.arange(n) for n in chunk_lens])
+        return AttentionMetadata(slot_mapping=(positions % (num_blocks * self.block_size)).to(self.device),
+                                 prefills=chunks)
+
+
+class TritonAttentionBuilder(TorchAttentionBuilder):
+    """Metadata for the Triton forward: every sequence in batch order (decodes, then prefill
+    chunks) with its block table, query and context lengths, instead of masks and gathered slots."""
+
+    def build(self, reqs: list, counts: list[int]) -> StepRows:
+        bs = self.block_size
+        order = [i for i, n in enumerate(counts) if n == 1] + [i for i, n in enumerate(counts) if n != 1]
+        rows = StepRows(len(reqs), sum(1 for n in counts if n == 1))
+        slots, tables, query_lens, contexts = [], [], [], []
+        for i in order:
+            r, n = reqs[i], counts[i]
+            p0 = r.num_computed_tokens
+            rows.add(i, r, p0, n, bs, slots)
+            tables.append(r.block_ids[:-(-(p0 + n) // bs)])
+            query_lens.append(n)
+            contexts.append(p0)
+        triton_metadata(rows.md, tables, query_lens, contexts, self.device)
+        rows.md.slot_mapping = to_device(slots, torch.long, self.device)
+        return rows
+
+    def profile(self, chunk_lens: list[int], num_blocks: int) -> AttentionMetadata:
+        md = super().profile(chunk_lens, num_blocks)
+        triton_metadata(md, [list(range(num_blocks))] * len(chunk_lens), chunk_lens, [0] * len(chunk_lens),
+                        self.device)
+        return md
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -34,11 +34,12 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 def capture_decode_graphs(config, model, kv_caches: torch.Tensor) -> Optional["DecodeGraphs"]:
-    """The runner's graphs: on CUDA with the Triton forward and a non-empty ladder, else None."""
+    """The runner's graphs: on CUDA with a forward that takes them (Triton's) and a non-empty
+    ladder, else None."""
     sizes = config.compilation_config.cudagraph_capture_sizes
     if sizes is None:
         sizes = default_capture_sizes(config.scheduler_config.max_num_seqs)
-    if kv_caches.device.type != "cuda" or not model.use_triton or not sizes:
+    if kv_caches.device.type != "cuda" or not model.uses_cuda_graphs or not sizes:
         return None
     max_blocks = -(-config.model_config.max_model_len // config.cache_config.block_size)
     graphs = DecodeGraphs(model, kv_caches, sizes, max_blocks)

@@ -3,9 +3,8 @@
 Three sources, chosen by ``model_config.load_format``:
 - ``safetensors``: the ``*.safetensors`` files of an HF directory, streamed
   tensor by tensor (no full state dict in memory next to the model);
-- ``gguf``: a ``.gguf`` file, dequantized by transformers (needs ``gguf`` and
-  ``accelerate``; ~15 s for the default model, which is why default_model.py
-  converts it once instead);
+- ``gguf``: a ``.gguf`` file read with the ``gguf`` package (engine/worker/gguf_weights.py):
+  quantized tensors stay the file's own blocks and run on them (``quantization="gguf"``);
 - ``dummy``: random weights from the config alone, for tests and overhead benchmarks.
 """
 from __future__ import annotations
@@ -22,27 +21,28 @@ from engine.config import EngineConfig
 from engine.hf_config import ModelConfigError
 from engine.models import get_model_class
 from engine.models.llama import LlamaForCausalLM
+from engine.worker.gguf_weights import gguf_weights
 
 logger = logging.getLogger(__name__)
 
 
-def load_model(config: EngineConfig, kernels: str = "auto") -> LlamaForCausalLM:
-    """``kernels``: see ``LlamaForCausalLM`` ("triton" lets a test run the CUDA forward on CPU)."""
+def load_model(config: EngineConfig, backend: str = "auto") -> LlamaForCausalLM:
+    """``backend``: see ``LlamaForCausalLM`` ("triton" lets a test run the CUDA forward on CPU)."""
     mc = config.model_config
     start = time.perf_counter()
     cls = get_model_class(mc.architecture)
     model = cls(mc.hf_config, getattr(torch, mc.dtype), torch.device(config.device), mc.max_model_len,
-                kernels=kernels)
+                backend=backend, quantization=mc.quantization, compiled=config.compilation_config.mode >= 1)
     if mc.load_format == "dummy":
         model.init_dummy(mc.seed or 0)
     elif mc.load_format == "gguf":
-        model.load_weights(_gguf_weights(mc.model_path))
+        model.load_weights(gguf_weights(mc.model_path, model.dims.num_heads, model.dims.num_kv_heads))
     elif mc.load_format == "safetensors":
         _load_safetensors(model, mc.model_path)
     else:
         raise ValueError(f"load_format {mc.load_format!r} is not supported by the loader")
-    model.eval()
-    logger.info("loaded %s (%s, %s) in %.1f s", mc.model, mc.load_format, mc.dtype, time.perf_counter() - start)
+    logger.info("loaded %s (%s, %s) in %.1f s; %s", mc.model, mc.load_format, mc.dtype, time.perf_counter() - start,
+                model.weights_report())
     return model
 
 
@@ -91,13 +91,3 @@ def _safetensors_weights(path: str, at: _Reading) -> Iterator[tuple[str, torch.T
                     yield name, tensor
         except SafetensorError as e:
             raise ModelConfigError(f"model: {file} is not a valid safetensors file ({e})") from None
-
-
-def _gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from transformers import AutoModelForCausalLM
-
-    if not os.path.isfile(path):
-        raise ValueError(f"model: GGUF file {path!r} does not exist")
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path),
-                                              dtype=torch.float32)
-    yield from hf.state_dict().items()

@@ -25,10 +25,8 @@ import torch
 from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.kernels import paged_attention
 from engine.kv_transfer import make_kv_connector
-from engine.models.attention import (AttentionMetadata, PrefillChunk, build_decode_masks, build_prefill_masks,
-                                     to_device, triton_metadata)
+from engine.models.attention import AttentionMetadata, to_device
 from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
@@ -73,16 +71,12 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.vocab_size = mc.vocab_size
         self.model = load_model(config)
-        self.window = self.model.sliding_window
-        self.decode_kernel = paged_attention.supports(self.device, self.model.mm_dtype, self.model.dtype,
-                                                      self.model.head_dim)
+        self.attn_builder = self.model.attention_builder(self.block_size)  # the forward's own
         self.sampler = Sampler()
         self.kv_caches: Optional[torch.Tensor] = None
         self.decode_graphs: Optional[DecodeGraphs] = None  # captured once the KV cache exists (CUDA)
         self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
         self._states: dict[str, _RequestState] = {}
-        if config.compilation_config.mode >= 1:
-            self.model.compile()
 
     # ------------------------------------------------------------------ KV cache
     def kv_cache_block_bytes(self) -> int:
@@ -123,16 +117,9 @@ class ModelRunner:
         blocks = -(-min(tokens, max_len) // self.block_size)
         self.kv_caches = torch.zeros(self.model.kv_cache_shape(blocks, self.block_size),
                                      dtype=self.model.dtype, device=self.device)
-        chunks, start = [], 0
-        while start < tokens:
-            n = min(max_len, tokens - start)
-            chunks.append(PrefillChunk(start, n))
-            start += n
-        positions = torch.cat([torch.arange(c.num_tokens) for c in chunks]).to(self.device)
-        md = AttentionMetadata(slot_mapping=positions % (blocks * self.block_size), prefills=chunks)
-        if self.model.use_triton:
-            triton_metadata(md, [list(range(blocks))] * len(chunks), [c.num_tokens for c in chunks],
-                            [0] * len(chunks), self.device)
+        lens = [min(max_len, tokens - start) for start in range(0, tokens, max_len)]
+        positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
+        md = self.attn_builder.profile(lens, blocks)
         hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
         rows = hidden[:min(sc.max_num_seqs, tokens)]
         self.model.compute_logits(rows).softmax(dim=-1)
@@ -215,52 +202,9 @@ class ModelRunner:
         return rows
 
     def _prepare(self, so: SchedulerOutput) -> _Batch:
-        bs = self.block_size
         reqs, counts = so.requests, so.num_scheduled_tokens
-        decodes = [i for i, n in enumerate(counts) if n == 1]
-        prefills = [i for i, n in enumerate(counts) if n != 1]
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        first_row = [0] * len(reqs)
-        md = AttentionMetadata(slot_mapping=None, num_decodes=len(decodes))
-        if self.model.use_triton:
-            self._prepare_triton(so, decodes + prefills, md, ids, pos, slots, first_row)
-        elif decodes:
-            seq_lens = []
-            for i in decodes:
-                r = reqs[i]
-                p = r.num_computed_tokens
-                first_row[i] = len(ids)
-                ids.append(r.all_token_ids[p])
-                pos.append(p)
-                slots.append(r.block_ids[p // bs] * bs + p % bs)
-                seq_lens.append(p + 1)
-            nb = -(-max(seq_lens) // bs)
-            table = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in decodes]
-            md.decode_blocks = torch.tensor(table, dtype=torch.long).view(-1).to(self.device)
-            md.decode_len = nb * bs
-            if self.decode_kernel:
-                md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
-            else:
-                md.decode_mask, md.decode_window_mask = build_decode_masks(
-                    torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
-        for i in (() if self.model.use_triton else prefills):
-            r, n = reqs[i], counts[i]
-            p0 = r.num_computed_tokens
-            first_row[i] = len(ids)
-            blocks = r.block_ids
-            ids.extend(r.all_token_ids[p0:p0 + n])
-            pos.extend(range(p0, p0 + n))
-            slots.extend(blocks[q // bs] * bs + q % bs for q in range(p0, p0 + n))
-            chunk = PrefillChunk(first_row[i], n)
-            chunk.mask, chunk.window_mask = build_prefill_masks(p0, n, self.window, self.device)
-            if p0:
-                table = torch.tensor(blocks[:-(-(p0 + n) // bs)], dtype=torch.long)
-                kv_pos = torch.arange(p0 + n)
-                chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
-            md.prefills.append(chunk)
-        md.slot_mapping = to_device(slots, torch.long, self.device)
+        step_rows = self.attn_builder.build(reqs, counts)
+        first_row, md = step_rows.first_row, step_rows.md
 
         sampled, rows, prompt_lp, pooling = [], [], [], []
         mean_pooling = getattr(self.config.model_config.pooler_config, "pooling_type", None) == "MEAN"
@@ -278,27 +222,9 @@ class ModelRunner:
                 end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
                 if end > p0:
                     prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
-        return _Batch(to_device(ids, torch.long, self.device), to_device(pos, torch.long, self.device), md, sampled,
+        return _Batch(to_device(step_rows.ids, torch.long, self.device),
+                      to_device(step_rows.positions, torch.long, self.device), md, sampled,
                       to_device(rows, torch.long, self.device), prompt_lp, pooling)
-
-    def _prepare_triton(self, so: SchedulerOutput, order: list[int], md: AttentionMetadata, ids: list[int],
-                        pos: list[int], slots: list[int], first_row: list[int]) -> None:
-        """The Triton forward's rows and metadata, sequences in ``order`` (decodes, then prefill
-        chunks): block tables, query and context lengths instead of masks and gathered slots."""
-        bs = self.block_size
-        tables, query_lens, contexts = [], [], []
-        for i in order:
-            r, n = so.requests[i], so.num_scheduled_tokens[i]
-            p0 = r.num_computed_tokens
-            first_row[i] = len(ids)
-            blocks = r.block_ids[:-(-(p0 + n) // bs)]
-            ids.extend(r.all_token_ids[p0:p0 + n])
-            pos.extend(range(p0, p0 + n))
-            slots.extend(blocks[q // bs] * bs + q % bs for q in range(p0, p0 + n))
-            tables.append(blocks)
-            query_lens.append(n)
-            contexts.append(p0)
-        triton_metadata(md, tables, query_lens, contexts, self.device)
 
     # ------------------------------------------------------------------ sampling inputs
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:

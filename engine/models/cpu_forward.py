@@ -1,0 +1,165 @@
+"""The decoder's forward on torch ops and the C kernels: the CPU backends (and any non-CUDA device).
+
+Three backends, one chosen at load (``LlamaForCausalLM``):
+- ``CKernelForward`` (CPU, float32 on AVX2, bf16 on AVX-512 BF16): RMSNorm fused with the
+  residual add, SiLU-and-mul and RoPE are one C call each (engine/kernels/activation.py). In
+  bf16 each of torch's decomposed ops is a widening pass over memory; they took ~30% of a
+  2048-token prefill step.
+- ``TorchForward``: the same steps in torch ops, RoPE as a complex multiply.
+- ``CompiledForward`` (compilation mode >= 1): the dense blocks around attention
+  through torch.compile. Attention stays eager: its Python loop over prefill chunks and its
+  per-step metadata would make a whole-forward graph recompile on every new batch. The two
+  blocks take the layer's projections as arguments, so one graph serves all layers, and
+  ``dynamic=True`` keeps one graph for every token count (plus one for a single token). Its
+  projections are dense (``TorchLinear``/``InputMajorLinear``, chosen at load for it), passed
+  as tensors: a layer object as an argument would be guarded on, one graph per layer.
+
+All three attend through engine/models/attention.py (the C decode kernel or SDPA), with
+``TorchAttentionBuilder``'s metadata.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import activation
+from engine.models.attention import AttentionMetadata, TorchAttentionBuilder, paged_attention
+from engine.models.layers import DecoderLayer, Dims
+from engine.models.linear import Linear
+from engine.models.qk_norm import qk_rms_norm_
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaForCausalLM
+
+
+class TorchForward:
+    name = "torch"
+    attention_builder = TorchAttentionBuilder
+    cuda_graphs = False
+
+    compiled = False
+
+    def __init__(self, dims: Dims) -> None:
+        self.dims = dims
+
+    def __call__(self, model: "LlamaForCausalLM", input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """Hidden states before the final norm, one row per input token."""
+        d = self.dims
+        rope = self._rope(model, positions)
+        h = model.embed(input_ids)
+        for i, layer in enumerate(model.layers):
+            qkv = self._attn_in(h, layer.input_norm, layer.qkv, positions, rope, layer.q_norm, layer.k_norm,
+                                model.rope.cos_sin)
+            attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
+                                   layer.sliding)
+            h = self._attn_out_mlp(h, attn, layer)
+        return h
+
+    def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(rows, (self.dims.hidden,), model.norm, self.dims.eps)
+
+    def _rope(self, model: "LlamaForCausalLM", positions: torch.Tensor) -> Optional[torch.Tensor]:
+        rope = model.rope.cis.index_select(0, positions).unsqueeze(1)
+        return torch.view_as_real(rope) if self.compiled else rope  # inductor makes no code for complex ops
+
+    def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, qkv_proj: Linear, positions: torch.Tensor,
+                 rope: Optional[torch.Tensor], q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
+                 cos_sin: torch.Tensor) -> torch.Tensor:
+        """Norm, fused q/k/v projection, Qwen3's per-head q/k norm, and RoPE on q and k in place."""
+        d = self.dims
+        num_tokens, cols = h.shape[0], d.q_size + d.kv_size
+        qkv = qkv_proj(F.rms_norm(h, (d.hidden,), norm, d.eps))
+        if q_norm is not None:
+            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+        pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
+        if qkv.dtype == torch.float32:  # pairs is a view of qkv: rotate in place
+            torch.view_as_complex(pairs).mul_(rope)
+            return qkv
+        qkv[:, :cols] = torch.view_as_real(torch.view_as_complex(pairs) * rope).view(num_tokens, cols)
+        return qkv
+
+    def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, layer: DecoderLayer) -> torch.Tensor:
+        """Output projection and residual, then norm, SwiGLU MLP and residual."""
+        d = self.dims
+        h = h + layer.o_proj(attn)
+        gu = layer.gate_up(F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))
+        return h + layer.down(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:])
+
+
+class CKernelForward(TorchForward):
+    name = "cpu-kernels"
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__(dims)
+
+    @staticmethod
+    def supports(device: torch.device, act_dtype: torch.dtype, dims: Dims) -> bool:
+        return activation.supports(device, act_dtype, dims.hidden, dims.intermediate, dims.head_dim)
+
+    def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
+        return activation.rms_norm(rows, model.norm, self.dims.eps)
+
+    def _rope(self, model: "LlamaForCausalLM", positions: torch.Tensor) -> None:
+        return None  # the C kernel rotates from the positions and the table
+
+    def _attn_in(self, h, norm, qkv_proj, positions, rope, q_norm, k_norm, cos_sin):
+        d = self.dims
+        qkv = qkv_proj(activation.rms_norm(h, norm, d.eps))
+        if q_norm is not None:
+            qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+        return activation.rotary_(qkv, positions, cos_sin, (d.q_size + d.kv_size) // d.head_dim, d.head_dim)
+
+    def _attn_out_mlp(self, h, attn, layer):
+        x = activation.rms_norm(layer.o_proj(attn), layer.post_norm, self.dims.eps, residual=h)  # h += out
+        return h + layer.down(activation.silu_and_mul(layer.gate_up(x)))
+
+
+def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
+    if not in_major:
+        return F.linear(x, w, b)
+    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+
+
+class CompiledForward(TorchForward):
+    name = "torch-compiled"
+    compiled = True
+
+    def __init__(self, dims: Dims) -> None:
+        super().__init__(dims)
+        self._block_in = torch.compile(self._block_in, dynamic=True)
+        self._block_out = torch.compile(self._block_out, dynamic=True)
+
+    def __call__(self, model, input_ids, positions, kv_caches, md):
+        d = self.dims
+        rope = self._rope(model, positions)
+        h = model.embed(input_ids)
+        for i, layer in enumerate(model.layers):
+            qkv = self._block_in(h, layer.input_norm, *layer.qkv.method.dense_args(), layer.qkv.bias, rope,
+                                 layer.q_norm, layer.k_norm)
+            attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
+                                   layer.sliding)
+            h = self._block_out(h, attn, *layer.o_proj.method.dense_args(), layer.post_norm,
+                                *layer.gate_up.method.dense_args(), *layer.down.method.dense_args())
+        return h
+
+    def _block_in(self, h, norm, w, in_major: bool, bias, rope, q_norm, k_norm):
+        d = self.dims
+        num_tokens, cols = h.shape[0], d.q_size + d.kv_size
+        qkv = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), w, bias, in_major)
+        if q_norm is not None:
+            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+        pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
+        c, s = rope[..., 0], rope[..., 1]
+        re, im = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack([re * c - im * s, im * c + re * s], -1).view(num_tokens, cols)
+        return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1)
+
+    def _block_out(self, h, attn, o_w, o_in_major: bool, norm, gu_w, gu_in_major: bool, down_w,
+                   down_in_major: bool):
+        d = self.dims
+        h = h + _dense(attn, o_w, None, o_in_major)
+        gu = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), gu_w, None, gu_in_major)
+        return h + _dense(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:], down_w, None, down_in_major)

@@ -1,0 +1,312 @@
+"""Linear methods: each projection holds one weight, in the one form its forward reads.
+
+vLLM's shape at nano-vllm's size. A ``Linear`` is a ``LinearMethod`` plus an optional bias;
+``choose`` picks the method once, at load, from the device, the dtypes and the quantization,
+and the method holds the only copy of the weight (the source tensor is dropped). Nothing
+switches on the weight's type at call time. Measured on a Zen4 (AVX-512 BF16/VNNI), one
+thread, the default model's shapes (RESULTS.md has the end-to-end figures):
+
+- ``InputMajorLinear`` (float32 on CPU, ``x @ W`` on ``[in, out]``): MKL's GEMV is 1.4-1.6x
+  faster that way for the tall q/k/v and gate/up matrices and no slower at batch 64; for the
+  49152-row LM head 7.2 vs 12.8 ms at 1 row, 13 vs 24 at 2, 26 vs 21 at 4, 81 vs 85 at 64,
+  so the head is held input-major too (one copy: a tied embedding reads its columns).
+- ``OneDNNLinear`` (bf16 with native bf16 GEMMs): the weight packed once in oneDNN's layout
+  (engine/kernels/onednn_linear.py) spares a reorder of the weight at every call.
+  The packed tensor is opaque, so no row of it can be read back: the LM head, whose rows
+  the embedding lookup and the bf16 logit refinement (half_logits.py) need, stays a dense
+  ``TorchLinear`` (8.8 vs 4.0 ms at 1 row, 27 vs 21 at 64: the price of holding one copy).
+- ``BF16GemvLinear`` (bf16 on a CPU without native bf16 GEMMs, e.g. AVX2 only): the bf16
+  weight in the C GEMV kernel's blocked layout (engine/kernels/bf16_gemv.py), half the bytes
+  of a float32 copy (which the model held beside it before). Steps of up to
+  ``bf16_gemv.MAX_ROWS`` rows run the kernel. Larger steps run it on groups of that many rows
+  while the weight fits in cache (1536x576 at 64 rows: 2.05 ms, against 2.83 unpacking it to
+  float32 for MKL per call, and 1.69 for MKL on a resident float32 copy), and unpack a
+  1024-row slice at a time for MKL when it does not (the LM head: 65 ms, groups 102, float32
+  copy 75). Measured on the Zen4 with the AVX2 kernel; one copy costs ~1.2-1.5x in the
+  layers' GEMMs at batch 64 on such a CPU, and halves the bytes every decode reads.
+- ``GGUFLinear``: the GGUF file's own blocks (engine/kernels/quant.py, the types in
+  ``quant.SUPPORTED_TYPES``), int8 dot products on activations quantized per block. A step of
+  more rows runs the kernel on groups of ``quant.MAX_ROWS`` rows: 2.0 vs 2.8 ms for a
+  1536x576 Q4_1 matrix at 64 rows, 54 vs 177 ms for the Q8_0 LM head (dequantizing a 49152-row
+  head per call writes 113 MB).
+- ``TorchLinear``: ``F.linear`` on a dense ``[out, in]`` weight: CUDA (cuBLAS's layout, the
+  Triton backend), the compiled forward, and every other case.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import bf16_gemv, onednn_linear, quant
+
+logger = logging.getLogger(__name__)
+
+_GGML_NAMES = {quant.Q4_0: "Q4_0", quant.Q4_1: "Q4_1", quant.Q8_0: "Q8_0"}
+
+
+def ggml_type_name(qtype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(qtype).name
+    except (ImportError, ValueError):
+        return _GGML_NAMES.get(qtype, f"GGML type {qtype}")
+
+
+class GGUFBlocks:
+    """A GGUF tensor as the file holds it: ``[out, row_bytes]`` uint8 blocks of ``qtype``."""
+
+    __slots__ = ("data", "qtype", "out_features", "in_features")
+
+    def __init__(self, data: torch.Tensor, qtype: int, out_features: int, in_features: int) -> None:
+        self.data, self.qtype, self.out_features, self.in_features = data, qtype, out_features, in_features
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def permute_rows(self, index: torch.Tensor) -> "GGUFBlocks":
+        """Rows in another order: exact, since each row's blocks are independent of the others."""
+        return GGUFBlocks(self.data[index], self.qtype, self.out_features, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        import gguf
+
+        values = gguf.quants.dequantize(self.data.numpy(), gguf.GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(values.reshape(self.out_features, self.in_features).copy())
+
+    @staticmethod
+    def cat(parts: list["GGUFBlocks"]) -> "GGUFBlocks":
+        """Stacked along the output rows (fusing q/k/v or gate/up): all parts of one type."""
+        return GGUFBlocks(torch.cat([p.data for p in parts]), parts[0].qtype,
+                          sum(p.out_features for p in parts), parts[0].in_features)
+
+
+class LinearMethod:
+    """``apply(x)`` is ``x @ W.T``; ``rows(ids)`` the dense rows ``W[ids]`` (embedding lookup)."""
+
+    out_features: int
+    in_features: int
+    format: str  # what the bytes hold, for the load-time report ("bf16", "Q4_1", ...)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x @ W.T + bias``; the bias is added before a half-precision output is rounded."""
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} cannot read rows back")
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def dense_args(self) -> tuple[torch.Tensor, bool]:
+        """(weight, input-major) of a dense method, for the compiled forward's graphs."""
+        raise NotImplementedError(f"{type(self).__name__} is not a dense method")
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+class TorchLinear(LinearMethod):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+        self.weight = weight.to(device=device, dtype=dtype).contiguous()
+        self.out_features, self.in_features = self.weight.shape
+        self.format = _dtype_name(dtype)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+    def dense_args(self) -> tuple[torch.Tensor, bool]:
+        return self.weight, False
+
+    @property
+    def nbytes(self) -> int:
+        return _tensor_bytes(self.weight)
+
+
+class InputMajorLinear(LinearMethod):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        self.weight_t = weight.to(dtype).t().contiguous()  # [in, out]
+        self.in_features, self.out_features = self.weight_t.shape
+        self.format = _dtype_name(dtype)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.mm(x, self.weight_t) if bias is None else torch.addmm(bias, x, self.weight_t)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight_t.index_select(1, ids).t().contiguous()
+
+    def dense_args(self) -> tuple[torch.Tensor, bool]:
+        return self.weight_t, True
+
+    @property
+    def nbytes(self) -> int:
+        return _tensor_bytes(self.weight_t)
+
+
+class OneDNNLinear(LinearMethod):
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.packed = onednn_linear.PackedLinear(weight.to(torch.bfloat16))
+        self.out_features, self.in_features = self.packed.out_features, self.packed.in_features
+        self.format = "bf16 (oneDNN layout)"
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.packed.matmul(x, bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.out_features * self.in_features * 2  # opaque: its bytes are the bf16 weight's
+
+
+def _in_row_groups(x: torch.Tensor, rows: int, fn) -> torch.Tensor:
+    if x.shape[0] <= rows:
+        return fn(x)
+    return torch.cat([fn(x[s:s + rows]) for s in range(0, x.shape[0], rows)])
+
+
+_UNPACK_ROWS = 1024
+_IN_CACHE_BYTES = 8 << 20
+
+
+class BF16GemvLinear(LinearMethod):
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.packed = bf16_gemv.PackedBF16(weight)
+        self.out_features, self.in_features = self.packed.out_features, self.packed.in_features
+        self.format = "bf16 (GEMV layout)"
+        self._rb, self._cb = bf16_gemv._ROW_BLOCK, bf16_gemv._COL_BLOCK
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self._apply(x)
+        return y if bias is None else y.add_(bias)  # float32 output: nothing is rounded before the add
+
+    def _apply(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= bf16_gemv.MAX_ROWS:
+            return self.packed.matmul(x)
+        if self.nbytes <= _IN_CACHE_BYTES:  # re-read from cache by each group of rows
+            return _in_row_groups(x, bf16_gemv.MAX_ROWS, self.packed.matmul)
+        x = x.float()
+        out = x.new_empty(x.shape[0], self.out_features)
+        for start in range(0, self.out_features, _UNPACK_ROWS):  # a cache-sized slice at a time
+            end = min(start + _UNPACK_ROWS, self.out_features)
+            out[:, start:end] = torch.mm(x, self._blocks()[start // self._rb:end // self._rb].transpose(1, 2).reshape(
+                end - start, self.in_features).float().t())
+        return out
+
+    def _blocks(self) -> torch.Tensor:
+        """The layout as a view: ``[out / rb, in / cb, rb, cb]``."""
+        return self.packed.data.view(self.out_features // self._rb, self.in_features // self._cb, self._rb, self._cb)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._blocks()[ids // self._rb, :, ids % self._rb, :].reshape(-1, self.in_features).float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
+
+
+class GGUFLinear(LinearMethod):
+    def __init__(self, blocks: GGUFBlocks) -> None:
+        self.q = quant.QuantizedLinear(blocks.data, blocks.qtype, blocks.out_features, blocks.in_features)
+        self.out_features, self.in_features = blocks.out_features, blocks.in_features
+        self.format = ggml_type_name(blocks.qtype)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = _in_row_groups(x, quant.MAX_ROWS, self.q.matmul)
+        return y if bias is None else y.add_(bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        picked = self.q.data.index_select(0, ids)
+        return quant.QuantizedLinear(picked, self.q.qtype, ids.numel(), self.in_features).dequantize()
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes
+
+
+class Linear:
+    """One projection: its method and, for Qwen2's q/k/v, a bias added after it."""
+
+    __slots__ = ("method", "bias")
+
+    def __init__(self, method: LinearMethod, bias: Optional[torch.Tensor] = None) -> None:
+        self.method, self.bias = method, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(x, self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.method.nbytes + (0 if self.bias is None else _tensor_bytes(self.bias))
+
+
+class Placement:
+    """What ``choose`` decides from, fixed for the model at load: the device, the model dtype,
+    the dtype the activations run in, whether the forward is compiled or Triton's, and the
+    quantization (None, "gguf" or "int8")."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, act_dtype: torch.dtype, dense_only: bool,
+                 quantization: Optional[str]) -> None:
+        self.device, self.dtype, self.act_dtype = device, dtype, act_dtype
+        self.dense_only, self.quantization = dense_only, quantization
+        self._warned: set[int] = set()
+
+    def choose(self, weight: torch.Tensor | GGUFBlocks, role: str) -> LinearMethod:
+        """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
+        rows a tied embedding reads) or "embed" (an untied embedding)."""
+        if isinstance(weight, GGUFBlocks):
+            if weight.qtype in quant.SUPPORTED_TYPES and weight.in_features % quant.BLOCK == 0 \
+                    and not self.dense_only:
+                return GGUFLinear(weight)
+            if weight.qtype not in self._warned:
+                self._warned.add(weight.qtype)
+                logger.warning("GGUF %s weights have no quantized kernel here: dequantized once at load",
+                               ggml_type_name(weight.qtype))
+            weight = weight.dequantize()
+        cpu = self.device.type == "cpu"
+        if role == "embed":  # an untied embedding: only rows are read, in the model dtype
+            return TorchLinear(weight, self.dtype if cpu else self.act_dtype, self.device)
+        if self.quantization == "int8" and cpu and role != "head":
+            return Int8Method(weight)
+        if not cpu or self.dense_only:
+            return TorchLinear(weight, self.act_dtype, self.device)
+        if self.act_dtype == torch.float32 and self.dtype == torch.bfloat16 and bf16_gemv.available() \
+                and bf16_gemv.fits(*weight.shape):
+            return BF16GemvLinear(weight)
+        if self.act_dtype == torch.float32 and (role in ("tall", "head")):
+            return InputMajorLinear(weight.to(self.dtype), self.act_dtype)
+        if role != "head" and onednn_linear.supports(self.device, self.act_dtype):
+            return OneDNNLinear(weight)
+        return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
+
+
+def int8_available() -> bool:
+    return getattr(quant, "Int8Linear", None) is not None
+
+
+class Int8Method(LinearMethod):
+    """Dynamic W8A8 (quant.Int8Linear): per-channel weight scales, per-token activation scales."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.q = quant.Int8Linear(weight.float())
+        self.out_features, self.in_features = weight.shape
+        self.format = "int8 (W8A8)"
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self.q.matmul(x)
+        return y if bias is None else y.add_(bias)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.q.nbytes)

@@ -1,0 +1,113 @@
+"""HF-named checkpoint tensors -> the decoder's fused parts.
+
+``WeightRouter`` takes tensors (or GGUF blocks, engine/models/linear.py) one at a time under
+their HF names, fuses q/k/v and gate/up once all parts of a layer have arrived, reorders the
+q/k rows (and Qwen3's q/k norm weights) into adjacent rotary pairs (engine/models/rope.py),
+and hands each finished part to ``put(kind, layer, name, value)``. Rows of GGUF blocks are
+reordered as whole rows, which is exact: each row's blocks are independent of the others.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from engine.models.layers import Dims
+from engine.models.linear import GGUFBlocks
+from engine.models.rope import pair_rotary_rows
+
+Weight = torch.Tensor | GGUFBlocks
+
+# HF name (after "model.") -> (our name, per layer)
+_SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head"}
+_LAYER_SIMPLE = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
+                 "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
+                 "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
+# HF projection -> our fused projection; parts are concatenated in this order.
+_FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
+          "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}
+_PARTS = {f: [p for p, g in _FUSED.items() if g == f] for f in set(_FUSED.values())}
+
+
+def expected_names(dims: Dims) -> set[str]:
+    """Every part the model needs, as ``put`` names them ("layers.3.qkv", "norm", ...)."""
+    per_layer = ["input_norm", "post_norm", "qkv", "o_proj", "gate_up", "down"]
+    per_layer += ["q_norm", "k_norm"] if dims.qk_norm else []
+    per_layer += ["qkv_bias"] if dims.qkv_bias else []
+    names = {f"layers.{i}.{n}" for i in range(dims.num_layers) for n in per_layer} | {"embed", "norm"}
+    return names if dims.tied else names | {"lm_head"}
+
+
+def _rows(w: Weight, index: torch.Tensor) -> Weight:
+    return w.permute_rows(index) if isinstance(w, GGUFBlocks) else w[index]
+
+
+def pair_rows(w: Weight, num_heads: int, head_dim: int) -> Weight:
+    """q or k rows (or a bias, or Qwen3's norm weight) in adjacent rotary pairs."""
+    return _rows(w, pair_rotary_rows(torch.arange(w.shape[0]), num_heads, head_dim))
+
+
+def _cat(parts: list[Weight]) -> Weight:
+    if all(isinstance(p, GGUFBlocks) for p in parts) and len({p.qtype for p in parts}) == 1:
+        return GGUFBlocks.cat(parts)
+    return torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p.float() for p in parts])
+
+
+class WeightRouter:
+    def __init__(self, dims: Dims, put: Callable[[str, Optional[int], Weight], None]) -> None:
+        self.dims, self.put = dims, put
+        self.pending: dict[str, Weight] = {}
+        self.done: set[str] = set()
+
+    def add(self, name: str, tensor: Weight) -> None:
+        name = name.removeprefix("model.")
+        if "rotary_emb" in name or (name == "lm_head.weight" and self.dims.tied):
+            return
+        if name in _SIMPLE:
+            return self._put(_SIMPLE[name], None, tensor)
+        if name.startswith("layers."):
+            idx, rest = name[len("layers."):].split(".", 1)
+            if rest in _LAYER_SIMPLE:
+                target = _LAYER_SIMPLE[rest]
+                if target in ("q_norm", "k_norm"):  # indexes head_dim, as the permuted q/k rows do
+                    tensor = pair_rows(tensor, 1, self.dims.head_dim)
+                return self._put(target, int(idx), tensor)
+            base, kind = rest.rsplit(".", 1)
+            if base in _FUSED:
+                self.pending[name] = tensor
+                return self._fuse(idx, _FUSED[base], kind)
+        self.pending[name] = tensor  # unexpected: reported by finish()
+
+    def _shape(self, target: str) -> tuple[int, ...]:
+        d = self.dims
+        qkv = d.q_size + 2 * d.kv_size
+        return {"embed": (d.vocab_size, d.hidden), "lm_head": (d.vocab_size, d.hidden), "norm": (d.hidden,),
+                "input_norm": (d.hidden,), "post_norm": (d.hidden,), "q_norm": (d.head_dim,),
+                "k_norm": (d.head_dim,), "qkv": (qkv, d.hidden), "qkv_bias": (qkv,), "o_proj": (d.hidden, d.q_size),
+                "gate_up": (2 * d.intermediate, d.hidden), "down": (d.hidden, d.intermediate)}[target]
+
+    def _put(self, target: str, layer: Optional[int], value: Weight) -> None:
+        want = self._shape(target)
+        if tuple(value.shape) != want:  # a RuntimeError, as a copy into a tensor of another shape is
+            raise RuntimeError(f"{target}: expected shape {list(want)}, got {list(value.shape)}")
+        self.done.add(target if layer is None else f"layers.{layer}.{target}")
+        self.put(target, layer, value)
+
+    def _fuse(self, idx: str, fused: str, kind: str) -> None:
+        keys = [f"layers.{idx}.{p}.{kind}" for p in _PARTS[fused]]
+        if not all(k in self.pending for k in keys):
+            return
+        parts = [self.pending.pop(k) for k in keys]
+        if fused == "qkv":
+            parts[0] = pair_rows(parts[0], self.dims.num_heads, self.dims.head_dim)
+            parts[1] = pair_rows(parts[1], self.dims.num_kv_heads, self.dims.head_dim)
+        target = fused if kind == "weight" else f"{fused}_bias"
+        if target == "qkv_bias" and not self.dims.qkv_bias or target == "gate_up_bias":
+            raise ValueError(f"checkpoint has {keys[0]} but the config says the model has no such parameter")
+        self._put(target, int(idx), _cat(parts))
+
+    def finish(self) -> None:
+        missing = expected_names(self.dims) - self.done
+        if self.pending or missing:
+            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:8]}, "
+                             f"unexpected {sorted(self.pending)[:8]}")

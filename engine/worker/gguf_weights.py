@@ -1,0 +1,72 @@
+"""A ``.gguf`` file's tensors under their HF names, quantized ones kept as the file's own blocks.
+
+For ``quantization="gguf"`` (the default for a .gguf model, vLLM's name): every tensor of a
+quantized GGML type comes out as ``GGUFBlocks`` (the file's bytes, ``[out, row_bytes]``), and
+float ones (norms; F32/F16/BF16 matrices) as float32 tensors. The model's linear methods
+then run the types in ``quant.SUPPORTED_TYPES`` on their blocks and dequantize the rest once
+(engine/models/linear.py).
+
+Row order. llama.cpp's converter permutes the q and k rows of a Llama GGUF; transformers
+undoes it (``_reverse_permute_weights``: rows viewed as ``[heads, head_dim / 2, 2]``, the
+last two axes swapped). The same index permutation is applied here to the rows of the
+blocks, which is exact, and the model then applies its own rotary pairing
+(engine/models/weights.py). For a Llama GGUF the two cancel: its q/k rows are already in
+adjacent pairs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+
+from engine.models.linear import GGUFBlocks
+
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None: not a weight
+    the model takes (``rope_freqs``: the model computes its own table)."""
+    base, _, kind = gguf_name.rpartition(".")
+    if base.startswith("blk."):
+        _, idx, part = base.split(".", 2)
+        return f"model.layers.{idx}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+    return f"{_TOP_NAMES[base]}.{kind}" if base in _TOP_NAMES else None
+
+
+def reverse_permute_index(rows: int, heads: int) -> torch.Tensor:
+    """Which GGUF row each HF row of a Llama q/k matrix comes from (transformers' permutation)."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
+def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
+    import gguf
+
+    if not os.path.isfile(path):
+        raise ValueError(f"model: GGUF file {path!r} does not exist")
+    reader = gguf.GGUFReader(path)
+    arch_field = reader.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        qtype = t.tensor_type.name
+        if qtype in _FLOAT_TYPES:
+            value = torch.from_numpy(t.data.astype("float32", copy=True)).reshape([int(n) for n in reversed(t.shape)])
+        else:
+            in_features = int(t.shape[0])
+            out_features = int(t.n_elements) // in_features
+            data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(out_features, -1)
+            value = GGUFBlocks(data, int(t.tensor_type), out_features, in_features)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = num_heads if "q_proj" in name else num_kv_heads
+            index = reverse_permute_index(value.shape[0], heads)
+            value = value.permute_rows(index) if isinstance(value, GGUFBlocks) else value[index]
+        yield name, value

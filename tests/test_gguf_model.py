@@ -1,0 +1,127 @@
+"""``quantization="gguf"``: a .gguf model runs on the file's own blocks (engine/models/linear.py,
+engine/worker/gguf_weights.py), against transformers on the dequantized model."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.config import EngineArgs
+from engine.kernels import quant
+from engine.models import linear
+from engine.models.default_model import default_gguf_path, default_model_path
+from engine.worker.gguf_weights import hf_name, reverse_permute_index
+from runner_utils import make_request, make_runner, step
+
+
+def test_q_k_row_order_is_transformers_reverse_permutation():
+    """The row index applied to q/k blocks is the permutation transformers applies to the
+    dequantized matrix (``_reverse_permute_weights``), for q and for grouped k heads."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    for rows, heads in ((576, 9), (192, 3), (64, 4)):
+        ident = torch.arange(rows * 2, dtype=torch.float64).view(rows, 2).numpy()
+        want = LlamaTensorProcessor()._reverse_permute_weights(ident, heads, heads)
+        assert torch.equal(torch.from_numpy(ident)[reverse_permute_index(rows, heads)], torch.from_numpy(want))
+    assert hf_name("blk.7.attn_q.weight") == "model.layers.7.self_attn.q_proj.weight"
+    assert hf_name("token_embd.weight") == "model.embed_tokens.weight" and hf_name("rope_freqs.weight") is None
+
+
+def test_a_type_without_a_kernel_is_dequantized_once_with_a_warning(caplog):
+    """Q5_0 has no kernel here: the projection gets a dense method holding the GGUF's own
+    dequantized values, and the log names the type once."""
+    import gguf
+
+    w = torch.randn(64, 64) * 0.1
+    data = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q5_0))
+    blocks = linear.GGUFBlocks(data.view(torch.uint8).reshape(64, -1), int(gguf.GGMLQuantizationType.Q5_0), 64, 64)
+    assert blocks.qtype not in quant.SUPPORTED_TYPES
+    place = linear.Placement(torch.device("cpu"), torch.float32, torch.float32, False, "gguf")
+    with caplog.at_level(logging.WARNING, logger="engine.models.linear"):
+        methods = [place.choose(blocks, "wide") for _ in range(2)]
+    assert all(not isinstance(m, linear.GGUFLinear) for m in methods)
+    assert [r.getMessage() for r in caplog.records].count(
+        "GGUF Q5_0 weights have no quantized kernel here: dequantized once at load") == 1
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(methods[0].apply(x), x @ blocks.dequantize().t())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(quantization="awq"), "quantization='awq' is not supported"),
+    (dict(quantization="gguf"), "quantization must be 'gguf' only with a .gguf model file"),
+])
+def test_quantization_values_that_cannot_run_are_refused(tiny_model_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=tiny_model_dir, load_format="dummy", **kwargs).create_engine_config()
+
+
+def test_int8_is_wired_to_its_kernel_or_refused(tiny_model_dir):
+    args = EngineArgs(model=tiny_model_dir, load_format="dummy", quantization="int8", device="cpu")
+    if not linear.int8_available():
+        with pytest.raises(ValueError, match="quantization='int8' is not supported yet"):
+            args.create_engine_config()
+        return
+    assert args.create_engine_config().model_config.quantization == "int8"
+
+
+# ---------------------------------------------------------------- the default model's Q4_1 file
+
+_TEXTS = ["What is the capital of France?", "Write a haiku about the sea.", "Hi!",
+          "Explain photosynthesis in two sentences.", "List three prime numbers and say why.",
+          "Translate 'good morning' to French, German and Spanish, one per line please."]
+
+
+@pytest.fixture(scope="module")
+def gguf_runner():
+    return make_runner(default_gguf_path(), max_model_len=512, kv_cache_memory=64 << 20)
+
+
+@pytest.mark.model
+def test_the_q4_1_file_runs_on_its_blocks_within_1_1x_their_bytes(gguf_runner):
+    model = gguf_runner.model
+    assert model.quantization == "gguf" and gguf_runner.config.model_config.quantization == "gguf"
+    formats = {p.method.format for layer in model.layers for p in layer.linears()}
+    assert formats == {"Q4_1"} and model.lm_head.method.format == "Q8_0"  # the tied token_embd
+    assert model.embed.method is model.lm_head.method  # one copy: the lookup dequantizes its rows
+    assert model.resident_bytes() <= 1.1 * model.format_bytes
+    assert model.format_bytes < 100 << 20  # the file's blocks, not a dequantized copy (513 MiB in float32)
+    assert "MiB resident" in model.weights_report() and "Q4_1" in model.weights_report()
+
+
+@pytest.mark.model
+def test_the_q4_1_file_tracks_transformers_on_the_dequantized_model(gguf_runner):
+    """Teacher-forced on transformers' own greedy answers (float32, the dequantized model):
+    the argmax agrees at >= 80% of each answer's positions and >= 90% over all, and the mean
+    logprob of transformers' tokens moves by at most 0.15 nat per answer.
+
+    Why not token-for-token greedy equality: the kernels quantize each activation row to int8
+    per block of 32 (as llama.cpp does), ~1% relative error per matmul when a channel is an
+    outlier (engine/kernels/quant.py's tests hold the kernel to an int8-activation reference
+    exactly). With the weights' dequantized values in float32 math instead, every prompt here
+    matched transformers exactly (checked while building this), so the gap is the activations'
+    rounding, and near-ties flip: the France answer starts "The" in float32, where "L" trails
+    by 0.08. Measured when written: agreement 0.81-1.00 (0.92 overall), mean delta 0.00-0.06 nat."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = default_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    agree = total = 0
+    for i, text in enumerate(_TEXTS):
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+        prompt = tok(chat, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            full = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0].tolist()
+            logits = hf(torch.tensor([full])).logits[0].float()
+        answer = torch.tensor(full[len(prompt):])
+        want = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, answer[:, None])[:, 0]
+        rows = step(gguf_runner, [make_request(f"q{i}", full, prompt_logprobs=0, max_tokens=1)]).prompt_logprobs[f"q{i}"]
+        got = torch.tensor([r[0] for r in rows.logprobs])[len(prompt) - 1:]
+        ranks = list(rows.ranks)[len(prompt) - 1:]
+        hits = sum(1 for r in ranks if r == 1)
+        assert hits >= 0.8 * len(ranks), f"{text!r}: argmax agrees at {hits} of {len(ranks)}"
+        assert float((got - want).mean().abs()) <= 0.15, text
+        agree, total = agree + hits, total + len(ranks)
+    assert agree >= 0.9 * total
