@@ -198,6 +198,10 @@ def _record(stat_loggers: list[tuple[Optional[int], StatLoggerBase]], scheduler_
 
 
 class AsyncLLM(EngineClient):
+    # Appended to every id the core knows a request by: API servers sharing one core
+    # (--api-server-count) each set their own, so two of them never send the core the same id.
+    internal_id_suffix = ""
+
     def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True,
                  stat_loggers: Optional[list[StatLoggerFactory]] = None,
                  _started: Optional[list[CoreProcess]] = None) -> None:
@@ -343,7 +347,7 @@ class AsyncLLM(EngineClient):
         if self.errored:
             raise self.dead_error
         processor = self.input_processor
-        internal_id = processor.internal_id(request_id, self._requests)
+        internal_id = processor.internal_id(request_id, self._requests) + self.internal_id_suffix
         ranks = self.config.parallel_config.frontend_engine_indices
         if data_parallel_rank is not None and data_parallel_rank not in ranks:
             raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")

@@ -67,7 +67,9 @@ class CoreProcess:
     after the launch, ``close`` leaves no child, fd or segment behind.
     """
 
-    def __init__(self, config: CoreLaunch, engine_index: int = 0) -> None:
+    def __init__(self, config: CoreLaunch, engine_index: int = 0, frontends_fd: Optional[int] = None) -> None:
+        """``frontends_fd``: a Unix socket the core receives API servers' channels on
+        (``--api-server-count``, engine/core/frontends.py); it is passed to the core as is."""
         self.engine_index = engine_index
         self.ready: Optional[EngineReady] = None
         self.proc: Optional[subprocess.Popen] = None
@@ -84,12 +86,13 @@ class CoreProcess:
                 transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
                 engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path],
-                worker_cls_pickle=worker_pickle)
+                worker_cls_pickle=worker_pickle, frontends_fd=frontends_fd)
             # The thread count and OpenMP's wait policy go in the environment, so they hold even if
             # something imports torch before the core's own start-up code runs.
             env = prepare_torch_env(dict(os.environ), config.num_threads)
             self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
-                                         pass_fds=self.channel.peer_fds(), env=env,
+                                         pass_fds=self.channel.peer_fds() + ([] if frontends_fd is None
+                                                                             else [frontends_fd]), env=env,
                                          stdin=subprocess.DEVNULL)
             self.channel.set_peer(self.proc.pid)
             self.channel.close_peer_fds()

@@ -68,6 +68,9 @@ class CoreLaunchSpec(msgspec.Struct):
     # A worker_cls given as a class: its cloudpickle, base64 (engine_args holds "auto" then).
     # It travels only here, at launch; the request rings carry no pickle.
     worker_cls_pickle: Optional[str] = None
+    # --api-server-count N: the fd of a Unix socket over which the launcher hands over one channel
+    # end per API-server process (engine/core/frontends.py); None: this channel is the only one.
+    frontends_fd: Optional[int] = None
 
 
 def make_codec():
@@ -181,6 +184,10 @@ class EngineCoreProc:
             self._running = False
         else:
             raise TypeError(f"EngineCore got an unexpected message {type(msg).__name__}")
+
+    def tell_dead(self, error: str) -> None:
+        """The core cannot go on: the frontend hears why."""
+        _send_dead(self.channel, self.engine_index, error)
 
     def _call_utility(self, call: UtilityCall) -> UtilityResult:
         if call.method not in UTILITY_METHODS or not hasattr(self.core, call.method):
@@ -301,6 +308,18 @@ def _startup_cause(exc: BaseException) -> str:
     return f"EngineCore failed to start:\n{traceback.format_exc()}"
 
 
+def _make_proc(spec: CoreLaunchSpec, config: EngineConfig, core: EngineCore, channel: Any) -> EngineCoreProc:
+    """The loop for one frontend, or for several API servers (their channels arrive later)."""
+    if spec.frontends_fd is None:
+        return EngineCoreProc(core, channel, spec.engine_index)
+    import socket
+
+    from engine.core.frontends import MultiFrontendCoreProc
+
+    attach = socket.socket(fileno=spec.frontends_fd)
+    return MultiFrontendCoreProc(core, channel, spec.engine_index, config, spec.transport, attach)
+
+
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
     token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
@@ -318,15 +337,15 @@ def main(argv: list[str]) -> int:
         gc.freeze()
         channel.send(EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
                                  **ready_fields(config)), timeout=10.0)
+        proc = _make_proc(spec, config, core, channel)
         try:
-            EngineCoreProc(core, channel, spec.engine_index).run_busy_loop()
+            proc.run_busy_loop()
         except TransportError:
             return 1  # the frontend is gone or closed the channel: nobody left to tell
         except Exception as e:
             # The traceback goes to the log; the frontend (and any HTTP client) gets no paths.
             logger.exception("EngineCore %d died", spec.engine_index)
-            _send_dead(channel, spec.engine_index, f"it died of {type(e).__name__} (the EngineCore log has the "
-                                                   "traceback)")
+            proc.tell_dead(f"it died of {type(e).__name__} (the EngineCore log has the traceback)")
             return 1
         core.stop_publishing()  # a clean stop: the KV-event publisher sends what it holds
         return 0

@@ -49,6 +49,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "shuts the engine down.")
     add_model_positional(parser)
     add_server_args(parser)
+    parser.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
+                        help="Run N API-server processes on the port (SO_REUSEPORT) over one EngineCore, each with "
+                             "its own ring pair to it; --max-waiting-requests is split between them, /metrics "
+                             "sums them all (vLLM's flag; default: %(default)s, one process as usual).")
     add_tool_args(parser)
     add_engine_args(parser, AsyncEngineArgs)
     parser.set_defaults(func=run)
@@ -65,6 +69,18 @@ def run(args: argparse.Namespace) -> None:
         settings = dataclasses.replace(server_settings_from(args), tool_serving=tool_serving_from(args))
         os.environ.pop("VLLM_API_KEY", None)
         engine_args = serving_engine_args(args)
+        if args.api_server_count != 1:
+            sys.exit(_run_pool(engine_args, settings, args))
         run_server(build_async_engine_client_from_engine_args(engine_args), settings)
     except (ValueError, EngineStartupError) as exc:
         sys.exit(f"ringllm serve: error: {exc}")
+
+
+def _run_pool(engine_args: AsyncEngineArgs, settings, args: argparse.Namespace) -> int:
+    """--api-server-count N > 1: this process becomes the launcher (openai/api_server_pool.py)."""
+    from engine.entrypoints.openai.api_server_pool import ApiServerPool
+
+    tool_args = argparse.Namespace(**{k: getattr(args, k) for k in ("enable_auto_tool_choice", "tool_call_parser",
+                                                                    "tool_parser_plugin")})
+    return ApiServerPool(engine_args, dataclasses.replace(settings, tool_serving=type(settings.tool_serving)()),
+                         tool_args, args.api_server_count).run()

@@ -33,6 +33,7 @@ from engine.engine_client import EngineClient
 from engine.entrypoints.openai.connections import (ConnectionGuard, ConnectionLimits, abandon_body,
                                                    default_max_connections, raise_open_file_limit)
 from engine.entrypoints.openai.liveness import CoreLiveness
+from engine.entrypoints.openai import metrics_fanin
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.public_errors import payload_error, public_error
@@ -68,6 +69,10 @@ class ServerSettings:
     enable_request_id_headers: bool = False  # vLLM's: every response carries X-Request-Id
     # --enable-auto-tool-choice and the --tool-call-parser class (cli_args.tool_serving_from)
     tool_serving: ToolServing = ToolServing()
+    # --api-server-count N (openai/api_server_pool.py): the port is shared with the other API
+    # servers (SO_REUSEPORT), and /metrics sums theirs, reached through sockets in this directory.
+    reuse_port: bool = False
+    metrics_fanin_dir: Optional[str] = None
 
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
@@ -144,7 +149,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return await request.app[SERVING].misc.metrics(request)
+    response = await request.app[SERVING].misc.metrics(request)
+    fanin_dir = request.app[SETTINGS].metrics_fanin_dir
+    if fanin_dir is not None and request.query.get(metrics_fanin.LOCAL_QUERY) != "local":
+        response.body = await metrics_fanin.gather(response.body, fanin_dir)  # every API server's sum
+    return response
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -315,12 +324,18 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
     await runner.setup()  # enters the engine's lifetime: the port opens once the engine is ready
     loop = asyncio.get_running_loop()
     listener = None
+    listener_extra: list = []
     try:
         # Our own listener rather than a TCPSite: each connection gets the guard's protocol
         # (connections.py), which keeps its deadlines and the cap.
         connections = app[CONNECTIONS]
         listener = await loop.create_server(connections.protocol_factory(runner.server), settings.host,
-                                            settings.port, reuse_address=True)
+                                            settings.port, reuse_address=True,
+                                            reuse_port=settings.reuse_port or None)
+        if settings.metrics_fanin_dir is not None:  # where sibling API servers ask for our figures
+            path = metrics_fanin.socket_path(settings.metrics_fanin_dir)
+            fanin = await loop.create_unix_server(connections.protocol_factory(runner.server), path)
+            listener_extra.append(fanin)
         host, port = listener.sockets[0].getsockname()[:2]
         logger.info("serving on http://%s:%d (at most %d connections)", host, port,
                     connections.limits.max_connections)
@@ -333,6 +348,8 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
         # of the drain ends those still running.
         if listener is not None:
             listener.close()  # no new connections; those open are drained below
+        for extra in listener_extra:
+            extra.close()
         end = loop.call_later(settings.drain_timeout_s, _end_drain, app)
         try:
             await runner.cleanup()
