@@ -26,6 +26,8 @@ BENCH_SCENARIOS = {
     "engine-overhead": ("benchmarks.engine_overhead", "engine overhead per step, ring vs zmq"),
     "offline": ("benchmarks.offline", "offline batch throughput with LLM.generate"),
     "serving": ("benchmarks.serving", "the OpenAI server under concurrent streams"),
+    "api-servers": ("benchmarks.api_servers", "streaming tokens/s and frontend CPU per token over a mock core "
+                                              "(no model), for --api-server-count 1 and 2"),
     "kv-transfer": ("benchmarks.kv_transfer", "time to first token of a long prompt, computed vs loaded "
                                               "through the SharedStorageConnector"),
 }
