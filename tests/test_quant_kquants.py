@@ -40,7 +40,7 @@ def _linear(qtype, n, k, seed):
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 512), (33, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
     lin, dense = _linear(qtype, n, k, seed=n * 1000 + k + rows)
     assert np.array_equal(lin.dequantize().numpy(), dense)
