@@ -23,7 +23,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
-from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, verified_copy
 
 logger = logging.getLogger(__name__)
 
@@ -242,9 +242,10 @@ class LLM:
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
-        # Only the final output is wanted; a copy, so the caller's object is left as it was.
+        # Only the final output is wanted; a copy, so the caller's object is left as it was (not
+        # verified here: admission verifies what it is given).
         return [p if p.output_kind == RequestOutputKind.FINAL_ONLY else
-                msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
+                verified_copy(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
     def _add(self, prompts: list, params: list, priority: Optional[list[int]], add_special_tokens: bool,
              queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[str]:

@@ -247,10 +247,10 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
 
 def verified_copy(params: SamplingParams, **changes: Any) -> SamplingParams:
     """``params`` with ``changes``, neither normalised nor verified again (``msgspec.structs.replace``
-    would run ``__post_init__``, ~20 us): for the engine's copies of params it has verified,
-    whose changes keep them valid, such as the n children of a request (n=1, a seed the frontend
-    checked). Validation then runs once on each side of the ring: ``verify`` in the frontend,
-    the decode in the core."""
+    would run ``__post_init__``, ~20 us): for the engine's own copies, made before admission
+    (which verifies what it is given) or after it with changes that keep verified params valid,
+    such as the n children of a request (n=1, a seed the frontend checked). Validation then runs
+    once on each side of the ring: ``verify`` at admission in the frontend, the decode in the core."""
     params = copy.copy(params)
     for name, value in changes.items():
         setattr(params, name, value)
