@@ -79,3 +79,16 @@ def test_refuses_bad_weights_and_activations():
     lin = Int8Linear.from_float(torch.randn(2, 8))
     with pytest.raises(ValueError, match="activations"):
         lin.matmul(torch.zeros(1, 9))
+
+
+def test_matmul_writes_into_out_and_refuses_a_wrong_one():
+    lin = Int8Linear.from_float(torch.randn(5, 64))
+    x = torch.randn(3, 64)
+    out = torch.empty(3, 5)
+    assert lin.matmul(x, out=out) is out
+    torch.testing.assert_close(out, lin.matmul(x))
+    big = torch.randn(MAX_ROWS + 1, 64)
+    out_big = torch.empty(MAX_ROWS + 1, 5)
+    assert lin.matmul(big, out=out_big) is out_big
+    with pytest.raises(ValueError, match="out must be a contiguous float32 \\[3, 5\\]"):
+        lin.matmul(x, out=torch.empty(3, 5, dtype=torch.bfloat16))

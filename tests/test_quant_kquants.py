@@ -76,3 +76,14 @@ def test_k_types_refuse_rows_not_a_multiple_of_256():
         QuantizedLinear(torch.zeros(1, 210 * 2, dtype=torch.uint8), quant.Q6_K, 1, 576)
     with pytest.raises(ValueError, match="not a multiple of type 12's 256-weight block"):
         random_blocks(quant.Q4_K, 1, 576, np.random.default_rng(0))
+
+
+def test_matmul_writes_into_out_on_both_paths():
+    lin, _ = _linear(quant.Q5_K, 6, 256, seed=5)
+    for rows in (2, quant.MAX_ROWS + 1):
+        x = torch.randn(rows, 256)
+        out = torch.empty(rows, 6)
+        assert lin.matmul(x, out=out) is out
+        torch.testing.assert_close(out, lin.matmul(x))
+    with pytest.raises(ValueError, match="out must be"):
+        lin.matmul(torch.randn(2, 256), out=torch.empty(6, 2).t())

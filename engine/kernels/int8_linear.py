@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from engine.kernels.cpu import ffi, lib
-from engine.kernels.quant import best_isa
+from engine.kernels.quant import activations, best_isa, output
 
 MAX_ROWS = 8 if lib is None else lib.INT8_GEMV_MAX_M
 
@@ -66,25 +66,20 @@ class Int8Linear:
         """The dense float32 ``[out, in]`` matrix the int8 values stand for."""
         return self.qweight.float() * self.scale[:, None]
 
-    def matmul(self, x: torch.Tensor, max_isa: Optional[int] = None) -> torch.Tensor:
-        """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16); max_isa caps
-        the C kernel's variant (tests force each)."""
-        if x.dim() != 2 or x.shape[1] != self.in_features or x.shape[0] < 1:
-            raise ValueError(f"expected [rows, {self.in_features}] activations, got {tuple(x.shape)}")
-        rows = x.shape[0]
+    def matmul(self, x: torch.Tensor, max_isa: Optional[int] = None,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
+        a strided view), into ``out`` when given (as QuantizedLinear.matmul); max_isa caps the
+        C kernel's variant (tests force each)."""
+        x, rows, stride = activations(x, self.in_features)
         if rows > MAX_ROWS:
             qx, sx = quantize_per_row(x)
-            acc = torch._int_mm(qx, self.qweight.t())
-            return acc.float() * sx[:, None] * self.scale[None, :]
-        if x.dtype != torch.float32:
-            x = x.float()
-        if x.stride(1) != 1 or (rows > 1 and x.stride(0) < self.in_features):
-            x = x.contiguous()
-        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+            y = torch._int_mm(qx, self.qweight.t()).float().mul_(sx[:, None]).mul_(self.scale[None, :])
+            return y if out is None else output(out, rows, self.out_features).copy_(y)
+        y = output(out, rows, self.out_features)
         q, s, ws = self._ptrs
-        rc = lib.int8_gemv(ffi.cast("const float *", x.data_ptr()), x.stride(0) if rows > 1 else self.in_features, rows,
-                           q, s, ws, self.out_features, self.in_features, best_isa() if max_isa is None else max_isa,
-                           ffi.cast("float *", y.data_ptr()))
+        rc = lib.int8_gemv(ffi.cast("const float *", x.data_ptr()), stride, rows, q, s, ws, self.out_features,
+                           self.in_features, best_isa() if max_isa is None else max_isa, ffi.cast("float *", y.data_ptr()))
         if rc == -2:
             raise MemoryError("int8_gemv: no memory for its activation scratch")
         if rc != 0:
