@@ -333,13 +333,10 @@ static int gemv_simd(int type, int isa, const float *x, int64_t x_stride, const 
 }
 #endif
 
-int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
-               int max_isa, float *y) {
-    const int bw = quant_block_weights(type);
-    if (bw == 0 || m < 1 || m > QUANT_GEMV_MAX_M || n <= 0 || k <= 0 || k % bw || x_stride < k) return -1;
-    int isa = quant_best_isa();
-    if (max_isa < isa) isa = max_isa;
-    if (bw == QUANT_KBLOCK) return quant_k_gemv(type, x, x_stride, m, w, n, k, isa, y);
+/* Rows r < m <= QUANT_GEMV_MAX_M of quant_gemv, in one pass over W. */
+static int gemv_pass(int type, int isa, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                     int64_t k, float *y) {
+    if (quant_block_weights(type) == QUANT_KBLOCK) return quant_k_gemv(type, x, x_stride, m, w, n, k, isa, y);
     act_t act;
     act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
     act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
@@ -352,6 +349,20 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     if (!gemv_simd(type, isa, x, x_stride, &act, m, w, n, k, y)) {
         quantize_rows_c(x, x_stride, m, k, &act);
         gemv_c(type, &act, m, w, n, k, y);
+    }
+    return 0;
+}
+
+int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+               int max_isa, float *y) {
+    const int bw = quant_block_weights(type);
+    if (bw == 0 || m < 1 || n <= 0 || k <= 0 || k % bw || x_stride < k) return -1;
+    int isa = quant_best_isa();
+    if (max_isa < isa) isa = max_isa;
+    for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
+        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,
+                                 m - r < QUANT_GEMV_MAX_M ? m - r : QUANT_GEMV_MAX_M, w, n, k, y + (size_t)r * (size_t)n);
+        if (rc) return rc;
     }
     return 0;
 }

@@ -45,10 +45,11 @@ int quant_block_weights(int type);
 /* The best variant this CPU runs (a QUANT_ISA_* value). */
 int quant_best_isa(void);
 
-/* y[r, j] = sum_i x[r, i] * W[j, i] for r < m <= QUANT_GEMV_MAX_M; x is [m, k] float32
- * (row stride x_stride floats), y is [m, n] float32 row-major; w holds W's n rows of
- * k / quant_block_weights(type) blocks. Returns 0; -1 for bad sizes or type; -2 when scratch
- * memory ran out. The int8 copy of x lives in a per-thread buffer reused by the next call. */
+/* y[r, j] = sum_i x[r, i] * W[j, i] for r < m; x is [m, k] float32 (row stride x_stride
+ * floats), y is [m, n] float32 row-major; w holds W's n rows of k / quant_block_weights(type)
+ * blocks. W is read once per QUANT_GEMV_MAX_M rows of x (all of them multiply a weight block
+ * while it is in registers). Returns 0; -1 for bad sizes or type; -2 when scratch memory ran
+ * out. The int8 copy of x lives in a per-thread buffer reused by the next call. */
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y);
 

@@ -40,7 +40,7 @@ def _linear(qtype, n, k, seed):
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 512), (33, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 17, 65])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
     lin, dense = _linear(qtype, n, k, seed=n * 1000 + k + rows)
     assert np.array_equal(lin.dequantize().numpy(), dense)
@@ -48,7 +48,7 @@ def test_matches_float64_reference(qtype, isa, n, k, rows):
     x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
     got = lin.matmul(torch.from_numpy(x), max_isa=isa).double().numpy()
     assert got.shape == (rows, n) and np.isfinite(got).all()
-    ref_x = x.astype(np.float64) if rows > quant.MAX_ROWS else _quantize_x(x)
+    ref_x = x.astype(np.float64) if rows > quant.GEMV_ROWS else _quantize_x(x)
     want = ref_x @ dense.T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k) * np.abs(want).max())
     exact = x.astype(np.float64) @ dense.T
@@ -80,7 +80,7 @@ def test_k_types_refuse_rows_not_a_multiple_of_256():
 
 def test_matmul_writes_into_out_on_both_paths():
     lin, _ = _linear(quant.Q5_K, 6, 256, seed=5)
-    for rows in (2, quant.MAX_ROWS + 1):
+    for rows in (2, quant.MAX_ROWS + 1, quant.GEMV_ROWS + 1):
         x = torch.randn(rows, 256)
         out = torch.empty(rows, 6)
         assert lin.matmul(x, out=out) is out

@@ -5,8 +5,9 @@ Why: a decode step at a few rows is bound by reading the weights; the default mo
 GGUF holds 5 bits a weight where bf16 holds 16. ``QuantizedLinear`` keeps a weight as the
 file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) and multiplies up to
 ``MAX_ROWS`` rows of activations against them (x is quantized per call to int8 blocks, as
-llama.cpp does); larger batches dequantize into a per-call float32 buffer and run a GEMM,
-so nothing dense stays resident.
+llama.cpp does), larger batches up to ``GEMV_ROWS`` run it again per ``MAX_ROWS`` rows, and
+beyond that dequantize into a per-call float32 buffer and run a GEMM, so nothing dense stays
+resident.
 """
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14  # gguf.GGMLQuantizatio
 SUPPORTED_TYPES = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
 TYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 BLOCK = 32  # weights per block of Q4_0/Q4_1/Q8_0; see block_weights() for every type
-MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M
+MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over W in the kernel
+# Up to this many rows run the kernel (ceil(rows / MAX_ROWS) passes over W); more dequantize
+# and run a float32 GEMM. Measured side by side at 64 rows on the default model's three shapes
+# (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.4-0.6x the time of dequantize
+# + GEMM (0.15x for Q4_K, whose dequantization is slow), and need no [out, in] float32 buffer
+# (113 MB for the vocabulary projection).
+GEMV_ROWS = 64
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
 _BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())
 
@@ -80,11 +87,11 @@ class QuantizedLinear:
     def matmul(self, x: torch.Tensor, max_isa: Optional[int] = None,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
-        a strided view). Up to ``MAX_ROWS`` rows run the int8 kernel, into ``out`` when given (a
+        a strided view). Up to ``GEMV_ROWS`` rows run the int8 kernel, into ``out`` when given (a
         contiguous float32 ``[rows, out_features]``: saves the allocation, ~2 us of a call);
         max_isa caps its variant (tests force each)."""
         x, rows, stride = activations(x, self.in_features)
-        if rows > MAX_ROWS:
+        if rows > GEMV_ROWS:
             return torch.matmul(x, self.dequantize().t(), out=out)
         y = output(out, rows, self.out_features)
         rc = lib.quant_gemv(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows, self._wptr,
