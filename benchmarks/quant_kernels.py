@@ -38,35 +38,47 @@ def _weights(qtype: int, n: int, k: int, rng: np.random.Generator) -> torch.Tens
 def _per_call_us(fn, x: torch.Tensor, budget: float) -> float:
     fn(x)
     calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < budget:
-        for _ in range(10):
-            fn(x)
-        calls += 10
+    while time.perf_counter() - t0 < budget:  # a clock read is ~0.1 us, a call >= 5 us
+        fn(x)
+        calls += 1
     return (time.perf_counter() - t0) / calls * 1e6
 
 
 def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
-    """name -> a matmul callable for every format that takes this shape."""
+    """name -> (a matmul callable, the most rows it takes) for every format that takes this
+    shape; each GGUF type also as "deq+GEMM" (dequantize, then a float32 GEMM: what
+    QuantizedLinear does beyond GEMV_ROWS rows)."""
     out = {}
     names = getattr(quant, "TYPE_NAMES", {quant.Q4_0: "Q4_0", quant.Q4_1: "Q4_1", quant.Q8_0: "Q8_0"})
     for qtype in quant.SUPPORTED_TYPES:  # (an older tree has no block_weights: 32-weight blocks only)
         bw = quant.block_weights(qtype) if hasattr(quant, "block_weights") else quant.BLOCK
         if k % bw == 0:
-            out[names[qtype]] = quant.QuantizedLinear(_weights(qtype, n, k, rng), qtype, n, k).matmul
+            lin = quant.QuantizedLinear(_weights(qtype, n, k, rng), qtype, n, k)
+            out[names[qtype]] = (lin.matmul, getattr(quant, "GEMV_ROWS", 1 << 30))
+            out[f"{names[qtype]} deq+GEMM"] = (lambda x, lin=lin: x @ lin.dequantize().t(), 1 << 30)
     w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)) * 0.02
     try:
         from engine.kernels.int8_linear import Int8Linear
-        out["int8 W8A8"] = Int8Linear.from_float(w).matmul
+        out["int8 W8A8"] = (Int8Linear.from_float(w).matmul, 1 << 30)
     except ImportError:  # a tree from before the int8 kernel
         pass
-    out["bf16 GEMV"] = PackedBF16(w).matmul
+    packed = PackedBF16(w)
+    out["bf16 GEMV"] = (packed.matmul, packed_rows())
+    wb = w.to(torch.bfloat16)
+    out["bf16 torch"] = (lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), wb), 1 << 30)
+    out["fp32 torch"] = (lambda x: torch.nn.functional.linear(x, w), 1 << 30)
     return out
+
+
+def packed_rows() -> int:
+    from engine.kernels import bf16_gemv
+    return bf16_gemv.MAX_ROWS
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated INxOUT")
-    ap.add_argument("--rows", default="1,4")
+    ap.add_argument("--rows", default="1,4,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per case and round")
     ap.add_argument("--seed", type=int, default=0)
@@ -82,7 +94,9 @@ def main(argv=None) -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             scenario = f"{k}->{n} x{rows}"
             x = torch.randn(rows, k)
-            for name, fn in formats.items():
+            for name, (fn, most) in formats.items():
+                if rows > most or (rows <= 8 and name.endswith("deq+GEMM")):
+                    continue
                 bench.add(scenario, name, lambda fn=fn, x=x: {"us": _per_call_us(fn, x, args.budget)})
             columns.append(Column(f"{scenario} us", scenario, "us", fmt="{:.1f}"))
     bench.run(rounds=args.rounds)
