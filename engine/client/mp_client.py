@@ -23,6 +23,7 @@ from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
 from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
 from engine.core.core_process import CoreProcess, close_cores, start_cores, wait_cores
+from engine.core.engine_core_proc import merge_outputs
 from engine.exceptions import EngineDeadError
 from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
                              EngineReady, UtilityCall, UtilityResult)
@@ -262,9 +263,19 @@ class AsyncMPClient(AsyncEngineCoreClient):
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next OUTPUTS of any core, in each core's order; EngineDeadError once the
-        engine is dead (after the outputs that arrived before)."""
+        engine is dead (after the outputs that arrived before).
+
+        Consecutive messages of one core that have all arrived are merged into one (one entry
+        per request, as the core merges what a full ring holds back: ``merge_outputs``). When the
+        core steps faster than this process handles its outputs, each request's tokens then go
+        through output processing, its consumer and its SSE write once per batch rather than once
+        per step; they had all arrived, so none goes out later for it."""
         await self._until(lambda: self._outputs)
-        return self._outputs.popleft()
+        queued = self._outputs
+        outputs = queued.popleft()
+        while queued and queued[0].engine_index == outputs.engine_index:
+            merge_outputs(outputs, queued.popleft())
+        return outputs
 
     def _send_nowait(self, core: CoreProcess, msg: Any) -> Optional[asyncio.Future]:
         """Send in order without blocking: at once when the ring has room and nothing waits
