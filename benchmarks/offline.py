@@ -189,13 +189,16 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
         return _run_peer_vllm(a, eager=engine == "vllm-eager")
     if engine == "llamacpp":
         return _run_peer_llamacpp(a)
+    model = a.model
+    if engine == "ringllm-gguf":  # ringllm on the GGUF file's own blocks (quantization="gguf")
+        engine, model = "ringllm", a.gguf or _default_gguf()
     cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", a.mode,
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
            "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
            "--repeats", str(a.repeats),
            "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
            "--spawn-time", repr(time.time())]
-    cmd += (["--model", a.model] if a.model else []) + (["--inproc"] if a.inproc else [])
+    cmd += (["--model", model] if model else []) + (["--inproc"] if a.inproc else [])
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(a.threads))
     return _json_result(engine, subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=_ROOT))
 
@@ -269,7 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", type=int, default=500, help="prompt length of the prefill scenario")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians and spread)")
     p.add_argument("--scenarios", default="batch,single", help="any of batch, single, prefill")
-    p.add_argument("--engines", default="ringllm,transformers")
+    p.add_argument("--engines", default="ringllm,transformers",
+                   help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks)")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
@@ -283,7 +287,8 @@ def main(argv=None) -> int:
                    help="also run vLLM eager (enforce_eager) beside its default compiled mode")
     p.add_argument("--llamacpp-python", default=None,
                    help="python of a venv with llama-cpp-python: adds llama.cpp (single, prefill; see above)")
-    p.add_argument("--gguf", default=None, help="llama.cpp's GGUF file (default: the embedded model's Q4_1)")
+    p.add_argument("--gguf", default=None,
+                   help="the GGUF file of llama.cpp and ringllm-gguf (default: the embedded model's Q4_1)")
     p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp's prompt batch size")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)

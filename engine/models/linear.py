@@ -14,7 +14,10 @@ thread, the default model's shapes (RESULTS.md has the end-to-end figures):
   (engine/kernels/onednn_linear.py) spares a reorder of the weight at every call.
   The packed tensor is opaque, so no row of it can be read back: the LM head, whose rows
   the embedding lookup and the bf16 logit refinement (half_logits.py) need, stays a dense
-  ``TorchLinear`` (8.8 vs 4.0 ms at 1 row, 27 vs 21 at 64: the price of holding one copy).
+  ``TorchLinear`` (8.8 vs 4.0 ms at 1 row, 27 vs 21 at 64: the price of holding one copy; the
+  model held both before). Tried: the head in the bf16 GEMV layout, whose rows can be read
+  (1 row 8.5 vs 22.8 ms for ``F.linear`` on a loaded host), with larger steps unpacking it a
+  slice at a time for a bf16 ``F.linear``: 1.6x ``F.linear``'s time at 64 rows, so not taken.
 - ``BF16GemvLinear`` (bf16 on a CPU without native bf16 GEMMs, e.g. AVX2 only): the bf16
   weight in the C GEMV kernel's blocked layout (engine/kernels/bf16_gemv.py), half the bytes
   of a float32 copy (which the model held beside it before). Steps of up to
@@ -25,7 +28,7 @@ thread, the default model's shapes (RESULTS.md has the end-to-end figures):
   copy 75). Measured on the Zen4 with the AVX2 kernel; one copy costs ~1.2-1.5x in the
   layers' GEMMs at batch 64 on such a CPU, and halves the bytes every decode reads.
 - ``GGUFLinear``: the GGUF file's own blocks (engine/kernels/quant.py, the types in
-  ``quant.SUPPORTED_TYPES``), int8 dot products on activations quantized per block. A step of
+  ``quant.SUPPORTED_TYPES``: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K), int8 dot products on activations quantized per block. A step of
   more rows runs the kernel on groups of ``quant.MAX_ROWS`` rows: 2.0 vs 2.8 ms for a
   1536x576 Q4_1 matrix at 64 rows, 54 vs 177 ms for the Q8_0 LM head (dequantizing a 49152-row
   head per call writes 113 MB).
@@ -44,7 +47,7 @@ from engine.kernels import bf16_gemv, onednn_linear, quant
 
 logger = logging.getLogger(__name__)
 
-_GGML_NAMES = {quant.Q4_0: "Q4_0", quant.Q4_1: "Q4_1", quant.Q8_0: "Q8_0"}
+_GGML_NAMES = getattr(quant, "TYPE_NAMES", {})
 
 
 def ggml_type_name(qtype: int) -> str:
@@ -200,8 +203,8 @@ class BF16GemvLinear(LinearMethod):
         out = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, _UNPACK_ROWS):  # a cache-sized slice at a time
             end = min(start + _UNPACK_ROWS, self.out_features)
-            out[:, start:end] = torch.mm(x, self._blocks()[start // self._rb:end // self._rb].transpose(1, 2).reshape(
-                end - start, self.in_features).float().t())
+            w = self._blocks()[start // self._rb:end // self._rb].transpose(1, 2).reshape(end - start, self.in_features)
+            out[:, start:end] = torch.mm(x, w.float().t())
         return out
 
     def _blocks(self) -> torch.Tensor:
@@ -235,6 +238,14 @@ class GGUFLinear(LinearMethod):
         return self.q.nbytes
 
 
+def _has_kernel(blocks: GGUFBlocks) -> bool:
+    """Whether the quantized kernels run this tensor (its type, and whole blocks per row)."""
+    if blocks.qtype not in quant.SUPPORTED_TYPES or quant.lib is None:
+        return False
+    per_block = quant.block_weights(blocks.qtype) if hasattr(quant, "block_weights") else quant.BLOCK
+    return per_block > 0 and blocks.in_features % per_block == 0
+
+
 class Linear:
     """One projection: its method and, for Qwen2's q/k/v, a bias added after it."""
 
@@ -266,8 +277,7 @@ class Placement:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
         if isinstance(weight, GGUFBlocks):
-            if weight.qtype in quant.SUPPORTED_TYPES and weight.in_features % quant.BLOCK == 0 \
-                    and not self.dense_only:
+            if _has_kernel(weight) and not self.dense_only:
                 return GGUFLinear(weight)
             if weight.qtype not in self._warned:
                 self._warned.add(weight.qtype)
