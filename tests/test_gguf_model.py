@@ -125,3 +125,22 @@ def test_the_q4_1_file_tracks_transformers_on_the_dequantized_model(gguf_runner)
         assert float((got - want).mean().abs()) <= 0.15, text
         agree, total = agree + hits, total + len(ranks)
     assert agree >= 0.9 * total
+
+
+@pytest.mark.model
+def test_the_tensor_index_reads_what_the_gguf_package_reads():
+    """read_tensor_index (a header and tensor-info parser) against gguf.GGUFReader on the
+    default model's file: the same tensors, types, shapes and bytes, and its scalar metadata."""
+    import gguf
+    import numpy as np
+
+    from engine.worker.gguf_weights import read_tensor_index
+
+    path = default_gguf_path()
+    meta, ours = read_tensor_index(path)
+    theirs = gguf.GGUFReader(path).tensors
+    assert [t.name for t in ours] == [t.name for t in theirs]
+    for a, b in zip(ours, theirs):
+        assert a.qtype == int(b.tensor_type) and a.shape == [int(n) for n in b.shape]
+        assert np.array_equal(a.data, b.data.reshape(-1).view(np.uint8))
+    assert meta["general.architecture"] == "llama" and meta["llama.block_count"] == 30
