@@ -52,6 +52,14 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def api_pids(server) -> set[int]:
     return {p for p in descendants(server.proc.pid) if "api_server_proc" in _cmdline(p)}
 
@@ -224,3 +232,30 @@ def test_a_killed_core_ends_every_api_server_and_the_launcher_exits(server):
     assert server.proc.wait(60) == 1
     assert not descendants(server.proc.pid)
     assert not [d for d in os.listdir(server.tmp) if d.startswith("ringllm-metrics-")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_launcher_stopped_or_killed_leaves_nothing_running(long_model, sig):
+    """SIGTERM: each API server drains (a stream still running at the drain timeout ends with an
+    error event and [DONE]), then the core is told SHUTDOWN and the launcher exits 0. SIGKILL:
+    the core and the API servers follow the launcher through their parent-death signal."""
+    with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
+                      "--drain-timeout", "1") as remote:
+        below = descendants(remote.proc.pid)
+        assert len(below) == 3
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                resp = await session.post(remote.url + "/v1/completions", json=LONG)
+                first = await resp.content.readuntil(b"\n\n")
+                remote.proc.send_signal(sig)
+                return first + await _rest(resp)
+
+        raw = asyncio.run(scenario())
+        if sig == signal.SIGTERM:
+            assert parse_sse(raw)[-1]["error"]["code"]  # ended with an error event, then [DONE]
+            assert remote.proc.wait(60) == 0
+        else:
+            remote.proc.wait(10)
+        assert wait_for(lambda: not any(map(_alive, below)), 10, 0.05)
