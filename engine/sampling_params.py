@@ -286,7 +286,7 @@ def _show(value: Any, limit: int = 60) -> str:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _int(field: str, value: Any, low: int, allowed: Optional[str] = None) -> None:
@@ -295,8 +295,9 @@ def _int(field: str, value: Any, low: int, allowed: Optional[str] = None) -> Non
 
 
 def _optional_int(field: str, value: Any, low: int, allowed: Optional[str] = None) -> None:
-    if value is not None:
-        _int(field, value, low, allowed or f"{_int_range(low)} or None")
+    # The message is built only for a refusal: verify runs on every request, on both sides.
+    if value is not None and not (_is_int(value) and low <= value <= _INT64_MAX):
+        raise _bad(field, allowed or f"{_int_range(low)} or None", value)
 
 
 def _int_range(low: int) -> str:
@@ -306,6 +307,13 @@ def _int_range(low: int) -> str:
 def _token_ids(field: str, value: Any) -> None:
     if not isinstance(value, list) or not all(_is_int(t) and 0 <= t <= _INT64_MAX for t in value):
         raise _bad(field, "a list of non-negative ints", value)
+
+
+def ints_only(values: Any) -> bool:
+    """Whether every item of ``values`` is an int and none a bool: ``type`` looked up in C for
+    the common case (a prompt's ids), a per-item check only when some item is of another type."""
+    kinds = set(map(type, values))
+    return kinds <= {int} or all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 def _as_int(value: Any) -> Any:

@@ -30,7 +30,7 @@ from engine.pooling_params import PoolingParams
 from engine.protocol import EngineCoreRequest
 from engine.request_check import RequestLimits, check_request
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
-from engine.sampling_params import RequestOutputKind, SamplingParams, verified_copy
+from engine.sampling_params import RequestOutputKind, SamplingParams, ints_only, verified_copy
 
 # What a pooling request carries as its (unused) sampling params: nothing to sample or detokenize.
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -378,7 +378,7 @@ class InputProcessor:
 
     @staticmethod
     def _token_ids(ids: Any) -> list[int]:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        if not isinstance(ids, (list, tuple)) or not ints_only(ids):
             raise TypeError("prompt_token_ids must be a list of ints")
         return list(ids)
 
