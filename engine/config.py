@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
 from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
-from engine.hf_config import read_hf_config
+from engine.hf_config import config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.pooler_config import PoolerConfig, resolve_runner
@@ -258,15 +258,33 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
     return path, fmt
 
 
+def _tokenizer_for(path: str) -> str:
+    """Where a model's tokenizer is read: its own directory or file, except the embedded
+    default model's GGUF, whose tokenizer is already converted (reading it from the GGUF
+    takes transformers ~10 s in each process)."""
+    if path.endswith(".gguf"):
+        from engine.models.default_model import GGUF_NAME, default_gguf_path, default_tokenizer_path
+
+        if os.path.basename(path) == GGUF_NAME and os.path.realpath(path) == os.path.realpath(default_gguf_path()):
+            return default_tokenizer_path()
+    return path
+
+
 def _config_file(path: str, load_format: str) -> str:
     """The file a model's config comes from, for error messages."""
     return path if load_format == "gguf" else os.path.join(path, "config.json")
 
 
 def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
-    """The model's config: read as JSON for the model types ringllm runs (engine/hf_config.py:
-    no transformers, no torch), through ``AutoConfig`` otherwise."""
-    cfg = None if load_format == "gguf" else read_hf_config(path)
+    """The model's config: read as JSON (or from a GGUF's metadata) for the model types ringllm
+    runs (engine/hf_config.py: no transformers, no torch), through ``AutoConfig`` otherwise."""
+    if load_format == "gguf":
+        from engine.gguf_file import config_dict  # its metadata, as config.json's fields
+
+        data = config_dict(path)
+        cfg = None if data is None else config_from_dict(data, path)
+    else:
+        cfg = read_hf_config(path)
     if cfg is None:
         cfg = _auto_config(path, load_format, args)
     for key, value in (args.hf_overrides or {}).items():
@@ -536,7 +554,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     return EngineConfig(
         model_config=ModelConfig(
             model=args.model or DEFAULT_MODEL, model_path=path,
-            tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else path,
+            tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else _tokenizer_for(path),
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,

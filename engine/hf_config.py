@@ -100,7 +100,12 @@ def read_hf_config(path: str) -> Optional[HFConfig]:
     type not in DEFAULTS, or a remote-code config). A config whose sizes cannot build a model
     is a ModelConfigError naming the file and the field."""
     file = os.path.join(path, "config.json")
-    data = read_json_object(file)
+    return config_from_dict(read_json_object(file), file)
+
+
+def config_from_dict(data: dict[str, Any], file: str) -> Optional[HFConfig]:
+    """``data`` (a config.json's object, or the fields of a GGUF's metadata) with the class
+    defaults and derived fields; None when transformers must read it (see ``read_hf_config``)."""
     defaults = DEFAULTS.get(data.get("model_type"))
     if defaults is None or "auto_map" in data:
         return None

@@ -134,7 +134,7 @@ def test_the_tensor_index_reads_what_the_gguf_package_reads():
     import gguf
     import numpy as np
 
-    from engine.worker.gguf_weights import read_tensor_index
+    from engine.gguf_file import read_tensor_index
 
     path = default_gguf_path()
     meta, ours = read_tensor_index(path)
@@ -144,3 +144,23 @@ def test_the_tensor_index_reads_what_the_gguf_package_reads():
         assert a.qtype == int(b.tensor_type) and a.shape == [int(n) for n in b.shape]
         assert np.array_equal(a.data, b.data.reshape(-1).view(np.uint8))
     assert meta["general.architecture"] == "llama" and meta["llama.block_count"] == 30
+
+
+@pytest.mark.model
+def test_the_config_from_gguf_metadata_builds_the_model_transformers_config_builds():
+    """engine/gguf_file.py maps the metadata to config.json's fields (no transformers, no torch
+    in the frontend): the decoder built from it is the one AutoConfig's GGUF reading builds."""
+    import os
+
+    from transformers import AutoConfig
+
+    from engine.models.layers import Dims
+    from engine.models.llama import LlamaForCausalLM
+
+    path = default_gguf_path()
+    ours = EngineArgs(model=path).create_engine_config().model_config.hf_config
+    theirs = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    assert Dims.from_config(ours) == Dims.from_config(theirs)
+    models = [LlamaForCausalLM(c, torch.float32, "cpu", max_model_len=64, backend="torch") for c in (ours, theirs)]
+    assert torch.equal(models[0].rope.cis, models[1].rope.cis)
+    assert (ours.bos_token_id, ours.eos_token_id) == (theirs.bos_token_id, theirs.eos_token_id)

@@ -13,21 +13,17 @@ blocks, which is exact, and the model then applies its own rotary pairing
 (engine/models/weights.py). For a Llama GGUF the two cancel: its q/k rows are already in
 adjacent pairs.
 
-The file is read by ``read_tensor_index`` (GGUF v2/v3: header, metadata, tensor infos, then the
-aligned data), not ``gguf.GGUFReader``, which builds a numpy view of every metadata value
-(the default model's 49k-token vocabulary and merges): 8 s of its 8.4 s here. The ``gguf``
-package still gives the block sizes and the dequantization of types without a kernel.
+The file is read by engine/gguf_file.py, not ``gguf.GGUFReader`` (see there why).
 """
 from __future__ import annotations
 
-import mmap
 import os
-import struct
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 
+from engine.gguf_file import read_tensor_index
 from engine.models.linear import GGUFBlocks
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -51,78 +47,6 @@ def hf_name(gguf_name: str) -> str | None:
 def reverse_permute_index(rows: int, heads: int) -> torch.Tensor:
     """Which GGUF row each HF row of a Llama q/k matrix comes from (transformers' permutation)."""
     return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-class _Cursor:
-    def __init__(self, buf: Any) -> None:
-        self.buf, self.pos = buf, 0
-
-    def take(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        n = self.take("<Q")
-        self.pos += n
-        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", "replace")
-
-    def value(self, vtype: int, keep: bool) -> Any:
-        """A metadata value; arrays are skipped (None) unless ``keep``."""
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            etype, count = self.take("<I"), self.take("<Q")
-            if etype in _SCALARS and not keep:
-                self.pos += struct.calcsize(_SCALARS[etype]) * count
-                return None
-            items = [self.value(etype, keep) for _ in range(count)]
-            return items if keep else None
-        return self.take(_SCALARS[vtype])
-
-
-class TensorInfo:
-    __slots__ = ("name", "shape", "qtype", "data")
-
-    def __init__(self, name: str, shape: list[int], qtype: int, data: np.ndarray) -> None:
-        self.name, self.shape, self.qtype, self.data = name, shape, qtype, data  # shape: ne0 (in) first
-
-
-def read_tensor_index(path: str) -> tuple[dict[str, Any], list[TensorInfo]]:
-    """(scalar metadata, tensors as uint8 views of the mapped file) of a GGUF v2/v3 file."""
-    import gguf
-
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    cur = _Cursor(buf)
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"model: {path} is not a GGUF file")
-    cur.pos = 4
-    version, n_tensors, n_kv = cur.take("<I"), cur.take("<Q"), cur.take("<Q")
-    if version not in (2, 3):
-        raise ValueError(f"model: {path}: GGUF version {version} is not supported (2 or 3)")
-    meta = {}
-    for _ in range(n_kv):
-        key, vtype = cur.string(), cur.take("<I")
-        meta[key] = cur.value(vtype, keep=False)
-    infos = []
-    for _ in range(n_tensors):
-        name, n_dims = cur.string(), cur.take("<I")
-        shape = [cur.take("<Q") for _ in range(n_dims)]
-        infos.append((name, shape, cur.take("<I"), cur.take("<Q")))
-    align = int(meta.get("general.alignment") or 32)
-    start = -(-cur.pos // align) * align
-    whole = np.frombuffer(buf, dtype=np.uint8)
-    tensors = []
-    for name, shape, qtype, offset in infos:
-        per_block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
-        nbytes = int(np.prod(shape)) // per_block * block_bytes
-        tensors.append(TensorInfo(name, shape, qtype, whole[start + offset:start + offset + nbytes]))
-    return meta, tensors
 
 
 def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor | GGUFBlocks]]:
