@@ -22,7 +22,8 @@ frontend's shared per-output work (input and output processing, collectors, waki
 consumers, the consumers themselves); shm or zmq minus ``none`` is what the transport adds.
 Each run also reports the CPU time of the output processing alone (``process_outputs``,
 which hands each output to its collector) and the p50 of the transport latency proper (the
-core's publish stamp to the output handler holding the decoded message).
+core's publish stamp to the output handler holding the decoded message). A note gives the CPU
+time of admitting one request alone (``AsyncLLM.add_request`` on the simulated core).
 
 Offline: the offline scenario's workload (benchmarks.offline: 64 prompts x 128 tokens, the default
 model, bf16, greedy) through ``LLM`` with the EngineCore in-process and in its own process,
@@ -179,6 +180,27 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
             "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0}
 
 
+async def admit_us_per_request(llm, ids, requests: int = 500) -> float:
+    """CPU time of one ``AsyncLLM.add_request`` (the streams' prompt and params) on the ``none``
+    engine: admission alone, per request, min over 5 batches. Nothing in a batch yields to the
+    loop (its prompts are admitted inline, the simulated core takes them at once), so the
+    output handler does not run in between; each batch is aborted after it."""
+    from engine import SamplingParams
+    from engine.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=64, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+    best = float("inf")
+    for _ in range(5):
+        batch = [f"admit{next(ids)}" for _ in range(requests)]
+        start = time.thread_time()
+        for i, request_id in enumerate(batch):
+            await llm.add_request(request_id, {"prompt_token_ids": [(7 * i + j) % TINY_VOCAB for j in range(1, 17)]},
+                                  params)
+        best = min(best, (time.thread_time() - start) / requests)
+        await llm.abort(batch)
+    return best * 1e6
+
+
 def decode_us_per_output(outputs: int = 256) -> float:
     """CPU time to decode one OUTPUTS message (as both transports do, with the engine's codec),
     per output: ``outputs`` one-token outputs, min over 5 repeats of 200 decodes."""
@@ -270,6 +292,8 @@ def main(argv=None) -> None:
     try:
         for t, llm in engines.items():  # warm both paths before anything is timed
             loop.run_until_complete(run_streams(llm, 4, 0.3, a.max_tokens, ids))
+        bench.notes.append(f"admitting a request costs {loop.run_until_complete(admit_us_per_request(engines['none'], ids)):.1f}"
+                           " us of CPU (AsyncLLM.add_request of 16 prompt ids, on the simulated core)")
         for n in streams:
             for t, llm in engines.items():
                 bench.add(f"{n} streams", t, lambda llm=llm, n=n: loop.run_until_complete(
