@@ -41,6 +41,7 @@ def server(long_model, tmp_path_factory):
     with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
                       env={"TMPDIR": tmp}) as remote:
         remote.tmp = tmp
+        assert wait_for(lambda: _both_serving(remote), 60, 0.1)  # /health answered: one of them, at least
         yield remote
 
 
@@ -67,6 +68,13 @@ def api_pids(server) -> set[int]:
 def core_pid(server) -> int:
     (pid,) = [p for p in descendants(server.proc.pid) if "engine.core" in _cmdline(p)]
     return pid
+
+
+def _both_serving(server) -> bool:
+    try:
+        return len(local_metrics(server)) == 2
+    except (OSError, ValueError, aiohttp.ClientError):
+        return False
 
 
 def _samples(text: str) -> dict[str, float]:

@@ -142,12 +142,13 @@ class MultiFrontendCoreProc(EngineCoreProc):
             timeout = _TRIM_AFTER_IDLE_S
         else:
             timeout = None
+        started = time.monotonic()
         wait_any(channels, timeout, [self._arrival_efd])
         try:
             os.eventfd_read(self._arrival_efd)
         except BlockingIOError:
             pass
-        if timeout == _TRIM_AFTER_IDLE_S and not held and not self.core.has_unfinished_requests():
+        if timeout == _TRIM_AFTER_IDLE_S and time.monotonic() - started >= timeout:  # idle all along
             _malloc_trim(0)
             self._stepped_since_trim = False
 

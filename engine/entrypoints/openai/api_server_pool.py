@@ -90,6 +90,9 @@ class ApiServerPool:
     def __init__(self, engine_args: AsyncEngineArgs, settings: ServerSettings, tool_args: argparse.Namespace,
                  count: int) -> None:
         check_pool_args(count, engine_args)
+        if settings.port == 0:
+            raise ValueError("--api-server-count > 1 needs a --port other than 0 (each API server would bind "
+                             "a different free port)")
         self.engine_args, self.tool_args, self.count = engine_args, tool_args, count
         self.settings = settings
         self.shares = admission_shares(settings.max_waiting_requests, count)
