@@ -20,7 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.entrypoints.openai.api_server_pool import admission_shares
+from engine.entrypoints.openai.api_server_pool import admission_shares, check_pool_args
 from engine.entrypoints.openai.metrics_fanin import merge
 from openai_server_utils import RINGLLM, TINY_SERVE_ARGS, RemoteServer, descendants, parse_sse, wait_for
 
@@ -108,6 +108,17 @@ def test_shares_of_the_admission_limit_sum_to_it():
     assert admission_shares(5, 2) == [3, 2] and admission_shares(4, 4) == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="max-waiting-requests"):
         admission_shares(1, 2)
+
+
+def test_what_several_api_servers_cannot_share_is_refused_naming_the_flag():
+    from engine.config import AsyncEngineArgs
+
+    with pytest.raises(ValueError, match="--transport shm"):
+        check_pool_args(2, AsyncEngineArgs(transport="zmq"))
+    with pytest.raises(ValueError, match="--data-parallel-size"):
+        check_pool_args(2, AsyncEngineArgs(data_parallel_size=2))
+    with pytest.raises(ValueError, match="--api-server-count must be >= 1"):
+        check_pool_args(0, AsyncEngineArgs())
 
 
 def test_merge_sums_counters_and_histograms_and_keeps_the_first_gauge():
