@@ -174,7 +174,7 @@ class MultiFrontendCoreProc(EngineCoreProc):
         if isinstance(msg, EngineCoreRequest):
             self._owner[msg.request_id] = frontend
             frontend.requests.add(msg.request_id)
-            self.core.add_request(msg)
+            self.core.add_request(msg, params_verified=True)  # its decode verified them
         elif isinstance(msg, AbortRequests):
             for req_id in msg.request_ids:
                 if self._owner.pop(req_id, None) is not None:
