@@ -409,6 +409,15 @@ def _kv_cache_memory_bytes(args: EngineArgs, device: str) -> Optional[int]:
 _QUANTIZATIONS = (None, "gguf", "int8")
 
 
+def int8_kernel_built() -> bool:
+    """Whether the W8A8 kernels are importable and built, checked without importing torch."""
+    import importlib.util
+
+    kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+    return importlib.util.find_spec("engine.kernels.int8_linear") is not None and any(
+        name.startswith("_cpu.") and name.endswith(".so") for name in os.listdir(kernels))
+
+
 def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Optional[str]:
     """A .gguf model runs its own blocks ("gguf", vLLM's name, the default there); "int8"
     quantizes a float checkpoint's projections at load (CPU, when the kernel is built)."""
@@ -420,13 +429,11 @@ def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Op
     if q == "gguf":
         raise _bad("quantization", "'gguf' only with a .gguf model file", q)
     if q == "int8":
-        from engine.kernels import quant
-
         if device != "cpu":
             raise _bad("quantization", "'int8' only on CPU", q)
-        if getattr(quant, "Int8Linear", None) is None:
-            raise ValueError("quantization='int8' is not supported yet: the W8A8 kernel (quant.Int8Linear) "
-                             "is not built in this version")
+        if not int8_kernel_built():
+            raise ValueError("quantization='int8' is not supported here: the W8A8 kernels "
+                             "(engine/kernels/int8_linear.py) are not built (run scripts/setup.sh)")
     return q
 
 

@@ -28,10 +28,12 @@ thread, the default model's shapes (RESULTS.md has the end-to-end figures):
   copy 75). Measured on the Zen4 with the AVX2 kernel; one copy costs ~1.2-1.5x in the
   layers' GEMMs at batch 64 on such a CPU, and halves the bytes every decode reads.
 - ``GGUFLinear``: the GGUF file's own blocks (engine/kernels/quant.py, the types in
-  ``quant.SUPPORTED_TYPES``: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K), int8 dot products on activations quantized per block. A step of
-  more rows runs the kernel on groups of ``quant.MAX_ROWS`` rows: 2.0 vs 2.8 ms for a
-  1536x576 Q4_1 matrix at 64 rows, 54 vs 177 ms for the Q8_0 LM head (dequantizing a 49152-row
-  head per call writes 113 MB).
+  ``quant.SUPPORTED_TYPES``: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K), int8 dot
+  products on activations quantized per block; ``QuantizedLinear`` itself takes batches (one
+  pass over W per 8 rows up to 64 rows, dequantize + GEMM beyond).
+- ``Int8Method`` (``quantization="int8"``): dynamic W8A8 (engine/kernels/int8_linear.py), the
+  projections quantized once at load per output channel; the embedding and LM head stay in
+  the model dtype.
 - ``TorchLinear``: ``F.linear`` on a dense ``[out, in]`` weight: CUDA (cuBLAS's layout, the
   Triton backend), the compiled forward, and every other case.
 """
@@ -226,7 +228,7 @@ class GGUFLinear(LinearMethod):
         self.format = ggml_type_name(blocks.qtype)
 
     def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = _in_row_groups(x, quant.MAX_ROWS, self.q.matmul)
+        y = self.q.matmul(x)
         return y if bias is None else y.add_(bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -301,15 +303,14 @@ class Placement:
         return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
 
 
-def int8_available() -> bool:
-    return getattr(quant, "Int8Linear", None) is not None
-
-
 class Int8Method(LinearMethod):
-    """Dynamic W8A8 (quant.Int8Linear): per-channel weight scales, per-token activation scales."""
+    """Dynamic W8A8 (engine/kernels/int8_linear.py): per-channel weight scales, per-token
+    activation scales, quantized once at load from the checkpoint's float weight."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.q = quant.Int8Linear(weight.float())
+        from engine.kernels.int8_linear import Int8Linear
+
+        self.q = Int8Linear.from_float(weight)
         self.out_features, self.in_features = weight.shape
         self.format = "int8 (W8A8)"
 

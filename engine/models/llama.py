@@ -194,6 +194,8 @@ class LlamaForCausalLM:
             return tensor.data.numel()
         if self.quantization == "gguf":  # the file's float tensors, as stored
             return tensor.numel() * tensor.element_size()
+        if self.quantization == "int8" and name.endswith("_proj.weight"):
+            return tensor.numel() + 8 * tensor.shape[0]  # int8 values, a scale and a sum per channel
         return tensor.numel() * (self.dtype.itemsize if tensor.dim() > 1 else self.act_dtype.itemsize)
 
     _ROLES = {"qkv": "tall", "gate_up": "tall", "o_proj": "wide", "down": "wide"}
