@@ -31,12 +31,15 @@ _GROUPS = 64
 _MAX_CANDIDATES = 64
 
 
-def refine_near_max(logits: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+def refine_near_max(logits: torch.Tensor, x: torch.Tensor, weight) -> None:
     """Recompute in place, as ``x.float() @ weight.float().T``, every logit that may be its
-    row's true maximum. ``logits`` is the float32 copy of the half-precision ``x @ weight.T``."""
+    row's true maximum. ``logits`` is the float32 copy of the half-precision ``x @ weight.T``;
+    ``weight`` is the tensor, or a function giving its rows for an index tensor (a linear
+    method's ``rows``, when the weight is held in another layout)."""
     rows, cols = _candidates(logits, 2 * torch.finfo(x.dtype).eps)
     if rows.numel():
-        exact = (weight[cols].float() * x[rows].float()).sum(dim=-1)
+        picked = weight[cols] if isinstance(weight, torch.Tensor) else weight(cols)
+        exact = (picked.float() * x[rows].float()).sum(dim=-1)
         logits.index_put_((rows, cols), exact)
 
 

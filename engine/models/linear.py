@@ -12,12 +12,13 @@ thread, the default model's shapes (RESULTS.md has the end-to-end figures):
   so the head is held input-major too (one copy: a tied embedding reads its columns).
 - ``OneDNNLinear`` (bf16 with native bf16 GEMMs): the weight packed once in oneDNN's layout
   (engine/kernels/onednn_linear.py) spares a reorder of the weight at every call.
-  The packed tensor is opaque, so no row of it can be read back: the LM head, whose rows
-  the embedding lookup and the bf16 logit refinement (half_logits.py) need, stays a dense
-  ``TorchLinear`` (8.8 vs 4.0 ms at 1 row, 27 vs 21 at 64: the price of holding one copy; the
-  model held both before). Tried: the head in the bf16 GEMV layout, whose rows can be read
-  (1 row 8.5 vs 22.8 ms for ``F.linear`` on a loaded host), with larger steps unpacking it a
-  slice at a time for a bf16 ``F.linear``: 1.6x ``F.linear``'s time at 64 rows, so not taken.
+  The packed tensor is opaque, so no row of it can be read back, and the LM head's rows are
+  needed (the tied embedding's lookup, the bf16 logit refinement of half_logits.py): the head
+  stays a dense ``TorchLinear`` (alone: 8.8 vs 4.0 ms packed at 1 row, 27 vs 21 at 64; the
+  model held both copies before). Tried, whole decode steps in one process, alternated: the
+  head as a ``BF16GemvLinear`` (rows readable; the kernel at 1-4 rows, exact float32; larger
+  steps unpacking 1024-row slices for a bf16 ``F.linear``): 39.8 vs 42.6 ms at 1 row, 157.8 vs
+  139.8 ms at 64 rows. The batch loss outweighs the single-stream gain, so not taken.
 - ``BF16GemvLinear`` (bf16 on a CPU without native bf16 GEMMs, e.g. AVX2 only): the bf16
   weight in the C GEMV kernel's blocked layout (engine/kernels/bf16_gemv.py), half the bytes
   of a float32 copy (which the model held beside it before). Steps of up to

@@ -146,7 +146,7 @@ class LlamaForCausalLM:
         if logits.dtype == torch.float32:
             return logits
         logits = logits.float()
-        refine_near_max(logits, x, self.lm_head.method.weight)  # a half head is a dense TorchLinear
+        refine_near_max(logits, x, self.lm_head.method.rows)
         return logits
 
     # ------------------------------------------------------------------ weights
