@@ -1,9 +1,9 @@
 """Per-head RMSNorm of the query and key columns of a fused qkv row (Qwen3's q_norm/k_norm).
 
 Qwen3 normalises each head's q and k over ``head_dim`` after the projection and before RoPE.
-It is its own function because both forwards (the CPU one in llama.py and the Triton one)
+It is its own function because the forwards (cpu_forward.py and triton_forward.py)
 run it on the same fused layout: q heads, then k heads, then v, one row per token. The
-norm weights arrive permuted like the q/k rows (adjacent rotary pairs, see llama.py), and
+norm weights arrive permuted like the q/k rows (adjacent rotary pairs, see rope.py), and
 RMSNorm's statistic does not depend on the order of a head's elements, so the result is
 HF's, permuted.
 """

@@ -1,6 +1,6 @@
 """Rotary embedding applied in place to the q and k heads of the fused qkv rows.
 
-ringllm permutes each q/k head's rows at load (engine/models/llama.py) so that the pairs
+ringllm permutes each q/k head's rows at load (engine/models/rope.py) so that the pairs
 transformers rotates together, (i, i + d/2), sit side by side at (2i, 2i + 1); RoPE is
 then a complex multiply of each adjacent pair by ``cos + i sin`` of its position. The
 kernel does that in float32 and rounds once to the activations' dtype. ``cos_sin`` is the
