@@ -1,8 +1,10 @@
 """Per-call time of the quantized matmul kernels against the bf16 GEMV, on the default model's shapes.
 
-One case is one weight format at one shape and row count; a case's figure is the mean time of
-``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, or ``Int8Linear.matmul``) over a loop of
-``--budget`` seconds, Python included: what a decode step pays per projection. Weights are
+One case is one weight format at one shape and row count; a case's figure is the mean thread
+CPU time of ``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, ``Int8Linear.matmul``, torch's
+linear) over ``--budget`` seconds of it, Python included: what a decode step pays per
+projection. CPU time, so that other work on the shared cores slows a case only through the
+caches it shares. Weights are
 random (gguf.quants.quantize for Q4_0/Q4_1/Q8_0, random valid blocks for the K-quants); the
 kernels' speed does not depend on the values. A K-quant needs ``in % 256 == 0``, so it has no
 figure on a 576-wide input. One torch thread, as the engine runs.
@@ -36,12 +38,17 @@ def _weights(qtype: int, n: int, k: int, rng: np.random.Generator) -> torch.Tens
 
 
 def _per_call_us(fn, x: torch.Tensor, budget: float) -> float:
+    """Thread CPU time per call (not wall time: being descheduled by other work on the shared
+    cores does not count), over batches of calls of ~1 ms each."""
+    t0 = time.perf_counter()
     fn(x)
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < budget:  # a clock read is ~0.1 us, a call >= 5 us
-        fn(x)
-        calls += 1
-    return (time.perf_counter() - t0) / calls * 1e6
+    batch = max(1, int(1e-3 / max(time.perf_counter() - t0, 1e-7)))
+    calls, c0 = 0, time.thread_time()
+    while time.thread_time() - c0 < budget:
+        for _ in range(batch):
+            fn(x)
+        calls += batch
+    return (time.thread_time() - c0) / calls * 1e6
 
 
 def _formats(n: int, k: int, rng: np.random.Generator) -> dict:

@@ -24,9 +24,8 @@ BLOCK = 32  # weights per block of Q4_0/Q4_1/Q8_0; see block_weights() for every
 MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over W in the kernel
 # Up to this many rows run the kernel (ceil(rows / MAX_ROWS) passes over W); more dequantize
 # and run a float32 GEMM. Measured side by side at 64 rows on the default model's three shapes
-# (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.4-0.6x the time of dequantize
-# + GEMM (0.15x for Q4_K, whose dequantization is slow), and need no [out, in] float32 buffer
-# (113 MB for the vocabulary projection).
+# (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.3-0.7x the time of dequantize
+# + float32 GEMM, and need no [out, in] float32 buffer (113 MB for the vocabulary projection).
 GEMV_ROWS = 64
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
 _BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())
