@@ -63,12 +63,12 @@ def test_every_variant_gives_the_same_result_on_strided_bf16_rows(qtype):
     """A row-strided view (a slice of a wider buffer) in bf16 runs without a copy and agrees
     across variants up to float32 summation order."""
     lin, _ = _linear(qtype, 19, 768, seed=qtype)
-    wide = torch.randn(4, 1024).to(torch.bfloat16)
+    wide = torch.randn(4, 1024, generator=torch.Generator().manual_seed(qtype)).to(torch.bfloat16)
     x = wide[:, 100:868]
     results = [lin.matmul(x, max_isa=isa) for isa in ISAS]
     want = lin.matmul(x.float().contiguous(), max_isa=quant.ISA_C)
-    for got in results:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for got in results:  # float32 sums in another order: error relative to the largest output
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_k_types_refuse_rows_not_a_multiple_of_256():
