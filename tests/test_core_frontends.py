@@ -32,7 +32,7 @@ class StubCore:
         self.live: dict[str, list] = {}
         self.aborted: list[str] = []
 
-    def add_request(self, req: EngineCoreRequest) -> None:
+    def add_request(self, req: EngineCoreRequest, params_verified: bool = False) -> None:
         self.live[req.request_id] = [req.sampling_params.max_tokens]
 
     def abort_requests(self, ids) -> None:

@@ -156,4 +156,6 @@ def test_soak_leaves_the_server_as_it_found_it(tiny_model_dir, tmp_path):
     assert figures["requests"] >= 4 * CONCURRENCY and figures["disconnects"] > 0, figures
     for name in ("server", "core"):
         before, after = result["before"][name], result["after"][name]
-        assert abs(after - before) <= RSS_TOLERANCE * before, (name, figures)
+        # Growth is what a leak looks like; a shrink (the core returns idle heap to the OS with
+        # malloc_trim a second after work stops) is not.
+        assert after - before <= RSS_TOLERANCE * before, (name, figures)
