@@ -30,6 +30,8 @@ BENCH_SCENARIOS = {
                                               "(no model), for --api-server-count 1 and 2"),
     "kv-transfer": ("benchmarks.kv_transfer", "time to first token of a long prompt, computed vs loaded "
                                               "through the SharedStorageConnector"),
+    "perplexity": ("benchmarks.perplexity", "perplexity of each weight format (bf16, int8, GGUF blocks) on a fixed "
+                                            "public-domain text, against transformers on the same weights"),
 }
 
 
