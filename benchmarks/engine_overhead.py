@@ -80,7 +80,7 @@ class SimulatedCore:
             self.requests.pop(request_id, None)
 
     async def get_output_async(self):
-        from engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+        from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
         await asyncio.sleep(0)  # the consumers run (and add requests) while the "core" steps
         while not self.requests:
@@ -204,8 +204,8 @@ async def admit_us_per_request(llm, ids, requests: int = 500) -> float:
 def decode_us_per_output(outputs: int = 256) -> float:
     """CPU time to decode one OUTPUTS message (as both transports do, with the engine's codec),
     per output: ``outputs`` one-token outputs, min over 5 repeats of 200 decodes."""
-    from engine.core.engine_core_proc import make_codec
-    from engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+    from engine.core.launch import make_codec
+    from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
     codec = make_codec()
     message = EngineCoreOutputs(0, [EngineCoreOutput(f"r{i}-{i}", [300 + i]) for i in range(outputs)],

@@ -30,20 +30,20 @@ from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 from engine import envs
 from engine.client import make_client
+from engine.client.core_launcher import CoreProcess
 from engine.client.factory import config_and_cores, stopped_on_error
-from engine.core.core_process import CoreProcess
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
-from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor
-from engine.frontend.tokenizer import user_tokenizer
-from engine.logging_setup import configure_logging
 from engine.frontend.renderer import Renderer
+from engine.frontend.tokenizer import user_tokenizer
 from engine.llm_engine import rpc_args
+from engine.logging_setup import configure_logging
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.server_interface import EngineClient
 from engine.stat_loggers import IterationStats, StatLoggerBase, StatLoggerFactory
 
 logger = logging.getLogger(__name__)

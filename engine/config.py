@@ -384,7 +384,7 @@ def _compilation(value: Any, enforce_eager: bool) -> CompilationConfig:
 def _worker_cls(value: Any) -> Union[str, type]:
     """``worker_cls`` checked before any launch: "auto", a dotted path (imported here, and by
     the EngineCore at launch) or a class (cloudpickled into the launch spec,
-    engine/core/core_process.py). ValueError unless it names an ``engine.worker.Worker``."""
+    engine/client/core_launcher.py). ValueError unless it names an ``engine.worker.Worker``."""
     if isinstance(value, str) and value == "auto":
         return value
     from engine.worker import resolve_worker_cls

@@ -17,8 +17,8 @@ import logging
 from typing import Any, Iterable, Optional, Union
 
 from engine.client import make_client
+from engine.client.core_launcher import CoreProcess
 from engine.client.factory import config_and_cores, stopped_on_error
-from engine.core.core_process import CoreProcess
 from engine.config import EngineArgs, EngineConfig
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor

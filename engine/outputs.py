@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Optional, TypeVar, Union
 
-from engine.protocol import EngineCoreEventType
+from engine.wire_messages import EngineCoreEventType
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,7 @@ class RequestStateStats:
     num_generation_tokens: int = 0
 
     def update_from_events(self, events) -> None:
-        """The core's EngineCoreEvents (engine/protocol.py): the first SCHEDULED counts, so a
+        """The core's EngineCoreEvents (engine/wire_messages.py): the first SCHEDULED counts, so a
         preempted request's queue time is its first wait."""
         for event in events:
             if event.type == EngineCoreEventType.QUEUED:

@@ -1,7 +1,7 @@
 """What AsyncLLM's output handler hands its stat loggers, in vLLM's shape (vllm/v1/metrics).
 
 Once per outputs message from a core (not per token): that core's ``SchedulerStats`` (its
-gauges after the step and the step's counters, from engine/protocol.py) and an
+gauges after the step and the step's counters, from engine/wire_messages.py) and an
 ``IterationStats`` the output processor filled while it turned the message into
 RequestOutputs, with the message's ``engine_index``. A logger's ``record`` runs on the event
 loop between two messages, so it must be cheap: add numbers, append to lists; never block.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from engine.outputs import RequestStateStats
-from engine.protocol import SchedulerStats
+from engine.wire_messages import SchedulerStats
 
 
 @dataclass(slots=True)

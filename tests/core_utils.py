@@ -7,10 +7,10 @@ from typing import Callable, Optional
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request
-from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import EngineCoreOutput
+from engine.core.scheduler import Scheduler
 from engine.sampling_params import SamplingParams
+from engine.wire_messages import EngineCoreOutput
 
 EOS = 2
 

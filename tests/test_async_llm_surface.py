@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from engine import AsyncEngineArgs, AsyncLLM, SamplingParams
-from engine.engine_client import EngineClient
+from engine.server_interface import EngineClient
 from test_engine_proc import TINY
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

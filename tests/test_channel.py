@@ -423,7 +423,7 @@ def test_codec_kinds_are_explicit_never_positions():
 
 
 def test_engine_protocol_kinds_are_pinned():
-    from engine.protocol import MESSAGE_TYPES, MessageKind, EngineCoreRequest, EngineDead
+    from engine.wire_messages import MESSAGE_TYPES, MessageKind, EngineCoreRequest, EngineDead
 
     assert MESSAGE_TYPES[MessageKind.ENGINE_CORE_REQUEST] is EngineCoreRequest and MessageKind.ENGINE_CORE_REQUEST == 0
     assert MESSAGE_TYPES[MessageKind.ENGINE_DEAD] is EngineDead and MessageKind.ENGINE_DEAD == 7

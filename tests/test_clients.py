@@ -46,5 +46,8 @@ def test_no_client_module_imports_the_factory_or_a_module_that_imports_it_back()
 
 
 def test_the_core_process_side_never_imports_the_frontend_side():
-    assert "engine.core.core_process" not in imported_modules("engine.core.engine_core_proc")
-    assert "engine.core.engine_core_proc" in imported_modules("engine.core.core_process")
+    core_side = imported_modules("engine.core.engine_core_proc")
+    assert not any(m.startswith("engine.client") for m in core_side)
+    # what both sides share at launch lives in one module, which each of them imports
+    assert "engine.core.launch" in core_side and "engine.core.launch" in imported_modules("engine.client.core_launcher")
+    assert "engine.core.engine_core_proc" not in imported_modules("engine.client.core_launcher")

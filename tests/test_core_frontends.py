@@ -10,11 +10,11 @@ import socket
 import threading
 from types import SimpleNamespace
 
-from engine.core.engine_core_proc import make_codec
 from engine.core.frontends import MultiFrontendCoreProc
-from engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
-                             SchedulerStats, Shutdown)
+from engine.core.launch import make_codec
 from engine.sampling_params import SamplingParams
+from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
+                                  SchedulerStats, Shutdown)
 from shm_transport import Channel
 from shm_transport.handoff import send_peer_end
 

@@ -15,8 +15,8 @@ from engine.async_llm import AsyncLLM
 from engine.client.mp_client import SyncMPClient
 from engine.config import AsyncEngineArgs, EngineArgs
 from engine.exceptions import EngineDeadError, EngineStepError
-from engine.protocol import FinishReason
 from engine.sampling_params import SamplingParams
+from engine.wire_messages import FinishReason
 from faulty_runner import FAULT_TEXT, POISON, BrokenWorker, FaultyWorker, NotAWorker
 from test_engine_proc import EXIT_DEADLINE_S, TINY, nothing_left_behind, request, tiny_config, wait_until  # noqa: F401
 

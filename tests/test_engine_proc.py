@@ -19,10 +19,9 @@ import pytest
 from process_utils import live_children
 
 from engine.config import EngineArgs
-from engine.core.engine_core_proc import merge_outputs
-from engine.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
-                             LogprobsLists)
 from engine.sampling_params import SamplingParams
+from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
+                                  LogprobsLists, merge_outputs)
 
 # Dummy weights on a tiny Llama: a step costs about a millisecond, so these tests measure
 # the process and transport machinery, not the model. Rings at their smallest by default.
@@ -222,8 +221,8 @@ _FRONTEND = textwrap.dedent("""
     import sys, time
     from engine.client.mp_client import SyncMPClient
     from engine.config import EngineArgs
-    from engine.protocol import EngineCoreRequest
     from engine.sampling_params import SamplingParams
+    from engine.wire_messages import EngineCoreRequest
     cfg = EngineArgs(model=sys.argv[1], transport=sys.argv[2], **eval(sys.argv[3])).create_engine_config()
     client = SyncMPClient(cfg)
     client.add_request(EngineCoreRequest("r", [1, 2, 3], SamplingParams(max_tokens=250, ignore_eos=True)))
@@ -270,7 +269,7 @@ def test_held_outputs_merge_into_one_entry_per_request():
 def test_held_stats_sum_their_counters_and_keep_the_newest_gauges():
     """Steps merged while the ring is full lose no prefix-cache lookup or preemption: the
     frontend's counters see every step, its gauges the newest state; events concatenate."""
-    from engine.protocol import EngineCoreEvent, EngineCoreEventType, SchedulerStats
+    from engine.wire_messages import EngineCoreEvent, EngineCoreEventType, SchedulerStats
 
     queued, scheduled = (EngineCoreEvent(EngineCoreEventType.QUEUED, 1.0),
                          EngineCoreEvent(EngineCoreEventType.SCHEDULED, 2.0))

@@ -8,15 +8,15 @@ import re
 
 import pytest
 
-from engine.entrypoints.openai import protocol
+from engine.entrypoints.openai import http_bodies
 from engine.entrypoints.openai.field_support import PLACEMENT, Implemented, NoOp, Refused
 from engine.entrypoints.openai.vllm_fields import VLLM_FIELDS
 from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS, SamplingParams
 from openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STRUCTS = {"ChatCompletionRequest": protocol.ChatCompletionRequest, "CompletionRequest": protocol.CompletionRequest,
-           "EmbeddingRequest": protocol.EmbeddingRequest, "StreamOptions": protocol.StreamOptions,
+STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest, "CompletionRequest": http_bodies.CompletionRequest,
+           "EmbeddingRequest": http_bodies.EmbeddingRequest, "StreamOptions": http_bodies.StreamOptions,
            "SamplingParams": SamplingParams}
 ROUTES = {"ChatCompletionRequest": "/v1/chat/completions", "CompletionRequest": "/v1/completions",
           "EmbeddingRequest": "/v1/embeddings"}

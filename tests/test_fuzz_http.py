@@ -145,7 +145,7 @@ def test_small_routes_answer_200_or_an_openai_4xx(server):
     fuzz()
 
 
-# Until decode_request refuses deep nesting itself (protocol.py, the validation work), msgspec's
+# Until decode_request refuses deep nesting itself (http_bodies.py, the validation work), msgspec's
 # RecursionError surfaces as a 500 here: these assert the invariant that work restores.
 @pytest.mark.parametrize("path", sorted(FIELDS))
 @pytest.mark.parametrize("depth", [64, 2000, 100_000])

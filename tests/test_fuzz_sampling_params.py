@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from engine import LLM
 from engine.async_llm import AsyncLLM
 from engine.config import AsyncEngineArgs
-from engine.protocol import EngineCoreRequest
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.wire_messages import EngineCoreRequest
 from test_engine_proc import TINY
 
 PROMPT = "The capital of France is"

@@ -8,8 +8,8 @@ from engine import LLM, SamplingParams
 from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
 from engine.llm_engine import LLMEngine
-from engine.protocol import EngineCoreRequest, FinishReason
 from engine.sampling_params import RequestOutputKind
+from engine.wire_messages import EngineCoreRequest, FinishReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 SHARED = "You are a careful assistant. Answer briefly and precisely, and never make anything up. "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
-from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.wire_messages import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists
 
 EOS = 2
 TEXT = "héllo wörld 你好 🙂, the end"

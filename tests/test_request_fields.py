@@ -21,7 +21,7 @@ from engine.beam_search import BeamSearch, BeamSearchSequence
 from engine.config import AsyncEngineArgs
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, CompletionRequest, decode_request
 from openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_sse
 from test_engine_proc import TINY
 

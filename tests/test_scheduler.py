@@ -5,9 +5,9 @@ from core_utils import EOS, make_request, make_requests, make_scheduler, run_to_
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import RequestStatus
-from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import FinishReason, LogprobsLists
+from engine.core.scheduler import Scheduler
+from engine.wire_messages import FinishReason, LogprobsLists
 
 
 def test_batch_respects_max_num_seqs_and_token_budget():

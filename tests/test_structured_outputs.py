@@ -13,7 +13,7 @@ import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine import sampling_params as sampling_params_module
-from engine.protocol import EngineCoreRequest
+from engine.wire_messages import EngineCoreRequest
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},

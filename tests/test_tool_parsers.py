@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIError, decode_request
+from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, OpenAIError, decode_request
 from engine.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
 from engine.entrypoints.openai.tool_parsers.partial_json import canonical, canonical_prefix

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Optional
 
 from engine.config import EngineConfig
 from engine.exceptions import EngineDeadError
-from engine.protocol import EngineCoreOutputs, EngineCoreRequest, EngineReady
 from engine.torch_env import prepare_torch_env
+from engine.wire_messages import EngineCoreOutputs, EngineCoreRequest, EngineReady
 
 
 class EngineCoreClient(ABC):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
+from engine.client.core_launcher import CoreProcess
 from engine.client.mp_client import AsyncMPClient
 from engine.config import EngineConfig
-from engine.core.core_process import CoreProcess
-from engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from engine.wire_messages import EngineCoreOutputs, EngineCoreRequest
 
 
 class DPLBAsyncMPClient(AsyncMPClient):

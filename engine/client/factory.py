@@ -9,10 +9,10 @@ import contextlib
 from typing import Iterator, Optional, Union
 
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient, InprocClient
+from engine.client.core_launcher import CoreProcess, close_cores, start_cores
 from engine.client.dp_client import DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
 from engine.config import EngineArgs, EngineConfig, core_launch
-from engine.core.core_process import CoreProcess, close_cores, start_cores
 from engine.logging_setup import configure_logging
 
 

@@ -20,13 +20,12 @@ from collections import deque
 from typing import Any, Optional
 
 from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
+from engine.client.core_launcher import CoreProcess, close_cores, start_cores, wait_cores
 from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
-from engine.core.core_process import CoreProcess, close_cores, start_cores, wait_cores
-from engine.core.engine_core_proc import merge_outputs
 from engine.exceptions import EngineDeadError
-from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
-                             EngineReady, UtilityCall, UtilityResult)
+from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
+                                  EngineReady, UtilityCall, UtilityResult, merge_outputs)
 from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from engine.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.kv_events import KVEventBatch, make_publisher
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from engine.core.scheduler import Scheduler
 from engine.request_check import RequestLimits, check_request
+from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from engine.worker.worker import rpc_callable
 
 logger = logging.getLogger(__name__)

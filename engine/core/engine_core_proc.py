@@ -1,11 +1,12 @@
-"""The EngineCore process: ``python -m engine.core TOKEN SPEC`` (engine/core/__main__.py), launched by
-the frontend's ``engine.core.core_process``, runs ``EngineCoreProc``'s busy loop here.
+"""The EngineCore *process*: its ``main`` (run by ``python -m engine.core TOKEN SPEC``,
+engine/core/__main__.py) and ``EngineCoreProc``, the busy loop that feeds one ``EngineCore``
+(engine/core/engine_core.py) from its channel and publishes what each step produced.
 
-``SPEC`` is a JSON ``CoreLaunchSpec``: the launch contract, defined here with the codec and
-channel both sides use. torch is imported only after the thread count and
-``OMP_WAIT_POLICY`` are set (docs/ARCHITECTURE.md, "Threads": an OpenMP thread that spins
-while its partner core runs the frontend makes a decode step many times slower), so this module's top level
-imports no torch: the frontend imports it for the contract.
+The frontend starts it through ``engine.client.core_launcher``; what the two share at launch
+(the spec, the codec, the channel class, the READY fields) is ``engine.core.launch``. torch is
+imported only after the thread count and ``OMP_WAIT_POLICY`` are set (docs/ARCHITECTURE.md,
+"Threads": an OpenMP thread that spins while its partner core runs the frontend makes a decode
+step many times slower).
 """
 from __future__ import annotations
 
@@ -22,15 +23,12 @@ import traceback
 from collections import deque
 from typing import TYPE_CHECKING, Any, Optional
 
-import msgspec
-
 from engine import envs
-from engine.core.handshake import ready_fields
+from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, ready_fields
 from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
-from engine.protocol import (MESSAGE_TYPES, AbortRequests, EngineCoreOutput, EngineCoreOutputs,
-                             EngineCoreRequest, EngineDead, EngineReady, LogprobsLists, Shutdown,
-                             UtilityCall, UtilityResult)
+from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead, EngineReady,
+                                  Shutdown, UtilityCall, UtilityResult, merge_outputs)
 from shm_transport import TransportError
 
 if TYPE_CHECKING:
@@ -51,73 +49,6 @@ _malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
 # How long the loop waits for a request when it holds outputs the full ring refused:
 # short enough to retry promptly, long enough not to spin a core the frontend needs.
 _HELD_RETRY_S = 0.0005
-
-
-class CoreLaunchSpec(msgspec.Struct):
-    transport: str  # "shm" | "zmq"
-    engine_index: int
-    num_threads: int
-    parent_pid: int
-    # SIGKILL on parent death; only when launched from the main thread, because the
-    # signal follows the launching *thread*, which may end long before the frontend.
-    pdeathsig: bool
-    engine_args: dict[str, Any]  # EngineArgs fields; the core derives its own config
-    # The frontend's import path, appended to the core's own, so a worker_cls the frontend
-    # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
-    sys_path: list[str] = []
-    # A worker_cls given as a class: its cloudpickle, base64 (engine_args holds "auto" then).
-    # It travels only here, at launch; the request rings carry no pickle.
-    worker_cls_pickle: Optional[str] = None
-    # --api-server-count N: the fd of a Unix socket over which the launcher hands over one channel
-    # end per API-server process (engine/core/frontends.py); None: this channel is the only one.
-    frontends_fd: Optional[int] = None
-
-
-def make_codec():
-    from shm_transport import MsgspecCodec
-
-    return MsgspecCodec(MESSAGE_TYPES)
-
-
-def channel_class(transport: str):
-    if transport == "zmq":
-        from shm_transport.zmq_channel import ZmqChannel
-
-        return ZmqChannel
-    from shm_transport import Channel
-
-    return Channel
-
-
-def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
-    into.new_token_ids.extend(new.new_token_ids)
-    for name in ("new_logprobs", "new_prompt_logprobs"):
-        a, b = getattr(into, name), getattr(new, name)
-        if a is None:
-            setattr(into, name, b)
-        elif b is not None:
-            setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
-                                              a.ranks + b.ranks))
-    into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
-    into.error, into.internal_error = new.error, new.internal_error
-    if new.events:
-        into.events = (into.events or []) + new.events
-
-
-def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
-    """Fold a later step into outputs not yet published: one entry per request, so what the
-    core holds while the frontend is slow stays bounded by the number of live requests."""
-    index = {o.request_id: o for o in into.outputs}
-    for out in new.outputs:
-        held = index.get(out.request_id)
-        if held is None or held.finished:
-            into.outputs.append(out)
-            index[out.request_id] = out
-        else:
-            _merge_output(held, out)
-    if new.scheduler_stats is not None and into.scheduler_stats is not None:
-        new.scheduler_stats.add_counters(into.scheduler_stats)
-    into.scheduler_stats = new.scheduler_stats or into.scheduler_stats
 
 
 class EngineCoreProc:
@@ -322,7 +253,7 @@ def _make_proc(spec: CoreLaunchSpec, config: EngineConfig, core: EngineCore, cha
 
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
-    token, spec = argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
+    token, spec = read_command_line(argv)
     sys.path.extend(p for p in spec.sys_path if p not in sys.path)
     _setup_process(spec)
     _configure_logging(spec.engine_index)

@@ -27,11 +27,10 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from engine.core.engine_core_proc import (_HELD_RETRY_S, _TRIM_AFTER_IDLE_S, EngineCoreProc, _malloc_trim,
-                                          _send_dead, channel_class, make_codec, merge_outputs)
-from engine.core.handshake import ready_fields
-from engine.protocol import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineReady, SchedulerStats,
-                             UtilityCall)
+from engine.core.engine_core_proc import _HELD_RETRY_S, _TRIM_AFTER_IDLE_S, EngineCoreProc, _malloc_trim, _send_dead
+from engine.core.launch import channel_class, make_codec, ready_fields
+from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineReady, SchedulerStats,
+                                  UtilityCall, merge_outputs)
 from shm_transport import TransportError
 from shm_transport.channel_set import peer_alive, wait_any
 from shm_transport.handoff import close_token_fds, recv_token

@@ -11,8 +11,8 @@ import time
 from typing import Optional
 
 from engine.pooling_params import PoolingParams
-from engine.protocol import EngineCoreRequest, FinishReason
 from engine.sampling_params import SamplingParams
+from engine.wire_messages import EngineCoreRequest, FinishReason
 
 
 class RequestStatus(enum.IntEnum):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from engine.core.request import Request
-from engine.protocol import LogprobsLists
+from engine.wire_messages import LogprobsLists
 
 
 @dataclass

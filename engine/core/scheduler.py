@@ -40,8 +40,8 @@ from engine.core.kv_cache import KVCacheManager
 from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.protocol import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
-                             SchedulerStats)
+from engine.wire_messages import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
+                                  SchedulerStats)
 
 
 class FCFSQueue:

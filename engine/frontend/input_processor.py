@@ -20,17 +20,17 @@ import msgspec
 
 from engine.config import EngineConfig
 from engine.exceptions import ParameterError
+from engine.frontend.bad_words import tokenize_bad_words
 from engine.frontend.chat_template import ChatTemplateError, TemplateLimits, render_chat
+from engine.frontend.output_processor import ParentRequest, fan_out
+from engine.frontend.renderer import encode, max_token_bytes
 from engine.frontend.tokenizer import FastTokenizer, chat_template_source
 from engine.hf_config import ModelConfigError
-from engine.frontend.renderer import encode, max_token_bytes
-from engine.frontend.bad_words import tokenize_bad_words
-from engine.frontend.output_processor import ParentRequest, fan_out
 from engine.pooling_params import PoolingParams
-from engine.protocol import EngineCoreRequest
 from engine.request_check import RequestLimits, check_request
 from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import RequestOutputKind, SamplingParams, ints_only, verified_copy
+from engine.wire_messages import EngineCoreRequest
 
 # What a pooling request carries as its (unused) sampling params: nothing to sample or detokenize.
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from engine.outputs import Logprob, PromptLogprobs, SampleLogprobs
-from engine.protocol import LogprobsLists
+from engine.wire_messages import LogprobsLists
 
 
 class TokenDecoder:

@@ -16,9 +16,9 @@ import msgspec
 from engine.frontend.detokenizer import ByteLevelTable, IncrementalDetokenizer, make_detokenizer
 from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
 from engine.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput, RequestStateStats
-from engine.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 from engine.sampling_params import RequestOutputKind, SamplingParams, verified_copy
 from engine.stat_loggers import FinishedRequestStats, IterationStats
+from engine.wire_messages import EngineCoreOutput, EngineCoreRequest, FinishReason
 
 
 def _pooling_output(state: "RequestState", out: EngineCoreOutput) -> PoolingRequestOutput:

@@ -27,11 +27,11 @@ from engine.core.request import Request
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.kv_transfer import make_kv_connector
 from engine.models.attention import AttentionMetadata, to_device
-from engine.protocol import LogprobsLists
 from engine.sampling_params import SamplingType
+from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
-from engine.worker.logit_controls import LogitControls, has_logit_controls
 from engine.worker.loader import load_model
+from engine.worker.logit_controls import LogitControls, has_logit_controls
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
 logger = logging.getLogger(__name__)

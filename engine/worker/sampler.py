@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from engine.protocol import LogprobsLists
+from engine.wire_messages import LogprobsLists
 from engine.worker.logit_controls import LogitControls
 
 

@@ -41,8 +41,8 @@ import time
 from collections import deque
 from typing import Optional
 
+from engine.client.core_launcher import CoreProcess, close_cores, describe_exit, wait_cores
 from engine.config import AsyncEngineArgs, core_launch
-from engine.core.core_process import CoreProcess, close_cores, describe_exit, wait_cores
 from engine.entrypoints.openai.api_server_proc import ApiServerSpec
 from engine.entrypoints.openai.server import END_GRACE_S, ServerSettings
 from shm_transport.handoff import close_token_fds, recv_token, send_token

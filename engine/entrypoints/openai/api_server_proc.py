@@ -21,9 +21,9 @@ from contextlib import asynccontextmanager
 from typing import AsyncGenerator
 
 from engine.async_llm import AsyncLLM
+from engine.client.attached_core import AttachedCore
 from engine.client.factory import stopped_on_error
 from engine.config import AsyncEngineArgs, core_launch
-from engine.core.attached_core import AttachedCore
 from engine.entrypoints.openai.server import ServerSettings, run_server
 from engine.exceptions import EngineStartupError
 from engine.logging_setup import configure_logging

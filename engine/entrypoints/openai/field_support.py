@@ -235,9 +235,9 @@ def check_undeclared(body: bytes, type_: type) -> None:
     """Act on the fields of ``body`` that ``type_`` (a request struct that already decoded it)
     does not declare: 400 for a refused one asking for something, a warning for an unknown name.
 
-    Raises OpenAIError; imported lazily by the protocol module, which defines it.
+    Raises OpenAIError; imported lazily by http_bodies, which defines it.
     """
-    from engine.entrypoints.openai.protocol import OpenAIError
+    from engine.entrypoints.openai.http_bodies import OpenAIError
 
     placement = PLACEMENT.get(type_.__name__, {})
     declared = set(type_.__struct_fields__)

@@ -19,8 +19,8 @@ import asyncio
 import logging
 from typing import Callable, Optional
 
-from engine.engine_client import EngineClient
 from engine.exceptions import EngineDeadError
+from engine.server_interface import EngineClient
 
 logger = logging.getLogger(__name__)
 

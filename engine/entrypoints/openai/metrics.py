@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from engine.protocol import FinishReason, SchedulerStats
 from engine.stat_loggers import IterationStats, StatLoggerBase
+from engine.wire_messages import FinishReason, SchedulerStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

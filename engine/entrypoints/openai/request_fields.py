@@ -9,7 +9,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.protocol import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprob, PromptLogprobs
+from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprob, PromptLogprobs
 from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"

@@ -29,13 +29,12 @@ from typing import AsyncContextManager, Optional
 import uvloop
 from aiohttp import web
 
-from engine.engine_client import EngineClient
+from engine.entrypoints.openai import metrics_fanin
 from engine.entrypoints.openai.connections import (ConnectionGuard, ConnectionLimits, abandon_body,
                                                    default_max_connections, raise_open_file_limit)
+from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
-from engine.entrypoints.openai import metrics_fanin
 from engine.entrypoints.openai.metrics import ServerMetrics
-from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.public_errors import payload_error, public_error
 from engine.entrypoints.openai.request_fields import REQUEST_ID_HEADER, REQUEST_ID_KEY
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -44,6 +43,7 @@ from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing
+from engine.server_interface import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def build_app(engine_client: AsyncContextManager[EngineClient], settings: Server
 
 async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness: CoreLiveness) -> Serving:
     if not isinstance(engine, EngineClient):
-        raise TypeError(f"the server needs an engine.engine_client.EngineClient, got {type(engine).__name__}")
+        raise TypeError(f"the server needs an engine.server_interface.EngineClient, got {type(engine).__name__}")
     model_config = engine.model_config
     names = [model_config.served_model_name]
     metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices)

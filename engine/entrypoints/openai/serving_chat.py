@@ -16,13 +16,13 @@ from typing import AsyncIterator, Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                                ChatCompletionResponse, ChatLogProb, ChatLogProbs,
-                                                ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
-                                                DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
-                                                random_id)
 from engine.entrypoints.openai import request_fields, serving_beam_search
-from engine.entrypoints.openai.protocol import PromptTokensDetails
+from engine.entrypoints.openai.http_bodies import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                                   ChatCompletionResponse, ChatLogProb, ChatLogProbs,
+                                                   ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
+                                                   DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
+                                                   random_id)
+from engine.entrypoints.openai.http_bodies import PromptTokensDetails
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.exceptions import ParameterError

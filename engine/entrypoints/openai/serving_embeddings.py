@@ -17,8 +17,8 @@ from typing import Any, AsyncIterator, Callable, Union
 
 from aiohttp import web
 
-from engine.entrypoints.openai.protocol import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-                                                OpenAIError, decode_request)
+from engine.entrypoints.openai.http_bodies import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+                                                   OpenAIError, decode_request)
 from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import RendererBusyError, encode

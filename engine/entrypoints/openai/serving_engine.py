@@ -22,14 +22,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import msgspec
 from aiohttp import web
 
-from engine.engine_client import EngineClient
+from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.entrypoints.openai.metrics import ServerMetrics
-from engine.entrypoints.openai.protocol import OpenAIError
 from engine.entrypoints.openai.public_errors import public_error
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
 from engine.frontend.renderer import RendererBusyError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.server_interface import EngineClient
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import logging
 
 from aiohttp import web
 
+from engine.entrypoints.openai.http_bodies import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
+                                                   OpenAIError, TokenizeRequest, TokenizeResponse,
+                                                   decode_request, now)
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
-from engine.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
-                                                OpenAIError, TokenizeRequest, TokenizeResponse,
-                                                decode_request, now)
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_engine import json_response
 from engine.exceptions import EngineDeadError

@@ -16,7 +16,7 @@ import json
 import logging
 from typing import Any, Optional
 
-from engine.entrypoints.openai.protocol import OpenAIError
+from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.exceptions import ParameterError
 from engine.sampling_params import StructuredOutputsParams
 

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from engine.entrypoints.openai.protocol import FunctionCall, ToolCall, random_id
+from engine.entrypoints.openai.http_bodies import FunctionCall, ToolCall, random_id
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
-from engine.entrypoints.openai.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall
+from engine.entrypoints.openai.http_bodies import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 
 if TYPE_CHECKING:
     from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ToolParser

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import msgspec
 
-from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
+from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser

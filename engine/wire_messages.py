@@ -4,6 +4,8 @@ Everything here crosses a process boundary (the shm ring or the zmq baseline), s
 each type is a msgspec Struct, array_like (positional, no field names on the wire)
 and omit_defaults (a decode step sends only what changed). Nothing is pickled.
 The transport puts one byte of message kind in front (``MessageKind``, ``MESSAGE_TYPES``).
+Imported by both processes; what the HTTP server sends and receives is
+``engine.entrypoints.openai.http_bodies``.
 """
 from __future__ import annotations
 
@@ -151,7 +153,7 @@ class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True):
     engine_index: int
     pid: int
     num_kv_blocks: int
-    # the core's own derivation of the config, checked by the frontend (engine/core/handshake.py)
+    # the core's own derivation of the config, checked by the frontend (engine/core/launch.py)
     block_size: int
     max_model_len: int
     vocab_size: int
@@ -192,3 +194,35 @@ MESSAGE_TYPES = {
     MessageKind.UTILITY_RESULT: UtilityResult,
     MessageKind.ENGINE_DEAD: EngineDead,
 }
+
+
+def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
+    into.new_token_ids.extend(new.new_token_ids)
+    for name in ("new_logprobs", "new_prompt_logprobs"):
+        a, b = getattr(into, name), getattr(new, name)
+        if a is None:
+            setattr(into, name, b)
+        elif b is not None:
+            setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
+                                              a.ranks + b.ranks))
+    into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
+    into.error, into.internal_error = new.error, new.internal_error
+    if new.events:
+        into.events = (into.events or []) + new.events
+
+
+def merge_outputs(into: EngineCoreOutputs, new: EngineCoreOutputs) -> None:
+    """Fold a later outputs message into one not yet handed on: one entry per request. The core
+    merges what a full ring holds back (so what it holds stays bounded by the number of live
+    requests), the async client what has arrived before it is processed."""
+    index = {o.request_id: o for o in into.outputs}
+    for out in new.outputs:
+        held = index.get(out.request_id)
+        if held is None or held.finished:
+            into.outputs.append(out)
+            index[out.request_id] = out
+        else:
+            _merge_output(held, out)
+    if new.scheduler_stats is not None and into.scheduler_stats is not None:
+        new.scheduler_stats.add_counters(into.scheduler_stats)
+    into.scheduler_stats = new.scheduler_stats or into.scheduler_stats

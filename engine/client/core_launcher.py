@@ -1,8 +1,8 @@
-"""The frontend's handle on EngineCore processes: launch (``CoreProcess``, ``start_cores``),
-the READY handshake, and a clean end (``close_cores``) whatever failed on the way.
+"""The frontend's launcher and handle of EngineCore processes: launch (``CoreProcess``,
+``start_cores``), the READY handshake, and a clean end (``close_cores``) whatever failed on the way.
 
-The other side of the process boundary, what runs in the core, is ``engine_core_proc``
-(whose ``CoreLaunchSpec`` is the launch contract). Launched with ``subprocess`` as
+The other side of the process boundary, what runs in the core, is ``engine.core.engine_core_proc``;
+what both sides share at launch is ``engine.core.launch``. Launched with ``subprocess`` as
 ``python -m engine.core TOKEN SPEC``, never multiprocessing: the user's
 ``__main__`` is not re-imported, no resource tracker starts, and the ring's file descriptors
 arrive through ``pass_fds``. Nothing here imports torch.
@@ -18,20 +18,13 @@ import threading
 import time
 from typing import Any, Optional
 
-import msgspec
-
 from engine import envs
 from engine.config import CoreLaunch, EngineArgs, EngineConfig
-from engine.core.handshake import check_ready
-from engine.core.engine_core_proc import CoreLaunchSpec, channel_class, make_codec
+from engine.core.launch import CoreLaunchSpec, channel_class, check_ready, command_line, make_codec
 from engine.exceptions import EngineStartupError
-from engine.protocol import EngineDead, EngineReady, Shutdown
 from engine.torch_env import prepare_torch_env
+from engine.wire_messages import EngineDead, EngineReady, Shutdown
 from shm_transport import TransportError
-
-
-def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
-    return [sys.executable, "-m", "engine.core", token, msgspec.json.encode(spec).decode()]
 
 
 def engine_args_dict(args: EngineArgs) -> dict[str, Any]:
@@ -170,7 +163,7 @@ def start_cores(launch: CoreLaunch, engine_indices: list[int]) -> list[CoreProce
 
 def wait_cores(cores: list[CoreProcess], config: EngineConfig) -> list[CoreProcess]:
     """Wait until every core is READY with the config this frontend derived
-    (engine/core/handshake.py); on any failure all of them are stopped."""
+    (engine/core/launch.py); on any failure all of them are stopped."""
     try:
         for core in cores:
             check_ready(core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S), config, core.name)

@@ -15,10 +15,10 @@ import select
 import socket
 from typing import Optional
 
+from engine.client.core_launcher import CoreProcess
 from engine.config import CoreLaunch
-from engine.core.core_process import CoreProcess
-from engine.core.engine_core_proc import channel_class, make_codec
-from engine.protocol import EngineReady
+from engine.core.launch import channel_class, make_codec
+from engine.wire_messages import EngineReady
 from shm_transport.handoff import send_peer_end
 
 
