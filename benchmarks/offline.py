@@ -106,7 +106,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
 
     start = time.perf_counter()
     llm = LLM(model=a.model, dtype=a.dtype, num_threads=a.threads, kv_cache_memory=a.kv_cache_memory,
-              max_model_len=a.max_model_len, seed=0)
+              max_model_len=a.max_model_len, seed=0, quantization=a.quantization)
     startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
     prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
@@ -192,10 +192,13 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
     model = a.model
     if engine == "ringllm-gguf":  # ringllm on the GGUF file's own blocks (quantization="gguf")
         engine, model = "ringllm", a.gguf or _default_gguf()
+    quantization = "int8" if engine == "ringllm-int8" else None
+    if engine == "ringllm-int8":  # the float checkpoint's projections as W8A8 (quantization="int8")
+        engine = "ringllm"
     cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", a.mode,
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
            "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
-           "--repeats", str(a.repeats),
+           "--repeats", str(a.repeats), *(["--quantization", quantization] if quantization else []),
            "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
            "--spawn-time", repr(time.time())]
     cmd += (["--model", model] if model else []) + (["--inproc"] if a.inproc else [])
@@ -273,7 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians and spread)")
     p.add_argument("--scenarios", default="batch,single", help="any of batch, single, prefill")
     p.add_argument("--engines", default="ringllm,transformers",
-                   help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks)")
+                   help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks), "
+                        "ringllm-int8 (quantization='int8')")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
@@ -292,6 +296,7 @@ def main(argv=None) -> int:
     p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp's prompt batch size")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)
+    p.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
