@@ -13,6 +13,10 @@
  * with s_x = d_x sum(q_x). All rows of x are multiplied with a weight block while it is in
  * registers, so W is read once per call for up to QUANT_GEMV_MAX_M rows.
  *
+ * Batches: on AVX-512 VNNI, Q4_0, Q4_1 and Q8_0 from QUANT_GEMM_MIN_M rows run a tiled int8
+ * GEMM instead (quant_gemm.c: W repacked per call, 32 output rows at a time, into vpdpbusd's
+ * layout, then every row of x multiplies it), which reads W once per call at any row count.
+ *
  * Variants: AVX-512 (F, BW, VNNI: vpdpbusd, two blocks per register), AVX2 (vpmaddubsw),
  * plain C; the best one the CPU has, chosen by CPUID, capped by max_isa so tests run each.
  */
@@ -31,6 +35,14 @@
 #define QUANT_BLOCK 32
 #define QUANT_KBLOCK 256
 #define QUANT_GEMV_MAX_M 8
+/* From this many rows, Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI run the tiled GEMM (quant_gemm.c),
+ * which reads W once per call whatever the rows; for a W of over QUANT_GEMM_LARGE_BYTES (one
+ * streamed from memory, the vocabulary projection) from QUANT_GEMM_MIN_M_LARGE rows, since its
+ * per-call repacking of W costs more than the GEMV's passes below that (benchmarks/RESULTS.md,
+ * "Quantized kernels"). */
+#define QUANT_GEMM_MIN_M 4
+#define QUANT_GEMM_MIN_M_LARGE 16
+#define QUANT_GEMM_LARGE_BYTES 4194304 /* 4 MiB */
 /* max_isa values: the most a call may use. */
 #define QUANT_ISA_C 0
 #define QUANT_ISA_AVX2 1
@@ -48,7 +60,7 @@ int quant_best_isa(void);
 /* y[r, j] = sum_i x[r, i] * W[j, i] for r < m; x is [m, k] float32 (row stride x_stride
  * floats), y is [m, n] float32 row-major; w holds W's n rows of k / quant_block_weights(type)
  * blocks. W is read once per QUANT_GEMV_MAX_M rows of x (all of them multiply a weight block
- * while it is in registers). Returns 0; -1 for bad sizes or type; -2 when scratch memory ran
+ * while it is in registers), or once per call on the GEMM path (see above). Returns 0; -1 for bad sizes or type; -2 when scratch memory ran
  * out. The int8 copy of x lives in a per-thread buffer reused by the next call. */
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y);

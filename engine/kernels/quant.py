@@ -7,7 +7,8 @@ file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) 
 ``MAX_ROWS`` rows of activations against them (x is quantized per call to int8 blocks, as
 llama.cpp does), larger batches up to ``GEMV_ROWS`` run it again per ``MAX_ROWS`` rows, and
 beyond that dequantize into a per-call float32 buffer and run a GEMM, so nothing dense stays
-resident.
+resident. On AVX-512 VNNI, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`` rows run a tiled int8
+GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over
 # (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.3-0.7x the time of dequantize
 # + float32 GEMM, and need no [out, in] float32 buffer (113 MB for the vocabulary projection).
 GEMV_ROWS = 64
+# The tiled GEMM (AVX-512 VNNI, 32-weight blocks) takes any row count: at 256 rows it took
+# ~0.3x the time of dequantize + float32 GEMM on the default model's shapes (RESULTS.md).
+GEMM_MIN_ROWS = 4 if lib is None else lib.QUANT_GEMM_MIN_M
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
 _BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())
 
@@ -34,6 +38,12 @@ _BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())
 def best_isa() -> int:
     """The best kernel variant this CPU runs (ISA_*); ISA_C where the extension is missing."""
     return _BEST_ISA
+
+
+def kernel_rows(qtype: int, isa: int) -> Optional[int]:
+    """The most rows ``QuantizedLinear.matmul`` runs in the kernel for this type and variant
+    (more dequantize and run a float32 GEMM); None: any number (the tiled int8 GEMM)."""
+    return None if isa == ISA_AVX512_VNNI and block_weights(qtype) == BLOCK else GEMV_ROWS
 
 
 def block_bytes(qtype: int) -> int:
@@ -50,7 +60,7 @@ def block_weights(qtype: int) -> int:
 class QuantizedLinear:
     """An ``[out, in]`` weight held as GGUF blocks; ``matmul(x)`` is ``x @ W.T`` in float32."""
 
-    __slots__ = ("qtype", "out_features", "in_features", "data", "_wptr")
+    __slots__ = ("qtype", "out_features", "in_features", "data", "_wptr", "_rows")
 
     def __init__(self, data: torch.Tensor, qtype: int, out_features: int, in_features: int) -> None:
         if lib is None:
@@ -69,6 +79,7 @@ class QuantizedLinear:
         self.qtype, self.out_features, self.in_features = qtype, out_features, in_features
         self.data = data.contiguous().view(out_features, row_bytes)
         self._wptr = ffi.cast("const uint8_t *", self.data.data_ptr())  # cast once, not per call
+        self._rows = kernel_rows(qtype, _BEST_ISA)
 
     @property
     def nbytes(self) -> int:
@@ -88,14 +99,15 @@ class QuantizedLinear:
         """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
         a strided view). Up to ``GEMV_ROWS`` rows run the int8 kernel, into ``out`` when given (a
         contiguous float32 ``[rows, out_features]``: saves the allocation, ~2 us of a call);
-        max_isa caps its variant (tests force each)."""
+        max_isa caps its variant (tests force each). On AVX-512 VNNI every row count of a
+        32-weight block type runs the kernel (``kernel_rows``)."""
         x, rows, stride = activations(x, self.in_features)
-        if rows > GEMV_ROWS:
+        isa, most = (_BEST_ISA, self._rows) if max_isa is None else (max_isa, kernel_rows(self.qtype, max_isa))
+        if most is not None and rows > most:
             return torch.matmul(x, self.dequantize().t(), out=out)
         y = output(out, rows, self.out_features)
         rc = lib.quant_gemv(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows, self._wptr,
-                            self.out_features, self.in_features, _BEST_ISA if max_isa is None else max_isa,
-                            ffi.cast("float *", y.data_ptr()))
+                            self.out_features, self.in_features, isa, ffi.cast("float *", y.data_ptr()))
         if rc == -2:
             raise MemoryError("quant_gemv: no memory for its activation scratch")
         if rc != 0:
