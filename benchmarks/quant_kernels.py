@@ -1,8 +1,8 @@
 """Per-call time of the quantized matmul kernels against the bf16 GEMV, on the default model's shapes.
 
 One case is one weight format at one shape and row count; a case's figure is the mean thread
-CPU time of ``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, ``Int8Linear.matmul``, torch's
-linear) over ``--budget`` seconds of it, Python included: what a decode step pays per
+CPU time of ``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, ``Int8Linear.matmul``, the
+oneDNN-packed bf16 projection the bf16 model runs, torch's linear) over ``--budget`` seconds of it, Python included: what a decode step pays per
 projection. CPU time, so that other work on the shared cores slows a case only through the
 caches it shares. Weights are
 random (gguf.quants.quantize for Q4_0/Q4_1/Q8_0, random valid blocks for the K-quants); the
@@ -24,8 +24,8 @@ from benchmarks.harness import Bench, Column
 from engine.kernels import quant
 from engine.kernels.bf16_gemv import PackedBF16
 
-# Default model (SmolLM2-135M): hidden 576, MLP 1536, vocab 49152; each as in -> out.
-SHAPES = "576x1536,1536x576,576x49152"
+# Default model (SmolLM2-135M): hidden 576 (q, o), k/v 192, MLP 1536, vocab 49152; each as in -> out.
+SHAPES = "576x576,576x192,576x1536,1536x576,576x49152"
 
 
 def _weights(qtype: int, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
@@ -61,7 +61,8 @@ def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
         bw = quant.block_weights(qtype) if hasattr(quant, "block_weights") else quant.BLOCK
         if k % bw == 0:
             lin = quant.QuantizedLinear(_weights(qtype, n, k, rng), qtype, n, k)
-            out[names[qtype]] = (lin.matmul, getattr(quant, "GEMV_ROWS", 1 << 30))
+            most = quant.kernel_rows(qtype, quant.best_isa()) if hasattr(quant, "kernel_rows") else quant.GEMV_ROWS
+            out[names[qtype]] = (lin.matmul, 1 << 30 if most is None else most)
             out[f"{names[qtype]} deq+GEMM"] = (lambda x, lin=lin: x @ lin.dequantize().t(), 1 << 30)
     w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)) * 0.02
     try:
@@ -73,6 +74,13 @@ def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
     out["bf16 GEMV"] = (packed.matmul, packed_rows())
     wb = w.to(torch.bfloat16)
     out["bf16 torch"] = (lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), wb), 1 << 30)
+    try:  # the bf16 model's own projection method where the CPU has native bf16 GEMMs
+        from engine.kernels import onednn_linear
+        if onednn_linear.supports(torch.device("cpu"), torch.bfloat16):
+            packed_bf16 = onednn_linear.PackedLinear(wb)
+            out["bf16 oneDNN"] = (lambda x: packed_bf16.matmul(x.to(torch.bfloat16)), 1 << 30)
+    except ImportError:  # a tree from before the packed layout
+        pass
     out["fp32 torch"] = (lambda x: torch.nn.functional.linear(x, w), 1 << 30)
     return out
 
@@ -85,7 +93,9 @@ def packed_rows() -> int:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated INxOUT")
-    ap.add_argument("--rows", default="1,4,64")
+    ap.add_argument("--rows", default="1,8,16,32,64,256")
+    ap.add_argument("--formats", default=None,
+                    help="comma-separated format names to run (e.g. Q4_1,'Q4_1 deq+GEMM','bf16 torch'); default all")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per case and round")
     ap.add_argument("--seed", type=int, default=0)
@@ -93,6 +103,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)
+    wanted = set(args.formats.split(",")) if args.formats else None
     bench = Bench("quant_kernels", model="SmolLM2-135M shapes, random weights")
     columns = []
     for shape in args.shapes.split(","):
@@ -102,7 +113,7 @@ def main(argv=None) -> None:
             scenario = f"{k}->{n} x{rows}"
             x = torch.randn(rows, k)
             for name, (fn, most) in formats.items():
-                if rows > most or (rows <= 8 and name.endswith("deq+GEMM")):
+                if rows > most or (rows < 64 and name.endswith("deq+GEMM")) or (wanted and name not in wanted):
                     continue
                 bench.add(scenario, name, lambda fn=fn, x=x: {"us": _per_call_us(fn, x, args.budget)})
             columns.append(Column(f"{scenario} us", scenario, "us", fmt="{:.1f}"))

@@ -354,9 +354,9 @@ static int gemv_pass(int type, int isa, const float *x, int64_t x_stride, int64_
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* All m rows of quant_gemv in quant_gemm.c's tiled GEMM (AVX-512 VNNI, 32-weight blocks). */
-static int gemm_all_rows(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
-                         float *y) {
+/* All m rows of quant_gemv in quant_gemm.c's tiled GEMM (AVX-512 VNNI or AVX2, 32-weight blocks). */
+static int gemm_all_rows(int type, int isa, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                         int64_t k, float *y) {
     act_t act;
     act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
     act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
@@ -368,8 +368,8 @@ static int gemm_all_rows(int type, const float *x, int64_t x_stride, int64_t m, 
     act.s = (float *)(mem + scbytes);
     act.q = (int8_t *)(mem + 2 * scbytes);
     quantize_rows_avx2(x, x_stride, m, k, &act);
-    quant_gemm_avx512(type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k,
-                      mem + 2 * scbytes + qbytes, y);
+    (isa == QUANT_ISA_AVX512_VNNI ? quant_gemm_avx512 : quant_gemm_avx2)(
+        type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k, mem + 2 * scbytes + qbytes, y);
     return 0;
 }
 #endif
@@ -382,9 +382,9 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     if (max_isa < isa) isa = max_isa;
 #if defined(__x86_64__) && defined(__GNUC__)
     const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 /* its gathers' offsets */
+    if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 /* the AVX-512 gathers' offsets */
         && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
-        return gemm_all_rows(type, x, x_stride, m, w, n, k, y);
+        return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
 #endif
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
         const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,

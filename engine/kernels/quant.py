@@ -7,8 +7,8 @@ file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) 
 ``MAX_ROWS`` rows of activations against them (x is quantized per call to int8 blocks, as
 llama.cpp does), larger batches up to ``GEMV_ROWS`` run it again per ``MAX_ROWS`` rows, and
 beyond that dequantize into a per-call float32 buffer and run a GEMM, so nothing dense stays
-resident. On AVX-512 VNNI, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`` rows run a tiled int8
-GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both.
+resident. On AVX-512 VNNI and AVX2, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`` rows run a
+tiled int8 GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over
 # (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.3-0.7x the time of dequantize
 # + float32 GEMM, and need no [out, in] float32 buffer (113 MB for the vocabulary projection).
 GEMV_ROWS = 64
-# The tiled GEMM (AVX-512 VNNI, 32-weight blocks) takes any row count: at 256 rows it took
+# The tiled GEMM (AVX-512 VNNI or AVX2, 32-weight blocks) takes any row count: at 256 rows it took
 # ~0.3x the time of dequantize + float32 GEMM on the default model's shapes (RESULTS.md).
 GEMM_MIN_ROWS = 4 if lib is None else lib.QUANT_GEMM_MIN_M
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
@@ -43,7 +43,7 @@ def best_isa() -> int:
 def kernel_rows(qtype: int, isa: int) -> Optional[int]:
     """The most rows ``QuantizedLinear.matmul`` runs in the kernel for this type and variant
     (more dequantize and run a float32 GEMM); None: any number (the tiled int8 GEMM)."""
-    return None if isa == ISA_AVX512_VNNI and block_weights(qtype) == BLOCK else GEMV_ROWS
+    return None if isa >= ISA_AVX2 and block_weights(qtype) == BLOCK else GEMV_ROWS
 
 
 def block_bytes(qtype: int) -> int:
@@ -99,8 +99,8 @@ class QuantizedLinear:
         """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
         a strided view). Up to ``GEMV_ROWS`` rows run the int8 kernel, into ``out`` when given (a
         contiguous float32 ``[rows, out_features]``: saves the allocation, ~2 us of a call);
-        max_isa caps its variant (tests force each). On AVX-512 VNNI every row count of a
-        32-weight block type runs the kernel (``kernel_rows``)."""
+        max_isa caps its variant (tests force each). On AVX-512 VNNI and AVX2 every row count
+        of a 32-weight block type runs the kernel (``kernel_rows``)."""
         x, rows, stride = activations(x, self.in_features)
         isa, most = (_BEST_ISA, self._rows) if max_isa is None else (max_isa, kernel_rows(self.qtype, max_isa))
         if most is not None and rows > most:

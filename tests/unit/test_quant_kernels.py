@@ -3,7 +3,10 @@
 Weights are made with gguf.quants.quantize and checked against gguf.quants.dequantize; the
 kernel's result is compared (1) with a float64 reference that quantizes x to int8 blocks the
 same way the kernel does (equal up to float32 summation: rtol 1e-5) and (2) with the
-unquantized x (int8 activation rounding: relative error of the whole output under 2%)."""
+unquantized x (int8 activation rounding: relative error of the whole output under 2%).
+Row counts cover the GEMV's passes of 8, the tiled GEMM of AVX-512 VNNI and AVX2 (from
+quant.GEMM_MIN_ROWS rows; micro-kernel tails of 4 and 3 rows, 32-row tiles of W cut short) and
+prefill-sized batches, which the plain C variant dequantizes for a float32 GEMM."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +34,8 @@ def _quantize_x(x: np.ndarray):
 
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (13, 576), (33, 160)])
-@pytest.mark.parametrize("rows", [1, 3, 5, 8, 17, 65])
+@pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (13, 576), (33, 160), (50, 64)])
+@pytest.mark.parametrize("rows", [1, 3, 5, 8, 17, 65, 130])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
     rng = np.random.default_rng(n * 1000 + k + rows)
     w = rng.standard_normal((n, k)).astype(np.float32)
@@ -43,11 +46,40 @@ def test_matches_float64_reference(qtype, isa, n, k, rows):
     x = rng.standard_normal((rows, k)).astype(np.float32)
     got = lin.matmul(torch.from_numpy(x), max_isa=isa).double().numpy()
     assert got.shape == (rows, n) and np.isfinite(got).all()
-    ref_x = (x.astype(np.float64) if rows > quant.GEMV_ROWS else _quantize_x(x))
+    _check(got, x, dense, in_kernel=_in_kernel(qtype, isa, rows))
+
+
+def _in_kernel(qtype: int, isa: int, rows: int) -> bool:
+    """Whether matmul runs the int8 kernel (x quantized) rather than dequantize + float32 GEMM."""
+    most = quant.kernel_rows(qtype, isa)
+    return most is None or rows <= most
+
+
+def _check(got: np.ndarray, x: np.ndarray, dense: np.ndarray, in_kernel: bool) -> None:
+    ref_x = _quantize_x(x) if in_kernel else x.astype(np.float64)
     want = ref_x @ dense.T
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k) * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(x.shape[1]) * np.abs(want).max())
     exact = x.astype(np.float64) @ dense.T
     assert np.linalg.norm(got - exact) <= 0.02 * np.linalg.norm(exact)
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+@pytest.mark.parametrize("isa", [i for i in ISAS if i >= quant.ISA_AVX2])
+def test_large_weight_on_both_sides_of_the_gemm_threshold(qtype, isa):
+    """A W over QUANT_GEMM_LARGE_BYTES (as the vocabulary projection) takes the GEMM only from
+    QUANT_GEMM_MIN_M_LARGE rows: both sides of that switch match the reference."""
+    from engine.kernels.quant_blocks import random_blocks
+    lib = quant.lib
+    k = 128
+    n = lib.QUANT_GEMM_LARGE_BYTES // (k // 32 * quant.block_bytes(qtype)) + 40  # a short last tile
+    rng = np.random.default_rng(qtype)
+    blocks = random_blocks(qtype, n, k, rng, scale=0.1)
+    lin = QuantizedLinear(torch.from_numpy(blocks), qtype, n, k)
+    dense = gguf.quants.dequantize(blocks, TYPES[qtype]).astype(np.float64)
+    for rows in (lib.QUANT_GEMM_MIN_M_LARGE - 1, lib.QUANT_GEMM_MIN_M_LARGE):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        got = lin.matmul(torch.from_numpy(x), max_isa=isa).double().numpy()
+        _check(got, x, dense, in_kernel=True)
 
 
 def test_refuses_unsupported_type_and_shapes():
