@@ -5,7 +5,7 @@ frontend, which needs no torch at all, and ~1 s in the EngineCore. Both processe
 config at start-up, so this was most of the time to ``LLM()`` and ``ringllm serve`` being
 ready. For the supported model types the config is plain JSON plus the class defaults of the
 fields it may omit and two derived fields, all listed here;
-tests/test_hf_config.py builds the model from this config and from ``AutoConfig`` and
+tests/unit/test_hf_config.py builds the model from this config and from ``AutoConfig`` and
 checks that every structural choice (sizes, rope frequencies, sliding layers) agrees, and
 that the defaults below are transformers' own.
 

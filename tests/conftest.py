@@ -6,7 +6,7 @@ import signal
 import time
 
 import pytest
-from process_utils import live_children
+from tests.helpers.process_utils import live_children
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 or accepted as a no-op with the reason written beside it. A request field is a promise, so none
 is dropped in silence.
 
-``PLACEMENT`` covers each name of ``vllm_fields.VLLM_FIELDS`` (tests/test_field_support.py fails
+``PLACEMENT`` covers each name of ``vllm_fields.VLLM_FIELDS`` (tests/integration/test_field_support.py fails
 on one it does not cover) and is what ``check_undeclared`` acts on for the fields of a body that
 the request struct does not declare:
 
@@ -55,13 +55,13 @@ def _impl(*tests: str) -> Implemented:
     return Implemented(tuple(tests))
 
 
-_FIELDS = "tests/test_request_fields.py::"
-_SERVER = "tests/test_openai_server.py::"
-_SAMPLER = "tests/test_sampler.py::"
+_FIELDS = "tests/integration/test_request_fields.py::"
+_SERVER = "tests/integration/test_openai_server.py::"
+_SAMPLER = "tests/unit/test_sampler.py::"
 _MAPPING = _FIELDS + "test_sampling_fields_reach_the_engine"
-_TEMPLATES = "tests/test_chat_template_limits.py::"
-_TOOLS = "tests/test_tool_calling.py::"
-_SO = "tests/test_structured_outputs_http.py::"
+_TEMPLATES = "tests/integration/test_chat_template_limits.py::"
+_TOOLS = "tests/integration/test_tool_calling.py::"
+_SO = "tests/integration/test_structured_outputs_http.py::"
 
 # What /v1/completions and /v1/chat/completions share.
 _GENERATION: dict[str, Placement] = {
@@ -79,10 +79,10 @@ _GENERATION: dict[str, Placement] = {
     "stop_token_ids": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
     "min_tokens": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
     "ignore_eos": _impl(_MAPPING,
-                        "tests/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
-    "include_stop_str_in_output": _impl(_MAPPING, "tests/test_output_processor.py::"
+                        "tests/unit/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
+    "include_stop_str_in_output": _impl(_MAPPING, "tests/unit/test_output_processor.py::"
                                         "test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort"),
-    "skip_special_tokens": _impl(_MAPPING, "tests/test_detokenizer.py::test_same_pieces_as_decode_stream"),
+    "skip_special_tokens": _impl(_MAPPING, "tests/unit/test_detokenizer.py::test_same_pieces_as_decode_stream"),
     "stream": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
     "stream_options": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
                             _FIELDS + "test_stream_options_without_stream_is_400"),
@@ -163,9 +163,9 @@ CHAT: dict[str, Placement] = {
 }
 
 EMBEDDING: dict[str, Placement] = {
-    "model": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
-    "input": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
-    "encoding_format": _impl("tests/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "model": _impl("tests/integration/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "input": _impl("tests/integration/test_pooling.py::test_openai_client_embeddings_match_transformers"),
+    "encoding_format": _impl("tests/integration/test_pooling.py::test_openai_client_embeddings_match_transformers"),
     "user": _GENERATION["user"],
     "dimensions": Refused(8, (None,), "(no model here has matryoshka representations)"),
     "padding": Refused("max_length", (None, "do_not_pad")),
@@ -191,16 +191,16 @@ _ENGINE_TESTS = {
     "truncate_prompt_tokens": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
     "stream_interval": _FIELDS + "test_stream_interval_batches_the_streamed_tokens",
     "skip_reading_prefix_cache": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
-    "detokenize": "tests/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
-    "output_kind": "tests/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
-    "structured_outputs": "tests/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
+    "detokenize": "tests/unit/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
+    "output_kind": "tests/integration/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
+    "structured_outputs": "tests/integration/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
     "logprobs": _SAMPLER + "test_logprobs_are_raw_with_ranks_of_the_sampled_token",
-    "logit_bias": "tests/test_logit_controls.py::test_logit_bias_forces_a_token",
-    "allowed_token_ids": "tests/test_logit_controls.py::test_allowed_token_ids_are_the_only_ones_sampled",
-    "bad_words": "tests/test_logit_controls.py::test_bad_words_are_never_generated",
+    "logit_bias": "tests/integration/test_logit_controls.py::test_logit_bias_forces_a_token",
+    "allowed_token_ids": "tests/integration/test_logit_controls.py::test_allowed_token_ids_are_the_only_ones_sampled",
+    "bad_words": "tests/integration/test_logit_controls.py::test_bad_words_are_never_generated",
 }
 SAMPLING_PARAMS: dict[str, Placement] = {
-    **{name: _impl("tests/test_field_support.py::test_sampling_params_fields_are_implemented_by_the_struct",
+    **{name: _impl("tests/integration/test_field_support.py::test_sampling_params_fields_are_implemented_by_the_struct",
                    *([_ENGINE_TESTS[name]] if name in _ENGINE_TESTS else
                      [t for t in getattr(_GENERATION.get(name), "tests", ()) if t != _MAPPING]))
        for name in VLLM_FIELDS["SamplingParams"] if name not in VLLM_UNSUPPORTED_FIELDS

@@ -1,6 +1,6 @@
 """Every request field of vLLM's OpenAI server and every SamplingParams field, as read from vLLM's
 source (github.com/vllm-project/vllm). engine/entrypoints/openai/field_support.py places each one
-(implemented, refused or a no-op with its reason), and tests/test_field_support.py fails when a name
+(implemented, refused or a no-op with its reason), and tests/integration/test_field_support.py fails when a name
 here has no place. To follow a newer vLLM, add its new names here: the test then names each one
 still to be placed.
 """
