@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
-from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
 from engine.hf_config import config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
@@ -26,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
+# ``max_num_prefill_tokens="auto"`` (engine/core/prefill_pacer.py): each step near this long, and
+# this cap until measured (the fixed cap chosen on the slowest CPU measured, float32 on one AVX2
+# core: ~0.5 s a step). Here, not in the pacer, so that the config imports nothing of the core.
+PACED_STEP_TARGET_S = 0.5
+PACED_INITIAL_TOKENS = 128
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")

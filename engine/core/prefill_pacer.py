@@ -11,14 +11,11 @@ prompt tokens near ``step_target_s`` on whatever the core runs on, as measured.
 Model: a step's time is a base (the decodes and per-step work) plus a cost per prompt token.
 The base is tracked from steps without prompt tokens; the cost from steps with at least
 ``MIN_SAMPLE_TOKENS`` of them, both as moving averages. Before any sample the cap is
-``initial`` (a safe value for the slowest CPU measured).
+``initial`` (a safe value for the slowest CPU measured; "auto"'s target and initial cap are
+``engine.config.PACED_STEP_TARGET_S`` and ``PACED_INITIAL_TOKENS``).
 """
 from __future__ import annotations
 
-# ``max_num_prefill_tokens="auto"``: each step near this long, and this cap until measured
-# (the fixed cap chosen on the slowest CPU measured, float32 on one AVX2 core: ~0.5 s a step).
-PACED_STEP_TARGET_S = 0.5
-PACED_INITIAL_TOKENS = 128
 PACED_MIN_TOKENS = 32  # never fewer a step: below this a step is all base, and a burst crawls
 MIN_SAMPLE_TOKENS = 32  # a smaller prefill is mostly the step's base: its per-token cost is noise
 _SMOOTHING = 0.5  # weight of the newest sample in the moving averages

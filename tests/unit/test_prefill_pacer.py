@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from engine.config import SchedulerConfig
+from engine.config import PACED_INITIAL_TOKENS, SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
-from engine.core.prefill_pacer import PACED_INITIAL_TOKENS, PACED_MIN_TOKENS, PrefillPacer
+from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.scheduler import Scheduler
 from tests.helpers.core_utils import make_requests, step
 
