@@ -216,6 +216,10 @@ def test_a_killed_api_server_costs_only_its_streams_and_is_replaced(server):
         victim, survivor = sorted(pids, key=lambda p: len(streams[p]))
         running = len(streams[victim]) + len(streams[survivor])
         assert await asyncio.to_thread(wait_for, lambda: server.metrics()["vllm:num_requests_running"] == running, 10)
+        while (await asyncio.to_thread(local_metrics, server))[victim]["vllm:request_success_total"] == 0:
+            await asyncio.to_thread(_fresh_completion, server)  # the victim has counts of its own
+        await asyncio.to_thread(server.metrics)  # a sum that includes them
+        counted = (await asyncio.to_thread(local_metrics, server))[victim]["vllm:request_success_total"]
         os.kill(victim, signal.SIGKILL)
         for resp in streams[victim]:  # cut off (an error or an early end, never [DONE]), never hung
             assert b"[DONE]" not in await _rest(resp)
@@ -228,13 +232,17 @@ def test_a_killed_api_server_costs_only_its_streams_and_is_replaced(server):
             resp.close()
         for session in sessions:
             await session.close()
-        return victim
+        return victim, counted
 
-    victim = asyncio.run(scenario())
+    victim, counted = asyncio.run(scenario())
     assert wait_for(lambda: len(api_pids(server)) == 2 and victim not in api_pids(server), 60, 0.1)
     assert wait_for(lambda: (lambda m: m.get("vllm:num_requests_running") == 0 and m["vllm:kv_cache_usage_perc"] == 0)(
         _scrape(server)), 10)  # every KV block freed, the victim's included
     assert all(_fresh_completion(server).usage.completion_tokens == 3 for _ in range(4))
+    # counters never go down: the dead server's part of the sum stays beside the living's counts
+    assert wait_for(lambda: _both_serving(server), 30)  # the replacement listens on its socket
+    living = sum(m["vllm:request_success_total"] for m in local_metrics(server).values())
+    assert _scrape(server)["vllm:request_success_total"] == living + counted, (living, counted)
 
 
 def test_a_killed_core_ends_every_api_server_and_the_launcher_exits(server):

@@ -8,8 +8,15 @@ gauges are this server's (the core's scheduler state, which every server receive
 step). The core sends each step's counters to one server only (engine/core/frontends.py), so
 their sum counts them once. Asking at scrape time rather than sharing files keeps recording as
 it is (plain additions, no lock, no file per metric) and a scrape exact: what every server has
-counted when it is asked. A server that does not answer within ``PEER_TIMEOUT_S`` is left out.
-prometheus_client's multiprocess mode would need every metric rebuilt on its mmap'd values.
+counted when it is asked. prometheus_client's multiprocess mode would need every metric rebuilt
+on its mmap'd values.
+
+Counters must never go down, yet a killed server's counts die with it (its replacement starts at
+zero). So every figure a server contributes to a sum is first written to its snapshot file
+(``api-PID.last``, atomically) in the same directory; a server that is gone, or does not answer
+within ``PEER_TIMEOUT_S``, counts with its snapshot. A scrape's total is then never below the
+previous one's: a dead server's part stays at what the last sum included, and the living only
+count up.
 """
 from __future__ import annotations
 
@@ -29,6 +36,29 @@ def socket_path(fanin_dir: str, pid: Optional[int] = None) -> str:
     return os.path.join(fanin_dir, f"api-{os.getpid() if pid is None else pid}.sock")
 
 
+def _snapshot_path(fanin_dir: str, pid: int) -> str:
+    return os.path.join(fanin_dir, f"api-{pid}.last")
+
+
+def keep_snapshot(own: bytes, fanin_dir: str) -> None:
+    """This server's figures as a sum is about to include them (a few KiB to tmpfs or disk)."""
+    path = _snapshot_path(fanin_dir, os.getpid())
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(own)
+        os.replace(path + ".tmp", path)
+    except OSError:  # the directory is gone: the launcher is shutting down
+        pass
+
+
+def _read_snapshot(fanin_dir: str, pid: int) -> Optional[str]:
+    try:
+        with open(_snapshot_path(fanin_dir, pid), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 async def _ask(path: str) -> Optional[str]:
     try:
         connector = aiohttp.UnixConnector(path=path)
@@ -45,14 +75,22 @@ async def _ask(path: str) -> Optional[str]:
         return None
 
 
+async def _figures(fanin_dir: str, pid: int, live: bool) -> Optional[str]:
+    answer = await _ask(socket_path(fanin_dir, pid)) if live else None
+    return answer if answer is not None else _read_snapshot(fanin_dir, pid)
+
+
 async def gather(own: bytes, fanin_dir: str) -> bytes:
-    """This server's exposition merged with every sibling's."""
-    mine = socket_path(fanin_dir)
+    """This server's exposition merged with every sibling's, living or gone."""
+    keep_snapshot(own, fanin_dir)
     try:
-        paths = [os.path.join(fanin_dir, n) for n in sorted(os.listdir(fanin_dir)) if n.endswith(".sock")]
+        names = os.listdir(fanin_dir)
     except OSError:
         return own
-    others = await asyncio.gather(*(_ask(p) for p in paths if p != mine))
+    live = {int(n[4:-5]) for n in names if n.startswith("api-") and n.endswith(".sock")}
+    gone = {int(n[4:-5]) for n in names if n.startswith("api-") and n.endswith(".last")} - live
+    others = await asyncio.gather(*(_figures(fanin_dir, pid, pid in live)
+                                    for pid in sorted(live | gone) if pid != os.getpid()))
     return merge([own.decode()] + [t for t in others if t is not None]).encode()
 
 

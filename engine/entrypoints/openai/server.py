@@ -151,7 +151,11 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     response = await request.app[SERVING].misc.metrics(request)
     fanin_dir = request.app[SETTINGS].metrics_fanin_dir
-    if fanin_dir is not None and request.query.get(metrics_fanin.LOCAL_QUERY) != "local":
+    if fanin_dir is None:
+        return response
+    if request.query.get(metrics_fanin.LOCAL_QUERY) == "local":  # a sibling sums us in
+        metrics_fanin.keep_snapshot(response.body, fanin_dir)
+    else:
         response.body = await metrics_fanin.gather(response.body, fanin_dir)  # every API server's sum
     return response
 
