@@ -50,27 +50,70 @@ static inline AVX2 __attribute__((always_inline)) void run(
     }
 }
 
-static AVX2 void run1(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, 1, n, k); }
-static AVX2 void run2(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, 2, n, k); }
-static AVX2 void run3(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, 3, n, k); }
-static AVX2 void run4(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, 4, n, k); }
+/* The dense row-major layout: one weight row at a time, front to back (one sequential
+ * stream, as the packed layout is), against M rows of x from L1; four accumulators per row
+ * of x hide the FMA latency, and the row's tail (k % 32, in steps of 8) folds into them. */
+static inline AVX2 __attribute__((always_inline)) void run_dense(
+    const float *x, const uint16_t *w, float *y, const int M, int64_t n, int64_t k) {
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *p = w + (size_t)j * (size_t)k;
+        __m256 a[GEMV_BF16_MAX_M][4];
+        UNROLL for (int m = 0; m < M; m++)
+            UNROLL for (int u = 0; u < 4; u++) a[m][u] = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 32 <= k; c += 32) {
+            _mm_prefetch((const char *)(p + c) + PREFETCH_AHEAD, _MM_HINT_T0);
+            __m256 b[4];
+            UNROLL for (int u = 0; u < 4; u++) b[u] = load_bf16x8(p + c + 8 * u);
+            UNROLL for (int m = 0; m < M; m++)
+                UNROLL for (int u = 0; u < 4; u++)
+                    a[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)m * k + c + 8 * u), b[u], a[m][u]);
+        }
+        for (int u = 0; c < k; c += 8, u++) {
+            const __m256 b = load_bf16x8(p + c);
+            UNROLL for (int m = 0; m < M; m++)
+                a[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)m * k + c), b, a[m][u]);
+        }
+        UNROLL for (int m = 0; m < M; m++)
+            y[(size_t)m * n + j] = hsum(_mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
+    }
+}
 
-int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
+#define RUNS(M) \
+    static AVX2 void run##M(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { run(x, w, y, M, n, k); } \
+    static AVX2 void dense##M(const float *x, const uint16_t *w, float *y, int64_t n, int64_t k) { \
+        run_dense(x, w, y, M, n, k); \
+    }
+RUNS(1) RUNS(2) RUNS(3) RUNS(4)
+
+typedef void (*gemv_fn)(const float *, const uint16_t *, float *, int64_t, int64_t);
+
+static int dispatch(const gemv_fn fns[GEMV_BF16_MAX_M], const float *x, const uint16_t *w, float *y,
+                    int64_t m, int64_t n, int64_t k) {
     if (m < 1 || m > GEMV_BF16_MAX_M || n % GEMV_BF16_ROWS || k % GEMV_BF16_COLS || n <= 0 || k <= 0
         || !cpu_kernels_supported())
         return -1;
-    switch (m) {
-    case 1: run1(x, w, y, n, k); break;
-    case 2: run2(x, w, y, n, k); break;
-    case 3: run3(x, w, y, n, k); break;
-    default: run4(x, w, y, n, k); break;
-    }
+    fns[m - 1](x, w, y, n, k);
     return 0;
+}
+
+int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
+    static const gemv_fn fns[GEMV_BF16_MAX_M] = {run1, run2, run3, run4};
+    return dispatch(fns, x, w, y, m, n, k);
+}
+
+int gemv_bf16_dense(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
+    static const gemv_fn fns[GEMV_BF16_MAX_M] = {dense1, dense2, dense3, dense4};
+    return dispatch(fns, x, w, y, m, n, k);
 }
 #else
 int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
     (void)x; (void)w; (void)y; (void)m; (void)n; (void)k;
     return -1;
+}
+
+int gemv_bf16_dense(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k) {
+    return gemv_bf16(x, w, y, m, n, k);
 }
 #endif
 

@@ -29,4 +29,8 @@ void gemv_bf16_pack(const uint16_t *src, uint16_t *dst, int64_t n, int64_t k);
  * [M, n], both row-major float32; w is packed. Returns 0, or -1 for unsupported sizes. */
 int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k);
 
+/* The same product on a dense row-major [n, k] bf16 matrix, unpacked: for a weight whose rows
+ * are also read as rows (a tied LM head is the embedding), so one copy serves both. */
+int gemv_bf16_dense(const float *x, const uint16_t *w, float *y, int64_t m, int64_t n, int64_t k);
+
 #endif

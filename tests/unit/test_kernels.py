@@ -14,26 +14,36 @@ from engine.kernels.paged_attention import decode_attention
 pytestmark = pytest.mark.skipif(not bf16_gemv.available(), reason="needs an x86-64 CPU with AVX2 and FMA")
 
 
+def _multiply(layout: str, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The GEMV on the packed layout, or on the dense row-major bf16 matrix itself."""
+    if layout == "packed":
+        return PackedBF16(w).matmul(x)
+    return bf16_gemv.dense_matmul(w.to(torch.bfloat16).contiguous(), x)
+
+
+@pytest.mark.parametrize("layout", ["packed", "dense"])
 @pytest.mark.parametrize("out_features,in_features", [(4, 8), (12, 40), (1728, 576), (576, 1536), (4096, 64)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_matches_float32_on_bf16_weights(out_features, in_features, rows):
+def test_matches_float32_on_bf16_weights(layout, out_features, in_features, rows):
     gen = torch.Generator().manual_seed(out_features * 31 + in_features + rows)
     w = torch.randn(out_features, in_features, generator=gen)
     x = torch.randn(rows, in_features, generator=gen)
     want = x.double() @ w.to(torch.bfloat16).double().t()
-    got = PackedBF16(w).matmul(x)
+    got = _multiply(layout, w, x)
     assert got.shape == (rows, out_features) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
 
 
-def test_every_output_row_and_column_is_placed_right():
+@pytest.mark.parametrize("layout", ["packed", "dense"])
+@pytest.mark.parametrize("in_features", [16, 40])  # 40: the dense kernel's 8-column tail after 32
+def test_every_output_row_and_column_is_placed_right(layout, in_features):
     """One-hot weights: a packing or indexing slip moves a value, it cannot hide in rounding."""
-    out_features, in_features = 8, 16
+    out_features = 8
     w = torch.zeros(out_features, in_features)
     for j in range(out_features):
         w[j, (3 * j + 1) % in_features] = j + 1
     x = torch.arange(4 * in_features, dtype=torch.float32).view(4, in_features)
-    got = PackedBF16(w).matmul(x)
+    got = _multiply(layout, w, x)
     want = torch.stack([x[:, (3 * j + 1) % in_features] * (j + 1) for j in range(out_features)], 1)
     assert torch.equal(got, want)
 
@@ -58,6 +68,16 @@ def test_wrong_activation_shapes_are_refused(x_shape):
     packed = PackedBF16(torch.zeros(8, 16))
     with pytest.raises(ValueError, match="activations"):
         packed.matmul(torch.zeros(x_shape))
+    with pytest.raises(ValueError, match="activations"):
+        bf16_gemv.dense_matmul(torch.zeros(8, 16, dtype=torch.bfloat16), torch.zeros(x_shape))
+
+
+@pytest.mark.parametrize("weight", [torch.zeros(8, 16), torch.zeros(6, 16, dtype=torch.bfloat16),
+                                    torch.zeros(16, 8, dtype=torch.bfloat16).t()])
+def test_a_dense_weight_it_cannot_read_is_refused(weight):
+    """float32, a ragged row count, a transposed view: each would be read as something else."""
+    with pytest.raises(ValueError, match="contiguous bf16 weight"):
+        bf16_gemv.dense_matmul(weight, torch.zeros(1, weight.shape[1]))
 
 
 def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, window):

@@ -25,6 +25,27 @@ def test_bf16_gemv_method_is_float32_math_on_the_bf16_values(out_features):
     assert torch.equal(m.rows(ids), w[ids])
 
 
+@pytest.mark.skipif(not bf16_gemv.available(), reason="the bf16 GEMV kernel needs AVX2 and FMA")
+def test_the_dense_gemv_head_gives_float32_logits_at_decode_sizes_and_keeps_its_rows():
+    w = (torch.randn(4096, 576) * 0.05).bfloat16()
+    m = linear.DenseGemvHead(w, torch.device("cpu"))
+    assert m.nbytes == w.numel() * 2  # one copy
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernel runs while torch runs one thread
+    try:
+        for rows in (1, bf16_gemv.MAX_ROWS):  # the kernel: float32, unrounded
+            x = torch.randn(rows, 576).bfloat16()
+            got = m.apply(x)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, x.float() @ w.float().t(), rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.randn(bf16_gemv.MAX_ROWS + 1, 576).bfloat16()  # beyond: torch's bf16 GEMM
+    assert torch.equal(m.apply(x), F.linear(x, w))
+    ids = torch.tensor([0, 7, 4095])
+    assert torch.equal(m.rows(ids), w[ids])
+
+
 def test_input_major_method_rows_are_fresh_contiguous_rows():
     """A tied embedding reads the head's rows; the residual stream is then updated in place."""
     w = torch.randn(40, 16)
