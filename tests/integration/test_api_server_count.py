@@ -115,8 +115,9 @@ def test_what_several_api_servers_cannot_share_is_refused_naming_the_flag():
 
     with pytest.raises(ValueError, match="--transport shm"):
         check_pool_args(2, AsyncEngineArgs(transport="zmq"))
-    with pytest.raises(ValueError, match="--data-parallel-size"):
-        check_pool_args(2, AsyncEngineArgs(data_parallel_size=2))
+    with pytest.raises(ValueError, match="--data-parallel-external-lb"):
+        check_pool_args(2, AsyncEngineArgs(data_parallel_size=2, data_parallel_external_lb=True))
+    check_pool_args(2, AsyncEngineArgs(data_parallel_size=2))  # each API server balances over the ranks
     with pytest.raises(ValueError, match="--api-server-count must be >= 1"):
         check_pool_args(0, AsyncEngineArgs())
 
@@ -286,3 +287,43 @@ def test_the_launcher_stopped_or_killed_leaves_nothing_running(long_model, sig):
         else:
             remote.proc.wait(10)
         assert wait_for(lambda: not any(map(_alive, below)), 10, 0.05)
+
+
+def _by_engine(server, name: str) -> dict[str, float]:
+    """One metric's samples summed per ``engine`` label (the data-parallel rank)."""
+    status, body, _ = server.get("/metrics")
+    assert status == 200
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                out[sample.labels["engine"]] = out.get(sample.labels["engine"], 0.0) + sample.value
+    return out
+
+
+def test_api_servers_over_two_data_parallel_cores_use_both_and_a_dead_rank_stops_all(long_model, tmp_path):
+    """--api-server-count 2 --data-parallel-size 2: each API server has a ring pair to each core
+    and balances its requests over them; a core killed ends everything, nothing left behind."""
+    with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
+                      "--data-parallel-size", "2", env={"TMPDIR": str(tmp_path)}) as remote:
+        remote.tmp = str(tmp_path)
+        assert wait_for(lambda: _both_serving(remote), 60, 0.1)
+        cores = [p for p in descendants(remote.proc.pid) if "engine.core" in _cmdline(p)]
+        assert len(cores) == 2
+
+        async def burst():  # concurrent, so each server's balancer spreads its share over both ranks
+            async with aiohttp.ClientSession() as session:
+                async def one():
+                    body = dict(LONG, max_tokens=16, stream=False)
+                    async with session.post(remote.url + "/v1/completions", json=body) as resp:
+                        return resp.status, await resp.json()
+                return await asyncio.gather(*(one() for _ in range(16)))
+
+        answers = asyncio.run(burst())
+        assert all(status == 200 and a["usage"]["completion_tokens"] == 16 for status, a in answers), answers
+        per_rank = _by_engine(remote, "vllm:generation_tokens_total")
+        assert sum(per_rank.values()) == 16 * 16 and all(per_rank.get(r, 0) > 0 for r in ("0", "1")), per_rank
+        os.kill(cores[1], signal.SIGKILL)
+        assert remote.proc.wait(60) == 1
+        assert not descendants(remote.proc.pid)
+        assert not [d for d in os.listdir(remote.tmp) if d.startswith("ringllm-metrics-")]

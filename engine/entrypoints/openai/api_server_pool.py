@@ -1,14 +1,16 @@
-"""``ringllm serve --api-server-count N``: N API-server processes over one EngineCore.
+"""``ringllm serve --api-server-count N``: N API-server processes over the EngineCore(s).
 
 Past some concurrency one Python event loop is the bottleneck (output processing, detokenizing,
 SSE writing), so vLLM runs several API servers on one port. Here the launcher (this process)
 starts the EngineCore, then N API servers (``api_server_proc``), and supervises them:
 
 - **One port**: every API server binds it with SO_REUSEPORT; the kernel spreads connections.
-- **One ring pair per API server**, no broker: each server creates its channel and sends the
-  core's end here over a Unix socket, and this process forwards it (fds by SCM_RIGHTS,
-  ``shm_transport.handoff``) to the core, which polls all its API servers' rings in turn
-  (``engine/core/frontends.py``). The launcher keeps its own channel to the core (READY, SHUTDOWN).
+- **One ring pair per API server and core**, no broker: each server creates one channel per core
+  (``--data-parallel-size`` of them, rank order) and sends the cores' ends here over a Unix socket,
+  and this process forwards each (fds by SCM_RIGHTS, ``shm_transport.handoff``) to its core, which
+  polls all its API servers' rings in turn (``engine/core/frontends.py``). Each API server balances
+  its own requests over the cores (``DPLBAsyncMPClient``). The launcher keeps its own channel to
+  each core (READY, SHUTDOWN).
 - **One admission limit**: ``--max-waiting-requests`` is split into per-server shares that sum to
   it (the remainder to the first servers). A share needs no cross-process lock on the request
   path; the price is that one server can refuse while another has room. Connections
@@ -18,7 +20,7 @@ starts the EngineCore, then N API servers (``api_server_proc``), and supervises 
 - **Failures**: an API server that is killed is restarted in its slot (the core has aborted its
   requests and freed their KV blocks meanwhile), at most ``MAX_RESTARTS`` times a minute; one
   that exits on its own (a start-up error), or too many restarts, stops the whole server with
-  that exit. A core that dies stops every API server (each has already answered its streams
+  that exit. A core that dies (any rank) stops every API server (each has already answered its streams
   with errors and /health with 503) and the launcher exits 1. SIGTERM/SIGINT: the API servers
   drain, then the core is told SHUTDOWN.
 """
@@ -70,8 +72,9 @@ def check_pool_args(count: int, engine_args: AsyncEngineArgs) -> None:
     if engine_args.transport != "shm":
         raise ValueError("--api-server-count > 1 needs --transport shm (each API server's ring pair is handed to "
                          "the core as file descriptors)")
-    if engine_args.data_parallel_size != 1:
-        raise ValueError("--api-server-count > 1 with --data-parallel-size > 1 is not supported")
+    if engine_args.data_parallel_external_lb and engine_args.data_parallel_size > 1:
+        raise ValueError("--api-server-count > 1 with --data-parallel-external-lb is not supported (run one "
+                         "server per rank behind the external balancer)")
 
 
 class _Slot:
@@ -97,8 +100,8 @@ class ApiServerPool:
         self.settings = settings
         self.shares = admission_shares(settings.max_waiting_requests, count)
         self.slots = [_Slot(i) for i in range(count)]
-        self.core: Optional[CoreProcess] = None
-        self._to_core: Optional[socket.socket] = None
+        self.cores: list[CoreProcess] = []
+        self._to_cores: list[socket.socket] = []  # by rank: where API servers' channel ends go
         self._metrics_dir: Optional[str] = None
         self._stopping = False
 
@@ -120,38 +123,44 @@ class ApiServerPool:
 
     def _start(self) -> None:
         launch = core_launch(self.engine_args)
-        self._to_core, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.core = CoreProcess(launch, 0, frontends_fd=theirs.fileno())
-        finally:
-            theirs.close()
+        for rank in launch.parallel_config.frontend_engine_indices:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._to_cores.append(ours)
+            try:
+                self.cores.append(CoreProcess(launch, rank, frontends_fd=theirs.fileno()))
+            finally:
+                theirs.close()
         config = self.engine_args.create_engine_config()  # a bad config ends here, before any API server
         self._metrics_dir = tempfile.mkdtemp(prefix="ringllm-metrics-")  # 0700: this user's only
-        for slot in self.slots:  # they import and read the tokenizer while the core loads the model
+        for slot in self.slots:  # they import and read the tokenizer while the cores load the model
             self._launch(slot)
-        wait_cores([self.core], config)
-        logger.info("EngineCore ready; %d API servers on port %d", self.count, self.settings.port)
+        wait_cores(self.cores, config)
+        logger.info("%d EngineCore(s) ready; %d API servers on port %d", len(self.cores), self.count,
+                    self.settings.port)
 
     def _launch(self, slot: _Slot) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             settings = dataclasses.replace(self.settings, max_waiting_requests=self.shares[slot.index],
                                            reuse_port=True, metrics_fanin_dir=self._metrics_dir)
-            spec = ApiServerSpec(slot.index, self.engine_args, settings, self.tool_args, self.core.proc.pid,
-                                 os.getpid(), theirs.fileno())
+            spec = ApiServerSpec(slot.index, self.engine_args, settings, self.tool_args,
+                                 [core.proc.pid for core in self.cores], os.getpid(), theirs.fileno())
             slot.proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.openai.api_server_proc"],
                                          stdin=subprocess.PIPE, pass_fds=[theirs.fileno()])
             slot.pidfd = os.pidfd_open(slot.proc.pid)
             theirs.close()
             slot.proc.stdin.write(pickle.dumps(spec))
             slot.proc.stdin.close()
-            self._forward_channel(ours, slot)
+            for to_core in self._to_cores:  # the server sends its ends in rank order
+                if not self._forward_channel(ours, slot, to_core):
+                    break
         finally:
             theirs.close()
             ours.close()
 
-    def _forward_channel(self, sock: socket.socket, slot: _Slot) -> None:
-        """The API server's channel end, on to the core (as the pid we started: not what it says)."""
+    def _forward_channel(self, sock: socket.socket, slot: _Slot, to_core: socket.socket) -> bool:
+        """The API server's next channel end, on to its core (as the pid we started: not what it
+        says); False when none came."""
         deadline = time.monotonic() + _HANDOFF_TIMEOUT_S
         while True:
             try:
@@ -159,13 +168,14 @@ class ApiServerPool:
                 break
             except TimeoutError:
                 if slot.proc.poll() is not None or time.monotonic() >= deadline:
-                    return  # it died first (its exit is seen by the supervisor) or never sent one
+                    return False  # it died first (its exit is seen by the supervisor) or never sent one
             except EOFError:
-                return
+                return False
         try:
-            send_token(self._to_core, token, json.dumps({"pid": slot.proc.pid}).encode())
+            send_token(to_core, token, json.dumps({"pid": slot.proc.pid}).encode())
         finally:
             close_token_fds(token)
+        return True
 
     # ---- run
     def _on_signal(self, signum: int, frame) -> None:
@@ -178,7 +188,8 @@ class ApiServerPool:
         while not self._stopping:
             poller = select.poll()
             poller.register(wake_fd, select.POLLIN)
-            poller.register(self.core.pidfd, select.POLLIN)
+            for core in self.cores:
+                poller.register(core.pidfd, select.POLLIN)
             for slot in self.slots:
                 poller.register(slot.pidfd, select.POLLIN)
             poller.poll()
@@ -186,9 +197,10 @@ class ApiServerPool:
                 os.read(wake_fd, 512)
             except BlockingIOError:
                 pass
-            if self.core.proc.poll() is not None:
-                logger.error("%s %s: stopping the API servers", self.core.name, describe_exit(self.core.proc.returncode))
-                return 1
+            for core in self.cores:
+                if core.proc.poll() is not None:
+                    logger.error("%s %s: stopping the API servers", core.name, describe_exit(core.proc.returncode))
+                    return 1
             for slot in self.slots:
                 if slot.proc.poll() is not None and not self._stopping:
                     status = self._replace(slot)
@@ -238,9 +250,8 @@ class ApiServerPool:
                 except OSError:
                     pass
                 slot.pidfd = None
-        if self.core is not None:
-            close_cores([self.core])
-        if self._to_core is not None:
-            self._to_core.close()
+        close_cores(self.cores)
+        for to_core in self._to_cores:
+            to_core.close()
         if self._metrics_dir is not None:
             shutil.rmtree(self._metrics_dir, ignore_errors=True)

@@ -2,8 +2,8 @@
 ``python -m engine.entrypoints.openai.api_server_proc``, started by ``api_server_pool``.
 
 It is the ordinary server (``run_server``, the same app, the same AsyncLLM) with two differences:
-its EngineCore is the launcher's (``AttachedCore``: this process creates its own ring pair and
-hands the core's end over through the launcher), and it shares the port with its siblings
+its EngineCores are the launcher's (``AttachedCore``: this process creates its own ring pair to
+each and hands the cores' ends over through the launcher, in rank order), and it shares the port with its siblings
 (SO_REUSEPORT: the kernel spreads new connections over them). Its spec comes on stdin as a
 pickle from the launcher (the parent, the same program and user), never on the command line or in
 the environment, which other local users can read and which would show the API key.
@@ -38,23 +38,29 @@ class ApiServerSpec:
     engine_args: AsyncEngineArgs
     settings: ServerSettings  # its share of the admission limit, reuse_port, the metrics directory
     tool_args: argparse.Namespace  # the tool flags: the plugin file runs in each process
-    core_pid: int
+    core_pids: list[int]  # by data-parallel rank
     launcher_pid: int
     launcher_fd: int  # the socket its channel end goes to the core through
 
 
 @asynccontextmanager
 async def attached_engine(spec: ApiServerSpec, launcher: socket.socket) -> AsyncGenerator[AsyncLLM, None]:
-    """The AsyncLLM of this API server over the launcher's core, shut down however the server
-    ends (which closes only this server's channel: the core serves the others on)."""
-    core = AttachedCore(core_launch(spec.engine_args), spec.core_pid, launcher)
-    launcher.close()
+    """The AsyncLLM of this API server over the launcher's cores, shut down however the server
+    ends (which closes only this server's channels: the cores serve the others on)."""
+    launch = core_launch(spec.engine_args)
+    cores: list[AttachedCore] = []
+    try:
+        with stopped_on_error(cores):
+            for rank, pid in zip(launch.parallel_config.frontend_engine_indices, spec.core_pids):
+                cores.append(AttachedCore(launch, pid, launcher, engine_index=rank))
+    finally:
+        launcher.close()
     engine = None
     try:
-        with stopped_on_error([core]):
+        with stopped_on_error(cores):
             config = spec.engine_args.create_engine_config()
         engine = AsyncLLM(config, log_requests=getattr(spec.engine_args, "enable_log_requests", False),
-                          _started=[core])
+                          _started=cores)
         engine.internal_id_suffix = f".{os.getpid()}"  # unique among the core's API servers, restarts too
         yield engine
     finally:
