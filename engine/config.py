@@ -240,8 +240,10 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
     """Return (local path, load format); never touches the network."""
     model = args.model
     if model in (None, "", DEFAULT_MODEL):
-        from engine.models.default_model import default_model_path
+        from engine.models.default_model import default_gguf_path, default_model_path
 
+        if _default_runs_its_gguf(args):
+            return default_gguf_path(), "gguf"
         return default_model_path(), ("dummy" if args.load_format == "dummy" else "safetensors")
     path = os.path.expanduser(model)
     if path.endswith(".gguf"):
@@ -260,6 +262,23 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
     if fmt == "gguf":
         raise _bad("load_format", "'auto', 'safetensors' or 'dummy' for an HF directory", fmt)
     return path, fmt
+
+
+def _default_runs_its_gguf(args: EngineArgs) -> bool:
+    """Whether the default model runs from its own Q4_1 GGUF (quantization "gguf") instead of the
+    converted float directory: when no dtype, quantization, load format, runner or compiled
+    forward is asked for, on the CPU kind where Q4_1 served a batch of 64 faster than bf16. That
+    is the Zen4 kind (AVX-512 VNNI and BF16, no AMX): benchmarks/RESULTS.md, "Quantized kernels,
+    per call (Zen4)" (offline 64 x 128 490-498 vs 405-426 tok/s, the same run; the int8 GEMM
+    beat oneDNN's bf16 GEMM on every projection shape from 8 rows). Kinds not measured that way
+    (AVX2 only; AMX, where oneDNN's bf16 GEMMs run on AMX tiles) keep the float directory."""
+    if (args.dtype != "auto" or args.quantization is not None or args.load_format != "auto"
+            or args.runner not in ("auto", "generate") or args.convert not in ("auto", "none")
+            or args.pooler_config is not None or _compilation(args.compilation_config, args.enforce_eager).mode != 0
+            or resolve_device(args.device) != "cpu" or not _cpu_kernels_built()):
+        return False
+    flags = _cpu_flags()
+    return {"avx512_vnni", "avx512_bf16"} <= flags and "amx_tile" not in flags
 
 
 def _tokenizer_for(path: str) -> str:
@@ -304,16 +323,21 @@ def _auto_config(path: str, load_format: str, args: EngineArgs) -> Any:
     return AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
 
 
-def _cpu_has_bf16() -> bool:
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = line.split()
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
+                    return set(line.split(":", 1)[-1].split())
     except OSError:
         pass
-    return False
+    return set()
+
+
+def _cpu_has_bf16() -> bool:
+    flags = _cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _torch_built_for_gpu() -> bool:
@@ -417,9 +441,13 @@ def int8_kernel_built() -> bool:
     """Whether the W8A8 kernels are importable and built, checked without importing torch."""
     import importlib.util
 
+    return importlib.util.find_spec("engine.kernels.int8_linear") is not None and _cpu_kernels_built()
+
+
+def _cpu_kernels_built() -> bool:
+    """Whether the compiled CPU kernels (engine/kernels/_cpu.*.so) are there, without importing them."""
     kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-    return importlib.util.find_spec("engine.kernels.int8_linear") is not None and any(
-        name.startswith("_cpu.") and name.endswith(".so") for name in os.listdir(kernels))
+    return any(name.startswith("_cpu.") and name.endswith(".so") for name in os.listdir(kernels))
 
 
 def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Optional[str]:
