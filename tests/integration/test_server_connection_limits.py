@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -20,6 +22,7 @@ SOFT_NOFILE, HARD_NOFILE = 200, 256  # the server raises its soft limit to the h
 TIMEOUTS = ["--header-timeout", "3", "--keep-alive-timeout", "2", "--body-timeout", "3"]
 CLOSE_DEADLINE_S = 60.0  # generous: the timeouts are 2-3 s
 NUM_IDLE, NUM_SLOWLORIS = 300, 200
+NUM_BURST = 300  # connections made at once, past asyncio's default listen backlog of 100
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +199,34 @@ def test_connection_flags_are_validated():
     out = subprocess.run(RemoteServer("x", "--header-timeout", "0").argv, capture_output=True, text=True,
                          timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode != 0 and "header_timeout_s must be > 0" in out.stderr and "Traceback" not in out.stderr
+
+
+def _accept_queue(port: int) -> int:
+    """Connections waiting in the listener's accept queue (/proc/net/tcp: a LISTEN socket's
+    rx_queue is its count of completed handshakes not yet accepted)."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":
+                return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"no listener on port {port}")
+
+
+def test_a_burst_of_connections_waits_in_the_accept_queue(server):
+    """A server too busy to accept for a moment (stopped here) keeps every handshake of a burst:
+    past a full queue the kernel drops the handshake's last ACK, and those clients' requests then
+    wait on TCP retransmission for seconds (or meet the keep-alive timeout unread)."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    socks = []
+    try:
+        for _ in range(NUM_BURST):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", server.port))
+            socks.append(sock)
+        assert wait_for(lambda: _accept_queue(server.port) == NUM_BURST, 30), _accept_queue(server.port)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        for sock in socks:
+            sock.close()
+    assert wait_for(lambda: server.get("/health")[0] == 200, 30)

@@ -30,7 +30,7 @@ import uvloop
 from aiohttp import web
 
 from engine.entrypoints.openai import metrics_fanin
-from engine.entrypoints.openai.connections import (ConnectionGuard, ConnectionLimits, abandon_body,
+from engine.entrypoints.openai.connections import (LISTEN_BACKLOG, ConnectionGuard, ConnectionLimits, abandon_body,
                                                    default_max_connections, raise_open_file_limit)
 from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
@@ -334,7 +334,7 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
         # (connections.py), which keeps its deadlines and the cap.
         connections = app[CONNECTIONS]
         listener = await loop.create_server(connections.protocol_factory(runner.server), settings.host,
-                                            settings.port, reuse_address=True,
+                                            settings.port, reuse_address=True, backlog=LISTEN_BACKLOG,
                                             reuse_port=settings.reuse_port or None)
         if settings.metrics_fanin_dir is not None:  # where sibling API servers ask for our figures
             path = metrics_fanin.socket_path(settings.metrics_fanin_dir)
