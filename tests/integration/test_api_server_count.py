@@ -301,12 +301,13 @@ def _by_engine(server, name: str) -> dict[str, float]:
     return out
 
 
-def test_api_servers_over_two_data_parallel_cores_use_both_and_a_dead_rank_stops_all(long_model, tmp_path):
+def test_api_servers_over_two_data_parallel_cores_use_both_and_a_dead_rank_stops_all(long_model, tmp_path_factory):
     """--api-server-count 2 --data-parallel-size 2: each API server has a ring pair to each core
     and balances its requests over them; a core killed ends everything, nothing left behind."""
+    tmp = str(tmp_path_factory.mktemp("asc-dp"))  # short: the metrics sockets' paths must fit AF_UNIX's 108 bytes
     with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
-                      "--data-parallel-size", "2", env={"TMPDIR": str(tmp_path)}) as remote:
-        remote.tmp = str(tmp_path)
+                      "--data-parallel-size", "2", env={"TMPDIR": tmp}) as remote:
+        remote.tmp = tmp
         assert wait_for(lambda: _both_serving(remote), 60, 0.1)
         cores = [p for p in descendants(remote.proc.pid) if "engine.core" in _cmdline(p)]
         assert len(cores) == 2
