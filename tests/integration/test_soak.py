@@ -102,24 +102,22 @@ def quiet(server: RemoteServer) -> bool:
             and m["vllm:kv_cache_usage_perc"] == 0)
 
 
-def settled_rss(pid: int, timeout: float = 30.0) -> int:
-    """RSS once the idle core has trimmed its heap: unchanged over three times the core's idle
-    delay before it trims. RSS is steady for that delay before the trim too, so a shorter window
-    catches the core before or after it by chance (CI once read 425 MiB before and 467 after, all
-    of it heap the trim a moment later gave back). The last reading at the deadline otherwise."""
-    readings = [rss_bytes(pid)]
+def settled_rss(pids: dict[str, int], timeout: float = 30.0) -> dict[str, int]:
+    """Each process's RSS once the idle core has trimmed its heap: every one unchanged over three
+    times the core's idle delay before it trims (read together, so the wait is paid once). RSS is
+    steady for that delay before the trim too, so a shorter window catches the core before or
+    after it by chance (CI once read 425 MiB before and 467 after, all of it heap the trim a moment
+    later gave back). The last readings at the deadline otherwise."""
+    readings: dict[str, list[int]] = {name: [] for name in pids}
     needed = int(3 * _TRIM_AFTER_IDLE_S / READ_EVERY_S) + 1
 
     def steady() -> bool:
-        readings.append(rss_bytes(pid))
-        return len(readings) >= needed and len(set(readings[-needed:])) == 1
+        for name, pid in pids.items():
+            readings[name].append(rss_bytes(pid))
+        return all(len(r) >= needed and len(set(r[-needed:])) == 1 for r in readings.values())
 
     wait_for(steady, timeout=timeout, interval=READ_EVERY_S)
-    return readings[-1]
-
-
-def rss(server: RemoteServer, core: int) -> dict[str, int]:
-    return {"server": settled_rss(server.proc.pid), "core": settled_rss(core)}
+    return {name: r[-1] for name, r in readings.items()}
 
 
 def soak(model_dir: str, log: str) -> dict:
@@ -131,12 +129,12 @@ def soak(model_dir: str, log: str) -> dict:
         (core,) = server.core_pids()
         asyncio.run(drive(server.url, WARMUP_SECONDS, rng, collections.Counter()))
         assert wait_for(lambda: quiet(server), timeout=30)
-        before = rss(server, core)
+        before = settled_rss({"server": server.proc.pid, "core": core})
         start = time.monotonic()
         asyncio.run(drive(server.url, SECONDS, rng, counts))
         duration = time.monotonic() - start
         assert wait_for(lambda: quiet(server), timeout=30), server.metrics()
-        after = rss(server, core)
+        after = settled_rss({"server": server.proc.pid, "core": core})
         assert server.get("/health")[0] == 200
         assert server.core_pids() == {core}
     figures = {"requests": counts["requests"], "disconnects": counts["disconnects"],
