@@ -28,6 +28,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "quant_tile.h"
+
 #define AVX512G __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define TILE 32                            /* output rows of W per tile: two registers of 16 */
 #define GROUPS (QUANT_BLOCK / 4)           /* vpdpbusd groups of 4 weights per block */
@@ -44,24 +46,6 @@ size_t quant_gemm_work_bytes(int64_t m, int64_t k) {
 static const uint8_t zero_block[64];
 
 static void block_sums(const int8_t *xq, size_t q_stride, int64_t m, int64_t nb, int32_t *xsum);
-
-/* A 16x4-dword transpose in 128-bit lanes: z[i] holds rows 4c + i in lane c; o[d] lane l = row
- * l's dword d. */
-static inline AVX512G __attribute__((always_inline)) void transpose4(const __m512i z[4], __m512i o[4]) {
-    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-    o[0] = _mm512_unpacklo_epi64(t0, t2);
-    o[1] = _mm512_unpackhi_epi64(t0, t2);
-    o[2] = _mm512_unpacklo_epi64(t1, t3);
-    o[3] = _mm512_unpackhi_epi64(t1, t3);
-}
-
-static inline AVX512G __attribute__((always_inline)) __m512i load_rows(const uint8_t *const src[16], int i, int off) {
-    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(src[i] + off)));
-    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[4 + i] + off)), 1);
-    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[8 + i] + off)), 2);
-    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[12 + i] + off)), 3);
-}
 
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nb blocks each into the tile. */
 static AVX512G void repack_tile(const int type, const uint8_t *w, size_t row_bytes, int64_t nb, int cnt,

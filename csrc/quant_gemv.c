@@ -385,6 +385,9 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 /* the AVX-512 gathers' offsets */
         && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
         return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
+    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK
+        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
+        return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
         const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,

@@ -16,7 +16,8 @@
  * Batches: on AVX-512 VNNI and AVX2, Q4_0, Q4_1 and Q8_0 from QUANT_GEMM_MIN_M rows run a tiled
  * int8 GEMM instead (quant_gemm.c: W repacked per call, 32 output rows at a time, into
  * vpdpbusd's layout, then every row of x multiplies it), which reads W once per call at any
- * row count.
+ * row count; so do Q4_K, Q5_K and Q6_K on AVX-512 VNNI (quant_kgemm.c, the same tile on
+ * super-blocks).
  *
  * Variants: AVX-512 (F, BW, VNNI: vpdpbusd, two blocks per register), AVX2 (vpmaddubsw),
  * plain C; the best one the CPU has, chosen by CPUID, capped by max_isa so tests run each.
@@ -36,7 +37,8 @@
 #define QUANT_BLOCK 32
 #define QUANT_KBLOCK 256
 #define QUANT_GEMV_MAX_M 8
-/* From this many rows, Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI or AVX2 run the tiled GEMM (quant_gemm.c),
+/* From this many rows, Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI or AVX2 (the K-quants on AVX-512 VNNI)
+ * run the tiled GEMM (quant_gemm.c, quant_kgemm.c),
  * which reads W once per call whatever the rows; for a W of over QUANT_GEMM_LARGE_BYTES (one
  * streamed from memory, the vocabulary projection) from QUANT_GEMM_MIN_M_LARGE rows, since its
  * per-call repacking of W costs more than the GEMV's passes below that (benchmarks/RESULTS.md,

@@ -39,6 +39,10 @@ static inline float quant_half_to_float(const uint8_t *p) {
 int quant_k_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                  int isa, float *y);
 void quant_k_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out);
+/* All m rows of a K-quant quant_gemv on quant_kgemm.c's tiled GEMM (AVX-512 VNNI, checked by the
+ * caller). Returns 0, or -2 when scratch ran out. */
+int quant_k_gemm(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+                 float *y);
 
 /* quant_gemm.c, the batched path of Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI or AVX2 (the CPU checked
  * by the caller): y [m, n] from x already quantized to int8 blocks (row r's block b at

@@ -21,36 +21,12 @@
 #include "quant_gemv.h"
 
 #include "quant_internal.h"
+#include "quant_kblock.h"
 
 #include <math.h>
 
 #define QK 256
 #define NG (QK / 16)
-
-/* Activation scratch of one call: row r's super-block b has its int8 values at q[(r nsb + b) 256],
- * its 16 group sums at bs[(r nsb + b) 16] and its dx at d[r nsb + b]. */
-typedef struct {
-    int8_t *q;
-    int16_t *bs;
-    float *d;
-    int64_t nsb;
-} actk_t;
-
-/* The 8 six-bit scales and mins of Q4_K/Q5_K's 12 scale bytes s: for j < 4, sc[j] = s[j] & 63,
- * mn[j] = s[j + 4] & 63, sc[j + 4] = s[j + 8] & 15 | s[j] >> 6 << 4, mn[j + 4] = s[j + 8] >> 4 |
- * s[j + 4] >> 6 << 4; four bytes at a time in 32-bit words (x86 is little-endian). */
-static inline void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    uint32_t a, b, c, v[2];
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    v[0] = a & 0x3f3f3f3fu;
-    v[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    memcpy(sc, v, 8);
-    v[0] = b & 0x3f3f3f3fu;
-    v[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    memcpy(mn, v, 8);
-}
 
 static void quantize_rows_c(const float *x, int64_t x_stride, int64_t m, const actk_t *a) {
     for (int64_t r = 0; r < m; r++) {
@@ -138,12 +114,6 @@ static void gemv_c(int type, const actk_t *a, int64_t m, const uint8_t *w, int64
 #define AVX512K __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 #define INLINE __attribute__((always_inline)) inline
 #define UNROLL_M _Pragma("GCC unroll 8")
-
-static INLINE AVX2K float half_f16c(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
 
 /* The same rounding as quantize_rows_c: vcvtps2dq rounds to nearest even, as nearbyintf does
  * in the default rounding mode. */
@@ -283,29 +253,12 @@ static const int16_t q6_group_lanes[4][32] = {
 #undef LANES
 };
 
-static INLINE AVX512K __m512i halves8(int lo, int hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)lo)), _mm256_set1_epi8((char)hi), 1);
-}
-
-static INLINE AVX512K __m512i halves16(int lo, int hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)lo)), _mm256_set1_epi16((short)hi), 1);
-}
-
 /* The four 64-weight chunks of a super-block (u), their S_g per int16 lane (s), N_g (nm), D, M. */
 static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m512i *u, __m512i *s, __m256i *nm,
                                          float *dd, float *dm) {
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    kblock_u_avx512(type, blk, u);
     if (type == QUANT_GGML_Q6_K) {
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-        for (int h = 0; h < 2; h++) {
-            const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-            for (int half = 0; half < 2; half++) {
-                const __m512i lo = _mm512_and_si512(half ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                const __m512i hi = _mm512_slli_epi16(_mm512_srlv_epi16(qh, halves16(4 * half, 4 * half + 2)), 4);
-                u[2 * h + half] = _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
-            }
-        }
         for (int c = 0; c < 4; c++)
             s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)q6_group_lanes[c]), _mm512_castsi256_si512(sc));
         *nm = sc;
@@ -316,17 +269,8 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
     uint8_t sc[8], mn[8];
     k4_scales(blk + 4, sc, mn);
     const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-    const uint8_t *qs = blk + (type == QUANT_GGML_Q5_K ? 48 : 16);
-    const __m512i qh = type == QUANT_GGML_Q5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
-                                               : _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), low4);
-        if (type == QUANT_GGML_Q5_K)
-            u[c] = _mm512_mask_add_epi8(u[c], _mm512_test_epi8_mask(qh, halves8(1 << (2 * c), 1 << (2 * c + 1))), u[c],
-                                        _mm512_set1_epi8(16));
+    for (int c = 0; c < 4; c++)
         s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k4_sub_lanes[c]), sc16);
-    }
     *nm = dup_pairs16(mn);
     *dd = half_f16c(blk);
     *dm = half_f16c(blk + 2);
@@ -400,22 +344,42 @@ static int run_simd(int type, int isa, const float *x, int64_t x_stride, int64_t
 }
 #endif
 
+/* a's arrays for m rows of k in the calling thread's scratch, then `extra` bytes at a 64-byte
+ * boundary: returned, or NULL when memory ran out. */
+static uint8_t *act_scratch(int64_t m, int64_t k, size_t extra, actk_t *a) {
+    a->nsb = k / QK;
+    const size_t blocks = (size_t)m * (size_t)a->nsb;
+    const size_t abytes = (blocks * (QK + NG * sizeof(int16_t) + sizeof(float)) + 63) / 64 * 64;
+    uint8_t *mem = quant_scratch(abytes + extra);
+    if (!mem) return NULL;
+    a->q = (int8_t *)mem;
+    a->bs = (int16_t *)(mem + blocks * QK);
+    a->d = (float *)(mem + blocks * (QK + NG * sizeof(int16_t)));
+    return mem + abytes;
+}
+
 int quant_k_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                  int isa, float *y) {
     actk_t a;
-    a.nsb = k / QK;
-    const size_t blocks = (size_t)m * (size_t)a.nsb;
-    uint8_t *mem = quant_scratch(blocks * (QK + NG * sizeof(int16_t) + sizeof(float)));
-    if (!mem) return -2;
-    a.q = (int8_t *)mem;
-    a.bs = (int16_t *)(mem + blocks * QK);
-    a.d = (float *)(mem + blocks * (QK + NG * sizeof(int16_t)));
+    if (!act_scratch(m, k, 0, &a)) return -2;
     if (!run_simd(type, isa, x, x_stride, m, &a, w, n, y)) {
         quantize_rows_c(x, x_stride, m, &a);
         gemv_c(type, &a, m, w, n, y);
     }
     return 0;
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+int quant_k_gemm(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+                 float *y) {
+    actk_t a;
+    uint8_t *work = act_scratch(m, k, quant_kgemm_work_bytes(k), &a);
+    if (!work) return -2;
+    quantize_rows_avx2(x, x_stride, m, &a);
+    quant_kgemm_avx512(type, &a, m, w, n, work, y);
+    return 0;
+}
+#endif
 
 /* The gguf package's float32 arithmetic, operation for operation: (d sc) q - (dmin m) and (d scale) q. */
 void quant_k_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out) {

@@ -12,8 +12,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h")
-_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c")  # compiled in, declared only in an internal header
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h", "quant_kblock.h",
+                     "quant_tile.h")
+_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c")  # compiled in, declared only in an internal header
 
 
 def _rel(path):

@@ -8,7 +8,8 @@ file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) 
 llama.cpp does), larger batches up to ``GEMV_ROWS`` run it again per ``MAX_ROWS`` rows, and
 beyond that dequantize into a per-call float32 buffer and run a GEMM, so nothing dense stays
 resident. On AVX-512 VNNI and AVX2, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`` rows run a
-tiled int8 GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both.
+tiled int8 GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both;
+so do the K-quants on AVX-512 VNNI (csrc/quant_kgemm.c).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def best_isa() -> int:
 def kernel_rows(qtype: int, isa: int) -> Optional[int]:
     """The most rows ``QuantizedLinear.matmul`` runs in the kernel for this type and variant
     (more dequantize and run a float32 GEMM); None: any number (the tiled int8 GEMM)."""
-    return None if isa >= ISA_AVX2 and block_weights(qtype) == BLOCK else GEMV_ROWS
+    tiled = isa >= ISA_AVX2 if block_weights(qtype) == BLOCK else isa >= ISA_AVX512_VNNI
+    return None if tiled else GEMV_ROWS
 
 
 def block_bytes(qtype: int) -> int:

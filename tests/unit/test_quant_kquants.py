@@ -40,15 +40,19 @@ def _linear(qtype, n, k, seed):
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 512), (33, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 17, 65])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 17, 66])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
+    """Rows past the GEMV's 8 run its passes, or from quant.GEMM_MIN_ROWS on AVX-512 VNNI the tiled
+    GEMM (csrc/quant_kgemm.c: micro-kernel tails of 1, 2 and 3 rows, 32-row tiles of W cut short);
+    past GEMV_ROWS a variant without the GEMM dequantizes."""
     lin, dense = _linear(qtype, n, k, seed=n * 1000 + k + rows)
     assert np.array_equal(lin.dequantize().numpy(), dense)
     dense = dense.astype(np.float64)
     x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
     got = lin.matmul(torch.from_numpy(x), max_isa=isa).double().numpy()
     assert got.shape == (rows, n) and np.isfinite(got).all()
-    ref_x = x.astype(np.float64) if rows > quant.GEMV_ROWS else _quantize_x(x)
+    most = quant.kernel_rows(qtype, isa)
+    ref_x = _quantize_x(x) if most is None or rows <= most else x.astype(np.float64)
     want = ref_x @ dense.T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k) * np.abs(want).max())
     exact = x.astype(np.float64) @ dense.T
@@ -87,3 +91,20 @@ def test_matmul_writes_into_out_on_both_paths():
         torch.testing.assert_close(out, lin.matmul(x))
     with pytest.raises(ValueError, match="out must be"):
         lin.matmul(torch.randn(2, 256), out=torch.empty(6, 2).t())
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+@pytest.mark.skipif(quant.best_isa() < quant.ISA_AVX512_VNNI, reason="the K-quant GEMM needs AVX-512 VNNI")
+def test_large_weight_on_both_sides_of_the_gemm_threshold(qtype):
+    """A W over QUANT_GEMM_LARGE_BYTES (as a vocabulary projection) takes the tiled GEMM only from
+    QUANT_GEMM_MIN_M_LARGE rows, the GEMV's passes below: both sides match the reference."""
+    lib = quant.lib
+    n = lib.QUANT_GEMM_LARGE_BYTES // quant.block_bytes(qtype) + 40  # k = 256: one super-block a row; a short last tile
+    lin, dense = _linear(qtype, n, 256, seed=qtype)
+    dense = dense.astype(np.float64)
+    rng = np.random.default_rng(qtype)
+    for rows in (lib.QUANT_GEMM_MIN_M_LARGE - 1, lib.QUANT_GEMM_MIN_M_LARGE):
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        got = lin.matmul(torch.from_numpy(x), max_isa=quant.ISA_AVX512_VNNI).double().numpy()
+        want = _quantize_x(x) @ dense.T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(256) * np.abs(want).max())
