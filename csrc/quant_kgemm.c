@@ -5,19 +5,21 @@
  * Q4_1 GEMM's time on the same shape). This is quant_gemm.c's outer product on super-blocks:
  * output features are the lanes, W is read once per call, nothing is reduced across lanes.
  *
- * W is taken TILE (32) output rows at a time and repacked once per call. Per super-block the
- * tile holds, for those 32 rows:
- *   u:  64 groups of 4 consecutive weights, each as two registers of 16 rows x 4 unsigned bytes
- *       (0..63: quant_kquants.c's u, vpdpbusd's layout; a 16x4-dword transpose of the decoded
- *       super-block, quant_tile.h)
- *   sc: D S per row and scale group (float: Q4_K/Q5_K 8 groups of 32 weights, Q6_K 16 of 16)
- *   nm: (N_2p, N_2p+1) per row as int16 pairs, p < 8, over the 16 groups of 16 weights
- *   mm: M per row
- * x is quantized per row and super-block as for the GEMV (Q8_K: dx, q_x, group sums b_g), and
- *   y = sum_b dx (sum_s sc_s float(sum_{i in s} u_i q_xi) - M sum_p (N_2p b_2p + N_2p+1 b_2p+1))
- * where the inner sums are vpdpbusd (u8 x s8; |sum| <= 32 * 63 * 127 < 2^31) and the mins one
- * vpdpwssd per pair. Per 16 outputs, a scale group costs one convert and one FMA beside its
+ * W is taken TILE (32) output rows at a time and repacked once per call into one ktile_t per
+ * super-block (below): u as 64 groups of 4 consecutive weights, each two registers of 16 rows x
+ * 4 unsigned bytes (0..63: quant_kquants.c's u, vpdpbusd's layout; a 16x4-dword transpose of the
+ * decoded super-block, quant_tile.h), beside each row's scales, mins, D and M. x is quantized per
+ * row and super-block as for the GEMV (Q8_K: dx, q_x, group sums b_g), and
+ *   y = sum_b dx (D sum_s S_s sum_{i in s} u_i q_xi - M sum_p (N_2p b_2p + N_2p+1 b_2p+1))
+ * with scale groups s (Q4_K/Q5_K: 8 of 32 weights; Q6_K: 16 of 16) and 8 pairs p of the 16 groups
+ * of 16. The u q_x sums are vpdpbusd (u8 x s8; |sum| <= 32 * 63 * 127 < 2^31), the mins one
+ * vpdpwssd per pair. Each scale group costs one convert and one FMA per 16 outputs beside its
  * vpdpbusd's (Q4_K: 8 of those per 32 weights, as Q4_1's per block).
+ *
+ * No AVX2 variant: the same tile on vpmaddubsw (int16 sums widened per scale group by vpmaddwd
+ * with S, or per group with float scales) ran no faster than the GEMV's passes on the Zen4
+ * (Q4_K 1536->576 x64: 1076-1138 vs 1113-1124 us, forced to AVX2), whose 256-weight blocks
+ * already reduce across lanes once per output row, so AVX2 batches keep the passes.
  *
  * Compiled for the baseline target; the functions carry their target attributes and run only
  * after quant_gemv checked CPUID. */
@@ -32,77 +34,82 @@
 #define AVX512KG __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define QK QUANT_KBLOCK
 #define TILE 32
-#define TK_U (QK / 4 * 2 * 64)     /* the u registers of one super-block: 64 groups x 2 */
-#define TK_SC (16 * TILE * 4)      /* up to 16 scale groups x 32 rows of floats */
-#define TK_NM (8 * TILE * 4)       /* 8 pairs x 32 rows of int16 pairs */
-#define TK_BYTES (TK_U + TK_SC + TK_NM + TILE * 4)
 #define RMAX 4
 #define UNROLL _Pragma("GCC unroll 16")
 
-size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)(k / QK) * TK_BYTES; }
+/* One super-block of a tile. */
+typedef struct {
+    uint8_t u[QK / 4][2][64]; /* group g of 4 weights, rows 16 h .. 16 h + 15, 4 bytes a row */
+    float sc[16][TILE];       /* D S_s */
+    int32_t nm[8][TILE];      /* (N_2p, N_2p+1) as int16 pairs */
+    float mm[TILE];           /* M */
+} __attribute__((aligned(64))) ktile_t;
 
-/* Row j's super-block blk into tile column j (< TILE): its scales, mins and M. */
-static inline AVX512KG void repack_scales(const int type, const uint8_t *blk, int j, float *sc, int32_t *nm, float *mm) {
-    if (type == QUANT_GGML_Q6_K) {
-        const float d = half_f16c(blk + 208);
-        const int8_t *s = (const int8_t *)blk + 192;
-        for (int g = 0; g < 16; g++) sc[g * TILE + j] = d * (float)s[g];
-        for (int p = 0; p < 8; p++) nm[p * TILE + j] = (int32_t)(uint16_t)s[2 * p] | (int32_t)((uint32_t)(uint16_t)s[2 * p + 1] << 16);
-        mm[j] = 32.0f * d;
-        return;
+size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)(k / QK) * sizeof(ktile_t); }
+
+/* Row j's super-block blk (NULL: a row past W's end, all zeros) into tile column j < TILE: all but u. */
+static inline AVX512KG __attribute__((always_inline)) void repack_scales(const int type, const uint8_t *blk,
+                                                                                         int j, ktile_t *t) {
+    int sv[16] = {0}, nv[16] = {0};
+    float d = 0.0f, m = 0.0f;
+    const int ns = type == QUANT_GGML_Q6_K ? 16 : 8;
+    if (blk && type == QUANT_GGML_Q6_K) {
+        const int8_t *s8 = (const int8_t *)blk + 192;
+        for (int g = 0; g < 16; g++) sv[g] = nv[g] = s8[g];
+        d = half_f16c(blk + 208);
+        m = 32.0f * d;
+    } else if (blk) {
+        uint8_t s8[8], mn[8];
+        k4_scales(blk + 4, s8, mn);
+        for (int g = 0; g < 8; g++) { sv[g] = s8[g]; nv[2 * g] = nv[2 * g + 1] = mn[g]; } /* a sub-block is 2 groups of 16 */
+        d = half_f16c(blk);
+        m = half_f16c(blk + 2);
     }
-    uint8_t s[8], mn[8];
-    k4_scales(blk + 4, s, mn);
-    const float d = half_f16c(blk);
-    for (int g = 0; g < 8; g++) sc[g * TILE + j] = d * (float)s[g];
-    for (int p = 0; p < 8; p++) nm[p * TILE + j] = (int32_t)mn[p] | (int32_t)mn[p] << 16; /* both 16-groups of sub-block p */
-    mm[j] = half_f16c(blk + 2);
+    for (int g = 0; g < ns; g++) t->sc[g][j] = d * (float)sv[g];
+    for (int p = 0; p < 8; p++) t->nm[p][j] = (int32_t)((uint32_t)(uint16_t)nv[2 * p] | (uint32_t)(uint16_t)nv[2 * p + 1] << 16);
+    t->mm[j] = m;
+}
+
+/* The 32 rows of a tile are 32 streams a super-block apart, more than the hardware prefetcher
+ * follows: a row's next super-block is asked for while this one is decoded (the first load of a
+ * block was 75% of the repack before). */
+static inline __attribute__((always_inline)) void prefetch_next(const uint8_t *blk, size_t bb) {
+    for (size_t line = 0; line < bb + 63; line += 64) _mm_prefetch((const char *)blk + bb + line, _MM_HINT_T0);
 }
 
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nsb super-blocks each into the tile. */
 static AVX512KG void repack_ktile(const int type, const uint8_t *w, size_t row_bytes, int64_t nsb, int cnt,
-                                  uint8_t *tile) {
+                                  ktile_t *tile) {
     const size_t bb = (size_t)quant_block_bytes(type);
     uint8_t rows[16 * QK] __attribute__((aligned(64)));
     const uint8_t *src[16];
     for (int l = 0; l < 16; l++) src[l] = rows + l * QK;
     for (int64_t b = 0; b < nsb; b++) {
-        uint8_t *tb = tile + (size_t)b * TK_BYTES;
-        float *sc = (float *)(tb + TK_U), *mm = (float *)(tb + TK_U + TK_SC + TK_NM);
-        int32_t *nm = (int32_t *)(tb + TK_U + TK_SC);
+        ktile_t *t = tile + b;
         for (int h = 0; h < 2; h++) {
             for (int l = 0; l < 16; l++) {
                 const int j = 16 * h + l;
-                __m512i u[4];
-                if (j < cnt) {
-                    const uint8_t *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
-                    /* The 32 rows are 32 streams a super-block apart, more than the hardware
-                     * prefetcher follows: ask for this row's next super-block now (the rest of
-                     * this one's work hides the miss; the first load was 75% of the repack). */
-                    if (b + 1 < nsb)
-                        for (size_t line = 0; line < bb + 63; line += 64) _mm_prefetch((const char *)blk + bb + line, _MM_HINT_T0);
+                const uint8_t *blk = j < cnt ? w + (size_t)j * row_bytes + (size_t)b * bb : NULL;
+                __m512i u[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+                if (blk) {
+                    if (b + 1 < nsb) prefetch_next(blk, bb);
                     kblock_u_avx512(type, blk, u);
-                    repack_scales(type, blk, j, sc, nm, mm);
-                } else {
-                    u[0] = u[1] = u[2] = u[3] = _mm512_setzero_si512();
-                    for (int g = 0; g < 16; g++) sc[g * TILE + j] = 0.0f;
-                    for (int p = 0; p < 8; p++) nm[p * TILE + j] = 0;
-                    mm[j] = 0.0f;
                 }
+                repack_scales(type, blk, j, t);
                 for (int c = 0; c < 4; c++) _mm512_store_si512((void *)(rows + l * QK + 64 * c), u[c]);
             }
             for (int part = 0; part < QK / 16; part++) { /* 16 bytes (4 groups) of every row at a time */
                 __m512i z[4], o[4];
                 for (int i = 0; i < 4; i++) z[i] = load_rows(src, i, 16 * part);
                 transpose4(z, o);
-                for (int d = 0; d < 4; d++) _mm512_store_si512((void *)(tb + (size_t)(2 * (4 * part + d) + h) * 64), o[d]);
+                for (int d = 0; d < 4; d++) _mm512_store_si512((void *)t->u[4 * part + d][h], o[d]);
             }
         }
     }
 }
 
 /* y[r, 0:32] (masks m0, m1 for a short tile) for R rows of x (from row r0 of a) against one tile. */
-static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int type, const int R, const uint8_t *tile,
+static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int type, const int R, const ktile_t *tile,
                                                                        const actk_t *a, int64_t r0, float *y, size_t n,
                                                                        __mmask16 m0, __mmask16 m1) {
     const int ns = type == QUANT_GGML_Q6_K ? 16 : 8, gs = QK / 4 / ns; /* scale groups; groups of 4 in each */
@@ -110,8 +117,7 @@ static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int 
     __m512 acc[RMAX][2];
     UNROLL for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *tb = tile + (size_t)b * TK_BYTES;
-        const float *sc = (const float *)(tb + TK_U);
+        const ktile_t *t = tile + b;
         const int8_t *xq[RMAX];
         UNROLL for (int r = 0; r < R; r++) xq[r] = a->q + (size_t)((r0 + r) * nsb + b) * QK;
         __m512 sacc[RMAX][2];
@@ -120,8 +126,8 @@ static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int 
             __m512i is[RMAX][2];
             UNROLL for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm512_setzero_si512();
             UNROLL for (int g = s * gs; g < s * gs + gs; g++) {
-                const __m512i w0 = _mm512_load_si512((const void *)(tb + (size_t)g * 128));
-                const __m512i w1 = _mm512_load_si512((const void *)(tb + (size_t)g * 128 + 64));
+                const __m512i w0 = _mm512_load_si512((const void *)t->u[g][0]);
+                const __m512i w1 = _mm512_load_si512((const void *)t->u[g][1]);
                 UNROLL for (int r = 0; r < R; r++) {
                     int32_t xv;
                     memcpy(&xv, xq[r] + 4 * g, 4);
@@ -130,18 +136,17 @@ static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int 
                     is[r][1] = _mm512_dpbusd_epi32(is[r][1], w1, x4);
                 }
             }
-            const __m512 s0 = _mm512_load_ps(sc + s * TILE), s1 = _mm512_load_ps(sc + s * TILE + 16);
+            const __m512 s0 = _mm512_load_ps(t->sc[s]), s1 = _mm512_load_ps(t->sc[s] + 16);
             UNROLL for (int r = 0; r < R; r++) {
                 sacc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][0]), s0, sacc[r][0]);
                 sacc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][1]), s1, sacc[r][1]);
             }
         }
-        const int32_t *nm = (const int32_t *)(tb + TK_U + TK_SC);
         __m512i mi[RMAX][2];
         UNROLL for (int r = 0; r < R; r++) mi[r][0] = mi[r][1] = _mm512_setzero_si512();
         UNROLL for (int p = 0; p < 8; p++) {
-            const __m512i n0 = _mm512_load_si512((const void *)(nm + p * TILE));
-            const __m512i n1 = _mm512_load_si512((const void *)(nm + p * TILE + 16));
+            const __m512i n0 = _mm512_load_si512((const void *)t->nm[p]);
+            const __m512i n1 = _mm512_load_si512((const void *)(t->nm[p] + 16));
             UNROLL for (int r = 0; r < R; r++) {
                 int32_t bv; /* the pair (b_2p, b_2p+1) of row r */
                 memcpy(&bv, a->bs + (size_t)((r0 + r) * nsb + b) * 16 + 2 * p, 4);
@@ -150,8 +155,7 @@ static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int 
                 mi[r][1] = _mm512_dpwssd_epi32(mi[r][1], n1, b2);
             }
         }
-        const float *mm = (const float *)(tb + TK_U + TK_SC + TK_NM);
-        const __m512 mm0 = _mm512_load_ps(mm), mm1 = _mm512_load_ps(mm + 16);
+        const __m512 mm0 = _mm512_load_ps(t->mm), mm1 = _mm512_load_ps(t->mm + 16);
         UNROLL for (int r = 0; r < R; r++) {
             const __m512 dx = _mm512_set1_ps(a->d[(size_t)((r0 + r) * nsb + b)]);
             acc[r][0] = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi[r][0]), mm0, sacc[r][0]), dx, acc[r][0]);
@@ -164,11 +168,11 @@ static inline AVX512KG __attribute__((always_inline)) void ktile_rows(const int 
     }
 }
 
-typedef void ktile_fn(const uint8_t *, const actk_t *, int64_t, float *, size_t, __mmask16, __mmask16);
+typedef void ktile_fn(const ktile_t *, const actk_t *, int64_t, float *, size_t, __mmask16, __mmask16);
 
 /* One entry per (type, rows) so both are constants inside: registers, no branches. */
 #define KTILE_INSTANCE(T, TNAME, R)                                                                               \
-    static AVX512KG void ktile_##TNAME##_##R(const uint8_t *tile, const actk_t *a, int64_t r0, float *y, size_t n, \
+    static AVX512KG void ktile_##TNAME##_##R(const ktile_t *tile, const actk_t *a, int64_t r0, float *y, size_t n, \
                                              __mmask16 m0, __mmask16 m1) {                                        \
         ktile_rows(T, R, tile, a, r0, y, n, m0, m1);                                                              \
     }
@@ -186,7 +190,7 @@ static inline __mmask16 lanes_below(int c) { return c >= 16 ? (__mmask16)0xFFFF 
 void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y) {
     const size_t row_bytes = (size_t)a->nsb * (size_t)quant_block_bytes(type);
     ktile_fn *const *fns = type == QUANT_GGML_Q4_K ? ktile_q4_k : type == QUANT_GGML_Q5_K ? ktile_q5_k : ktile_q6_k;
-    uint8_t *tile = (uint8_t *)work;
+    ktile_t *tile = (ktile_t *)work;
     for (int64_t j0 = 0; j0 < n; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, tile);
@@ -197,6 +201,7 @@ void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, 
         }
     }
 }
+
 #else
 size_t quant_kgemm_work_bytes(int64_t k) { (void)k; return 0; }
 

@@ -43,7 +43,7 @@ def best_isa() -> int:
 
 def kernel_rows(qtype: int, isa: int) -> Optional[int]:
     """The most rows ``QuantizedLinear.matmul`` runs in the kernel for this type and variant
-    (more dequantize and run a float32 GEMM); None: any number (the tiled int8 GEMM)."""
+    (more dequantize and run a float32 GEMM); None: any number (the tiled int8 GEMMs)."""
     tiled = isa >= ISA_AVX2 if block_weights(qtype) == BLOCK else isa >= ISA_AVX512_VNNI
     return None if tiled else GEMV_ROWS
 

@@ -31,8 +31,9 @@ thread, the default model's shapes (RESULTS.md has the end-to-end figures):
   layers' GEMMs at batch 64 on such a CPU, and halves the bytes every decode reads.
 - ``GGUFLinear``: the GGUF file's own blocks (engine/kernels/quant.py, the types in
   ``quant.SUPPORTED_TYPES``: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K), int8 dot
-  products on activations quantized per block; ``QuantizedLinear`` itself takes batches (one
-  pass over W per 8 rows up to 64 rows, dequantize + GEMM beyond).
+  products on activations quantized per block; ``QuantizedLinear`` itself takes batches (a
+  tiled int8 GEMM on AVX-512 VNNI, and on AVX2 for the 32-weight blocks; elsewhere one pass
+  over W per 8 rows up to 64 rows, dequantize + GEMM beyond).
 - ``Int8Method`` (``quantization="int8"``): dynamic W8A8 (engine/kernels/int8_linear.py), the
   projections quantized once at load per output channel; the embedding and LM head stay in
   the model dtype.

@@ -42,9 +42,9 @@ def _linear(qtype, n, k, seed):
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 512), (33, 1536)])
 @pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 17, 66])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
-    """Rows past the GEMV's 8 run its passes, or from quant.GEMM_MIN_ROWS on AVX-512 VNNI the tiled
-    GEMM (csrc/quant_kgemm.c: micro-kernel tails of 1, 2 and 3 rows, 32-row tiles of W cut short);
-    past GEMV_ROWS a variant without the GEMM dequantizes."""
+    """From quant.GEMM_MIN_ROWS rows AVX-512 VNNI runs the tiled GEMM (csrc/quant_kgemm.c:
+    micro-kernel tails of 1-3 rows, 32-row tiles of W cut short); AVX2 and plain C run the GEMV's
+    passes up to GEMV_ROWS and dequantize past them."""
     lin, dense = _linear(qtype, n, k, seed=n * 1000 + k + rows)
     assert np.array_equal(lin.dequantize().numpy(), dense)
     dense = dense.astype(np.float64)
