@@ -374,6 +374,8 @@ static int gemm_all_rows(int type, int isa, const float *x, int64_t x_stride, in
 }
 #endif
 
+_Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
+
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y) {
     const int bw = quant_block_weights(type);
@@ -386,7 +388,7 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
         && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
         return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
     if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK
-        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
+        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_KGEMM_MIN_M))
         return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {

@@ -16,8 +16,8 @@
  * Batches: on AVX-512 VNNI and AVX2, Q4_0, Q4_1 and Q8_0 from QUANT_GEMM_MIN_M rows run a tiled
  * int8 GEMM instead (quant_gemm.c: W repacked per call, 32 output rows at a time, into
  * vpdpbusd's layout, then every row of x multiplies it), which reads W once per call at any
- * row count; so do Q4_K, Q5_K and Q6_K on AVX-512 VNNI (quant_kgemm.c, the same tile on
- * super-blocks).
+ * row count; so do Q4_K, Q5_K and Q6_K on AVX-512 VNNI from QUANT_KGEMM_MIN_M rows
+ * (quant_kgemm.c, the same tile on super-blocks).
  *
  * Variants: AVX-512 (F, BW, VNNI: vpdpbusd, two blocks per register), AVX2 (vpmaddubsw),
  * plain C; the best one the CPU has, chosen by CPUID, capped by max_isa so tests run each.
@@ -44,6 +44,11 @@
  * per-call repacking of W costs more than the GEMV's passes below that (benchmarks/RESULTS.md,
  * "Quantized kernels"). */
 #define QUANT_GEMM_MIN_M 4
+/* The K-quants' GEMM repacks more per weight (a decode and per-group scales), ~130 us a call at
+ * 1536->576 on the Zen4, so it starts where the GEMV would take a second pass over W: up to 8
+ * rows one pass was faster (148-157 against 160-183 us at 8 rows), from 12 the GEMM (177-199
+ * against 231-257). */
+#define QUANT_KGEMM_MIN_M 9 /* QUANT_GEMV_MAX_M + 1 (cffi reads literal #defines only) */
 #define QUANT_GEMM_MIN_M_LARGE 16
 #define QUANT_GEMM_LARGE_BYTES 4194304 /* 4 MiB */
 /* max_isa values: the most a call may use. */
