@@ -187,6 +187,15 @@ void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float 
 #define AVX2G __attribute__((target("avx2,fma,f16c")))
 #define RMAX2 3 /* 2 measured slower; at 3 a few accumulators spill */
 
+static inline AVX2G __attribute__((always_inline)) void transpose4_avx2(const __m256i z[4], __m256i o[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
+    o[0] = _mm256_unpacklo_epi64(t0, t2);
+    o[1] = _mm256_unpackhi_epi64(t0, t2);
+    o[2] = _mm256_unpacklo_epi64(t1, t3);
+    o[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
 /* repack_tile's layout, built 8 rows at a time; Q8_0's quants stay signed (no offset). */
 static AVX2G void repack_tile_avx2(const int type, const uint8_t *w, size_t row_bytes, int64_t nb, int cnt,
                                    uint8_t *tile) {

@@ -61,27 +61,6 @@ static inline KBLOCK_AVX512 __m512i halves16(int lo, int hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)lo)), _mm256_set1_epi16((short)hi), 1);
 }
 
-/* Chunk c (weights 32c .. 32c + 31) of a super-block as unsigned u (0..63). qh: Q5_K's 32 high-bit
- * bytes (blk + 16); Q6_K's 32 at blk + 128 + 32 (c / 4); unused for Q4_K. */
-static inline KBLOCK_F16C __m256i kblock_chunk_u_avx2(const int type, const uint8_t *blk, const int c, __m256i qh) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    if (type == QUANT_GGML_Q6_K) {
-        const int h = c / 4, g = c % 4;
-        const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (g % 2)));
-        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g / 2))), low4);
-        const __m256i hi = _mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), 4);
-        return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
-    }
-    const uint8_t *qs = blk + (type == QUANT_GGML_Q5_K ? 48 : 16) + 32 * (c / 2);
-    __m256i u = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qs), _mm_cvtsi32_si128(4 * (c % 2))),
-                                 low4);
-    if (type == QUANT_GGML_Q5_K) {
-        const __m256i bit = _mm256_set1_epi8((char)(1 << c));
-        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16)));
-    }
-    return u;
-}
-
 /* A super-block's 256 weights as unsigned u (0..63, in the file's weight order): u[c] holds
  * weights 64c .. 64c + 63. */
 static inline KBLOCK_AVX512 void kblock_u_avx512(const int type, const uint8_t *blk, __m512i u[4]) {

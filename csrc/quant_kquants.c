@@ -166,13 +166,25 @@ static INLINE AVX2K float hsum8(__m256 v) {
 /* Chunk c (weights 32c..32c+31) of a super-block as unsigned bytes, and its S_g per int16 lane. */
 static INLINE AVX2K __m256i chunk_avx2(const int type, const uint8_t *blk, const int c, __m256i qh, __m256i *s,
                                        const uint8_t *sc) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     if (type == QUANT_GGML_Q6_K) {
+        const int h = c / 4, g = c % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (g % 2)));
+        const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g / 2))), low4);
+        const __m256i hi = _mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), 4);
         const int8_t *s8 = (const int8_t *)blk + 192;
         *s = _mm256_set_m128i(_mm_set1_epi16(s8[2 * c + 1]), _mm_set1_epi16(s8[2 * c]));
-    } else {
-        *s = _mm256_set1_epi16(sc[c]);
+        return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
     }
-    return kblock_chunk_u_avx2(type, blk, c, qh);
+    const uint8_t *qs = blk + (type == QUANT_GGML_Q5_K ? 48 : 16) + 32 * (c / 2);
+    __m256i u = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qs), _mm_cvtsi32_si128(4 * (c % 2))),
+                                 low4);
+    if (type == QUANT_GGML_Q5_K) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << c));
+        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16)));
+    }
+    *s = _mm256_set1_epi16(sc[c]);
+    return u;
 }
 
 static INLINE AVX2K void gemv_avx2_m(const int type, const actk_t *a, const int M, const uint8_t *w, int64_t n,

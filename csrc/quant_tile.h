@@ -1,14 +1,13 @@
-/* The transposes that both tiled int8 GEMMs (quant_gemm.c: 32-weight blocks; quant_kgemm.c:
+/* The AVX-512 transpose that both tiled int8 GEMMs (quant_gemm.c: 32-weight blocks; quant_kgemm.c:
  * K-quant super-blocks) repack W with: 16 rows of W become, per group of 4 consecutive weights,
- * one register of 16 (AVX2: 8) rows x 4 bytes, the layout vpdpbusd (vpmaddubsw on AVX2) multiplies
- * against a broadcast dword of x. Not part of the cffi interface; x86-64 with GCC or Clang only. */
+ * one register of 16 rows x 4 bytes, the layout vpdpbusd multiplies against a broadcast dword
+ * of x. Not part of the cffi interface; x86-64 with GCC or Clang only. */
 #ifndef RINGLLM_QUANT_TILE_H
 #define RINGLLM_QUANT_TILE_H
 
 #include <immintrin.h>
 #include <stdint.h>
 
-#define QUANT_TILE_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline))
 #define QUANT_TILE_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"), always_inline))
 
 /* A 16x4-dword transpose in 128-bit lanes: z[i] holds rows 4c + i in lane c; o[d] lane l = row
@@ -28,17 +27,6 @@ static inline QUANT_TILE_AVX512 __m512i load_rows(const uint8_t *const src[16], 
     z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[4 + i] + off)), 1);
     z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[8 + i] + off)), 2);
     return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(src[12 + i] + off)), 3);
-}
-
-/* transpose4 on 8 rows: z[i] holds rows i and 4 + i in its two 128-bit lanes; o[d] lane l = row
- * l's dword d. */
-static inline QUANT_TILE_AVX2 void transpose4_avx2(const __m256i z[4], __m256i o[4]) {
-    const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
-    o[0] = _mm256_unpacklo_epi64(t0, t2);
-    o[1] = _mm256_unpackhi_epi64(t0, t2);
-    o[2] = _mm256_unpacklo_epi64(t1, t3);
-    o[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
 #endif
