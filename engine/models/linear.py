@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import bf16_gemv, onednn_linear, quant
+from engine.kernels import bf16_gemv, onednn_linear, quant, quant_recode
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +301,8 @@ class Placement:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
         if isinstance(weight, GGUFBlocks):
+            if weight.qtype in quant_recode.RECODED and not self.dense_only:
+                weight = self._recoded(weight)
             if _has_kernel(weight) and not self.dense_only:
                 return GGUFLinear(weight)
             if weight.qtype not in self._warned:
@@ -326,6 +328,16 @@ class Placement:
                 and bf16_gemv.fits(*weight.shape):
             return DenseGemvHead(weight, self.device)
         return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
+
+
+    def _recoded(self, weight: GGUFBlocks) -> GGUFBlocks:
+        """A type without a kernel as the kernel type that holds its values exactly (quant_recode)."""
+        target, recode = quant_recode.RECODED[weight.qtype]
+        if weight.qtype not in self._warned:
+            self._warned.add(weight.qtype)
+            logger.info("GGUF %s weights run as %s blocks: the same values, in more bytes",
+                        ggml_type_name(weight.qtype), ggml_type_name(target))
+        return GGUFBlocks(recode(weight.data), target, weight.out_features, weight.in_features)
 
 
 class Int8Method(LinearMethod):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
 from engine.config import EngineArgs
-from engine.kernels import quant
+from engine.kernels import quant, quant_recode
 from engine.models import linear
 from engine.models.default_model import default_gguf_path, default_model_path
 from engine.worker.gguf_weights import hf_name, reverse_permute_index
@@ -29,23 +30,50 @@ def test_q_k_row_order_is_transformers_reverse_permutation():
     assert hf_name("token_embd.weight") == "model.embed_tokens.weight" and hf_name("rope_freqs.weight") is None
 
 
-def test_a_type_without_a_kernel_is_dequantized_once_with_a_warning(caplog):
-    """Q5_0 has no kernel here: the projection gets a dense method holding the GGUF's own
-    dequantized values, and the log names the type once."""
+def _gguf_blocks(qtype_name: str, rows: int, cols: int) -> "linear.GGUFBlocks":
     import gguf
 
-    w = torch.randn(64, 64) * 0.1
-    data = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q5_0))
-    blocks = linear.GGUFBlocks(data.view(torch.uint8).reshape(64, -1), int(gguf.GGMLQuantizationType.Q5_0), 64, 64)
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    w = torch.randn(rows, cols) * 0.1
+    data = torch.from_numpy(gguf.quants.quantize(w.numpy(), qtype))
+    return linear.GGUFBlocks(data.view(torch.uint8).reshape(rows, -1), int(qtype), rows, cols)
+
+
+def test_a_type_without_a_kernel_is_dequantized_once_with_a_warning(caplog):
+    """Q5_1 has no kernel here: the projection gets a dense method holding the GGUF's own
+    dequantized values, and the log names the type once."""
+    blocks = _gguf_blocks("Q5_1", 64, 64)
     assert blocks.qtype not in quant.SUPPORTED_TYPES
     place = linear.Placement(torch.device("cpu"), torch.float32, torch.float32, False, "gguf")
     with caplog.at_level(logging.WARNING, logger="engine.models.linear"):
         methods = [place.choose(blocks, "wide") for _ in range(2)]
     assert all(not isinstance(m, linear.GGUFLinear) for m in methods)
     assert [r.getMessage() for r in caplog.records].count(
-        "GGUF Q5_0 weights have no quantized kernel here: dequantized once at load") == 1
+        "GGUF Q5_1 weights have no quantized kernel here: dequantized once at load") == 1
     x = torch.randn(3, 64)
     torch.testing.assert_close(methods[0].apply(x), x @ blocks.dequantize().t())
+
+
+def test_q5_0_runs_on_the_q8_0_kernels_with_the_same_values(caplog):
+    """Q5_0 (llama.cpp's fallback where a K-quant does not fit a row) becomes Q8_0 blocks of exactly
+    its values: the dequantized matrices are equal bit for bit, the projection runs the quantized
+    kernel (not a dense copy), and the log says so once."""
+    import gguf
+
+    blocks = _gguf_blocks("Q5_0", 96, 128)
+    recoded = quant_recode.q5_0_as_q8_0(blocks.data)
+    assert recoded.shape == (96, 128 // 32 * 34)
+    want = blocks.dequantize().numpy()
+    assert np.array_equal(gguf.quants.dequantize(recoded.numpy(), gguf.GGMLQuantizationType.Q8_0), want)
+    assert np.unique(want / np.abs(want).max()).size > 32  # many distinct values: the high bits are read
+    place = linear.Placement(torch.device("cpu"), torch.float32, torch.float32, False, "gguf")
+    with caplog.at_level(logging.INFO, logger="engine.models.linear"):
+        methods = [place.choose(blocks, "wide") for _ in range(2)]
+    assert all(isinstance(m, linear.GGUFLinear) and m.format == "Q8_0" for m in methods)
+    assert [r.getMessage() for r in caplog.records].count(
+        "GGUF Q5_0 weights run as Q8_0 blocks: the same values, in more bytes") == 1
+    x = torch.randn(5, 128)
+    torch.testing.assert_close(methods[0].apply(x), x @ torch.from_numpy(want).t(), rtol=0.02, atol=0.02)
 
 
 @pytest.mark.parametrize("kwargs, message", [
