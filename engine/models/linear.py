@@ -86,6 +86,14 @@ class GGUFBlocks:
         values = gguf.quants.dequantize(self.data.numpy(), gguf.GGMLQuantizationType(self.qtype))
         return torch.from_numpy(values.reshape(self.out_features, self.in_features).copy())
 
+    def recoded(self) -> "GGUFBlocks":
+        """A type without a kernel as the kernel type that holds its values exactly
+        (engine/kernels/quant_recode.py); any other type as it is."""
+        if self.qtype not in quant_recode.RECODED:
+            return self
+        target, recode = quant_recode.RECODED[self.qtype]
+        return GGUFBlocks(recode(self.data), target, self.out_features, self.in_features)
+
     @staticmethod
     def cat(parts: list["GGUFBlocks"]) -> "GGUFBlocks":
         """Stacked along the output rows (fusing q/k/v or gate/up): all parts of one type."""
@@ -301,8 +309,6 @@ class Placement:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
         if isinstance(weight, GGUFBlocks):
-            if weight.qtype in quant_recode.RECODED and not self.dense_only:
-                weight = self._recoded(weight)
             if _has_kernel(weight) and not self.dense_only:
                 return GGUFLinear(weight)
             if weight.qtype not in self._warned:
@@ -328,16 +334,6 @@ class Placement:
                 and bf16_gemv.fits(*weight.shape):
             return DenseGemvHead(weight, self.device)
         return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
-
-
-    def _recoded(self, weight: GGUFBlocks) -> GGUFBlocks:
-        """A type without a kernel as the kernel type that holds its values exactly (quant_recode)."""
-        target, recode = quant_recode.RECODED[weight.qtype]
-        if weight.qtype not in self._warned:
-            self._warned.add(weight.qtype)
-            logger.info("GGUF %s weights run as %s blocks: the same values, in more bytes",
-                        ggml_type_name(weight.qtype), ggml_type_name(target))
-        return GGUFBlocks(recode(weight.data), target, weight.out_features, weight.in_features)
 
 
 class Int8Method(LinearMethod):

@@ -1,10 +1,11 @@
 """A ``.gguf`` file's tensors under their HF names, quantized ones kept as the file's own blocks.
 
 For ``quantization="gguf"`` (the default for a .gguf model, vLLM's name): every tensor of a
-quantized GGML type comes out as ``GGUFBlocks`` (the file's bytes, ``[out, row_bytes]``), and
-float ones (norms; F32/F16/BF16 matrices) as float32 tensors. The model's linear methods
-then run the types in ``quant.SUPPORTED_TYPES`` on their blocks and dequantize the rest once
-(engine/models/linear.py).
+quantized GGML type comes out as ``GGUFBlocks`` (the file's bytes, ``[out, row_bytes]``; Q5_0
+re-encoded as the Q8_0 blocks of the same values, engine/kernels/quant_recode.py, so that it
+fuses and runs as Q8_0), and float ones (norms; F32/F16/BF16 matrices) as float32 tensors. The
+model's linear methods then run the types in ``quant.SUPPORTED_TYPES`` on their blocks and
+dequantize the rest once (engine/models/linear.py).
 
 Row order. llama.cpp's converter permutes the q and k rows of a Llama GGUF; transformers
 undoes it (``_reverse_permute_weights``: rows viewed as ``[heads, head_dim / 2, 2]``, the
@@ -17,6 +18,7 @@ The file is read by engine/gguf_file.py, not ``gguf.GGUFReader`` (see there why)
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterator
 
@@ -24,7 +26,9 @@ import numpy as np
 import torch
 
 from engine.gguf_file import read_tensor_index
-from engine.models.linear import GGUFBlocks
+from engine.models.linear import GGUFBlocks, ggml_type_name
+
+logger = logging.getLogger(__name__)
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -57,6 +61,7 @@ def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple
     meta, tensors = read_tensor_index(path)
     arch = meta.get("general.architecture") or ""
     floats = {int(getattr(gguf.GGMLQuantizationType, t)): t for t in _FLOAT_TYPES}
+    recoded: set[int] = set()
     for t in tensors:
         name = hf_name(t.name)
         if name is None:
@@ -72,7 +77,11 @@ def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple
             value = raw.reshape([int(n) for n in reversed(t.shape)])
         else:
             data = torch.from_numpy(t.data.copy()).reshape(out_features, -1)
-            value = GGUFBlocks(data, t.qtype, out_features, in_features)
+            value = GGUFBlocks(data, t.qtype, out_features, in_features).recoded()
+            if value.qtype != t.qtype and t.qtype not in recoded:
+                recoded.add(t.qtype)
+                logger.info("GGUF %s tensors run as %s blocks: the same values, in more bytes",
+                            ggml_type_name(t.qtype), ggml_type_name(value.qtype))
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if "q_proj" in name else num_kv_heads
             index = reverse_permute_index(value.shape[0], heads)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.config import EngineArgs
-from engine.kernels import quant, quant_recode
+from engine.kernels import quant
 from engine.models import linear
 from engine.models.default_model import default_gguf_path, default_model_path
 from engine.worker.gguf_weights import hf_name, reverse_permute_index
@@ -54,26 +54,38 @@ def test_a_type_without_a_kernel_is_dequantized_once_with_a_warning(caplog):
     torch.testing.assert_close(methods[0].apply(x), x @ blocks.dequantize().t())
 
 
-def test_q5_0_runs_on_the_q8_0_kernels_with_the_same_values(caplog):
-    """Q5_0 (llama.cpp's fallback where a K-quant does not fit a row) becomes Q8_0 blocks of exactly
-    its values: the dequantized matrices are equal bit for bit, the projection runs the quantized
-    kernel (not a dense copy), and the log says so once."""
+def test_q5_0_is_read_as_q8_0_blocks_of_the_same_values_and_runs_on_their_kernel(tmp_path, caplog):
+    """Q5_0 (llama.cpp's fallback where a K-quant does not fit a row) comes out of a GGUF file as
+    Q8_0 blocks of exactly its values: the dequantized matrices are equal bit for bit, the
+    projection runs the quantized kernel (not a dense copy), and the load log says so once."""
     import gguf
 
-    blocks = _gguf_blocks("Q5_0", 96, 128)
-    recoded = quant_recode.q5_0_as_q8_0(blocks.data)
-    assert recoded.shape == (96, 128 // 32 * 34)
-    want = blocks.dequantize().numpy()
-    assert np.array_equal(gguf.quants.dequantize(recoded.numpy(), gguf.GGMLQuantizationType.Q8_0), want)
-    assert np.unique(want / np.abs(want).max()).size > 32  # many distinct values: the high bits are read
-    place = linear.Placement(torch.device("cpu"), torch.float32, torch.float32, False, "gguf")
-    with caplog.at_level(logging.INFO, logger="engine.models.linear"):
-        methods = [place.choose(blocks, "wide") for _ in range(2)]
-    assert all(isinstance(m, linear.GGUFLinear) and m.format == "Q8_0" for m in methods)
+    from engine.worker.gguf_weights import gguf_weights
+
+    path, q5 = str(tmp_path / "q5_0.gguf"), {}
+    writer = gguf.GGUFWriter(path, "qwen2")  # not llama: no q/k row permutation to undo
+    for layer in (0, 1):
+        w = np.random.default_rng(layer).standard_normal((96, 128)).astype(np.float32) * 0.1
+        q5[layer] = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0)
+        writer.add_tensor(f"blk.{layer}.ffn_down.weight", q5[layer], raw_shape=q5[layer].shape,
+                          raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with caplog.at_level(logging.INFO, logger="engine.worker.gguf_weights"):
+        read = dict(gguf_weights(path, 4, 4))
     assert [r.getMessage() for r in caplog.records].count(
-        "GGUF Q5_0 weights run as Q8_0 blocks: the same values, in more bytes") == 1
+        "GGUF Q5_0 tensors run as Q8_0 blocks: the same values, in more bytes") == 1
+    blocks = read["model.layers.0.mlp.down_proj.weight"]
+    assert blocks.qtype == quant.Q8_0 and blocks.data.shape == (96, 128 // 32 * 34)
+    want = gguf.quants.dequantize(q5[0], gguf.GGMLQuantizationType.Q5_0)
+    assert np.array_equal(blocks.dequantize().numpy(), want)
+    assert max(np.unique(block).size for block in want.reshape(-1, 32)) > 16  # a block uses its 5th bit
+    method = linear.Placement(torch.device("cpu"), torch.float32, torch.float32, False, "gguf").choose(blocks, "wide")
+    assert isinstance(method, linear.GGUFLinear) and method.format == "Q8_0"
     x = torch.randn(5, 128)
-    torch.testing.assert_close(methods[0].apply(x), x @ torch.from_numpy(want).t(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(method.apply(x), x @ torch.from_numpy(want).t(), rtol=0.02, atol=0.02)
 
 
 @pytest.mark.parametrize("kwargs, message", [
