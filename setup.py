@@ -30,7 +30,7 @@ setup(
         "safetensors",
         "accelerate",
         "gguf",
-        "aiohttp>=3.9",
+        "aiohttp>=3.14",  # web.RequestKey
         "prometheus_client",
         "tqdm",
         "triton",

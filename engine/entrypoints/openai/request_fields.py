@@ -13,8 +13,8 @@ from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, OpenAIEr
 from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"
-REQUEST_ID_KEY = "ringllm_request_id"  # where the served id is kept on the aiohttp request
-_FROM_CLIENT_KEY = "ringllm_request_id_from_client"
+REQUEST_ID_KEY = web.RequestKey("ringllm_request_id", str)  # where the served id is kept on the request
+_FROM_CLIENT_KEY = web.RequestKey("ringllm_request_id_from_client", bool)
 
 
 def request_id(prefix: str, request: web.Request, body_request_id: Optional[str]) -> str:
