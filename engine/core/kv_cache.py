@@ -102,7 +102,7 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False) -> None:
+                 enable_kv_cache_events: bool = False, event_token_ids: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -114,6 +114,7 @@ class KVCacheManager:
         self._num_registered: dict[str, int] = {}
         # With KV events: what entered and left the cache since take_events (engine/core/kv_events.py).
         self.events: Optional[list] = [] if enable_kv_cache_events and enable_caching else None
+        self._event_token_ids = event_token_ids  # BlockStored carries the blocks' tokens (else empty)
 
     def take_events(self) -> list:
         """The events since the last call (the core publishes them once per step)."""
@@ -200,13 +201,14 @@ class KVCacheManager:
     def _stored(self, request: Request, hashes: list[bytes], registered: list[int]) -> None:
         """One BlockStored per run of consecutive newly registered blocks, each chained to the
         block before it (None before the first block)."""
-        bs, tokens = self.block_size, request.all_token_ids
+        bs, tokens = self.block_size, request.all_token_ids if self._event_token_ids else None
         begin = 0
         for k in range(1, len(registered) + 1):
             if k == len(registered) or registered[k] != registered[k - 1] + 1:
                 first, last = registered[begin], registered[k - 1]
                 self.events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                                    tokens[first * bs:(last + 1) * bs], bs, request.cache_salt))
+                                                    tokens[first * bs:(last + 1) * bs] if tokens is not None else [], bs,
+                                                    request.cache_salt))
                 begin = k
 
     def free(self, request: Request) -> None:

@@ -22,15 +22,19 @@ replay socket (``replay_endpoint``) can fill from the last ``buffer_steps`` batc
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import time
+import weakref
 from collections import deque
 from itertools import count
 from typing import Any, Optional, Union
 
 import msgspec
 
-from engine.kv_events_config import KVEventsConfig
+from engine.kv_events_config import KVEventsConfig, is_remote
+from shm_transport import ipc_dir
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +109,33 @@ def _binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+class RareWarning:
+    """A warning that others can trigger at will (a malformed request, a full queue): counted
+    every time, logged at most once per ``interval`` seconds with the count so far, so a flood
+    costs a counter rather than the log."""
+
+    def __init__(self, message: str, interval: float = 60.0) -> None:
+        self.message = message  # %d: the count so far
+        self.interval = interval
+        self.count = 0
+        self._next = 0.0  # monotonic time from which the next warning may be logged
+
+    def __call__(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval
+            logger.warning(self.message, self.count)
+
+
 class ZmqEventPublisher:
-    """PUB socket (bound or connected per vLLM's rule), optional ROUTER for replays, one thread."""
+    """PUB socket (bound or connected per vLLM's rule), optional ROUTER for replays, one thread.
+
+    ``endpoint``/``replay_endpoint``: the addresses actually opened (the default's private ipc
+    path, a tcp port zmq picked), logged at start so that a subscriber can find them."""
 
     _POLL_S = 0.1
+    _REPLAYS_PER_TURN = 64  # replay requests served between two batches: a flood delays, never starves, them
 
     def __init__(self, config: KVEventsConfig, data_parallel_rank: int = 0) -> None:
         import zmq
@@ -117,25 +144,64 @@ class ZmqEventPublisher:
         self._topic = config.topic.encode()
         self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self.dropped = 0
+        self._dropped = RareWarning("KV events: %d batch(es) dropped so far, the publisher queue is full")
+        self._malformed = RareWarning("KV events: %d malformed replay request(s) ignored so far "
+                                      "(not [identity, empty, 8-byte sequence number])")
+        self._remove_dir = None  # the default endpoint's private directory: removed at close
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay = None
+        endpoint, self.replay_endpoint = config.endpoint, None
         try:
+            if endpoint is None:
+                directory = ipc_dir.make()
+                self._remove_dir = weakref.finalize(self, ipc_dir.remove, directory)  # at exit at the latest
+                endpoint = f"ipc://{directory}/kv-events"
             self._pub.set_hwm(config.hwm)
             self._pub.setsockopt(zmq.LINGER, 0)
-            endpoint = offset_endpoint(config.endpoint, data_parallel_rank)
-            (self._pub.bind if _binds(endpoint) else self._pub.connect)(endpoint)
+            endpoint = offset_endpoint(endpoint, data_parallel_rank)
+            self.endpoint = self._open(self._pub, endpoint, bind=_binds(endpoint))
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(offset_endpoint(config.replay_endpoint, data_parallel_rank))
-        except zmq.ZMQError as e:
+                self.replay_endpoint = self._open(self._replay, offset_endpoint(config.replay_endpoint,
+                                                                                data_parallel_rank), bind=True)
+        except (zmq.ZMQError, OSError) as e:
             self._close()
-            raise ValueError(f"kv_events_config: cannot open {config.endpoint!r} "
+            raise ValueError(f"kv_events_config: cannot open {endpoint!r} "
                              f"(or replay_endpoint {config.replay_endpoint!r}): {e}") from None
+        for name, opened in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint)):
+            if opened is not None and is_remote(opened):
+                logger.warning("KV events: %s %s can be reached from other hosts (allow_remote): anyone who "
+                               "connects sees the cache's block hashes%s", name, opened,
+                               " and the prompts' token ids" if config.include_token_ids else "")
+        logger.info("KV events of engine %d: published on %s%s", data_parallel_rank, self.endpoint,
+                    f", replays on {self.replay_endpoint}" if self.replay_endpoint else "")
         self._thread = threading.Thread(target=self._run, name="kv-events-publisher", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _open(sock: Any, endpoint: str, bind: bool) -> str:
+        """Bind or connect ``sock``; an ipc socket file it binds is made this user's only (0600).
+        Returns the address opened (a bound tcp port zmq picked included)."""
+        import zmq
+
+        if not bind:
+            sock.connect(endpoint)
+            return endpoint
+        sock.bind(endpoint)
+        opened = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if opened.startswith("ipc://") and not opened.startswith("ipc://@"):  # not the abstract namespace
+            os.chmod(opened[len("ipc://"):], 0o600)
+        return opened
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped.count
+
+    @property
+    def malformed_replays(self) -> int:
+        return self._malformed.count
 
     def publish(self, batch: EventBatch) -> None:
         """Hand a step's batch to the thread; never blocks (a full queue drops it, counted)."""
@@ -144,9 +210,7 @@ class ZmqEventPublisher:
         try:
             self._queue.put_nowait(batch)
         except queue.Full:
-            self.dropped += 1
-            if self.dropped & (self.dropped - 1) == 0:  # the 1st, 2nd, 4th, ... drop
-                logger.warning("KV events: %d batch(es) dropped, the publisher queue is full", self.dropped)
+            self._dropped()
 
     def shutdown(self, timeout: float = 1.0) -> None:
         """Send what is queued (for up to ``timeout`` s), then close the sockets."""
@@ -163,12 +227,16 @@ class ZmqEventPublisher:
             if sock is not None:
                 sock.close(linger=0)
         self._ctx.term()
+        if self._remove_dir is not None:
+            self._remove_dir()
 
     def _run(self) -> None:
         encode = msgspec.msgpack.Encoder().encode
         seq = count()
         while True:
-            if self._replay is not None and self._replay.poll(0):
+            for _ in range(self._REPLAYS_PER_TURN):
+                if self._replay is None or not self._replay.poll(0):
+                    break
                 self._serve_replay()
             try:
                 batch = self._queue.get(timeout=self._POLL_S)
@@ -184,10 +252,11 @@ class ZmqEventPublisher:
                 logger.exception("KV events: publishing a batch failed")
 
     def _serve_replay(self) -> None:
-        """A subscriber sent [identity, b"", start seq]: every kept batch from there, then END_SEQ."""
+        """A subscriber sent [identity, b"", start seq as 8 bytes]: every kept batch from there,
+        then END_SEQ. Anything else is counted and dropped unanswered (``RareWarning``)."""
         frames = self._replay.recv_multipart()
-        if len(frames) != 3:
-            logger.warning("KV events: a replay request of %d frames, not 3, ignored", len(frames))
+        if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+            self._malformed()
             return
         client, _, start = frames
         first = int.from_bytes(start, "big")

@@ -120,7 +120,7 @@ def test_a_subscriber_follows_the_cache_stored_evicted_and_cleared(tiny_model_di
     llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32",
               kv_cache_memory=12 * (8 << 10), max_model_len=128, block_size=BLOCK,
               kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
-                                "endpoint": subscriber.endpoint, "topic": TOPIC})
+                                "endpoint": subscriber.endpoint, "topic": TOPIC, "include_token_ids": True})
     greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     try:
         # PUB/SUB drops what is sent before the subscription arrives: warm up until a batch lands
@@ -236,9 +236,9 @@ def test_a_full_queue_drops_batches_and_counts_them_without_blocking(tmp_path):
 
 
 def test_an_endpoint_zmq_cannot_open_fails_the_start_naming_kv_events_config(tiny_model_dir):
-    with pytest.raises(Exception, match="kv_events_config: cannot open 'tcp://[*]:notaport'"):
+    with pytest.raises(Exception, match="kv_events_config: cannot open 'ipc:///nonexistent/kv'"):
         LLM(model=tiny_model_dir, load_format="dummy", device="cpu", kv_cache_memory=1 << 20, max_model_len=128,
-            kv_events_config={"enable_kv_cache_events": True, "endpoint": "tcp://*:notaport"})
+            kv_events_config={"enable_kv_cache_events": True, "endpoint": "ipc:///nonexistent/kv"})
 
 
 def test_the_kv_events_config_flag_takes_vllms_json():
@@ -250,9 +250,10 @@ def test_the_kv_events_config_flag_takes_vllms_json():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = engine_args_from(parser.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true, '
-                                                                    '"endpoint": "tcp://*:5557", "topic": "kv"}']))
+                                                                    '"endpoint": "tcp://*:5557", "topic": "kv", '
+                                                                    '"allow_remote": true}']))
     assert resolve_kv_events_config(args.kv_events_config) == KVEventsConfig(
-        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://*:5557", topic="kv")
+        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://*:5557", topic="kv", allow_remote=True)
     # enabled=false, or the null publisher: nothing is published
     assert resolve_kv_events_config({"enable_kv_cache_events": False}) is None
     assert resolve_kv_events_config({"enable_kv_cache_events": True, "publisher": "null"}) is None
