@@ -201,14 +201,14 @@ class KVCacheManager:
     def _stored(self, request: Request, hashes: list[bytes], registered: list[int]) -> None:
         """One BlockStored per run of consecutive newly registered blocks, each chained to the
         block before it (None before the first block)."""
-        bs, tokens = self.block_size, request.all_token_ids if self._event_token_ids else None
+        bs, tokens = self.block_size, request.all_token_ids
         begin = 0
         for k in range(1, len(registered) + 1):
             if k == len(registered) or registered[k] != registered[k - 1] + 1:
                 first, last = registered[begin], registered[k - 1]
+                token_ids = tokens[first * bs:(last + 1) * bs] if self._event_token_ids else []
                 self.events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                                    tokens[first * bs:(last + 1) * bs] if tokens is not None else [], bs,
-                                                    request.cache_salt))
+                                                    token_ids, bs, request.cache_salt))
                 begin = k
 
     def free(self, request: Request) -> None:

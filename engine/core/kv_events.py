@@ -18,6 +18,10 @@ slow or absent subscriber never stalls a step. When the queue is full a batch is
 counted (``dropped``, logged), as a PUB socket drops for a slow subscriber anyway; sequence
 numbers are given at send, so a gap a subscriber sees is a loss at the socket, which the
 replay socket (``replay_endpoint``) can fill from the last ``buffer_steps`` batches.
+
+Where the sockets are, and what the events carry, is engine/kv_events_config.py's concern: by
+default a private ipc socket and no token ids. The replay socket answers whoever reaches it: a
+malformed request is counted and dropped unanswered, with at most one warning a minute.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
 class BlockStored(KVCacheEvent):
     block_hashes: list[bytes]
     parent_block_hash: Optional[bytes]
-    token_ids: list[int]
+    token_ids: list[int]  # empty unless kv_events_config.include_token_ids
     block_size: int
     lora_id: Optional[int]
     medium: Optional[str]

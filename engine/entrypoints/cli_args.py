@@ -81,9 +81,12 @@ ENGINE_ARG_HELP = {
                           "not writable by others (created 0700 when missing): a store is shared by one user's "
                           "processes only.",
     "kv_events_config": "KV-cache events as a JSON object with vLLM's fields, e.g. "
-                        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
-                        '"topic": ""}\' (also replay_endpoint, buffer_steps, hwm, max_queue_size): BlockStored, '
-                        "BlockRemoved and AllBlocksCleared in vLLM's msgpack format over a ZMQ PUB socket.",
+                        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "topic": ""}\' (also endpoint, '
+                        "replay_endpoint, buffer_steps, hwm, max_queue_size): BlockStored, BlockRemoved and "
+                        "AllBlocksCleared in vLLM's msgpack format over a ZMQ PUB socket. Without endpoint: an "
+                        "ipc socket in a private directory, its path logged. An address other hosts can reach "
+                        '(tcp://*:P) needs "allow_remote": true; token ids are sent only with '
+                        '"include_token_ids": true.',
     "runner": "auto (generate for the *ForCausalLM models here), generate, or pooling (an embedding model: "
               "LLM.embed, /v1/embeddings).",
     "convert": "auto, none, or embed: how a *ForCausalLM becomes a pooling model (runner pooling).",

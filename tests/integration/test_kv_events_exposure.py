@@ -23,10 +23,11 @@ import zmq
 
 from engine import LLM, SamplingParams
 from tests.helpers.process_utils import live_children
-from tests.integration.test_kv_events import KVEventBatch, BlockStored
+from tests.integration.test_kv_events import BlockStored, KVEventBatch
 
 BLOCK = 16
 NOBODY = 65534
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # a replay's last message (vLLM's)
 
 
 def _socket_inodes(pid: int) -> set[int]:
@@ -176,9 +177,6 @@ def _replay(client, start: int) -> list[bytes]:
         assert empty == b""
         seqs.append(seq)
     return seqs
-
-
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one_is_still_answered(tmp_path,
