@@ -278,7 +278,8 @@ def main(argv: list[str]) -> int:
             logger.exception("EngineCore %d died", spec.engine_index)
             proc.tell_dead(f"it died of {type(e).__name__} (the EngineCore log has the traceback)")
             return 1
-        core.stop_publishing()  # a clean stop: the KV-event publisher sends what it holds
+        finally:  # the KV-event publisher sends what it holds and removes its socket directory, on any exit
+            core.stop_publishing()
         return 0
     finally:
         channel.close()

@@ -225,6 +225,8 @@ class ZmqEventPublisher:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._close()
+        elif self._remove_dir is not None:  # its sockets stay with the thread, their directory goes
+            self._remove_dir()
 
     def _close(self) -> None:
         for sock in (self._pub, self._replay):
