@@ -140,6 +140,7 @@ class ZmqEventPublisher:
 
     _POLL_S = 0.1
     _REPLAYS_PER_TURN = 64  # replay requests served between two batches: a flood delays, never starves, them
+    _REPLAY_FRAME_MAX = 64  # bytes of a replay request's frame (its sequence number is 8)
 
     def __init__(self, config: KVEventsConfig, data_parallel_rank: int = 0) -> None:
         import zmq
@@ -168,6 +169,7 @@ class ZmqEventPublisher:
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.setsockopt(zmq.MAXMSGSIZE, self._REPLAY_FRAME_MAX)  # larger: the peer is dropped
                 self.replay_endpoint = self._open(self._replay, offset_endpoint(config.replay_endpoint,
                                                                                 data_parallel_rank), bind=True)
         except (zmq.ZMQError, OSError) as e:

@@ -188,8 +188,9 @@ def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one
                                        "replay_endpoint": f"ipc://{tmp_path}/replay"})
     publisher = kv_events.ZmqEventPublisher(config)
     ctx = zmq.Context()
-    client = ctx.socket(zmq.DEALER)
-    client.setsockopt(zmq.LINGER, 0)
+    client, hog = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    for sock in (client, hog):
+        sock.setsockopt(zmq.LINGER, 0)
     # each is answered by nothing: one frame, a sequence number of 7 or 9 bytes, no empty delimiter, 4 frames
     malformed = [(b"x",), (b"", b"\xff" * 7), (b"", b"\xff" * 9), (b"junk", b"\xff" * 8), (b"", b"", b"\xff" * 8)]
     batches = [(0).to_bytes(8, "big"), (1).to_bytes(8, "big")]
@@ -210,7 +211,19 @@ def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one
         records = [r for r in caplog.records if r.name == "engine.core.kv_events"]
         assert len(records) == 1 and "malformed replay request" in records[0].getMessage()
         assert publisher.malformed_replays == 500
+
+        # a frame past the replay socket's size limit is refused by zmq (the peer dropped), never read whole
+        hog.connect(f"ipc://{tmp_path}/replay")
+        hog.send_multipart((b"", b"\0" * (64 << 20)))
+        while True:  # the hog reconnects and asks properly: by then its big frame is behind it
+            assert time.monotonic() < deadline + 30
+            hog.send_multipart((b"", (5).to_bytes(8, "big")))
+            if hog.poll(1000):
+                assert hog.recv_multipart() == [b"", END_SEQ, b""]
+                break
+        assert publisher.malformed_replays == 500
     finally:
         client.close()
+        hog.close()
         ctx.term()
         publisher.shutdown()
