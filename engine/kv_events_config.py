@@ -12,9 +12,11 @@ asked, and carry no more than a router needs:
 - An endpoint (or ``replay_endpoint``) that is not loopback, an ipc path or inproc (a wildcard such
   as ``tcp://*:P``, an address or name of another interface or host) is refused unless
   ``allow_remote`` is true, and the publisher warns when it opens one.
-- ``token_ids`` of ``BlockStored`` (the prompt's text, in effect) is sent empty unless
-  ``include_token_ids``: routers such as llm-d's indexer key on the block hashes. The field stays
-  in the message, so vLLM-compatible subscribers decode it either way.
+- ``token_ids`` of ``BlockStored`` (the prompt's text, in effect) is sent empty, and its
+  ``extra_keys`` (a request's ``cache_salt``, which a tenant keeps secret so that nobody else
+  shares its cache) absent, unless ``include_token_ids``: routers such as llm-d's indexer key on
+  the block hashes, and ours are the cache's own digests, which no subscriber recomputes from
+  tokens. The fields stay in the message, so vLLM-compatible subscribers decode it either way.
 
 A msgspec Struct, so a dict converts with type checks and the config crosses to the EngineCore
 process as plain JSON with the other EngineArgs. ``resolve_kv_events_config`` is what
@@ -45,7 +47,7 @@ class KVEventsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_queue_size: int = 100_000  # batches waiting for the publisher thread; past it they are dropped
     topic: str = ""
     allow_remote: bool = False  # endpoints other hosts can reach (a wildcard, another interface or host)
-    include_token_ids: bool = False  # BlockStored.token_ids filled (else empty): the prompts' tokens
+    include_token_ids: bool = False  # BlockStored.token_ids (and extra_keys: cache salts) filled, else empty
 
     @property
     def active(self) -> bool:

@@ -78,8 +78,8 @@ class EngineCore:
                 "raise kv_cache_memory_bytes or lower max_model_len")
         kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching,
                                   enable_kv_cache_events=config.kv_events_config is not None,
-                                  event_token_ids=bool(config.kv_events_config
-                                                       and config.kv_events_config.include_token_ids))
+                                  event_contents=bool(config.kv_events_config
+                                                      and config.kv_events_config.include_token_ids))
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
                                    structured_output=_structured_output_manager(config))

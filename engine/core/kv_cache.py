@@ -102,7 +102,7 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False, event_token_ids: bool = False) -> None:
+                 enable_kv_cache_events: bool = False, event_contents: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -114,7 +114,8 @@ class KVCacheManager:
         self._num_registered: dict[str, int] = {}
         # With KV events: what entered and left the cache since take_events (engine/core/kv_events.py).
         self.events: Optional[list] = [] if enable_kv_cache_events and enable_caching else None
-        self._event_token_ids = event_token_ids  # BlockStored carries the blocks' tokens (else empty)
+        # BlockStored carries what the blocks hold, tokens and cache salt (else token_ids empty, no extra_keys)
+        self._event_contents = event_contents
 
     def take_events(self) -> list:
         """The events since the last call (the core publishes them once per step)."""
@@ -206,9 +207,10 @@ class KVCacheManager:
         for k in range(1, len(registered) + 1):
             if k == len(registered) or registered[k] != registered[k - 1] + 1:
                 first, last = registered[begin], registered[k - 1]
-                token_ids = tokens[first * bs:(last + 1) * bs] if self._event_token_ids else []
+                token_ids, salt = ((tokens[first * bs:(last + 1) * bs], request.cache_salt) if self._event_contents
+                                   else ([], None))
                 self.events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                                    token_ids, bs, request.cache_salt))
+                                                    token_ids, bs, salt))
                 begin = k
 
     def free(self, request: Request) -> None:

@@ -60,7 +60,7 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
 class BlockStored(KVCacheEvent):
     block_hashes: list[bytes]
     parent_block_hash: Optional[bytes]
-    token_ids: list[int]  # empty unless kv_events_config.include_token_ids
+    token_ids: list[int]  # empty (and extra_keys None) unless kv_events_config.include_token_ids
     block_size: int
     lora_id: Optional[int]
     medium: Optional[str]

@@ -94,20 +94,21 @@ def test_by_default_nothing_listens_on_the_network_and_only_this_user_can_subscr
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700 and os.stat(directory).st_uid == os.getuid()
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert _connects_as_nobody(path) == "PermissionError"
-        # 3) this user subscribes; BlockStored names the blocks by hash, without their tokens
+        # 3) this user subscribes; BlockStored names the blocks by hash, without their tokens or salt
         sub.connect(f"ipc://{path}")
         decoder, stores = msgspec.msgpack.Decoder(KVEventBatch), []
         greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         deadline = time.monotonic() + 30
         for i in range(50):  # PUB/SUB drops what is sent before the subscription arrives
             assert time.monotonic() < deadline
-            llm.generate({"prompt_token_ids": [1000 + i] * (2 * BLOCK) + [1]}, greedy, use_tqdm=False)
+            llm.generate({"prompt_token_ids": [1000 + i] * (2 * BLOCK) + [1], "cache_salt": "tenant-secret"},
+                         greedy, use_tqdm=False)
             while sub.poll(200):
                 _, _, payload = sub.recv_multipart()
                 stores += [e for e in decoder.decode(payload).events if isinstance(e, BlockStored)]
             if stores:
                 break
-        assert stores and all(e.block_hashes and e.token_ids == [] for e in stores)
+        assert stores and all(e.block_hashes and e.token_ids == [] and e.extra_keys is None for e in stores)
     finally:
         sub.close()
         ctx.term()
@@ -227,3 +228,22 @@ def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one
         hog.close()
         ctx.term()
         publisher.shutdown()
+
+
+@pytest.mark.parametrize("contents", [False, True])
+def test_block_stored_carries_tokens_and_cache_salt_only_when_asked(contents):
+    from engine.core import kv_events
+    from engine.core.kv_cache import KVCacheManager
+    from tests.helpers.core_utils import make_request
+
+    kv = KVCacheManager(8, 4, enable_kv_cache_events=True, event_contents=contents)
+    req = make_request("a", list(range(10, 19)))
+    req.cache_salt = "tenant-secret"
+    hits, _ = kv.get_computed_blocks(req)
+    assert kv.allocate_slots(req, req.num_tokens, hits)
+    req.num_computed_tokens = req.num_tokens
+    kv.cache_blocks(req)
+    [event] = kv.take_events()
+    assert isinstance(event, kv_events.BlockStored) and len(event.block_hashes) == 2
+    assert (event.token_ids, event.extra_keys) == ((list(range(10, 18)), [("tenant-secret",), None]) if contents
+                                                   else ([], None))
