@@ -36,10 +36,7 @@ class PythonicToolParser(ToolParser):
 
 
 def _calls_of_list(source: str) -> list[ParsedCall]:
-    try:
-        tree = ast.parse(source.strip(), mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"not a Python list of calls: {exc.msg}") from None
+    tree = _expression(source.strip(), "a Python list of calls")
     if not isinstance(tree, ast.List):
         raise ValueError("not a Python list of calls")
     calls = []
@@ -156,13 +153,22 @@ def _argument_end(text: str, start: int, memo: dict) -> Optional[int]:
 
 
 def _keyword(source: str) -> tuple[str, Any]:
-    try:
-        node = ast.parse(f"f({source})", mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"not a keyword argument: {exc.msg}") from None
+    node = _expression(f"f({source})", "a keyword argument")
     if node.args or len(node.keywords) != 1 or node.keywords[0].arg is None:
         raise ValueError("tool call arguments must be keyword arguments")
     return node.keywords[0].arg, _literal(node.keywords[0].value)
+
+
+def _expression(source: str, what: str) -> ast.AST:
+    """``source`` parsed as one Python expression, or a ValueError saying it is not ``what``.
+    Python's parser refuses deep nesting with more than a SyntaxError: ``-`` or ``not`` a few
+    thousand times over is a MemoryError ("too complex"), and a RecursionError is possible."""
+    try:
+        return ast.parse(source, mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not {what}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # ValueError: a NUL character
+        raise ValueError(f"not {what} ({type(exc).__name__})") from None
 
 
 def _literal(node: ast.AST) -> Any:
