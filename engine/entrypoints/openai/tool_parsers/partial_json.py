@@ -38,6 +38,11 @@ _DECODER = json.JSONDecoder(strict=False)
 MAX_DEPTH = 128
 
 
+class Unfinished(ValueError):
+    """The whole text ends inside a value or a call: cut (``max_tokens``, a stop string, the
+    end-of-text token), not malformed, so what its prefix settles still stands."""
+
+
 class _End(Exception):
     """The text ended inside a value."""
 
@@ -196,7 +201,7 @@ def canonical(text: str) -> str:
     it is unfinished or has anything after the value."""
     out, end = canonical_prefix(text + " ")  # the end of the text ends a bare number too
     if end is None:
-        raise ValueError("the JSON text is unfinished")
+        raise Unfinished("the JSON text is unfinished")
     if text[end:].strip(_WS):
         raise ValueError(f"unexpected text after the JSON value at {end}")
     return out

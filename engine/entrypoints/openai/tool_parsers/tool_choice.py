@@ -25,7 +25,7 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ToolParser
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -77,10 +77,13 @@ class ToolCallPlan:
             return msgspec.structs.replace(params, skip_special_tokens=False)
         return params
 
-    def finish_reason(self, tools_called: bool, finish_reason: Optional[str]) -> Optional[str]:
-        """OpenAI's: ``tool_calls`` when an auto or required reply ends with calls; a named
-        choice keeps ``stop`` (vLLM and OpenAI both answer so)."""
-        if tools_called and self.mode in ("auto", "required") and finish_reason == "stop":
+    def finish_reason(self, extracted: Optional[ExtractedToolCalls], finish_reason: Optional[str]) -> Optional[str]:
+        """OpenAI's: ``tool_calls`` when an auto or required reply stops after whole calls; a
+        reply that ends inside a call keeps the engine's reason (``length``, or ``stop``); a
+        named choice keeps ``stop`` (vLLM and OpenAI both answer so). Streamed and whole
+        replies both ask here, with the whole reply's ``extracted`` calls."""
+        if (extracted is not None and extracted.tools_called and not extracted.unfinished
+                and self.mode in ("auto", "required") and finish_reason == "stop"):
             return "tool_calls"
         return finish_reason
 
