@@ -161,6 +161,50 @@ def test_streamed_tool_calls_carry_running_usage_and_token_ids(tiny):
     assert len(token_ids) == chunks[-1].usage.completion_tokens == 6
 
 
+# ---- the hermes parser on forced text: a reply cut inside a call, a call nested too deep ----
+
+@pytest.fixture(scope="module")
+def tiny_hermes(tiny_model_dir, tmp_path_factory):
+    """The tiny model with the hermes parser; no prefix cache, so a second request computes the
+    same tokens as the first (the forced text has more than one tokenization to choose from)."""
+    log = str(tmp_path_factory.mktemp("log") / "server.log")
+    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--no-enable-prefix-caching",
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes", log=log) as remote:
+        yield openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0), log
+
+
+def forced(client, text: str, **kwargs):
+    """A chat reply forced to ``text`` (a structured-outputs choice of one) with auto tool choice."""
+    return client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], temperature=0.0,
+                                          extra_body={"structured_outputs": {"choice": [text]}}, **kwargs)
+
+
+def test_a_reply_cut_inside_a_call_is_the_same_streamed_and_not(tiny_hermes):
+    client, _ = tiny_hermes
+    full = json.dumps({"city": "Paris " * 40, "unit": "celsius"})
+    text = '<tool_call>{"name": "get_weather", "arguments": ' + full + "}</tool_call>"
+    # 60 tokens: past the 58 characters before the city's text, short of the ~80 tokens of the
+    # whole text at best, whichever tokenization the random model takes
+    whole = forced(client, text, max_tokens=60).choices[0]
+    ((name, arguments),) = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    assert name == "get_weather" and full.startswith(arguments) and len('{"city": "') < len(arguments) < len(full)
+    streamed = collect(forced(client, text, max_tokens=60, stream=True))
+    assert streamed["finish"] == "length" and streamed["content"] == ""
+    assert streamed["calls"] == [(name, arguments)]
+
+
+def test_a_call_nested_too_deep_is_content_streamed_and_not(tiny_hermes):
+    client, log = tiny_hermes
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": ' + "[" * 600 + "]" * 600 + "}}</tool_call>"
+    whole = forced(client, text, max_tokens=1000).choices[0]
+    assert whole.message.content == text and not whole.message.tool_calls and whole.finish_reason == "stop"
+    streamed = collect(forced(client, text, max_tokens=1000, stream=True))
+    assert streamed["content"] == text and streamed["finish"] == "stop"
+    with open(log) as f:
+        assert "Traceback" not in f.read()
+
+
 @pytest.mark.slow
 def test_tool_flags_are_checked_at_start(tiny_model_dir):
     cases = [(["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
