@@ -16,8 +16,7 @@ What a whole reply answers, and so what its stream ends with (``extract_tool_cal
   string or the end-of-text token. The answer is what the text settles, exactly what its stream
   has sent by then: the content before the calls, each call whose name is complete, the last
   one's ``arguments`` the canonical prefix read so far (not valid JSON). The finish reason stays
-  the engine's (``length`` when cut by max_tokens), never ``tool_calls``. (vLLM's streams send
-  such a call and say ``tool_calls`` while its whole replies say content.)
+  the engine's (``length`` when cut by max_tokens), never ``tool_calls``.
 - Any other refusal (malformed calls, JSON nested deeper than ``partial_json.MAX_DEPTH``): the
   whole text is content. A stream may have opened a call before the text went wrong; it cannot
   take that back, but its content still adds up to the whole text, and it finishes as the
@@ -83,8 +82,9 @@ class ToolParser:
         self.tokenizer = tokenizer
 
     def parse(self, text: str, final: bool) -> ParsedReply:
-        """What ``text`` settles. ``final``: the reply is whole, so an unfinished or malformed
-        call is a ValueError; otherwise the calls stop at the first one not yet readable."""
+        """What ``text`` settles. ``final``: the reply is whole, so a malformed call is a
+        ValueError, and a text that ends inside a call is ``Unfinished`` (a ValueError too);
+        otherwise the calls stop at the first one not yet readable."""
         raise NotImplementedError
 
     def extract_tool_calls(self, model_output: str, request: Any = None) -> ExtractedToolCalls:
