@@ -128,10 +128,11 @@ def test_tools_and_a_tool_call_history_reach_the_chat_template(tiny):
     assert out.choices[0].message.tool_calls is None  # tool_choice "none": content only
 
 
-def test_tool_call_arguments_that_are_not_json_are_refused(tiny):
+@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_tool_call_arguments_that_are_not_json_are_refused(tiny, arguments):
     client, _ = tiny
     history = json.loads(json.dumps(HISTORY))
-    history[1]["tool_calls"][0]["function"]["arguments"] = "{city: Paris"
+    history[1]["tool_calls"][0]["function"]["arguments"] = arguments
     error = bad_request(lambda: client.chat.completions.create(model="tiny", messages=history, max_tokens=2))
     assert error.body["param"] == "messages.1.tool_calls" and "call_1" in error.body["message"]
 
