@@ -112,6 +112,9 @@ def bad_request(call) -> openai.BadRequestError:
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
       "tool_choice": "required"}, "tools", 'type "object"'),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", ""),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}}}],
+      "tool_choice": "required"}, "tools", "nested deeper than"),
 ])
 def test_tool_requests_vllm_refuses_get_400_naming_the_field(tiny_plain, kwargs, param, message):
     error = bad_request(lambda: tiny_plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, **kwargs))

@@ -427,6 +427,16 @@ def test_forced_calls_take_the_constraint_and_refuse_a_second_one():
     assert plan(tools=[NOW], tool_choice="none").constrain(params) is params
 
 
+@pytest.mark.parametrize("tool_choice", ["required", "none", {"type": "function", "function": {"name": "f"}}])
+def test_parameters_nested_deeper_than_the_parsers_read_are_400_naming_tools(tool_choice):
+    deep = {"type": "object", "properties": {"a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}
+    with pytest.raises(OpenAIError) as info:  # before: copy.deepcopy's RecursionError, a 500
+        plan(tools=[{"type": "function", "function": {"name": "f", "parameters": deep}}], tool_choice=tool_choice)
+    assert info.value.status == 400 and info.value.param == "tools" and "nested deeper" in info.value.message
+    fine = {"type": "object", "properties": {"a": json.loads('{"x": ' * 60 + "1" + "}" * 60)}}
+    plan(tools=[{"type": "function", "function": {"name": "f", "parameters": fine}}], tool_choice=tool_choice)
+
+
 def test_two_tools_defining_one_def_differently_are_refused():
     other = json.loads(json.dumps(WEATHER).replace('"string"}}', '"integer"}}').replace("get_weather", "g"))
     with pytest.raises(OpenAIError) as info:
