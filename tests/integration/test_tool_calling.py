@@ -112,6 +112,9 @@ def bad_request(call) -> openai.BadRequestError:
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
       "tool_choice": "required"}, "tools", 'type "object"'),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", ""),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}}}],
+      "tool_choice": "required"}, "tools", "nested deeper than"),
 ])
 def test_tool_requests_vllm_refuses_get_400_naming_the_field(tiny_plain, kwargs, param, message):
     error = bad_request(lambda: tiny_plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, **kwargs))
@@ -128,10 +131,11 @@ def test_tools_and_a_tool_call_history_reach_the_chat_template(tiny):
     assert out.choices[0].message.tool_calls is None  # tool_choice "none": content only
 
 
-def test_tool_call_arguments_that_are_not_json_are_refused(tiny):
+@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_tool_call_arguments_that_are_not_json_are_refused(tiny, arguments):
     client, _ = tiny
     history = json.loads(json.dumps(HISTORY))
-    history[1]["tool_calls"][0]["function"]["arguments"] = "{city: Paris"
+    history[1]["tool_calls"][0]["function"]["arguments"] = arguments
     error = bad_request(lambda: client.chat.completions.create(model="tiny", messages=history, max_tokens=2))
     assert error.body["param"] == "messages.1.tool_calls" and "call_1" in error.body["message"]
 
@@ -159,6 +163,50 @@ def test_streamed_tool_calls_carry_running_usage_and_token_ids(tiny):
     assert [c.usage.completion_tokens for c in deltas] == sorted(c.usage.completion_tokens for c in deltas)
     token_ids = [t for c in deltas for t in (c.choices[0].model_extra.get("token_ids") or ())]
     assert len(token_ids) == chunks[-1].usage.completion_tokens == 6
+
+
+# ---- the hermes parser on forced text: a reply cut inside a call, a call nested too deep ----
+
+@pytest.fixture(scope="module")
+def tiny_hermes(tiny_model_dir, tmp_path_factory):
+    """The tiny model with the hermes parser; no prefix cache, so a second request computes the
+    same tokens as the first (the forced text has more than one tokenization to choose from)."""
+    log = str(tmp_path_factory.mktemp("log") / "server.log")
+    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--no-enable-prefix-caching",
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes", log=log) as remote:
+        yield openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0), log
+
+
+def forced(client, text: str, **kwargs):
+    """A chat reply forced to ``text`` (a structured-outputs choice of one) with auto tool choice."""
+    return client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], temperature=0.0,
+                                          extra_body={"structured_outputs": {"choice": [text]}}, **kwargs)
+
+
+def test_a_reply_cut_inside_a_call_is_the_same_streamed_and_not(tiny_hermes):
+    client, _ = tiny_hermes
+    full = json.dumps({"city": "Paris " * 40, "unit": "celsius"})
+    text = '<tool_call>{"name": "get_weather", "arguments": ' + full + "}</tool_call>"
+    # 60 tokens: past the 58 characters before the city's text, short of the ~80 tokens of the
+    # whole text at best, whichever tokenization the random model takes
+    whole = forced(client, text, max_tokens=60).choices[0]
+    ((name, arguments),) = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    assert name == "get_weather" and full.startswith(arguments) and len('{"city": "') < len(arguments) < len(full)
+    streamed = collect(forced(client, text, max_tokens=60, stream=True))
+    assert streamed["finish"] == "length" and streamed["content"] == ""
+    assert streamed["calls"] == [(name, arguments)]
+
+
+def test_a_call_nested_too_deep_is_content_streamed_and_not(tiny_hermes):
+    client, log = tiny_hermes
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": ' + "[" * 600 + "]" * 600 + "}}</tool_call>"
+    whole = forced(client, text, max_tokens=1000).choices[0]
+    assert whole.message.content == text and not whole.message.tool_calls and whole.finish_reason == "stop"
+    streamed = collect(forced(client, text, max_tokens=1000, stream=True))
+    assert streamed["content"] == text and streamed["finish"] == "stop"
+    with open(log) as f:
+        assert "Traceback" not in f.read()
 
 
 @pytest.mark.slow
@@ -258,13 +306,13 @@ def test_auto_with_hermes_answers_in_one_of_its_shapes(model):
     out = client.chat.completions.create(**kwargs).choices[0]
     if out.message.tool_calls:
         assert out.finish_reason in ("tool_calls", "length")
-        for call in out.message.tool_calls:
+        for call in out.message.tool_calls if out.finish_reason == "tool_calls" else ():  # a cut call: a prefix
             json.loads(call.function.arguments)
     else:  # plain content: the whole reply, without the parser's markers or the end-of-turn token
         assert out.message.content and "<|im_end|>" not in out.message.content
         assert "<tool_call>" not in out.message.content and out.finish_reason in ("stop", "length")
     streamed = collect(client.chat.completions.create(**kwargs, stream=True))
-    for _, arguments in streamed["calls"]:
+    for _, arguments in streamed["calls"] if streamed["finish"] == "tool_calls" else ():
         json.loads(arguments)
     if not streamed["calls"]:
         assert streamed["content"] and "<|im_end|>" not in streamed["content"]

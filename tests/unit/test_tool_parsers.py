@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, OpenAIError, decode_request
 from engine.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
-from engine.entrypoints.openai.tool_parsers.partial_json import canonical, canonical_prefix
-from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing, plan_tool_calls
+from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, canonical, canonical_prefix
+from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 NESTED = {"city": "Zürich", "when": {"days": [1, 2, {"deep": [[], {}]}], "exact": None}, "ok": True}
@@ -74,9 +74,11 @@ def calls_of(extracted) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in extracted.tool_calls]
 
 
-def stream(parser: ToolParser, pieces: list[str], max_calls=None) -> tuple[str, list[tuple[str, str]], list]:
-    """The concatenated content and calls of a stream fed ``pieces``, and its raw tool deltas."""
-    streamer = parser.streamer(max_calls)
+def stream(parser: ToolParser, pieces: list[str], max_calls=None, streamer=None) -> tuple[str, list[tuple[str, str]],
+                                                                                        list]:
+    """The concatenated content and calls of a stream fed ``pieces``, and its raw tool deltas.
+    ``streamer``: the parser's streamer to feed, for a test that looks at it afterwards."""
+    streamer = streamer or parser.streamer(max_calls)
     deltas = [streamer.feed(piece) for piece in pieces] + [streamer.finish()]
     content, calls, raw = "", {}, []
     for delta in filter(None, deltas):
@@ -119,8 +121,9 @@ def test_reply_without_readable_calls_is_content(name, text, capfd):
     assert not extracted.tools_called and extracted.tool_calls == [] and extracted.content == text
     for pieces in (list(text), [text]):
         got_content, got_calls, _ = stream(ToolParserManager.get_tool_parser(name)(), pieces)
-        if not got_calls:  # a reply that only turns out malformed late may have sent a call already
-            assert got_content == text
+        # a reply that only turns out malformed late may have opened a call already; its content
+        # still adds up to the whole reply
+        assert got_content == text
     assert "owned" not in capfd.readouterr().out  # pythonic arguments are literals, never run
 
 
@@ -156,7 +159,107 @@ def test_forced_outputs_read_as_calls():
     assert calls_of(required) == [("a", {"x": [1, {"y": "}"}]}), ("b", {})] and required.content is None
     named = NamedToolCallParser("f").extract_tool_calls(' {"q": "a \\"b\\""} \n')
     assert calls_of(named) == [("f", {"q": 'a "b"'})]
-    assert not NamedToolCallParser("f").extract_tool_calls('{"q": "unfini').tools_called
+    cut = NamedToolCallParser("f").extract_tool_calls('{"q": "unfini')  # what it settles, as its stream
+    assert cut.unfinished and [(c.function.name, c.function.arguments) for c in cut.tool_calls] == [
+        ("f", '{"q": "unfini')]
+
+
+# ---- replies cut inside a call: streamed and whole give the same answer ----
+
+FORCED = {"required": RequiredToolCallParser, "named": lambda: NamedToolCallParser("f")}
+CUT_REPLIES = [(name, text) for name, text, _, _ in CASES] + [
+    ("required", f'[{{"name": "a", "parameters": {dumps(NESTED)}}}, {{"name": "b", "parameters": {{}}}}]'),
+    ("named", dumps(TRICKY)),
+]
+
+
+def new_parser(name: str) -> ToolParser:
+    return FORCED[name]() if name in FORCED else ToolParserManager.get_tool_parser(name)()
+
+
+def test_cut_replies_are_tested_for_every_registered_parser():
+    assert {name for name, _ in CUT_REPLIES} >= set(ToolParserManager.names()) | set(FORCED)
+
+
+@pytest.mark.parametrize("name,text", CUT_REPLIES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CUT_REPLIES)])
+def test_a_reply_cut_inside_a_call_streams_what_the_whole_reply_answers(name, text):
+    """Cut by max_tokens (or ended by a stop string) anywhere: the whole reply answers what the
+    text settles, which is what its stream sent token by token, and neither says ``tool_calls``
+    unless the calls are whole."""
+    mode = name if name in FORCED else "auto"
+    tool_plan = ToolCallPlan(mode, None, name="f", auto_parser=None if name in FORCED else type(new_parser(name)))
+    cuts = sorted({*range(1, len(text), max(1, len(text) // 9)), len(text) // 2, len(text) - 1, len(text)})
+    for cut in cuts:
+        reply = text[:cut]
+        whole = new_parser(name).extract_tool_calls(reply)
+        streamer = new_parser(name).streamer()
+        content, calls, _ = stream(streamer.parser, list(reply), streamer=streamer)
+        assert calls == [(c.function.name, c.function.arguments) for c in whole.tool_calls], reply
+        assert content == (whole.content or ""), reply
+        for reason in ("length", "stop"):
+            finish = tool_plan.finish_reason(whole, reason)
+            assert tool_plan.finish_reason(streamer.final, reason) == finish, reply
+            if whole.unfinished or not whole.tools_called:
+                assert finish == reason, reply  # never "tool_calls" for a reply cut inside a call
+        if cut == len(text):
+            assert not whole.unfinished and whole.tools_called
+        elif whole.unfinished:
+            assert whole.tools_called and calls, reply
+
+
+def test_a_reply_cut_mid_arguments_keeps_its_call_and_the_settled_arguments():
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
+    whole = new_parser("hermes").extract_tool_calls(text)
+    assert whole.unfinished and whole.content is None
+    assert [(c.function.name, c.function.arguments) for c in whole.tool_calls] == [("get_weather", '{"city": "Par')]
+    plan = ToolCallPlan("auto", None, auto_parser=type(new_parser("hermes")))
+    assert plan.finish_reason(whole, "length") == "length" and plan.finish_reason(whole, "stop") == "stop"
+    complete = new_parser("hermes").extract_tool_calls(text + 'is"}}</tool_call>')
+    assert plan.finish_reason(complete, "stop") == "tool_calls"
+
+
+# ---- deep nesting: content, never a RecursionError ----
+
+DEEP = 1500  # issue 32, finding 6: 1,200-1,500 levels made a RecursionError (a 500 and its traceback)
+
+
+def deep_replies(depth: int) -> list[tuple[str, str]]:
+    value = "[" * depth + "]" * depth
+    return [("hermes", f'Sure. <tool_call>{{"name": "f", "arguments": {{"a": {value}}}}}</tool_call>'),
+            ("hermes", f'<tool_call>{{"name": "f", "arguments": "{{\\"a\\": {value}}}"}}</tool_call>'),
+            ("llama3_json", f'{{"name": "f", "parameters": {{"a": {value}}}}}'),
+            ("mistral", f'[TOOL_CALLS][{{"name": "f", "arguments": {{"a": {value}}}}}]'),
+            ("mistral", f'[TOOL_CALLS]f[ARGS]{{"a": {value}}}'),
+            ("pythonic", f"[f(a={value})]"),
+            ("pythonic", f"[f(a={'-' * 20 * depth}1)]"),  # Python's parser: MemoryError, "too complex"
+            ("pythonic", f"[f(a={'not ' * 20 * depth}1)]"),
+            ("required", f'[{{"name": "f", "parameters": {{"a": {value}}}}}]'),
+            ("named", f'{{"a": {value}}}')]
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, DEEP])
+def test_deeply_nested_calls_are_content_streamed_and_whole(depth):
+    for name, text in deep_replies(depth):
+        whole = new_parser(name).extract_tool_calls(text)
+        if name == "hermes" and '"arguments": "' in text:  # arguments as a string: that string
+            assert [c.function.name for c in whole.tool_calls] == ["f"], name
+        else:
+            assert not whole.tools_called and whole.content == text, name
+        for pieces in ([text], [text[i:i + 7] for i in range(0, len(text), 7)]):
+            content, calls, _ = stream(new_parser(name), pieces)
+            if not whole.tools_called:  # a call opened before the nesting went too deep stays sent,
+                assert content == text, name  # but the content adds up to the whole reply
+            # and what is nested too deep is never streamed as JSON arguments
+            assert all(args.count("[") <= MAX_DEPTH for _, args in calls if not args.startswith('"')), name
+
+
+def test_nesting_up_to_the_limit_still_reads_as_a_call():
+    value = "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2)
+    text = f'<tool_call>{{"name": "f", "arguments": {{"a": {value}}}}}</tool_call>'
+    whole = new_parser("hermes").extract_tool_calls(text)
+    assert calls_of(whole) == [("f", json.loads(f'{{"a": {value}}}'))]
+    _, calls, _ = stream(new_parser("hermes"), [text[i:i + 7] for i in range(0, len(text), 7)])
+    assert calls == [("f", whole.tool_calls[0].function.arguments)]
 
 
 # ---- canonical JSON prefixes: the property the streaming rests on ----
@@ -323,6 +426,16 @@ def test_forced_calls_take_the_constraint_and_refuse_a_second_one():
         required.constrain(SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json_object=True)))
     assert info.value.param == "tool_choice" and "not both" in info.value.message
     assert plan(tools=[NOW], tool_choice="none").constrain(params) is params
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "none", {"type": "function", "function": {"name": "f"}}])
+def test_parameters_nested_deeper_than_the_parsers_read_are_400_naming_tools(tool_choice):
+    deep = {"type": "object", "properties": {"a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}
+    with pytest.raises(OpenAIError) as info:  # before: copy.deepcopy's RecursionError, a 500
+        plan(tools=[{"type": "function", "function": {"name": "f", "parameters": deep}}], tool_choice=tool_choice)
+    assert info.value.status == 400 and info.value.param == "tools" and "nested deeper" in info.value.message
+    fine = {"type": "object", "properties": {"a": json.loads('{"x": ' * 60 + "1" + "}" * 60)}}
+    plan(tools=[{"type": "function", "function": {"name": "f", "parameters": fine}}], tool_choice=tool_choice)
 
 
 def test_two_tools_defining_one_def_differently_are_refused():

@@ -336,7 +336,7 @@ def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
     convention, which vLLM follows); empty arguments are ``{}``."""
     try:
         arguments = json.loads(call.function.arguments) if call.function.arguments else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
         raise OpenAIError(400, f"the arguments of tool call {call.id!r} are not valid JSON",
                           param=f"messages.{index}.tool_calls", code="invalid_value") from None
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}

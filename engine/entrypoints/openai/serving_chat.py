@@ -150,7 +150,7 @@ class OpenAIServingChat(OpenAIServing):
         extracted = parser.extract_tool_calls(completion.text)
         calls = extracted.tool_calls[:tool_plan.max_calls]
         message = ChatResponseMessage(ROLE, extracted.content if calls else completion.text, calls)
-        return message, tool_plan.finish_reason(bool(calls), completion.finish_reason)
+        return message, tool_plan.finish_reason(extracted, completion.finish_reason)
 
     async def _chunks(self, body: ChatCompletionRequest, model: str, request_id: str, created: int,
                       stream: AsyncIterator[RequestOutput],
@@ -201,14 +201,14 @@ class OpenAIServingChat(OpenAIServing):
                      logprobs: Optional[ChatLogProbs], token_ids: Optional[list[int]]) -> list[ChatStreamChoice]:
         """One output's stream choices: the deltas its text settles (with its logprobs and token
         ids), then, when it is the last, the parse of the whole reply with the finish reason
-        (``tool_calls`` after calls)."""
+        the whole reply's answer gives (``tool_calls`` after whole calls)."""
         chunks = []
         delta = streamer.feed(completion.text)
         if delta is not None or logprobs is not None or token_ids:
             chunks.append(ChatStreamChoice(completion.index, delta or DeltaMessage(), logprobs, token_ids=token_ids))
         if completion.finish_reason is not None:
             last = streamer.finish() or DeltaMessage()
-            finish = tool_plan.finish_reason(streamer.tools_called, completion.finish_reason)
+            finish = tool_plan.finish_reason(streamer.final, completion.finish_reason)
             chunks.append(ChatStreamChoice(completion.index, last, None, finish, completion.stop_reason))
         return chunks
 

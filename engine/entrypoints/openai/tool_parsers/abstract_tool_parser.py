@@ -8,6 +8,23 @@ answering are built on it, so they cannot disagree: ``extract_tool_calls`` parse
 reply, and ``streamer()`` re-parses the growing text and sends only what is new
 (``streaming.ToolCallStreamer``). One parser serves one reply (a stream keeps state).
 
+What a whole reply answers, and so what its stream ends with (``extract_tool_calls``):
+
+- ``parse(text, final=True)`` reads it: its calls, all complete. Only such a reply that the
+  engine ended with ``stop`` finishes as ``tool_calls``.
+- The text ends inside a call (the parser raises ``Unfinished``): cut by ``max_tokens``, a stop
+  string or the end-of-text token. The answer is what the text settles, exactly what its stream
+  has sent by then: the content before the calls, each call whose name is complete, the last
+  one's ``arguments`` the canonical prefix read so far (not valid JSON). The finish reason stays
+  the engine's (``length`` when cut by max_tokens), never ``tool_calls``.
+- Any other refusal (malformed calls, JSON nested deeper than ``partial_json.MAX_DEPTH``): the
+  whole text is content. A stream may have opened a call before the text went wrong; it cannot
+  take that back, but its content still adds up to the whole text, and it finishes as the
+  engine ended it.
+
+Parsing never raises into the server: a parser refuses a text with ValueError, and a
+RecursionError or MemoryError (a plugin parser's recursion on deep nesting) counts as one.
+
 The registry is vLLM's ``ToolParserManager``: built-in parsers register with
 ``@ToolParserManager.register_module("name")``, and ``--tool-parser-plugin FILE`` runs a Python
 file that does the same for its own parser.
@@ -21,6 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from engine.entrypoints.openai.http_bodies import FunctionCall, ToolCall, random_id
+from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished
+
+# How a parser refuses a text: ValueError (Unfinished among them); Python's own refusals of deep
+# nesting, from a plugin parser that recurses, count the same.
+REFUSALS = (ValueError, RecursionError, MemoryError)
 
 
 @dataclass
@@ -42,11 +64,13 @@ class ParsedReply:
 @dataclass
 class ExtractedToolCalls:
     """vLLM's ``ExtractedToolCallInformation``: the calls of a whole reply, and its content (the
-    whole text when it holds no call; None when only calls)."""
+    whole text when it holds no call; None when only calls). ``unfinished``: the reply ends
+    inside its last call, whose arguments are a prefix."""
 
     tools_called: bool
     tool_calls: list[ToolCall]
     content: Optional[str]
+    unfinished: bool = False
 
 
 class ToolParser:
@@ -58,26 +82,43 @@ class ToolParser:
         self.tokenizer = tokenizer
 
     def parse(self, text: str, final: bool) -> ParsedReply:
-        """What ``text`` settles. ``final``: the reply is whole, so an unfinished or malformed
-        call is a ValueError; otherwise the calls stop at the first one not yet readable."""
+        """What ``text`` settles. ``final``: the reply is whole, so a malformed call is a
+        ValueError, and a text that ends inside a call is ``Unfinished`` (a ValueError too);
+        otherwise the calls stop at the first one not yet readable."""
         raise NotImplementedError
 
     def extract_tool_calls(self, model_output: str, request: Any = None) -> ExtractedToolCalls:
-        """The calls of a whole reply. A reply whose calls do not parse is plain content, as in
-        vLLM: the client sees what the model wrote rather than an error."""
+        """The calls of a whole reply (the rules are in this module's docstring). A reply whose
+        calls do not parse is plain content, as in vLLM: the client sees what the model wrote
+        rather than an error."""
+        unfinished = False
         try:
             reply = self.parse(model_output, final=True)
-        except ValueError:
+        except Unfinished:
+            reply, unfinished = self.read(model_output, final=False), True
+        except REFUSALS:
             reply = None
-        if reply is None or not reply.calls:
+        calls = []
+        for call in reply.calls if reply is not None else ():
+            if call.name is None:
+                break  # as a stream: later calls wait for this one's name
+            calls.append(ToolCall(id=self.make_tool_call_id(), function=FunctionCall(call.name, call.arguments)))
+        if not calls:
             return ExtractedToolCalls(False, [], model_output)
-        calls = [ToolCall(id=self.make_tool_call_id(), function=FunctionCall(c.name, c.arguments)) for c in reply.calls]
-        return ExtractedToolCalls(True, calls, reply.content if reply.content.strip() else None)
+        return ExtractedToolCalls(True, calls, reply.content if reply.content.strip() else None, unfinished)
+
+    def read(self, text: str, final: bool) -> Optional[ParsedReply]:
+        """``parse``, or None where the parser refuses the text."""
+        try:
+            return self.parse(text, final)
+        except REFUSALS:
+            return None
 
     def streamer(self, max_calls: Optional[int] = None) -> Any:
         """The incremental extractor of one streamed reply: ``feed(delta_text)`` and, at the end,
-        ``finish()`` each return a DeltaMessage or None; ``tools_called`` says whether any call
-        was sent. ``max_calls``: calls beyond it are not sent (parallel_tool_calls=false)."""
+        ``finish()`` each return a DeltaMessage or None; after ``finish()``, ``final`` is the
+        reply's ExtractedToolCalls. ``max_calls``: calls beyond it are not sent
+        (parallel_tool_calls=false)."""
         from engine.entrypoints.openai.tool_parsers.streaming import ToolCallStreamer
 
         return ToolCallStreamer(self, max_calls)

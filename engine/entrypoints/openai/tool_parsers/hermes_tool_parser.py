@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedReply, ToolParser, ToolParserManager,
                                                                          hold_back)
 from engine.entrypoints.openai.tool_parsers.json_calls import call_from_object
-from engine.entrypoints.openai.tool_parsers.partial_json import skip_ws
+from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished, skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -24,7 +24,7 @@ class Hermes2ProToolParser(ToolParser):
             body = skip_ws(text, block + len(START))
             try:
                 if body == len(text):
-                    raise ValueError("an empty tool call block")
+                    raise Unfinished("an empty tool call block")
                 if text[body] != "{":
                     raise ValueError("a tool call block that is not a JSON object")
                 call, end = call_from_object(text, body, final, memo=self.memo_for(text))

@@ -6,8 +6,8 @@ import json
 from typing import Optional
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall
-from engine.entrypoints.openai.tool_parsers.partial_json import (canonical, canonical_prefix, object_members,
-                                                                 skip_ws)
+from engine.entrypoints.openai.tool_parsers.partial_json import (Unfinished, canonical, canonical_prefix,
+                                                                 object_members, skip_ws)
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -16,7 +16,8 @@ def call_from_object(text: str, start: int, final: bool, argument_keys: tuple[st
                      memo: Optional[dict] = None) -> tuple[ParsedCall, Optional[int]]:
     """The call written as the JSON object at ``text[start]``, and where the object ends (None
     while unfinished). Its arguments are the first of ``argument_keys`` it writes; none at all
-    is ``{}`` (a call without parameters). ValueError: not a call, or unfinished when ``final``.
+    is ``{}`` (a call without parameters). ValueError: not a call; Unfinished: the text ends
+    inside it when ``final``.
     ``memo``: the reply's finished JSON values (partial_json)."""
     members, end = object_members(text, start, memo)
     name = None
@@ -41,7 +42,7 @@ def call_from_object(text: str, start: int, final: bool, argument_keys: tuple[st
         raise ValueError("a tool call without a name")
     complete = end is not None and settled
     if final and not complete:
-        raise ValueError("an unfinished tool call")
+        raise Unfinished("an unfinished tool call")
     return ParsedCall(name, arguments, complete), end
 
 
@@ -58,7 +59,8 @@ def calls_in_array(text: str, start: int, final: bool, calls: list[ParsedCall],
                    argument_keys: tuple[str, ...] = ARGUMENT_KEYS, memo: Optional[dict] = None) -> Optional[int]:
     """Append the calls of the JSON array at ``text[start]`` (a ``[``) to ``calls`` as far as the
     text goes, and return where the array ends (None while unfinished). ValueError: not an
-    array of calls, or unfinished when ``final``. Calls read before an error stay appended."""
+    array of calls; Unfinished: the text ends inside it when ``final``. Calls read before an
+    error stay appended."""
     if text[start] != "[":
         raise ValueError("expected a JSON array of tool calls")
     pos, first = start + 1, True
@@ -84,5 +86,5 @@ def calls_in_array(text: str, start: int, final: bool, calls: list[ParsedCall],
             raise ValueError("expected ',' or ']' between tool calls")
         pos += 1
     if final:
-        raise ValueError("an unfinished array of tool calls")
+        raise Unfinished("an unfinished array of tool calls")
     return None

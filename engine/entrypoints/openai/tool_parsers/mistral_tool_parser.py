@@ -14,7 +14,7 @@ from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedR
                                                                          hold_back)
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall
 from engine.entrypoints.openai.tool_parsers.json_calls import calls_in_array
-from engine.entrypoints.openai.tool_parsers.partial_json import canonical_prefix, skip_ws
+from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished, canonical_prefix, skip_ws
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
@@ -36,7 +36,7 @@ class MistralToolParser(ToolParser):
             try:
                 if start == len(text):
                     if final:
-                        raise ValueError("no calls after [TOOL_CALLS]")
+                        raise Unfinished("no calls after [TOOL_CALLS]")
                     break
                 if text[start] == "[":
                     end = calls_in_array(text, start, final, reply.calls, ("arguments",), self.memo_for(text))
@@ -57,8 +57,10 @@ class MistralToolParser(ToolParser):
         args_at = text.find(ARGS, start)
         if args_at < 0:
             rest = hold_back(text[start:], ARGS).rstrip()
-            if final or (rest and not _NAME.fullmatch(rest)):
+            if rest and not _NAME.fullmatch(rest):
                 raise ValueError("expected name[ARGS]{...} after [TOOL_CALLS]")
+            if final:
+                raise Unfinished("a tool name without [ARGS]")
             return None
         name = text[start:args_at].strip()
         if not _NAME.fullmatch(name):
@@ -67,7 +69,7 @@ class MistralToolParser(ToolParser):
         arguments, end = canonical_prefix(text, pos, self.memo_for(text)) if pos < len(text) else ("", None)
         calls.append(ParsedCall(name, arguments, end is not None))
         if end is None and final:
-            raise ValueError("unfinished tool call arguments")
+            raise Unfinished("unfinished tool call arguments")
         return end
 
     def make_tool_call_id(self) -> str:

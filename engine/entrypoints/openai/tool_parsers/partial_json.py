@@ -14,6 +14,11 @@ text, which is exactly ``canonical(text)``.
 A stream re-reads its growing reply on every piece, so each finished value is remembered by its
 offset (``memo``, one per reply): the next read jumps over it, and only the unfinished path from
 the outermost value to the end of the text is read again.
+
+The reader recurses once per level of nesting, so a value nested deeper than ``MAX_DEPTH``
+(counted from where a read starts: a call's arguments) is a ValueError like any other text
+that is not JSON, before Python's recursion limit is near: a model can write ``[[[[...`` for
+as long as its budget allows, and a RecursionError would be a 500 with a traceback.
 """
 from __future__ import annotations
 
@@ -29,6 +34,13 @@ _STRING_RUN = re.compile(r'[^"\\]*')
 _LITERALS = ("true", "false", "null")
 # Models write raw control characters (newlines) inside strings; json.dumps escapes them again.
 _DECODER = json.JSONDecoder(strict=False)
+# Arguments nest a few levels; each level costs two Python frames of the reader's recursion.
+MAX_DEPTH = 128
+
+
+class Unfinished(ValueError):
+    """The whole text ends inside a value or a call: cut (``max_tokens``, a stop string, the
+    end-of-text token), not malformed, so what its prefix settles still stands."""
 
 
 class _End(Exception):
@@ -40,6 +52,7 @@ class _Canonical:
 
     def __init__(self, text: str, pos: int, memo: Optional[dict[int, tuple[str, int]]]) -> None:
         self.text, self.pos, self.out, self.memo = text, pos, [], memo
+        self.depth = 0
 
     def skip_ws(self) -> None:
         text, pos = self.text, self.pos
@@ -71,12 +84,16 @@ class _Canonical:
             self.literal()
 
     def container(self, close: str, member: bool) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels at {self.pos}")
         self.out.append(self.text[self.pos])
         self.pos += 1
         self.skip_ws()
         if self.text[self.pos] == close:
             self.out.append(close)
             self.pos += 1
+            self.depth -= 1
             return
         while True:
             if member:
@@ -95,6 +112,7 @@ class _Canonical:
             self.pos += 1
             if ch == close:
                 self.out.append(close)
+                self.depth -= 1
                 return
             if ch != ",":
                 raise ValueError(f"expected ',' or {close!r} at {self.pos - 1}")
@@ -183,7 +201,7 @@ def canonical(text: str) -> str:
     it is unfinished or has anything after the value."""
     out, end = canonical_prefix(text + " ")  # the end of the text ends a bare number too
     if end is None:
-        raise ValueError("the JSON text is unfinished")
+        raise Unfinished("the JSON text is unfinished")
     if text[end:].strip(_WS):
         raise ValueError(f"unexpected text after the JSON value at {end}")
     return out

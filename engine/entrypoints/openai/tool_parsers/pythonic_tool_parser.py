@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedCall, ParsedReply, ToolParser,
                                                                          ToolParserManager)
-from engine.entrypoints.openai.tool_parsers.partial_json import skip_ws
+from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, Unfinished, skip_ws
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _OPEN, _CLOSE = "([{", ")]}"
@@ -24,7 +24,9 @@ class PythonicToolParser(ToolParser):
         start = skip_ws(text, 0)
         if start == len(text) or text[start] != "[":
             return ParsedReply(text if final or start < len(text) else "")
-        if final:
+        if final:  # read as a stream reads it first: the same refusals (nesting), and where it ends
+            if _scan_calls(text, start + 1, [], self.memo_for(text)) is None:
+                raise Unfinished("the text ends inside the list of calls")
             return ParsedReply("", _calls_of_list(text[start:]))
         reply = ParsedReply("")
         try:
@@ -36,10 +38,7 @@ class PythonicToolParser(ToolParser):
 
 
 def _calls_of_list(source: str) -> list[ParsedCall]:
-    try:
-        tree = ast.parse(source.strip(), mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"not a Python list of calls: {exc.msg}") from None
+    tree = _expression(source.strip(), "a Python list of calls")
     if not isinstance(tree, ast.List):
         raise ValueError("not a Python list of calls")
     calls = []
@@ -53,23 +52,24 @@ def _calls_of_list(source: str) -> list[ParsedCall]:
     return calls
 
 
-def _scan_calls(text: str, pos: int, calls: list[ParsedCall], memo: dict) -> None:
+def _scan_calls(text: str, pos: int, calls: list[ParsedCall], memo: dict) -> Optional[int]:
     """Append the calls of an unfinished ``[f(a=1), ...`` (from after its ``[``) as far as the
-    text settles them. ``memo``: the calls and arguments already read, by offset."""
+    text settles them; where its ``]`` is, or None if the text ends first. ``memo``: the calls
+    and arguments already read, by offset."""
     while True:
         pos = skip_ws(text, pos)
         if pos == len(text) or text[pos] == "]":
-            return
+            return None if pos == len(text) else pos
         if ("call", pos) in memo:  # finished before: its end, and the call
             pos, done = memo[("call", pos)]
             calls.append(ParsedCall(done.name, done.arguments, True))
         else:
             pos = _scan_call(text, pos, calls, memo)
             if pos is None:
-                return
+                return None
         pos = skip_ws(text, pos)
         if pos == len(text) or text[pos] == "]":
-            return
+            return None if pos == len(text) else pos
         if text[pos] != ",":
             raise ValueError("expected ',' between calls")
         pos += 1
@@ -143,6 +143,8 @@ def _argument_end(text: str, start: int, memo: dict) -> Optional[int]:
             continue
         if ch in _OPEN:
             depth += 1
+            if depth > MAX_DEPTH:  # as deep as partial_json reads; Python's parser stops at 200
+                raise ValueError(f"an argument nested deeper than {MAX_DEPTH} levels")
         elif ch in _CLOSE:
             if depth == 0:
                 if ch == ")":
@@ -156,13 +158,22 @@ def _argument_end(text: str, start: int, memo: dict) -> Optional[int]:
 
 
 def _keyword(source: str) -> tuple[str, Any]:
-    try:
-        node = ast.parse(f"f({source})", mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"not a keyword argument: {exc.msg}") from None
+    node = _expression(f"f({source})", "a keyword argument")
     if node.args or len(node.keywords) != 1 or node.keywords[0].arg is None:
         raise ValueError("tool call arguments must be keyword arguments")
     return node.keywords[0].arg, _literal(node.keywords[0].value)
+
+
+def _expression(source: str, what: str) -> ast.AST:
+    """``source`` parsed as one Python expression, or a ValueError saying it is not ``what``.
+    Python's parser refuses deep nesting with more than a SyntaxError: ``-`` or ``not`` a few
+    thousand times over is a MemoryError ("too complex"), and a RecursionError is possible."""
+    try:
+        return ast.parse(source, mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not {what}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # ValueError: a NUL character
+        raise ValueError(f"not {what} ({type(exc).__name__})") from None
 
 
 def _literal(node: ast.AST) -> Any:

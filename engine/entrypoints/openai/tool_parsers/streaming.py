@@ -6,8 +6,10 @@ from what was already sent: new content, a call's opening delta (``index``, ``id
 pieces of its ``arguments``. The parser only ever reports settled text, so what was sent is
 always a prefix of what it reports next and nothing is taken back; at the end the whole reply is
 parsed as the non-streaming path parses it, and whatever that adds is the last delta. The
-concatenated pieces are therefore the non-streaming answer. Re-parsing costs time linear in the
-reply per piece; replies are bounded by max_tokens, and a call is a few hundred characters.
+concatenated pieces are therefore the non-streaming answer, a reply cut inside a call included
+(abstract_tool_parser's docstring has the rules); the one exception is a call opened before the
+text went wrong, which stays sent. Re-parsing costs time linear in the reply per piece; replies
+are bounded by max_tokens, and a call is a few hundred characters.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from engine.entrypoints.openai.http_bodies import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 
 if TYPE_CHECKING:
-    from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ToolParser
+    from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +36,15 @@ class ToolCallStreamer:
         self.text = ""
         self.content_sent = ""
         self.sent: list[_SentCall] = []
-
-    @property
-    def tools_called(self) -> bool:
-        return bool(self.sent)
+        self.final: Optional["ExtractedToolCalls"] = None  # the whole reply's answer, once finished
 
     def feed(self, delta_text: str) -> Optional[DeltaMessage]:
         """The delta that ``delta_text`` adds, or None when it settles nothing new yet."""
         if not delta_text:
             return None
         self.text += delta_text
-        try:
-            reply = self.parser.parse(self.text, final=False)
-        except ValueError:  # a parser that refuses a prefix: wait for more text
+        reply = self.parser.read(self.text, final=False)
+        if reply is None:  # a parser that refuses a prefix: wait for more text
             return None
         calls = []
         for call in reply.calls:
@@ -57,13 +55,12 @@ class ToolCallStreamer:
 
     def finish(self) -> Optional[DeltaMessage]:
         """The last delta: what parsing the whole reply adds to what was sent."""
-        final = self.parser.extract_tool_calls(self.text)
+        self.final = final = self.parser.extract_tool_calls(self.text)
         if final.tools_called:
             return self._delta(final.content or "", [(c.function.name, c.function.arguments)
                                                     for c in final.tool_calls])
-        if self.sent:  # calls already sent cannot be taken back; the client has what was settled
+        if self.sent:  # a call sent cannot be taken back; the rest of the reply still comes as content
             logger.info("a streamed reply's tool calls did not parse once it was whole")
-            return None
         return self._delta(self.text, [])
 
     def _delta(self, content: str, calls: list[tuple[str, str]]) -> Optional[DeltaMessage]:

@@ -25,8 +25,9 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ToolParser
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
+from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -77,10 +78,13 @@ class ToolCallPlan:
             return msgspec.structs.replace(params, skip_special_tokens=False)
         return params
 
-    def finish_reason(self, tools_called: bool, finish_reason: Optional[str]) -> Optional[str]:
-        """OpenAI's: ``tool_calls`` when an auto or required reply ends with calls; a named
-        choice keeps ``stop`` (vLLM and OpenAI both answer so)."""
-        if tools_called and self.mode in ("auto", "required") and finish_reason == "stop":
+    def finish_reason(self, extracted: Optional[ExtractedToolCalls], finish_reason: Optional[str]) -> Optional[str]:
+        """OpenAI's: ``tool_calls`` when an auto or required reply stops after whole calls; a
+        reply that ends inside a call keeps the engine's reason (``length``, or ``stop``); a
+        named choice keeps ``stop`` (vLLM and OpenAI both answer so). Streamed and whole
+        replies both ask here, with the whole reply's ``extracted`` calls."""
+        if (extracted is not None and extracted.tools_called and not extracted.unfinished
+                and self.mode in ("auto", "required") and finish_reason == "stop"):
             return "tool_calls"
         return finish_reason
 
@@ -146,11 +150,28 @@ def _parameters(tool: ChatCompletionToolsParam) -> dict[str, Any]:
 
 
 def _check_parameters(tool: ChatCompletionToolsParam, index: int) -> None:
-    """A function's parameters describe its arguments object (OpenAI refuses any other type)."""
+    """A function's parameters describe its arguments object (OpenAI refuses any other type),
+    nested no deeper than the parsers read arguments (``partial_json.MAX_DEPTH``): the schema
+    is copied, constrained and rendered by code that recurses once per level."""
     kind = (tool.function.parameters or {}).get("type", "object")
     if kind != "object":
         raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters must "
                             f"be a JSON Schema of type \"object\", got {kind!r}")
+    if _nesting(tool.function.parameters) > MAX_DEPTH:
+        raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters are "
+                            f"nested deeper than {MAX_DEPTH} levels")
+
+
+def _nesting(value: Any) -> int:
+    """How many levels of objects and arrays ``value`` holds (without recursing)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _bad(param: str, message: str) -> OpenAIError:
