@@ -15,6 +15,7 @@ straight into it), which ``generate()`` awaits.
 Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
 are refused with it at once; a request the core refuses fails alone with
 ``EngineGenerateError``, and one whose engine step failed fails alone with ``EngineStepError``.
+``shutdown()`` ends the requests still running with ``EngineShutdownError`` (an EngineDeadError).
 """
 from __future__ import annotations
 

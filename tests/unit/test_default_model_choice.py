@@ -55,7 +55,8 @@ def test_an_explicit_request_keeps_the_float_directory_on_zen4(cpu_flags, kwargs
 
 
 @pytest.mark.parametrize("flags", [ZEN4, SPR, AVX2_ONLY], ids=["zen4", "amx", "avx2"])
-@pytest.mark.parametrize("kwargs", [dict(quantization="gguf"), dict(load_format="gguf")], ids=["quantization", "load_format"])
+@pytest.mark.parametrize("kwargs", [dict(quantization="gguf"), dict(load_format="gguf")],
+                         ids=["quantization", "load_format"])
 def test_asking_for_gguf_runs_the_default_from_its_file_on_any_cpu(cpu_flags, flags, kwargs):
     # Used to be refused ("quantization must be 'gguf' only with a .gguf model file, got 'gguf'"),
     # and load_format="gguf" silently ran the float directory.
