@@ -15,6 +15,7 @@ straight into it), which ``generate()`` awaits.
 Failure model: when the core dies every collector gets ``EngineDeadError`` and new requests
 are refused with it at once; a request the core refuses fails alone with
 ``EngineGenerateError``, and one whose engine step failed fails alone with ``EngineStepError``.
+``shutdown()`` ends the requests still running with ``EngineShutdownError`` (an EngineDeadError).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from engine.client import make_client
 from engine.client.core_launcher import CoreProcess
 from engine.client.factory import config_and_cores, stopped_on_error
 from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
-from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError
+from engine.exceptions import EngineDeadError, EngineGenerateError, EngineShutdownError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor
 from engine.frontend.renderer import Renderer
@@ -174,9 +175,23 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
         error = e if isinstance(e, EngineDeadError) else EngineDeadError(f"output handler failed: {e!r}")
         if not isinstance(e, EngineDeadError):
             logger.exception("AsyncLLM output handler failed")
-        for collector in requests.values():
-            collector.put(error)
-        requests.clear()  # the task ends here; AsyncLLM.errored reports it from now on
+        _fail_all(requests, error)  # the task ends here; AsyncLLM.errored reports it from now on
+
+
+def _fail_all(requests: dict[str, RequestOutputCollector], error: EngineDeadError) -> None:
+    """End every request still running with ``error``: no output will come for them."""
+    for collector in requests.values():
+        collector.put(error)
+    requests.clear()
+
+
+def _stop_output_handler(handler: asyncio.Task, requests: dict[str, RequestOutputCollector]) -> None:
+    """On the handler's loop (or with the loop stopped): cancel it, and end the requests it was
+    serving with EngineShutdownError; their ``generate`` would otherwise await outputs that no
+    task reads any more, for ever."""
+    handler.cancel()
+    if not handler.get_loop().is_closed():
+        _fail_all(requests, EngineShutdownError(EngineShutdownError.RUNNING))
 
 
 def _iteration_stats(output_processor: OutputProcessor, transport_latency: float) -> IterationStats:
@@ -447,9 +462,9 @@ class AsyncLLM(EngineClient):
             except RuntimeError:
                 in_loop = False
             if in_loop or not loop.is_running():
-                handler.cancel()
+                _stop_output_handler(handler, self._requests)
             elif not loop.is_closed():
-                loop.call_soon_threadsafe(handler.cancel)
+                loop.call_soon_threadsafe(_stop_output_handler, handler, self._requests)
         engine_core = getattr(self, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown(timeout)

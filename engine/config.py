@@ -242,9 +242,9 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
     if model in (None, "", DEFAULT_MODEL):
         from engine.models.default_model import default_gguf_path, default_model_path
 
-        if _default_runs_its_gguf(args):
-            return default_gguf_path(), "gguf"
-        return default_model_path(), ("dummy" if args.load_format == "dummy" else "safetensors")
+        if not _default_runs_its_gguf(args):
+            return default_model_path(), ("dummy" if args.load_format == "dummy" else "safetensors")
+        model = default_gguf_path()  # checked below as any .gguf model
     path = os.path.expanduser(model)
     if path.endswith(".gguf"):
         if not os.path.isfile(path):
@@ -266,12 +266,16 @@ def _resolve_model(args: EngineArgs) -> tuple[str, str]:
 
 def _default_runs_its_gguf(args: EngineArgs) -> bool:
     """Whether the default model runs from its own Q4_1 GGUF (quantization "gguf") instead of the
-    converted float directory: when no dtype, quantization, load format, runner or compiled
-    forward is asked for, on the CPU kind where Q4_1 served a batch of 64 faster than bf16. That
-    is the Zen4 kind (AVX-512 VNNI and BF16, no AMX): benchmarks/RESULTS.md, "Quantized kernels,
-    per call (Zen4)" (offline 64 x 128 490-498 vs 405-426 tok/s, the same run; the int8 GEMM
-    beat oneDNN's bf16 GEMM on every projection shape from 8 rows). Kinds not measured that way
-    (AVX2 only; AMX, where oneDNN's bf16 GEMMs run on AMX tiles) keep the float directory."""
+    converted float directory: always when quantization or load_format "gguf" is asked for (only
+    the file has GGUF blocks); otherwise when no dtype, quantization, load format, runner or
+    compiled forward is asked for, on the CPU kind where Q4_1 served a batch of 64 faster than
+    bf16. That is the Zen4 kind (AVX-512 VNNI and BF16, no AMX): benchmarks/RESULTS.md,
+    "Quantized kernels, per call (Zen4)" (offline 64 x 128 490-498 vs 405-426 tok/s, the same
+    run; the int8 GEMM beat oneDNN's bf16 GEMM on every projection shape from 8 rows). Kinds not
+    measured that way (AVX2 only; AMX, where oneDNN's bf16 GEMMs run on AMX tiles) keep the float
+    directory."""
+    if "gguf" in (args.quantization, args.load_format):
+        return True
     if (args.dtype != "auto" or args.quantization is not None or args.load_format != "auto"
             or args.runner not in ("auto", "generate") or args.convert not in ("auto", "none")
             or args.pooler_config is not None or _compilation(args.compilation_config, args.enforce_eager).mode != 0
@@ -459,10 +463,13 @@ def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Op
             raise _bad("quantization", "None or 'gguf' for a .gguf model", q)
         return "gguf"
     if q == "gguf":
-        raise _bad("quantization", "'gguf' only with a .gguf model file", q)
+        raise ValueError(f"quantization='gguf' runs the quantized blocks of a .gguf file, but model "
+                         f"{args.model!r} is a directory of float weights: pass a .gguf file as model, "
+                         "or leave quantization unset (or 'int8' to quantize these weights at load)")
     if q == "int8":
         if device != "cpu":
-            raise _bad("quantization", "'int8' only on CPU", q)
+            raise ValueError(f"quantization='int8' runs only on the CPU (its W8A8 kernels are C), but "
+                             f"device is {device!r}: use device='cpu' or leave quantization unset")
         if not int8_kernel_built():
             raise ValueError("quantization='int8' is not supported here: the W8A8 kernels "
                              "(engine/kernels/int8_linear.py) are not built (run scripts/setup.sh)")

@@ -33,10 +33,29 @@ class EngineDeadError(Exception):
     """
 
     def __init__(self, cause: str = "", *, suppress_context: bool = False) -> None:
-        summary = _last_line(cause)
-        super().__init__(f"{_ENGINE_DEAD}: {summary}" if summary else _ENGINE_DEAD)
+        super().__init__(self._message(_last_line(cause)))
         self.cause = cause
         self.__suppress_context__ = suppress_context
+
+    @staticmethod
+    def _message(summary: Optional[str]) -> str:
+        return f"{_ENGINE_DEAD}: {summary}" if summary else _ENGINE_DEAD
+
+
+class EngineShutdownError(EngineDeadError):
+    """``shutdown()`` ended the engine: a call still running then (on another thread, or a
+    task's ``generate``) and every later one raise this. An EngineDeadError, since the engine is
+    as gone as a dead one (whoever catches that needs nothing new), but its message says what
+    happened instead of reporting a failure."""
+
+    RUNNING = "the engine was shut down while the request was running"
+
+    def __init__(self, cause: str = "the engine was shut down") -> None:
+        super().__init__(cause)
+
+    @staticmethod
+    def _message(summary: Optional[str]) -> str:
+        return summary or ""
 
 
 def _last_line(text: str) -> Optional[str]:

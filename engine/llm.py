@@ -4,13 +4,20 @@
 the engine until all are done and returns the outputs in input order. Prompts are validated
 before anything is queued, so one bad prompt raises (naming the problem) without leaving
 work behind, and an interrupted ``generate`` (Ctrl-C) aborts what it queued.
+
+Unlike vLLM's, an ``LLM`` may be called from several threads: the calls that drive the engine
+run one at a time (a lock), so each gets its own outputs; one waiting for the lock still takes
+Ctrl-C at once. ``shutdown()`` from another thread does not wait for a call in flight to end:
+it makes that call raise ``EngineShutdownError`` now, then stops the engine.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import threading
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import msgspec
 from tqdm.auto import tqdm
@@ -26,6 +33,21 @@ from engine.request_options import check_lora_request, check_tokenization_kwargs
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, verified_copy
 
 logger = logging.getLogger(__name__)
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialised(method: _Method) -> _Method:
+    """One engine-driving call of an ``LLM`` at a time, across threads: the engine's client
+    has one reader, and a call runs the engine until its own requests are done, so two at
+    once would take each other's outputs (``KeyError`` in one, a hang in the other). Re-entrant:
+    ``chat`` and ``beam_search`` call ``generate``-like methods. Waiting for the lock is
+    interruptible: Ctrl-C raises KeyboardInterrupt in the waiting (main) thread at once."""
+    @functools.wraps(method)
+    def call(self: "LLM", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call  # type: ignore[return-value]
 
 
 class LLM:
@@ -58,6 +80,7 @@ class LLM:
         if engine_args.renderer_num_workers > 1:
             warnings.warn("renderer_num_workers is ignored by LLM: it tokenizes in the caller's thread "
                           "(AsyncLLM uses the thread pool)", UserWarning, stacklevel=3)
+        self._lock = threading.RLock()  # see _serialised
         logger.info("Non-default args: %s", non_default_args(engine_args))
         # A core process by default (as vLLM's VLLM_ENABLE_V1_MULTIPROCESSING); freed on
         # shutdown(), when the LLM is garbage collected, and at interpreter exit.
@@ -74,6 +97,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         return self.llm_engine.input_processor.default_sampling_params()
 
+    @_serialised
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
                  use_tqdm: bool = True, lora_request: Any = None, priority: Optional[list[int]] = None,
@@ -87,6 +111,7 @@ class LLM:
                            tokenization_kwargs=tokenization_kwargs, _queue=False)
         return self._wait(ids, use_tqdm)
 
+    @_serialised
     def enqueue(self, prompts: Union[PromptType, Sequence[PromptType]],
                 sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
                 lora_request: Any = None, priority: Optional[list[int]] = None, use_tqdm: bool = False,
@@ -100,6 +125,7 @@ class LLM:
         return self._add(prompt_list, self._params_list(sampling_params, len(prompt_list)), priority,
                          add_special_tokens=True, queue=_queue, tokenization_kwargs=tokenization_kwargs)
 
+    @_serialised
     def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
                      sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
                      lora_request: Any = None, chat_template: Optional[str] = None,
@@ -120,12 +146,14 @@ class LLM:
         return self._add(prompts, self._params_list(sampling_params, len(prompts)), None, add_special_tokens=False,
                          queue=_queue)
 
+    @_serialised
     def wait_for_completion(self, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run the engine until every request ``enqueue``/``enqueue_chat`` queued is done; their
         outputs, in the order they were queued."""
         ids, self._queued = self._queued, []
         return self._wait(ids, use_tqdm)
 
+    @_serialised
     def chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
              sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None, *,
              use_tqdm: bool = True, lora_request: Any = None, chat_template: Optional[str] = None,
@@ -142,6 +170,7 @@ class LLM:
                                 chat_template_kwargs=chat_template_kwargs, _queue=False)
         return self._wait(ids, use_tqdm)
 
+    @_serialised
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list["BeamSearchOutput"]:
         """vLLM's beam search (engine/beam_search.py), each round's requests run as one batch."""
         self._check_runner("generate", "LLM.beam_search()")
@@ -161,6 +190,7 @@ class LLM:
             search.advance([out.outputs[0].logprobs[0] for out in outputs])
         return search.outputs(tokenizer.decode if tokenizer is not None else None)
 
+    @_serialised
     def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
               pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None
               ) -> list[EmbeddingRequestOutput]:
@@ -170,6 +200,7 @@ class LLM:
         outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="embed")
         return [EmbeddingRequestOutput.from_base(output) for output in outputs]
 
+    @_serialised
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
                pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None, *,
                use_tqdm: bool = True, pooling_task: Optional[str] = "embed") -> list[PoolingRequestOutput]:
@@ -203,9 +234,11 @@ class LLM:
         raise ValueError(f"{call} is only supported for {kind} models. Try passing `--runner {runner}` "
                          f"(LLM(runner={runner!r})) to use the model as a {kind} model.")
 
+    @_serialised
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    @_serialised
     def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
                        kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
         """Call a public method of the EngineCore's worker by name (vLLM's collective_rpc):
@@ -213,7 +246,12 @@ class LLM:
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:
-        self.llm_engine.shutdown()
+        """Stop the engine; from any thread. A call running in another thread raises
+        ``EngineShutdownError`` at once (its requests are dropped, with the core), as does every
+        later call; the core is stopped once that call has let go of the engine."""
+        self.llm_engine.begin_shutdown()
+        with self._lock:
+            self.llm_engine.shutdown()
 
     @staticmethod
     def _as_list(prompts: Any) -> list:

@@ -10,6 +10,9 @@ each request by an internal id (``InputProcessor.internal_id``), the caller's id
 sequence number, so an id can be reused as soon as its request was aborted or finished (by a
 stop string, in this process): the core's outputs for the earlier request that are still on
 their way match no request any more and are dropped.
+
+One thread at a time drives an LLMEngine (as vLLM's); ``begin_shutdown`` alone may come from
+another. ``LLM`` serialises its callers with a lock.
 """
 from __future__ import annotations
 
@@ -107,6 +110,11 @@ class LLMEngine:
         """``method`` called by name on the EngineCore's worker (engine/worker/worker.py); one
         result per worker (one here), as plain data."""
         return self.engine_core.call_utility("collective_rpc", *rpc_args(method, timeout, args, kwargs))
+
+    def begin_shutdown(self) -> None:
+        """From any thread: the call using the engine in another thread raises
+        ``EngineShutdownError`` at once, and so does every later one (``EngineCoreClient``)."""
+        self.engine_core.begin_shutdown()
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

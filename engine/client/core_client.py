@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable, Optional
 
 from engine.config import EngineConfig
-from engine.exceptions import EngineDeadError
+from engine.exceptions import EngineDeadError, EngineShutdownError
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import EngineCoreOutputs, EngineCoreRequest, EngineReady
 
@@ -38,7 +38,15 @@ class EngineCoreClient(ABC):
         """Call an EngineCore utility method (reset_prefix_cache, get_stats, ...) by name."""
 
     @abstractmethod
-    def shutdown(self) -> None: ...
+    def begin_shutdown(self) -> None:
+        """From any thread: a call blocked in the thread that uses the client returns at once,
+        and every call from now on raises ``EngineShutdownError`` (unless the engine died
+        first); aborts are dropped. That thread then lets go of the client, and ``shutdown``
+        stops the core (the client itself is used by one thread at a time: LLM's lock)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the core; later calls raise ``EngineShutdownError``."""
 
 
 class AsyncEngineCoreClient(ABC):
@@ -81,19 +89,33 @@ class InprocClient(EngineCoreClient):
         from engine.core.engine_core import EngineCore
 
         self.engine_core = EngineCore(config)
+        self._shut_down: Optional[EngineShutdownError] = None
+
+    def _check(self) -> None:
+        if self._shut_down is not None:
+            raise self._shut_down
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        self._check()
         self.engine_core.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
-        if request_ids:
+        if request_ids and self._shut_down is None:
             self.engine_core.abort_requests(request_ids)
 
     def get_output(self) -> EngineCoreOutputs:
+        self._check()  # a step is short: the next call notices a shutdown
         return self.engine_core.step()
 
     def call_utility(self, method: str, *args: Any) -> Any:
+        self._check()
         return getattr(self.engine_core, method)(*args)
 
+    def begin_shutdown(self) -> None:
+        if self._shut_down is None:
+            self._shut_down = EngineShutdownError(EngineShutdownError.RUNNING)
+
     def shutdown(self) -> None:
+        self.begin_shutdown()
         self.engine_core.shutdown()
+        self._shut_down = EngineShutdownError()

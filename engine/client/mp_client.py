@@ -23,7 +23,7 @@ from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient
 from engine.client.core_launcher import CoreProcess, close_cores, start_cores, wait_cores
 from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
-from engine.exceptions import EngineDeadError
+from engine.exceptions import EngineDeadError, EngineShutdownError
 from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
                                   EngineReady, UtilityCall, UtilityResult, merge_outputs)
 from shm_transport import TransportError
@@ -36,7 +36,8 @@ _DEAD_CORE_EXIT_S = 30.0
 
 
 class SyncMPClient(EngineCoreClient):
-    """For ``LLM``/``LLMEngine``: one thread, blocking (futex) reads with liveness checks."""
+    """For ``LLM``/``LLMEngine``: one thread at a time, blocking (futex) reads with liveness
+    checks; ``begin_shutdown`` alone may come from another thread (it wakes the wait)."""
 
     def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
         """``started``: the core, already launched from ``config.core_launch`` (it loads while the
@@ -118,7 +119,14 @@ class SyncMPClient(EngineCoreClient):
                 self._receive(timeout=None)
         return _utility_value(self._results.pop(call_id))
 
+    def begin_shutdown(self) -> None:
+        if self._dead is None:
+            self._dead = EngineShutdownError(EngineShutdownError.RUNNING)
+        self._core.channel.wakeup()  # a wait in progress returns; _receive then raises _dead
+
     def shutdown(self) -> None:
+        if self._dead is None or isinstance(self._dead, EngineShutdownError):
+            self._dead = EngineShutdownError()
         self._finalizer()
 
 
@@ -359,9 +367,9 @@ class AsyncMPClient(AsyncEngineCoreClient):
         """Stop the cores; later calls (and requests still waiting) get EngineDeadError."""
         self._closing = True
         if _in_loop(self._loop):
-            self._fail(EngineDeadError("the engine was shut down"))
+            self._fail(EngineShutdownError())
         elif self._dead is None:
-            self._dead = EngineDeadError("the engine was shut down")
+            self._dead = EngineShutdownError()
         self._finalizer.detach()
         _close_async(self._cores, self._loop, self._readers, timeout)
 

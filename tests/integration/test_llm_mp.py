@@ -171,6 +171,19 @@ def test_default_model_over_zmq_answers_a_question():
     assert "Paris" in out[0].outputs[0].text
 
 
+@pytest.mark.model
+def test_default_model_with_quantization_gguf_runs_from_its_gguf_file():
+    # Used to be refused: "quantization must be 'gguf' only with a .gguf model file, got 'gguf'".
+    llm = LLM(quantization="gguf", max_model_len=512)
+    try:
+        assert llm.llm_engine.config.model_config.model_path.endswith(".gguf")
+        out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                       SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert "Paris" in out[0].outputs[0].text
+
+
 @pytest.mark.slow
 def test_compilation_mode_1_runs_a_compiled_forward_with_the_eager_outputs(tiny_model_dir, inproc_outputs):
     llm = LLM(model=tiny_model_dir, compilation_config=1, **TINY)

@@ -52,3 +52,21 @@ def test_an_explicit_request_keeps_the_float_directory_on_zen4(cpu_flags, kwargs
     cpu_flags(ZEN4)
     mc = _model_config(**kwargs)
     assert mc.load_format in ("safetensors", "dummy") and mc.quantization == kwargs.get("quantization")
+
+
+@pytest.mark.parametrize("flags", [ZEN4, SPR, AVX2_ONLY], ids=["zen4", "amx", "avx2"])
+@pytest.mark.parametrize("kwargs", [dict(quantization="gguf"), dict(load_format="gguf")],
+                         ids=["quantization", "load_format"])
+def test_asking_for_gguf_runs_the_default_from_its_file_on_any_cpu(cpu_flags, flags, kwargs):
+    # Used to be refused ("quantization must be 'gguf' only with a .gguf model file, got 'gguf'"),
+    # and load_format="gguf" silently ran the float directory.
+    cpu_flags(flags)
+    mc = _model_config(**kwargs)
+    assert (mc.load_format, mc.quantization) == ("gguf", "gguf")
+    assert mc.model_path.endswith(GGUF_NAME) and mc.served_model_name == config.DEFAULT_MODEL
+
+
+def test_gguf_quantization_with_another_load_format_names_load_format(cpu_flags):
+    cpu_flags(AVX2_ONLY)
+    with pytest.raises(ValueError, match="load_format must be 'auto' or 'gguf' for a .gguf model, got 'dummy'"):
+        _model_config(quantization="gguf", load_format="dummy")

@@ -90,18 +90,20 @@ def test_q5_0_is_read_as_q8_0_blocks_of_the_same_values_and_runs_on_their_kernel
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(quantization="awq"), "quantization='awq' is not supported"),
-    (dict(quantization="gguf"), "quantization must be 'gguf' only with a .gguf model file"),
+    (dict(quantization="gguf"), r"quantization='gguf' runs the quantized blocks of a \.gguf file, but model "
+                                r"'.*' is a directory of float weights: pass a \.gguf file as model"),
 ])
 def test_quantization_values_that_cannot_run_are_refused(tiny_model_dir, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         EngineArgs(model=tiny_model_dir, load_format="dummy", **kwargs).create_engine_config()
+    assert "must be 'gguf' only" not in str(refused.value)  # the old, self-contradictory message
 
 
 def test_int8_needs_the_cpu(tiny_model_dir, monkeypatch):
     from engine import config
 
     monkeypatch.setattr(config, "resolve_device", lambda device: "cuda")  # as on a GPU host
-    with pytest.raises(ValueError, match="quantization must be 'int8' only on CPU"):
+    with pytest.raises(ValueError, match="quantization='int8' runs only on the CPU .* but device is 'cuda'"):
         EngineArgs(model=tiny_model_dir, load_format="dummy", quantization="int8").create_engine_config()
 
 
