@@ -63,6 +63,12 @@ def _closed_objects(schema: Any) -> Any:
     return out
 
 
+def estimate_bytes(spec_bytes: int) -> int:
+    """What a compile in flight is counted as in the grammar cache: the grammar it keeps is the
+    spec's text in llguidance's form, about the spec's size."""
+    return 2 * spec_bytes + 1024
+
+
 class GuidanceBackend:
     name = "guidance"
 
@@ -85,6 +91,7 @@ class GuidanceGrammar:
 
     def __init__(self, llg: Any, tokenizer: Any, spec: str, stop_ids: frozenset) -> None:
         self._llg, self._tokenizer, self._spec, self._stop_ids = llg, tokenizer, spec, stop_ids
+        self.nbytes = len(spec) + 1024  # what it keeps: the grammar's text (matchers belong to requests)
 
     def matcher(self) -> "GuidanceMatcher":
         return GuidanceMatcher(self._llg.LLMatcher(self._tokenizer, self._spec, log_level=0), self._stop_ids)

@@ -6,19 +6,22 @@ here would fail to compile in the core: the caller gets a ValueError naming
 
 Under ``backend="xgrammar"`` a spec llguidance accepts can still fail in xgrammar's compile;
 that request then finishes with the compile error from the core (also a 400 over HTTP).
-Results are cached by the spec, so a schema shared by many clients is checked once.
+Results are cached by a digest of the spec, so a schema shared by many clients is checked once
+and the cache holds no client's text: each entry costs a few hundred bytes at most, and the
+whole is bounded by bytes (MAX_VALIDATED_BYTES). A spec over MAX_SPEC_BYTES is refused first.
 """
 from __future__ import annotations
 
+import sys
 import threading
-from collections import OrderedDict
 
 from engine.exceptions import ParameterError
+from engine.structured_output.byte_lru import ByteLRU
+from engine.structured_output.config import MAX_VALIDATED_BYTES
 from engine.structured_output.errors import GrammarError
-from engine.structured_output.params import StructuredOutputsParams
+from engine.structured_output.params import StructuredOutputsParams, key_digest, oversize
 
-_MAX_CACHED = 1024
-_cache: OrderedDict[tuple, str] = OrderedDict()  # key -> error ("" if valid)
+_cache = ByteLRU(MAX_VALIDATED_BYTES)  # digest of the key -> error ("" if valid)
 _lock = threading.Lock()  # the renderer's threads validate concurrently
 
 
@@ -29,18 +32,21 @@ def validate_structured_outputs(params: StructuredOutputsParams, backend: str = 
                                  parameter="structured_outputs")
         return  # xgrammar alone compiles these: its compile in the core is the check
     key = params.key()
+    error = oversize(key)
+    if error:
+        raise ParameterError(error, parameter="structured_outputs")
+    digest = key_digest(key)
     with _lock:
-        error = _cache.get(key)
-        if error is not None:
-            _cache.move_to_end(key)
+        error = _cache.get(digest)
     if error is None:
         error = _check(params)
         with _lock:
-            _cache[key] = error
-            while len(_cache) > _MAX_CACHED:
-                _cache.popitem(last=False)
+            _cache.put(digest, error, sys.getsizeof(digest) + sys.getsizeof(error) + _ENTRY_OVERHEAD)
     if error:
         raise ParameterError(error, parameter="structured_outputs")
+
+
+_ENTRY_OVERHEAD = 100  # the LRU's own record of an entry (a tuple and a dict slot), in bytes
 
 
 def _check(params: StructuredOutputsParams) -> str:
