@@ -63,12 +63,6 @@ def _closed_objects(schema: Any) -> Any:
     return out
 
 
-def estimate_bytes(spec_bytes: int) -> int:
-    """What a compile in flight is counted as in the grammar cache: the grammar it keeps is the
-    spec's text in llguidance's form, about the spec's size."""
-    return 2 * spec_bytes + 1024
-
-
 class GuidanceBackend:
     name = "guidance"
 

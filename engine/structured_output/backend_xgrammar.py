@@ -15,13 +15,6 @@ from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.vocab import Vocabulary
 
 
-def estimate_bytes(spec_bytes: int) -> int:
-    """What a compile in flight is counted as in the grammar cache: its compiled grammar held
-    ~245 bytes per byte of an enum's spec at 10k and 30k strings (72 MB, 223 MB), and ~250 KB for
-    a 5-field schema."""
-    return max(256 << 10, 256 * spec_bytes)
-
-
 class XgrammarBackend:
     name = "xgrammar"
 

@@ -1,13 +1,13 @@
 """An LRU map bounded by the bytes its values hold, not by their count: one large entry (a
 compiled 30k-string enum holds ~220 MB in xgrammar) costs what it costs, and many small ones
-stay cheap. Each entry's size is given by the caller and may change once known (a compile
-finishes); the least recently used entries go until the total is under the bound again. Not
-thread safe: its owner uses it from one thread (or under its own lock).
+stay cheap. Each entry's size is given by the caller; the least recently used entries go until
+the total is under the bound again. Not thread safe: its owner uses it from one thread (or under
+its own lock).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable, Iterator, Optional
+from typing import Any, Hashable, Optional
 
 
 class ByteLRU:
@@ -21,9 +21,6 @@ class ByteLRU:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
-
-    def keys(self) -> Iterator[Hashable]:
-        return iter(list(self._entries))
 
     def get(self, key: Hashable) -> Optional[Any]:
         """The value (now the most recently used), or None."""
@@ -39,14 +36,6 @@ class ByteLRU:
         self._entries[key] = (value, nbytes)
         self.total += nbytes
         self._evict()
-
-    def resize(self, key: Hashable, nbytes: int) -> None:
-        """``key``'s size is now known to be ``nbytes`` (its place in the order is kept)."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries[key] = (entry[0], nbytes)
-            self.total += nbytes - entry[1]
-            self._evict()
 
     def pop(self, key: Hashable) -> Optional[Any]:
         entry = self._entries.pop(key, None)

@@ -21,8 +21,8 @@ request waited on, longer than ``compile_timeout_s`` is remembered and never sta
 under ``auto`` its request stays on llguidance, otherwise it is refused at once.
 
 Finished compiles stay in an LRU bounded by bytes (MAX_CACHED_GRAMMAR_BYTES): xgrammar's own
-memory figure of a compiled grammar, llguidance's grammar text; a compile in flight counts by an
-estimate from its spec's size. Compiling releases the GIL, so the step loop runs meanwhile. The
+memory figure of a compiled grammar, llguidance's grammar text (a failure: its message). Compiles
+in flight are kept apart, bounded by the lanes (at most one running and eight waiting each). Compiling releases the GIL, so the step loop runs meanwhile. The
 backends, and the vocabulary they are built from, are made lazily by the first compile, on a
 lane thread.
 """
@@ -42,6 +42,7 @@ from engine.structured_output.params import StructuredOutputsParams, key_bytes, 
 from engine.structured_output.vocab import Vocabulary
 
 LANES = ("quick", "small", "large")
+_FAILURE_BYTES = 1024  # what a failed compile costs in the cache: its error message
 
 
 class Job:
@@ -64,9 +65,9 @@ class CompilePool:
         self._lanes = {name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"grammar-{name}")
                        for name in LANES}
         self._waiting: dict[str, list[Future]] = {name: [] for name in LANES}
-        self.cache = ByteLRU(max_cached_bytes)  # job key -> Job (step loop only: no lock)
+        self.cache = ByteLRU(max_cached_bytes)  # job key -> finished Job (step loop only: no lock)
+        self._in_flight: dict[tuple, Job] = {}  # job key -> Job not yet moved into the cache
         self._slow: OrderedDict[tuple, None] = OrderedDict()  # job keys never to be compiled again
-        self._unsettled: list[Job] = []
         self._vocab_lock = threading.Lock()  # the lazily built vocabulary and backends (lane threads)
         self._locks = {"xgrammar": threading.Lock(), "guidance": threading.Lock()}
         self._vocab: Optional[Vocabulary] = None
@@ -88,16 +89,16 @@ class CompilePool:
         if backend == "auto" and self.config.disable_fallback:
             backend = "xgrammar"  # no fallback: the request is xgrammar's
         if backend != "auto":
-            return self._job(backend, params, digest, size, large), None
+            return self._job(backend, params, digest, large), None
         from engine.structured_output.backend_xgrammar import XgrammarBackend
 
         if params.kind == "structural_tag":
-            return self._job("xgrammar", params, digest, size, large), None
-        guidance = self._job("guidance", params, digest, size, large)
+            return self._job("xgrammar", params, digest, large), None
+        guidance = self._job("guidance", params, digest, large)
         if large or XgrammarBackend.unsupported(params) or ("xgrammar", digest) in self._slow:
             return guidance, None
         try:
-            return self._job("xgrammar", params, digest, size, large), guidance
+            return self._job("xgrammar", params, digest, large), guidance
         except GrammarError:  # its lane is full: llguidance serves this request alone
             return guidance, None
 
@@ -106,8 +107,8 @@ class CompilePool:
         started is cancelled and forgotten."""
         for job in jobs:
             job.wanted -= 1
-            if job.wanted <= 0 and job.future.cancel() and self.cache.get(job.key) is job:
-                self.cache.pop(job.key)
+            if job.wanted <= 0 and job.future.cancel():
+                self._in_flight.pop(job.key, None)
         self._settle()
 
     def gave_up(self, jobs: tuple) -> None:
@@ -120,9 +121,9 @@ class CompilePool:
         for lane in self._lanes.values():
             lane.shutdown(wait=False, cancel_futures=True)
 
-    def _job(self, backend: str, params: StructuredOutputsParams, digest: bytes, size: int, large: bool) -> Job:
+    def _job(self, backend: str, params: StructuredOutputsParams, digest: bytes, large: bool) -> Job:
         key = (backend, digest)
-        job = self.cache.get(key)
+        job = self.cache.get(key) or self._in_flight.get(key)
         if job is None:
             if key in self._slow:
                 raise GrammarError(f"structured_outputs.{params.kind}: this spec took longer than "
@@ -136,37 +137,26 @@ class CompilePool:
             job = Job(key)
             job.future = self._lanes[lane].submit(self._compile, job, backend, params)
             waiting.append(job.future)
-            self.cache.put(key, job, self._estimate(backend, size))
-            self._unsettled.append(job)
+            self._in_flight[key] = job
         job.wanted += 1
         return job
 
     def _settle(self) -> None:
-        """Finished compiles: their real size in the cache, and the slow ones remembered."""
-        still = []
-        for job in self._unsettled:
+        """Finished compiles move into the cache at their size; the slow ones are remembered."""
+        for key, job in list(self._in_flight.items()):
             if not job.future.done():
-                still.append(job)
                 continue
+            del self._in_flight[key]
             if job.seconds > self.config.compile_timeout_s:
-                self._mark_slow(job.key)
-            if not job.future.cancelled() and job.future.exception() is None:
-                self.cache.resize(job.key, job.future.result().nbytes)
-        self._unsettled = still
+                self._mark_slow(key)
+            error = job.future.exception()  # a failure is kept too: the same spec fails again at once
+            self.cache.put(key, job, job.future.result().nbytes if error is None else _FAILURE_BYTES)
 
     def _mark_slow(self, key: tuple) -> None:
         self._slow[key] = None
         self._slow.move_to_end(key)
         while len(self._slow) > MAX_KNOWN_SLOW:
             self._slow.popitem(last=False)
-
-    @staticmethod
-    def _estimate(backend: str, size: int) -> int:
-        if backend == "xgrammar":
-            from engine.structured_output.backend_xgrammar import estimate_bytes
-        else:
-            from engine.structured_output.backend_guidance import estimate_bytes
-        return estimate_bytes(size)
 
     # ---------------------------------------------------------------- lane threads
     def _compile(self, job: Job, backend: str, params: StructuredOutputsParams) -> Any:
