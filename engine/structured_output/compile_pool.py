@@ -147,6 +147,8 @@ class CompilePool:
             if not job.future.done():
                 continue
             del self._in_flight[key]
+            if job.future.cancelled():  # by shutdown
+                continue
             if job.seconds > self.config.compile_timeout_s:
                 self._mark_slow(key)
             error = job.future.exception()  # a failure is kept too: the same spec fails again at once

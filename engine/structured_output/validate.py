@@ -4,7 +4,8 @@ limits on lexer fuel and grammar size bound the work, ~1 ms for a typical schema
 here would fail to compile in the core: the caller gets a ValueError naming
 ``structured_outputs`` with the backend's reason, shortened (HTTP 400).
 
-Under ``backend="xgrammar"`` a spec llguidance accepts can still fail in xgrammar's compile;
+A structural tag is checked by structural_tag.py (its shape against xgrammar's models, what it
+holds by llguidance). Under ``backend="xgrammar"`` a spec llguidance accepts can still fail in xgrammar's compile;
 that request then finishes with the compile error from the core (also a 400 over HTTP).
 Results are cached by a digest of the spec, so a schema shared by many clients is checked once
 and the cache holds no client's text: each entry costs a few hundred bytes at most, and the
@@ -26,11 +27,9 @@ _lock = threading.Lock()  # the renderer's threads validate concurrently
 
 
 def validate_structured_outputs(params: StructuredOutputsParams, backend: str = "auto") -> None:
-    if params.kind == "structural_tag":
-        if backend == "guidance":
-            raise ParameterError("structured_outputs.structural_tag is supported by the xgrammar backend only",
-                                 parameter="structured_outputs")
-        return  # xgrammar alone compiles these: its compile in the core is the check
+    if params.kind == "structural_tag" and backend == "guidance":
+        raise ParameterError("structured_outputs.structural_tag is supported by the xgrammar backend only",
+                             parameter="structured_outputs")
     key = params.key()
     error = oversize(key)
     if error:
@@ -52,6 +51,10 @@ _ENTRY_OVERHEAD = 100  # the LRU's own record of an entry (a tuple and a dict sl
 def _check(params: StructuredOutputsParams) -> str:
     from engine.structured_output.backend_guidance import check_spec, grammar_spec
 
+    if params.kind == "structural_tag":
+        from engine.structured_output.structural_tag import check_structural_tag
+
+        return check_structural_tag(params.structural_tag)
     try:
         check_spec(grammar_spec(params), params.kind)
     except GrammarError as e:
