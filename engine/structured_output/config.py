@@ -23,14 +23,16 @@ MAX_KNOWN_SLOW = 4096  # specs remembered as slower than compile_timeout_s to co
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
-    # auto: xgrammar, and guidance for what xgrammar cannot take (vLLM's rule). "llguidance" is
-    # accepted as another name of "guidance".
+    # auto: xgrammar, and guidance for what xgrammar cannot take (vLLM's rule) or should not (a spec
+    # over LARGE_SPEC_BYTES); a request starts on guidance's grammar meanwhile (compile_pool.py).
+    # "llguidance" is accepted as another name of "guidance".
     backend: str = "auto"
     disable_fallback: bool = False  # auto: a spec xgrammar cannot compile fails instead of going to guidance
     disable_any_whitespace: bool = False  # the default for requests (JSON without free whitespace)
     disable_additional_properties: bool = False  # the default for requests (guidance: closed objects)
     # A request whose grammar has not compiled after this long fails with an error; the compile
-    # pool thread finishes the compile in the background and its result is cached.
+    # lane finishes the compile in the background (its result is cached), and a spec known to take
+    # this long is never compiled again.
     compile_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
