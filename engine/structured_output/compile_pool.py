@@ -88,16 +88,15 @@ class CompilePool:
         digest, size = key_digest(key), key_bytes(key)
         large = size > LARGE_SPEC_BYTES
         backend = self.config.backend
-        if backend == "auto" and self.config.disable_fallback:
-            backend = "xgrammar"  # no fallback: the request is xgrammar's
         if backend != "auto":
             return self._job(backend, params, digest, large), None
         from engine.structured_output.backend_xgrammar import XgrammarBackend
 
-        if params.kind == "structural_tag":
-            return self._job("xgrammar", params, digest, large), None
+        unsupported = XgrammarBackend.unsupported(params)
+        if params.kind == "structural_tag" or (self.config.disable_fallback and not unsupported):
+            return self._job("xgrammar", params, digest, large), None  # no fallback: the request is xgrammar's
         guidance = self._job("guidance", params, digest, large)
-        if large or XgrammarBackend.unsupported(params) or ("xgrammar", digest) in self._slow:
+        if large or unsupported or ("xgrammar", digest) in self._slow:
             return guidance, None
         try:
             return self._job("xgrammar", params, digest, large), guidance

@@ -93,6 +93,23 @@ def big_choice(tag: int, n: int = 30_000) -> StructuredOutputsParams:
     return StructuredOutputsParams(choice=[f"c{tag}-{i}" for i in range(n)])
 
 
+def test_auto_never_makes_a_request_wait_on_xgrammar_unless_it_must(vocab):
+    tag = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
+    cases = [({}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", "guidance")),  # starts on the second
+             ({}, big_choice(0), ("guidance", None)),  # large: never xgrammar's
+             ({}, StructuredOutputsParams(structural_tag=tag), ("xgrammar", None)),  # xgrammar's alone
+             ({"disable_fallback": True}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", None)),
+             ({"disable_fallback": True}, StructuredOutputsParams(json_object=True, whitespace_pattern=" ?"),
+              ("guidance", None))]  # what xgrammar cannot take is guidance's even then
+    for config, so, backends in cases:
+        pool = make_pool(vocab, **config)
+        try:
+            jobs = pool.submit(so)
+            assert tuple(None if j is None else j.key[0] for j in jobs) == backends, (config, so.kind)
+        finally:
+            pool.shutdown()
+
+
 def test_a_waiting_compile_is_cancelled_when_no_request_wants_it(vocab):
     pool = make_pool(vocab, backend="guidance")
     try:
