@@ -46,7 +46,7 @@ def complete(client, so: dict, max_tokens: int = 4):
 
 
 def test_large_enum_schemas_do_not_hold_up_a_small_regex(server, client):
-    complete(client, {"regex": "[a-z]{3}"})  # both backends built: the first use is not measured
+    complete(client, {"regex": "[a-z]{3}"})  # the backends are built: their first use is not measured
     complete(client, {"json": {"type": "integer"}})
     (core,) = server.core_pids()
     before = rss_mb(core)
@@ -56,9 +56,9 @@ def test_large_enum_schemas_do_not_hold_up_a_small_regex(server, client):
     start = time.monotonic()
     out = complete(client, {"regex": "[0-9]{2}-[a-z]{2}"})
     seconds = time.monotonic() - start
-    # Its compile takes about a millisecond; measured 0.1-0.3 s end to end here. Before the fix it
+    # Its compile takes about a millisecond; measured 0.01-0.06 s end to end here. Before the fix it
     # waited behind the eight xgrammar compiles and failed after compile_timeout_s (10 s).
-    assert seconds < 5, seconds
+    assert seconds < 2, seconds
     assert len(out.choices[0].text) <= 5
     # No xgrammar compile of the eight (72 MB each) runs or stays: measured +55 MB here (412 -> 467).
     assert rss_mb(core) - before < 200, (before, rss_mb(core))
