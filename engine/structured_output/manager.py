@@ -6,10 +6,10 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
 2. ``poll``: once its grammar is compiled the request gets its own matcher and joins the
    waiting queue; a spec that fails, or is still compiling after ``compile_timeout_s``,
    finishes that request with an error. Under ``auto`` a spec also compiles in llguidance
-   (~1 ms; a large spec there alone): the request starts on that matcher, and once xgrammar's compile is done
-   it moves to xgrammar's (whose masks cost microseconds, not tens of them) by replaying its
-   tokens into it; if xgrammar would not have accepted them (the backends differ in free
-   whitespace), it stays on llguidance, which is as correct, only slower.
+   (~1 ms; a large spec there alone): the request starts on that matcher, and once xgrammar's
+   compile is done it moves to xgrammar's (whose masks cost microseconds, not tens of them) by
+   replaying its tokens into it; if xgrammar would not have accepted them (the backends differ
+   in free whitespace), it stays on llguidance, which is as correct, only slower.
 3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
 4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
    allowed token was left (the grammar and the request's other bans excluded everything):

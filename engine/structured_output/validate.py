@@ -5,8 +5,9 @@ here would fail to compile in the core: the caller gets a ValueError naming
 ``structured_outputs`` with the backend's reason, shortened (HTTP 400).
 
 A structural tag is checked by structural_tag.py (its shape against xgrammar's models, what it
-holds by llguidance). Under ``backend="xgrammar"`` a spec llguidance accepts can still fail in xgrammar's compile;
-that request then finishes with the compile error from the core (also a 400 over HTTP).
+holds by llguidance). Under ``backend="xgrammar"`` a spec llguidance accepts can still fail in
+xgrammar's compile; that request then finishes with the compile error from the core (also a 400
+over HTTP).
 Results are cached by a digest of the spec, so a schema shared by many clients is checked once
 and the cache holds no client's text: each entry costs a few hundred bytes at most, and the
 whole is bounded by bytes (MAX_VALIDATED_BYTES). A spec over MAX_SPEC_BYTES is refused first.
@@ -24,6 +25,7 @@ from engine.structured_output.params import StructuredOutputsParams, key_digest,
 
 _cache = ByteLRU(MAX_VALIDATED_BYTES)  # digest of the key -> error ("" if valid)
 _lock = threading.Lock()  # the renderer's threads validate concurrently
+_ENTRY_OVERHEAD = 100  # the LRU's own record of an entry (a tuple and a dict slot), in bytes
 
 
 def validate_structured_outputs(params: StructuredOutputsParams, backend: str = "auto") -> None:
@@ -44,8 +46,6 @@ def validate_structured_outputs(params: StructuredOutputsParams, backend: str = 
     if error:
         raise ParameterError(error, parameter="structured_outputs")
 
-
-_ENTRY_OVERHEAD = 100  # the LRU's own record of an entry (a tuple and a dict slot), in bytes
 
 
 def _check(params: StructuredOutputsParams) -> str:
