@@ -22,6 +22,7 @@ from engine.structured_output.params import StructuredOutputsParams
 
 _MODELS_MODULE = "_ringllm_xgrammar_structural_tag"
 _load_lock = threading.Lock()  # the renderer's threads validate concurrently
+_TOO_DEEP = "structured_outputs.structural_tag is nested too deeply"
 
 
 def to_xgrammar(tag: Any) -> Any:
@@ -45,17 +46,20 @@ def check_structural_tag(text: str) -> str:
         tag = to_xgrammar(json.loads(text))
     except ValueError as e:
         return f"structured_outputs.structural_tag is not valid JSON ({shorten(e)})"
+    except RecursionError:
+        return _TOO_DEEP
     try:
         parsed = _models().StructuralTag.model_validate(tag)
+        for so in _inner_specs(parsed):
+            _check_inner(so)
     except pydantic.ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         return shorten(f"structured_outputs.structural_tag{'.' + where if where else ''}: {first['msg']}")
-    try:
-        for so in _inner_specs(parsed):
-            _check_inner(so)
     except GrammarError as e:
         return str(e)
+    except RecursionError:
+        return _TOO_DEEP
     return ""
 
 

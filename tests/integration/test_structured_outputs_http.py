@@ -94,6 +94,7 @@ def test_guided_fields_are_mapped_with_a_deprecation_warning(server, client):
         {"begin": "<a>", "schema": {"type": "bogus"}, "end": "</a>"}], "triggers": ["<a"]})}}, "structured_outputs",
      "structured_outputs.structural_tag: json"),
     ({"structured_outputs": {"structural_tag": "{not json"}}, "structured_outputs", "not valid JSON"),
+    ({"structured_outputs": {"structural_tag": "[" * 5000}}, "structured_outputs", "nested too deeply"),
     ({"logit_bias": {"banana": 5}}, "logit_bias", "not a token id"),
     ({"logit_bias": {"999999": 5}}, "logit_bias", "out of the vocabulary"),
     ({"allowed_token_ids": [999999]}, "allowed_token_ids", "out of the vocabulary"),
