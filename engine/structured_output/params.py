@@ -95,12 +95,13 @@ class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=Tru
 
 
 def key_bytes(key: tuple) -> int:
-    """The size of a ``key()``'s constraint in UTF-8 bytes (a choice: its strings, 3 bytes apart):
-    what the size bound and the compile lanes go by."""
-    spec = key[1]
+    """The size of a ``key()``'s constraint and whitespace pattern in UTF-8 bytes (a choice: its
+    strings, 3 bytes apart): what the size bound and the compile lanes go by."""
+    spec, pattern = key[1], key[4]
+    size = len(pattern.encode()) if pattern is not None else 0
     if isinstance(spec, tuple):
-        return sum(len(c.encode()) + 3 for c in spec)
-    return len(spec.encode()) if isinstance(spec, str) else 0
+        return size + sum(len(c.encode()) + 3 for c in spec)
+    return size + (len(spec.encode()) if isinstance(spec, str) else 0)
 
 
 def key_digest(key: tuple) -> bytes:
