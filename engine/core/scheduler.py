@@ -145,7 +145,11 @@ class Scheduler:
         self.requests[request.request_id] = request
         request.events = [EngineCoreEvent(EngineCoreEventType.QUEUED, time.monotonic())]
         if request.sampling_params.structured_outputs is not None and self.structured_output is not None:
-            self.structured_output.start(request)
+            try:
+                self.structured_output.start(request)
+            except ValueError as e:  # GrammarError: too large, known to be slow, or its lane is full
+                self._fail_grammar(request, e)
+                return
             self.waiting_for_grammar.append(request)
             return
         self.waiting.add(request)
@@ -157,7 +161,7 @@ class Scheduler:
             self.structured_output.wait(self.waiting_for_grammar, timeout)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self._grammar_errors)  # a refusal is yet to be sent
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
@@ -424,10 +428,7 @@ class Scheduler:
             try:
                 ready = self.structured_output.poll(req, now)
             except ValueError as e:  # GrammarError
-                req.status = RequestStatus.FINISHED_ERROR
-                self._grammar_errors.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR,
-                                                             error=str(e)))
-                self._free(req)
+                self._fail_grammar(req, e)
                 continue
             if ready:
                 self.waiting.add(req)
@@ -435,7 +436,16 @@ class Scheduler:
                 still.append(req)
         self.waiting_for_grammar = still
 
+    def _fail_grammar(self, req: Request, error: ValueError) -> None:
+        """``req``'s grammar cannot be had: it finishes with the reason, sent by the next update."""
+        req.status = RequestStatus.FINISHED_ERROR
+        self._grammar_errors.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR,
+                                                     error=str(error)))
+        self._free(req)
+
     def _free(self, req: Request) -> None:
+        if req.structured_output is not None:
+            self.structured_output.release(req)
         req.structured_output = None  # the matcher goes with the request, not with its id
         self.kv_cache.free(req)
         if self.kv_connector is not None:

@@ -12,6 +12,7 @@ from typing import Any
 from engine.structured_output.errors import GrammarError, shorten
 from engine.structured_output.grammar_text import choice_ebnf, is_ebnf
 from engine.structured_output.params import StructuredOutputsParams
+from engine.structured_output.structural_tag import to_xgrammar
 from engine.structured_output.vocab import Vocabulary
 
 
@@ -54,22 +55,10 @@ class XgrammarBackend:
             elif kind == "grammar":
                 compiled = c.compile_grammar(params.grammar) if is_ebnf(params.grammar) else c.compile_lark(params.grammar)
             else:  # structural_tag
-                compiled = c.compile_structural_tag(_structural_tag(json.loads(params.structural_tag)))
+                compiled = c.compile_structural_tag(to_xgrammar(json.loads(params.structural_tag)))
         except Exception as e:  # xgrammar raises RuntimeError, ValueError and its own types
             raise GrammarError(f"structured_outputs.{kind}: xgrammar cannot compile it: {shorten(e)}") from None
         return XgrammarGrammar(self._xgr, compiled)
-
-
-def _structural_tag(tag: Any) -> Any:
-    """vLLM's legacy form (``structures`` of begin/schema/end, and ``triggers``) as xgrammar's
-    ``structural_tag`` format; the current form passes as it is."""
-    if isinstance(tag, dict) and "structures" in tag and "format" not in tag:
-        return {"type": "structural_tag", "format": {
-            "type": "triggered_tags", "triggers": tag.get("triggers", []),
-            "tags": [{"begin": s.get("begin", ""), "end": s.get("end", ""),
-                      "content": {"type": "json_schema", "json_schema": s.get("schema", {})}}
-                     for s in tag["structures"]]}}
-    return tag
 
 
 class XgrammarGrammar:
@@ -78,6 +67,7 @@ class XgrammarGrammar:
     def __init__(self, xgr: Any, compiled: Any) -> None:
         self._xgr = xgr
         self._compiled = compiled
+        self.nbytes = compiled.memory_size_bytes  # xgrammar's own figure (its token-mask cache)
 
     def matcher(self) -> "XgrammarMatcher":
         return XgrammarMatcher(self._xgr.GrammarMatcher(self._compiled))

@@ -7,17 +7,32 @@ from typing import Any, Optional
 
 BACKENDS = ("auto", "xgrammar", "guidance")
 
+# Limits (README, "Structured outputs"). Compile times measured on a 2-vCPU EPYC (Zen4), default
+# tokenizer, ms for llguidance / xgrammar: a JSON enum of 1k strings (28 KB) 3 / 46, 3k (86 KB)
+# 20 / 167, 5k (144 KB) 31 / 1,426, 10k (299 KB) 77 / 3,975, 30k (919 KB) 201 / 26,020 (and
+# 223 MB held by xgrammar's compiled grammar); a choice of 30k strings 1,690 / 31,215. Bytes are
+# only a proxy for xgrammar's cost: a 13-byte regex [a-z]{1,3000} takes 983 ms, a 12 KB schema
+# of 500 properties 1,114 ms (llguidance: 1 and 33 ms).
+MAX_SPEC_BYTES = 1 << 20  # a constraint (schema text, regex, grammar, choices, tag) longer is refused
+LARGE_SPEC_BYTES = 64 << 10  # a larger spec compiles on the large lane; under auto, never in xgrammar
+MAX_QUEUED_COMPILES = 8  # per lane of the compile pool: past it a request is refused (or stays on llguidance)
+MAX_CACHED_GRAMMAR_BYTES = 256 << 20  # the core's compiled grammars, by their own memory figure
+MAX_VALIDATED_BYTES = 4 << 20  # the frontend's cache of checked specs (a digest and the error each)
+MAX_KNOWN_SLOW = 4096  # specs remembered as slower than compile_timeout_s to compile: never retried
+
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
-    # auto: xgrammar, and guidance for what xgrammar cannot take (vLLM's rule). "llguidance" is
-    # accepted as another name of "guidance".
+    # auto: xgrammar, and guidance for what xgrammar cannot take (vLLM's rule) or should not (a spec
+    # over LARGE_SPEC_BYTES); a request starts on guidance's grammar meanwhile (compile_pool.py).
+    # "llguidance" is accepted as another name of "guidance".
     backend: str = "auto"
     disable_fallback: bool = False  # auto: a spec xgrammar cannot compile fails instead of going to guidance
     disable_any_whitespace: bool = False  # the default for requests (JSON without free whitespace)
     disable_additional_properties: bool = False  # the default for requests (guidance: closed objects)
     # A request whose grammar has not compiled after this long fails with an error; the compile
-    # pool thread finishes the compile in the background and its result is cached.
+    # lane finishes the compile in the background (its result is cached), and a spec known to take
+    # this long is never compiled again.
     compile_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:

@@ -10,7 +10,11 @@ def choice_ebnf(choices: list[str]) -> str:
 
 
 def choice_lark(choices: list[str]) -> str:
-    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    """One terminal (one lexeme) of every choice. As a rule of alternatives (``start: "a" | "b"``)
+    llguidance's Earley parser refused more than 2,000 choices at the first token ("Current row
+    has 40001 items; max is 2000"), and 40k of them took 3.1 s to compile and 5.7 s to start a
+    matcher; as one terminal 211 and 252 ms."""
+    return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 def is_ebnf(grammar: str) -> bool:

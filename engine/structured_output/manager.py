@@ -5,11 +5,11 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
    (it is not in the waiting queue, so no other request waits behind it).
 2. ``poll``: once its grammar is compiled the request gets its own matcher and joins the
    waiting queue; a spec that fails, or is still compiling after ``compile_timeout_s``,
-   finishes that request with an error. Under ``auto`` a JSON schema also compiles in
-   llguidance (~1 ms): the request starts on that matcher, and once xgrammar's compile is done
-   it moves to xgrammar's (whose masks cost microseconds, not tens of them) by replaying its
-   tokens into it; if xgrammar would not have accepted them (the backends differ in free
-   whitespace), it stays on llguidance, which is as correct, only slower.
+   finishes that request with an error. Under ``auto`` a spec also compiles in llguidance
+   (~1 ms; a large spec there alone): the request starts on that matcher, and once xgrammar's
+   compile is done it moves to xgrammar's (whose masks cost microseconds, not tens of them) by
+   replaying its tokens into it; if xgrammar would not have accepted them (the backends differ
+   in free whitespace), it stays on llguidance, which is as correct, only slower.
 3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
 4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
    allowed token was left (the grammar and the request's other bans excluded everything):
@@ -18,7 +18,8 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
 Preemption loses no state: a preempted request keeps its output tokens and its matcher has
 accepted exactly those, so recomputing its KV needs nothing from here. Chunked prefill and
 prefix-cache hits change which tokens are computed, never which are accepted. A finished or
-aborted request drops its matcher with the request.
+aborted request drops its matcher with the request, and ``release`` drops the compiles nobody
+else waits for.
 """
 from __future__ import annotations
 
@@ -36,17 +37,18 @@ from engine.structured_output.vocab import load_vocabulary
 
 
 class GrammarState:
-    """One request's grammar: the compile future until it is ready, then its matcher."""
+    """One request's grammar: the compile futures until one is ready, then its matcher."""
 
-    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade")
+    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade", "jobs")
 
     def __init__(self, future: concurrent.futures.Future, quick: Optional[concurrent.futures.Future],
-                 deadline: float) -> None:
-        self.future = future
-        self.quick = quick  # llguidance's compile of the same spec (auto, JSON), or None
+                 deadline: float, jobs: tuple = ()) -> None:
+        self.future = future  # the grammar the request wants
+        self.quick = quick  # llguidance's compile of the same spec to start on (auto), or None
         self.deadline = deadline
         self.matcher: Any = None
         self.upgrade = False  # on the quick matcher while ``future`` may still bring a cheaper one
+        self.jobs = jobs  # the compile pool's jobs it holds (compile_pool.Job), released at its end
 
 
 class StructuredOutputManager:
@@ -65,9 +67,17 @@ class StructuredOutputManager:
         if self._pool is None:
             eos = req.eos_token_id
             self._pool = CompilePool(self.config, lambda: load_vocabulary(self._tokenizer_path, self.vocab_size, eos))
-        future = self._pool.submit(params)
-        quick = None if future.done() else self._pool.submit_quick(params)
-        req.structured_output = GrammarState(future, quick, time.monotonic() + self.config.compile_timeout_s)
+        main, quick = self._pool.submit(params)  # GrammarError: the request is refused
+        jobs = (main,) if quick is None else (main, quick)
+        req.structured_output = GrammarState(main.future, None if quick is None else quick.future,
+                                             time.monotonic() + self.config.compile_timeout_s, jobs)
+
+    def release(self, req: Any) -> None:
+        """``req`` has ended (finished, aborted, failed, timed out): its compiles that nobody
+        else waits for are dropped."""
+        state: Optional[GrammarState] = req.structured_output
+        if state is not None and self._pool is not None:
+            self._pool.release(state.jobs)
 
     def poll(self, req: Any, now: float) -> Optional[bool]:
         """True once ``req`` has its matcher, False while compiling; GrammarError if it failed or
@@ -75,19 +85,21 @@ class StructuredOutputManager:
         state: GrammarState = req.structured_output
         if state.matcher is not None:
             return True
-        if not state.future.done():
-            quick = state.quick
-            if quick is not None and quick.done() and quick.exception() is None:
-                state.matcher, state.upgrade = quick.result().matcher(), True
+        for future in (state.future, state.quick):  # the wanted grammar first: its masks are cheaper
+            if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+                state.matcher, state.upgrade = future.result().matcher(), future is state.quick
                 return True
-            if now < state.deadline:
-                return False
-            raise GrammarError(f"structured_outputs: the grammar did not compile within "
-                               f"{self.config.compile_timeout_s:g} s (compile_timeout_s); simplify the schema, "
-                               "regex or grammar")
-        compiled = state.future.result()  # raises the GrammarError of a failed compile
-        state.matcher = compiled.matcher()
-        return True
+        if state.future.done() and (state.quick is None or state.quick.done()):
+            if state.future.cancelled():
+                raise GrammarError("structured_outputs: the compile was cancelled (the engine is shutting down)")
+            state.future.result()  # raises the GrammarError of a failed compile
+        if now < state.deadline:
+            return False
+        if self._pool is not None:
+            self._pool.gave_up(state.jobs)
+        raise GrammarError(f"structured_outputs: the grammar did not compile within "
+                           f"{self.config.compile_timeout_s:g} s (compile_timeout_s); simplify the schema, "
+                           "regex or grammar")
 
     def wait(self, reqs: list, timeout: float) -> None:
         """Sleep until one of ``reqs``' grammars is compiled, at most ``timeout`` s (the loop has
@@ -127,7 +139,7 @@ class StructuredOutputManager:
         """Move ``req`` from the quick matcher to the compiled grammar's, if that accepts every
         token generated so far."""
         state.upgrade = False
-        if state.future.exception() is not None:
+        if state.future.cancelled() or state.future.exception() is not None:
             return
         matcher = state.future.result().matcher()
         if all(matcher.accept(t) for t in req.output_token_ids):

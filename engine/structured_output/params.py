@@ -7,12 +7,14 @@ the core caches compiled grammars by, so the same schema sent by many clients co
 """
 from __future__ import annotations
 
+import hashlib
 import json as _json
 from typing import Any, Optional, Union
 
 import msgspec
 
 from engine.exceptions import ParameterError
+from engine.structured_output.config import MAX_SPEC_BYTES
 
 # The constraint fields, in the order their kinds are named in messages.
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -90,6 +92,31 @@ class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=Tru
         else:
             spec = getattr(self, kind)
         return (kind, spec, self.disable_any_whitespace, self.disable_additional_properties, self.whitespace_pattern)
+
+
+def key_bytes(key: tuple) -> int:
+    """The size of a ``key()``'s constraint and whitespace pattern in UTF-8 bytes (a choice: its
+    strings, 3 bytes apart): what the size bound and the compile lanes go by."""
+    spec, pattern = key[1], key[4]
+    size = len(pattern.encode()) if pattern is not None else 0
+    if isinstance(spec, tuple):
+        return size + sum(len(c.encode()) + 3 for c in spec)
+    return size + (len(spec.encode()) if isinstance(spec, str) else 0)
+
+
+def key_digest(key: tuple) -> bytes:
+    """32 bytes standing for a ``key()`` in caches: a cache entry then costs the same whatever
+    the spec's size, and holds no copy of a client's text."""
+    return hashlib.sha256(msgspec.msgpack.encode(key)).digest()
+
+
+def oversize(key: tuple) -> str:
+    """Why the spec of ``key`` is refused for its size ("": it is not)."""
+    size = key_bytes(key)
+    if size <= MAX_SPEC_BYTES:
+        return ""
+    return (f"structured_outputs.{key[0]} is {size} bytes, over the server's limit of {MAX_SPEC_BYTES} "
+            "(max_spec_bytes)")
 
 
 def _is_set(value: Any) -> bool:

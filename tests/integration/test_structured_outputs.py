@@ -125,6 +125,14 @@ def test_every_constraint_type_is_matched_by_every_output(llm):
             check(so, completion.text)
 
 
+def test_a_choice_of_thousands_of_strings_is_matched(llm):
+    # llguidance's parser took a choice as a rule of alternatives and refused more than 2,000 of
+    # them at the first token ("no token was allowed").
+    so = StructuredOutputsParams(choice=[f"option {i}" for i in range(3000)])
+    (out,) = llm.generate("Pick one:", random_params(so), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].text in so.choice, out.outputs[0].text
+
+
 def test_samples_penalties_and_filters_all_see_the_mask(llm):
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     params = random_params(so, n=3, top_k=50, top_p=0.9, min_p=0.01, presence_penalty=0.5,

@@ -87,6 +87,14 @@ def test_guided_fields_are_mapped_with_a_deprecation_warning(server, client):
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs", "unclosed group"),
     ({"structured_outputs": {"grammar": "root ::= nowhere"}}, "structured_outputs", "structured_outputs.grammar"),
     ({"structured_outputs": {"colour": "red"}}, "structured_outputs", "unknown field"),
+    ({"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<a>", "content": {"type": "bogus"}, "end": "</a>"}})}}, "structured_outputs",
+     "structural_tag.format.tag.content"),
+    ({"structured_outputs": {"structural_tag": json.dumps({"structures": [
+        {"begin": "<a>", "schema": {"type": "bogus"}, "end": "</a>"}], "triggers": ["<a"]})}}, "structured_outputs",
+     "structured_outputs.structural_tag: json"),
+    ({"structured_outputs": {"structural_tag": "{not json"}}, "structured_outputs", "not valid JSON"),
+    ({"structured_outputs": {"structural_tag": "[" * 5000}}, "structured_outputs", "nested too deeply"),
     ({"logit_bias": {"banana": 5}}, "logit_bias", "not a token id"),
     ({"logit_bias": {"999999": 5}}, "logit_bias", "out of the vocabulary"),
     ({"allowed_token_ids": [999999]}, "allowed_token_ids", "out of the vocabulary"),
@@ -96,6 +104,7 @@ def test_invalid_constraints_and_controls_are_400_naming_the_field(client, extra
         chat(client, max_tokens=5, extra_body=extra)
     error = info.value.body
     assert error["param"] == param and match in error["message"], error
+    assert not error["message"].startswith("request "), error  # refused by the frontend, not failed in the core
     assert not re.search(r"Traceback|GrammarError|RuntimeError|\.py\b|/(root|tmp|usr|home|work)/", error["message"])
 
 
