@@ -124,6 +124,25 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=prompt_ids if body.return_token_ids else None,
             prompt_text=text if body.return_prompt_text else None))
 
+    def chunk_stream(self, body: ChatCompletionRequest, request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+        """``body`` (``stream`` set) as its chunks, for an API served on chat (serving_responses.py):
+        checked now (a 400 raises here), admitted, rendered and generated as it is iterated."""
+        model = self.check_model(body.model)
+        tool_plan = plan_tool_calls(body, self.tool_serving)
+        params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
+        body.check_max_tokens(self.max_model_len)
+        return self._admitted_chunks(body, model, tool_plan, params, request_id)
+
+    async def _admitted_chunks(self, body: ChatCompletionRequest, model: str, tool_plan: ToolCallPlan, params,
+                               request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+        with self.admit(1, params.n) as started:
+            text, token_ids = await self.render(body.messages, body.add_generation_prompt, body.template_kwargs(),
+                                                tools=tool_plan.tools)
+            stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority)
+            async with contextlib.aclosing(self._chunks(body, model, request_id, now(), stream, tool_plan)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
     async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
                            created: int, started, engine_id: str) -> web.Response:
         """``use_beam_search``: the ``n`` best beams as the ``n`` choices (serving_beam_search.py)."""
