@@ -150,7 +150,7 @@ def _tool_choice(body: ResponsesRequest, has_tools: bool) -> Any:
         if choice.type != "function" or not choice.name:
             raise _bad(f"tool_choice of type {choice.type[:40]!r} is not supported; give a function's name",
                        "tool_choice")
-        return NamedToolChoice(function=NamedFunction(choice.name))
+        return NamedToolChoice(function=NamedFunction(name=choice.name))
     if choice in ("auto", "none") and not has_tools:
         return None  # vLLM: without tools, nothing to choose
     return choice
