@@ -250,3 +250,39 @@ def test_the_store_keeps_at_most_its_entries_for_at_most_its_age(tiny_model_dir)
             return False
 
         assert wait_for(gone, 30, interval=0.2)  # past its age
+
+
+# ---- the operational routes ----
+
+def test_ping_reset_prefix_cache_server_info_and_openapi(server, client):
+    for method in ("GET", "POST"):  # a probe: open without the key, as /health is
+        assert server.request(method, "/ping", b"" if method == "POST" else None)[0] == 200
+
+    prompt = [{"role": "user", "content": "A long shared prefix " * 20}]
+
+    def cached() -> int:
+        out = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=1)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    cached()
+    assert cached() > 0
+    assert server.request("POST", "/reset_prefix_cache", b"")[0] == 401
+    assert server.request("POST", "/reset_prefix_cache", b"", AUTH)[0] == 200
+    assert cached() == 0
+
+    assert server.get("/server_info")[0] == 401
+    status, raw, _ = server.get("/server_info", AUTH)
+    info = json.loads(raw)
+    assert status == 200 and info["model"]["served_model_name"] == "tiny" and info["model"]["max_model_len"] > 0
+    assert info["server"]["api_key_required"] is True and info["server"]["responses_store"]["max_entries"] > 0
+    assert API_KEY not in raw.decode() and "/tmp" not in raw.decode() and server.url not in raw.decode()
+
+    status, raw, _ = server.get("/openapi.json", AUTH)
+    spec = json.loads(raw)
+    from engine.entrypoints.openai.server import ROUTES
+
+    assert status == 200 and spec["openapi"].startswith("3.")
+    assert {(r.method.lower(), r.path) for r in ROUTES} <= {(m, p) for p, ops in spec["paths"].items() for m in ops}
+    body = spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["$ref"].endswith("/ResponsesRequest")
+    assert "input" in spec["components"]["schemas"]["ResponsesRequest"]["properties"]

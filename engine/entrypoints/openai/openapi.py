@@ -34,6 +34,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("get", "/version"): None,
     ("post", "/reset_prefix_cache"): None,
     ("get", "/server_info"): None,
+    ("get", "/openapi.json"): None,
 }
 
 
