@@ -61,7 +61,9 @@ class ResponsesRequest(Struct, kw_only=True):
     store: bool = True  # OpenAI's and vLLM's default: kept for previous_response_id and GET, within the bounds
     previous_response_id: Optional[Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]] = None
     background: bool = False  # answered at once (status "queued"); GET polls it, /cancel ends it
-    metadata: Optional[Annotated[dict[str, Annotated[str, Meta(max_length=512)]], Meta(max_length=16)]] = None
+    # OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512
+    metadata: Optional[Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+                                 Meta(max_length=16)]] = None
     user: Optional[str] = None
     # vLLM's extras
     ignore_eos: bool = False
