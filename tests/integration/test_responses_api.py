@@ -286,3 +286,21 @@ def test_ping_reset_prefix_cache_server_info_and_openapi(server, client):
     body = spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["$ref"].endswith("/ResponsesRequest")
     assert "input" in spec["components"]["schemas"]["ResponsesRequest"]["properties"]
+
+
+@pytest.mark.slow
+def test_reset_prefix_cache_resets_every_data_parallel_rank(tiny_model_dir):
+    """Sequential requests alternate between the two idle cores (ties rotate), so the 3rd and 4th
+    of one prompt hit each core's cache; after the reset neither core may still hold it."""
+    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
+                      "--data-parallel-size", "2") as remote:
+        client = openai.OpenAI(base_url=remote.base_url, api_key="none", max_retries=0)
+        prompt = [{"role": "user", "content": "A long shared prefix " * 20}]
+
+        def cached() -> int:
+            out = client.chat.completions.create(model="tiny", messages=prompt, max_tokens=1)
+            return out.usage.prompt_tokens_details.cached_tokens
+
+        assert [cached() > 0 for _ in range(4)] == [False, False, True, True]
+        assert remote.request("POST", "/reset_prefix_cache", b"")[0] == 200
+        assert [cached() for _ in range(2)] == [0, 0]
