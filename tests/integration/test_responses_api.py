@@ -72,11 +72,15 @@ def test_string_and_item_input_with_instructions(server, client):
 
 
 def test_usage_and_max_output_tokens_make_an_incomplete_response(client):
-    out = create(client, input="Count", max_output_tokens=5, extra_body={"ignore_eos": True})
+    prompt = "Count the sheep jumping the fence " * 8  # several blocks of its own
+    out = create(client, input=prompt, max_output_tokens=5, extra_body={"ignore_eos": True})
     assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
     assert out.usage.output_tokens == 5
     assert out.usage.total_tokens == out.usage.input_tokens + 5
-    assert out.usage.input_tokens_details.cached_tokens >= 0 and out.usage.output_tokens_details.reasoning_tokens == 0
+    assert out.usage.output_tokens_details.reasoning_tokens == 0
+    again = create(client, input=prompt, max_output_tokens=5, extra_body={"ignore_eos": True})
+    # the same prompt again: its own full blocks come from the prefix cache too
+    assert out.usage.input_tokens_details.cached_tokens + 32 <= again.usage.input_tokens_details.cached_tokens
 
 
 def test_seed_temperature_and_top_p_reach_the_sampler(client):

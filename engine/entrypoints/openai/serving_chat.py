@@ -139,8 +139,12 @@ class OpenAIServingChat(OpenAIServing):
             text, token_ids = await self.render(body.messages, body.add_generation_prompt, body.template_kwargs(),
                                                 tools=tool_plan.tools)
             stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority)
-            async with contextlib.aclosing(self._chunks(body, model, request_id, now(), stream, tool_plan)) as chunks:
+            cached = PromptTokensDetails()  # the stream's own usage chunk leaves the details out
+            chunks = self._chunks(body, model, request_id, now(), _noting_cached(stream, cached), tool_plan)
+            async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
+                    if chunk.usage is not None and not chunk.choices:
+                        chunk.usage.prompt_tokens_details = cached
                     yield chunk
 
     async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
@@ -248,6 +252,15 @@ class OpenAIServingChat(OpenAIServing):
                 token, chosen.logprob, list(token.encode()),
                 [ChatLogProb(name, lp.logprob, list(name.encode())) for name, (_, lp) in zip(names, top)]))
         return ChatLogProbs(content)
+
+
+async def _noting_cached(outputs: AsyncIterator[RequestOutput], cached: PromptTokensDetails
+                         ) -> AsyncIterator[RequestOutput]:
+    """``outputs``, noting in ``cached`` how many prompt tokens the prefix cache served."""
+    async with contextlib.aclosing(outputs):
+        async for output in outputs:
+            cached.cached_tokens = output.num_cached_tokens or 0
+            yield output
 
 
 def _echo_text(body: ChatCompletionRequest) -> str:
