@@ -255,7 +255,8 @@ def test_the_store_keeps_at_most_its_entries_for_at_most_its_age(tiny_model_dir)
 
         assert wait_for(gone, 30, interval=0.2)  # past its age
 
-        running = create(client, input="Go on", background=True, max_output_tokens=1500, extra_body={"ignore_eos": True})
+        running = create(client, input="Go on", background=True, max_output_tokens=1500,
+                         extra_body={"ignore_eos": True})
         assert wait_for(lambda: client.responses.retrieve(running.id).status == "in_progress", 30)
         assert remote.stop() == 0  # the stop cancels it before the engine goes
 

@@ -8,9 +8,10 @@ message's ``content_part.added``, ``output_text.delta``... ``output_text.done``,
 ``content_part.done``, or a call's ``function_call_arguments.delta``... ``.done``; then
 ``output_item.done``; last ``response.completed``, as vLLM ends every stream (the response's
 ``status`` says ``incomplete`` when the token limit cut the answer; OpenAI would send
-``response.incomplete``, which the ``openai`` package's stream helper does not accept). Every event carries its ``sequence_number``. A non-streamed request drains the
-same events and answers with ``response``, so the two cannot disagree. Events hold copies of the
-items as they were when said (the items go on changing).
+``response.incomplete``, which the ``openai`` package's stream helper does not accept). Every
+event carries its ``sequence_number``. A non-streamed request drains the same events and answers
+with ``response``, so the two cannot disagree. Events hold copies of the items as they were when
+said (the items go on changing).
 """
 from __future__ import annotations
 
