@@ -233,14 +233,15 @@ class OpenAIServingResponses:
         return json_response(self._stored(request.match_info["response_id"]).response)
 
     async def cancel_response(self, request: web.Request) -> web.Response:
-        """Cancel a background response still running (its engine request is aborted); a finished
-        one is answered as it is; a response that was not created in the background is a 400."""
+        """Cancel a background response still running (its engine request is aborted); as in vLLM,
+        any other (synchronous, or finished) is a 400."""
         entry = self._stored(request.match_info["response_id"])
         if not entry.response.background:
             raise _bad("Cannot cancel a synchronous response.", "response_id")
-        if entry.running:
-            entry.task.cancel()
-            await asyncio.wait({entry.task}, timeout=_CANCEL_WAIT_S)
+        if not entry.running:
+            raise _bad(f"Cannot cancel a response that is already {entry.response.status}.", "response_id")
+        entry.task.cancel()
+        await asyncio.wait({entry.task}, timeout=_CANCEL_WAIT_S)
         return json_response(entry.response)
 
     async def close(self) -> None:
