@@ -1,5 +1,6 @@
-"""The Responses API (/v1/responses) through a real ``ringllm serve`` on the tiny model, driven by
-the ``openai`` package (and raw HTTP where the wire itself is under test).
+"""The Responses API (/v1/responses) and the operational routes (/ping, /reset_prefix_cache,
+/server_info, /openapi.json) through a real ``ringllm serve`` on the tiny model, driven by the
+``openai`` package (and raw HTTP where the wire itself is under test).
 
 The tiny model writes gibberish: tool calls and JSON come from the constraints (``required`` and
 named ``tool_choice``, ``text.format``), with free JSON whitespace off so it cannot pad forever.
