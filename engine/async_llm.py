@@ -339,7 +339,11 @@ class AsyncLLM(EngineClient):
         return samples
 
     async def reset_prefix_cache(self) -> bool:
-        return await self.engine_core.call_utility_async("reset_prefix_cache")
+        """Every data-parallel rank's cache (as vLLM's DP client sends a utility call to each core);
+        True only if each core reset its own (one refuses while its blocks are in use)."""
+        results = [await self.engine_core.call_utility_async("reset_prefix_cache", engine_index=rank)
+                   for rank in self.config.parallel_config.frontend_engine_indices]
+        return all(results)
 
     async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
                              kwargs: Optional[dict] = None) -> list:

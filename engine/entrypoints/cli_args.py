@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from engine import envs
 from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
+from engine.entrypoints.openai.responses_store import StoreLimits
 from engine.entrypoints.openai.server import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -222,6 +223,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                             "can take longer (default: %(default)s).")
     group.add_argument("--health-idle-timeout", type=float, default=d.health_idle_timeout_s, metavar="SECONDS",
                        help="The same bound while no request is in flight (default: %(default)s).")
+    store = d.responses_store
+    group.add_argument("--responses-store-max-entries", type=int, default=store.max_entries,
+                       help="/v1/responses keeps at most this many responses (store=true, the default) for "
+                            "previous_response_id and GET; the oldest go first (default: %(default)s).")
+    group.add_argument("--responses-store-max-bytes", type=int, default=store.max_bytes,
+                       help="... and at most this many bytes of them, as JSON (default: %(default)s).")
+    group.add_argument("--responses-store-max-age", type=float, default=store.max_age_s, metavar="SECONDS",
+                       help="... each for at most this long; a background response still running then is "
+                            "cancelled (default: %(default)s).")
 
 
 def api_key_from(args: argparse.Namespace) -> Optional[str]:
@@ -266,7 +276,9 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
                           keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections,
                           health_busy_timeout_s=args.health_busy_timeout,
                           health_idle_timeout_s=args.health_idle_timeout,
-                          enable_request_id_headers=args.enable_request_id_headers)
+                          enable_request_id_headers=args.enable_request_id_headers,
+                          responses_store=StoreLimits(args.responses_store_max_entries, args.responses_store_max_bytes,
+                                                      args.responses_store_max_age))
 
 
 

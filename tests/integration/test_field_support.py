@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from engine.entrypoints.openai import http_bodies
+from engine.entrypoints.openai import http_bodies, responses_bodies
 from engine.entrypoints.openai.field_support import PLACEMENT, Implemented, NoOp, Refused
 from engine.entrypoints.openai.vllm_fields import VLLM_FIELDS
 from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS, SamplingParams
@@ -17,11 +17,12 @@ from tests.helpers import ROOT
 
 STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest, "CompletionRequest": http_bodies.CompletionRequest,
            "EmbeddingRequest": http_bodies.EmbeddingRequest, "StreamOptions": http_bodies.StreamOptions,
-           "SamplingParams": SamplingParams}
+           "SamplingParams": SamplingParams, "ResponsesRequest": responses_bodies.ResponsesRequest}
 ROUTES = {"ChatCompletionRequest": "/v1/chat/completions", "CompletionRequest": "/v1/completions",
-          "EmbeddingRequest": "/v1/embeddings"}
+          "EmbeddingRequest": "/v1/embeddings", "ResponsesRequest": "/v1/responses"}
 BASE = {"ChatCompletionRequest": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-        "CompletionRequest": {"prompt": "Hi", "max_tokens": 2}, "EmbeddingRequest": {"input": "Hi"}}
+        "CompletionRequest": {"prompt": "Hi", "max_tokens": 2}, "EmbeddingRequest": {"input": "Hi"},
+        "ResponsesRequest": {"input": "Hi", "max_output_tokens": 2}}
 # Declared by the struct but refused by the serving code for every value that asks something.
 REFUSED_BY_SERVING = {("CompletionRequest", "suffix"), ("EmbeddingRequest", "dimensions")}
 

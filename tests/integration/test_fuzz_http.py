@@ -21,7 +21,8 @@ from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, par
 API_KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST", "/detokenize": "POST",
-          "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET"}
+          "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET", "/v1/responses": "POST",
+          "/ping": "GET", "/server_info": "GET"}
 # No shrinking: against a live server it costs minutes, and the failing example is printed as is.
 FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=True, database=None, phases=(Phase.explicit, Phase.generate),
@@ -54,6 +55,16 @@ MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "u
                                                {"type": st.just("text"), "text": TEXT}), max_size=2)}),
                     min_size=1, max_size=3)
 
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+RESPONSE_ITEMS = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "developer", "tool"]),
+                           "content": TEXT | st.lists(st.fixed_dictionaries(
+                               {"type": st.sampled_from(["input_text", "output_text", "input_image"]), "text": TEXT}),
+                               max_size=2)})
+    | st.fixed_dictionaries({"type": st.just("function_call"), "call_id": TEXT, "name": TEXT, "arguments": TEXT | JSON})
+    | st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": TEXT, "output": TEXT | JSON}),
+    min_size=1, max_size=3)
+
 # Each field with values a client may plausibly send (so requests get deep into the server)...
 SAMPLING = {"model": st.just("tiny") | TEXT, "n": st.integers(1, 4) | st.integers(-3, 300),
             "temperature": st.floats(0, 2) | st.floats(), "top_p": st.floats(0, 1), "top_k": st.integers(-1, 60000),
@@ -74,9 +85,19 @@ FIELDS = {
     "/tokenize": {"model": st.just("tiny"), "prompt": TEXT, "messages": MESSAGES, "add_special_tokens": st.booleans(),
                   "add_generation_prompt": st.booleans()},
     "/detokenize": {"model": st.just("tiny"), "tokens": TOKEN_IDS | st.lists(st.integers(), max_size=5)},
+    "/v1/responses": {"model": st.just("tiny") | TEXT, "input": TEXT | RESPONSE_ITEMS, "instructions": TEXT,
+                      "max_output_tokens": SMALL, "temperature": st.floats(0, 2) | st.floats(), "top_p": st.floats(0, 1),
+                      "tools": st.lists(st.just(TOOL) | st.fixed_dictionaries({"type": TEXT}), max_size=2),
+                      "tool_choice": st.sampled_from(["auto", "none", "required"])
+                      | st.fixed_dictionaries({"type": st.just("function"), "name": TEXT | st.just("f")}),
+                      "text": st.fixed_dictionaries({"format": st.fixed_dictionaries({
+                          "type": st.sampled_from(["text", "json_object", "json_schema"]), "schema": JSON})}),
+                      "stream": st.booleans(), "store": st.booleans(), "background": st.booleans(),
+                      "previous_response_id": TEXT, "metadata": st.dictionaries(TEXT, TEXT, max_size=3),
+                      "ignore_eos": st.booleans(), "seed": st.integers()},
 }
 REQUIRED = {"/v1/completions": ("prompt", "max_tokens"), "/v1/chat/completions": ("messages", "max_tokens"),
-            "/tokenize": ("prompt",), "/detokenize": ("tokens",)}
+            "/tokenize": ("prompt",), "/detokenize": ("tokens",), "/v1/responses": ("input", "max_output_tokens")}
 
 
 @st.composite
@@ -88,8 +109,9 @@ def field_bodies(draw, path: str) -> dict:
     for name in draw(st.sets(st.sampled_from(names + ["unknown_field"]), max_size=2)):
         body[name] = draw(JSON)
     # Bounded work: the tiny model generates ~1k tokens/s, so keep what a valid request asks small.
-    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 64:
-        body["max_tokens"] = 64
+    for limit in ("max_tokens", "max_output_tokens"):
+        if isinstance(body.get(limit), int) and body[limit] > 64:
+            body[limit] = 64
     return body
 
 
@@ -118,13 +140,14 @@ def check_answer(server: RemoteServer, method: str, path: str, body: bytes, head
         assert isinstance(error["message"], str) and error["message"], context
     elif resp_headers.get("Content-Type", "").startswith("text/event-stream"):
         events = parse_sse(raw)  # a well-formed stream, ending in [DONE]; an error event is allowed
-        assert all("error" in e or "choices" in e for e in events), context
-    elif path not in ("/health", "/metrics"):
+        assert all("error" in e or "choices" in e or e.get("type", "").startswith("response.") for e in events), \
+            context
+    elif path not in ("/health", "/ping", "/metrics"):
         json.loads(raw)
     assert server.get("/health")[0] == 200, f"/health failed after {context}"
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
 def test_generation_routes_answer_200_or_an_openai_4xx(server, path):
     @FUZZ
     @given(body=raw_bodies(path), authorized=st.booleans() | st.just(True))

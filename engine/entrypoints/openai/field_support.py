@@ -181,6 +181,65 @@ EMBEDDING: dict[str, Placement] = {
     "add_special_tokens": _GENERATION["add_special_tokens"],
 }
 
+_RESPONSES = "tests/integration/test_responses_api.py::"
+_NOT_ON_RESPONSES = "on /v1/responses (use /v1/chat/completions)"
+
+RESPONSES: dict[str, Placement] = {
+    "input": _impl(_RESPONSES + "test_string_and_item_input_with_instructions"),
+    "instructions": _impl(_RESPONSES + "test_string_and_item_input_with_instructions"),
+    "model": _impl(_RESPONSES + "test_string_and_item_input_with_instructions"),
+    "max_output_tokens": _impl(_RESPONSES + "test_usage_and_max_output_tokens_make_an_incomplete_response"),
+    "ignore_eos": _impl(_RESPONSES + "test_usage_and_max_output_tokens_make_an_incomplete_response"),
+    "temperature": _impl(_RESPONSES + "test_seed_temperature_and_top_p_reach_the_sampler"),
+    "top_p": _impl(_RESPONSES + "test_seed_temperature_and_top_p_reach_the_sampler"),
+    "seed": _impl(_RESPONSES + "test_seed_temperature_and_top_p_reach_the_sampler"),
+    "tools": _impl(_RESPONSES + "test_function_tool_round_trip_with_function_call_output"),
+    "tool_choice": _impl(_RESPONSES + "test_function_tool_round_trip_with_function_call_output"),
+    "parallel_tool_calls": _impl(_RESPONSES + "test_function_tool_round_trip_with_function_call_output"),
+    "text": _impl(_RESPONSES + "test_text_format_json_schema_gives_json_of_the_schema"),
+    "stream": _impl(_RESPONSES + "test_stream_events_in_order_and_deltas_join_to_the_text"),
+    "store": _impl(_RESPONSES + "test_retrieve_and_previous_response_id_continue_a_stored_conversation"),
+    "previous_response_id": _impl(_RESPONSES + "test_retrieve_and_previous_response_id_continue_a_stored_conversation"),
+    "metadata": _impl(_RESPONSES + "test_retrieve_and_previous_response_id_continue_a_stored_conversation"),
+    "background": _impl(_RESPONSES + "test_background_response_is_polled_and_cancelled"),
+    "user": _GENERATION["user"],
+    "session_id": _GENERATION["session_id"],
+    "include_reasoning": CHAT["include_reasoning"],
+    "prompt_cache_key": NoOp("a routing hint for OpenAI's prompt cache; ringllm's prefix cache finds shared "
+                             "prefixes by their tokens, with no key (vLLM ignores it too)"),
+    "include": Refused(["message.output_text.logprobs"], (None, []), "(no include value can be filled here)"),
+    "max_tool_calls": Refused(1),
+    "prompt": Refused({"id": "pmpt_1"}, (None,), "(no stored prompt templates here)"),
+    "reasoning": Refused({"effort": "high"}, (None, {}, {"effort": None}), "(no reasoning models here)"),
+    "service_tier": Refused("flex", (None, "auto", "default"), "(one tier here)"),
+    "top_logprobs": Refused(2, (None, 0), _NOT_ON_RESPONSES),
+    "truncation": Refused("auto", (None, "disabled"), "(a prompt too long for the context is a 400)"),
+    "top_k": Refused(5, (None, -1), _NOT_ON_RESPONSES),
+    "logit_bias": Refused({"1": 5}, (None, {}), _NOT_ON_RESPONSES),
+    "skip_special_tokens": Refused(False, (True,), _NOT_ON_RESPONSES),
+    "include_stop_str_in_output": Refused(True, (False,), _NOT_ON_RESPONSES),
+    "presence_penalty": Refused(1.0, (None, 0.0), _NOT_ON_RESPONSES),
+    "frequency_penalty": Refused(1.0, (None, 0.0), _NOT_ON_RESPONSES),
+    "repetition_penalty": Refused(1.5, (None, 1.0), _NOT_ON_RESPONSES),
+    "stop": Refused(["x"], (None, []), _NOT_ON_RESPONSES),
+    "structured_outputs": Refused({"json": {"type": "object"}}, (None,), "(use text.format)"),
+    "chat_template_kwargs": Refused({"x": 1}, (None, {}), _NOT_ON_RESPONSES),
+    "request_id": Refused("r1", (None,), _NOT_ON_RESPONSES),
+    "priority": Refused(1, (0,), _NOT_ON_RESPONSES),
+    "cache_salt": Refused("salt", (None,), _NOT_ON_RESPONSES),
+    "enable_response_messages": Refused(True, (False,)),
+    "previous_input_messages": Refused([{"role": "user", "content": "x"}], (None, []), "(use previous_response_id)"),
+    "watermarking": _GENERATION["watermarking"],
+    "media_io_kwargs": CHAT["media_io_kwargs"],
+    "mm_processor_kwargs": CHAT["mm_processor_kwargs"],
+    "vllm_xargs": _GENERATION["vllm_xargs"],
+    "kv_transfer_params": _GENERATION["kv_transfer_params"],
+    "ec_transfer_params": _GENERATION["ec_transfer_params"],
+    # OpenAI's, which vLLM does not list: refused rather than ignored, since each asks for something.
+    "conversation": Refused("conv_1", (None,), "(use previous_response_id)"),
+    "context_management": Refused([{"type": "compaction"}], (None, [])),
+}
+
 STREAM_OPTIONS: dict[str, Placement] = {
     "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
     "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk"),
@@ -212,7 +271,7 @@ SAMPLING_PARAMS: dict[str, Placement] = {
 
 PLACEMENT: dict[str, dict[str, Placement]] = {
     "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
-    "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS,
+    "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
 }
 
 # At most this many distinct unknown names are warned about, so that clients sending random

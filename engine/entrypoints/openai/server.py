@@ -11,7 +11,7 @@ deadline, connections.py, which also caps and times out the connections themselv
 shaping (every failure, aiohttp's own 404/405/413 included, leaves in OpenAI's
 ``{"error": ...}`` shape with a text fit for clients, public_errors.py; a body that cannot be
 decoded is a 400; each request is counted), the
-API key (every route but the probes /health, /metrics and /version; compared in constant
+API key (every route but the probes /health, /ping, /metrics and /version; compared in constant
 time), and the body-size limit (413 from the declared length, before anything is read;
 aiohttp's ``client_max_size`` catches bodies that declare none).
 """
@@ -35,13 +35,17 @@ from engine.entrypoints.openai.connections import (LISTEN_BACKLOG, ConnectionGua
 from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.openapi import openapi_document
 from engine.entrypoints.openai.public_errors import payload_error, public_error
 from engine.entrypoints.openai.request_fields import REQUEST_ID_HEADER, REQUEST_ID_KEY
+from engine.entrypoints.openai.responses_store import ResponsesStore, StoreLimits
+from engine.entrypoints.openai.server_info import server_info
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
+from engine.entrypoints.openai.serving_responses import OpenAIServingResponses
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing
 from engine.server_interface import EngineClient
 
@@ -73,6 +77,8 @@ class ServerSettings:
     # servers (SO_REUSEPORT), and /metrics sums theirs, reached through sockets in this directory.
     reuse_port: bool = False
     metrics_fanin_dir: Optional[str] = None
+    # /v1/responses: the stored responses (previous_response_id, GET, background), in memory
+    responses_store: StoreLimits = StoreLimits()
 
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
@@ -108,6 +114,7 @@ class Serving:
     deadlines: Deadlines  # every request's time limit: the end of a drain fires them all
     # /v1/embeddings, on a pooling engine (runner "pooling"); None on a generating one.
     embedding: Optional[OpenAIServingEmbedding] = None
+    responses: Optional[OpenAIServingResponses] = None
 
     def check_runner(self, runner: str, api: str) -> None:
         """A route of the other runner is a 400, as vLLM answers it ("does not support ...")."""
@@ -138,6 +145,21 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 async def create_embedding(request: web.Request) -> web.Response:
     request.app[SERVING].check_runner("pooling", "Embeddings")
     return await request.app[SERVING].embedding.create_embedding(request)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    request.app[SERVING].check_runner("generate", "Responses")
+    return await request.app[SERVING].responses.create_response(request)
+
+
+async def retrieve_response(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("generate", "Responses")
+    return await request.app[SERVING].responses.retrieve_response(request)
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("generate", "Responses")
+    return await request.app[SERVING].responses.cancel_response(request)
 
 
 async def show_models(request: web.Request) -> web.Response:
@@ -172,19 +194,39 @@ async def show_version(request: web.Request) -> web.Response:
     return await request.app[SERVING].misc.show_version(request)
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    return await request.app[SERVING].misc.reset_prefix_cache(request)
+
+
+async def show_server_info(request: web.Request) -> web.Response:
+    return json_response(server_info(request.app[SERVING].misc.engine.config, request.app[SETTINGS]))
+
+
+async def show_openapi(request: web.Request) -> web.Response:
+    return web.Response(body=openapi_document(), content_type="application/json")
+
+
 ROUTES = [
     web.post("/v1/completions", create_completion),
     web.post("/v1/chat/completions", create_chat_completion),
     web.post("/v1/embeddings", create_embedding),
+    web.post("/v1/responses", create_response),
+    web.get("/v1/responses/{response_id}", retrieve_response),
+    web.post("/v1/responses/{response_id}/cancel", cancel_response),
     web.get("/v1/models", show_models),
     web.get("/health", health),
     web.get("/metrics", metrics),
     web.post("/tokenize", tokenize),
     web.post("/detokenize", detokenize),
     web.get("/version", show_version),
+    web.get("/ping", health),  # vLLM's (SageMaker's) liveness probe: /health's answer
+    web.post("/ping", health),
+    web.post("/reset_prefix_cache", reset_prefix_cache),
+    web.get("/server_info", show_server_info),
+    web.get("/openapi.json", show_openapi),
 ]
 # What a load balancer or a scraper probes: open even when an API key is set.
-OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
 
 
 # ---- middlewares ----
@@ -280,6 +322,8 @@ def build_app(engine_client: AsyncContextManager[EngineClient], settings: Server
             try:
                 yield
             finally:
+                if app[SERVING].responses is not None:
+                    await app[SERVING].responses.close()  # background responses end before the engine
                 await liveness.stop()
             logger.info("shutting the engine down")
 
@@ -302,8 +346,9 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     chat = OpenAIServingChat(*shared)
     chat.tool_serving = settings.tool_serving
     embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
+    responses = OpenAIServingResponses(chat, ResponsesStore(settings.responses_store)) if embedding is None else None
     return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
-                   embedding)
+                   embedding, responses)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

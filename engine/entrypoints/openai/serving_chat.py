@@ -124,6 +124,29 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=prompt_ids if body.return_token_ids else None,
             prompt_text=text if body.return_prompt_text else None))
 
+    def chunk_stream(self, body: ChatCompletionRequest, request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+        """``body`` (``stream`` set) as its chunks, for an API served on chat (serving_responses.py):
+        checked now (a 400 raises here), admitted, rendered and generated as it is iterated."""
+        model = self.check_model(body.model)
+        tool_plan = plan_tool_calls(body, self.tool_serving)
+        params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
+        body.check_max_tokens(self.max_model_len)
+        return self._admitted_chunks(body, model, tool_plan, params, request_id)
+
+    async def _admitted_chunks(self, body: ChatCompletionRequest, model: str, tool_plan: ToolCallPlan, params,
+                               request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+        with self.admit(1, params.n) as started:
+            text, token_ids = await self.render(body.messages, body.add_generation_prompt, body.template_kwargs(),
+                                                tools=tool_plan.tools)
+            stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority)
+            cached = PromptTokensDetails()  # the stream's own usage chunk leaves the details out
+            chunks = self._chunks(body, model, request_id, now(), _noting_cached(stream, cached), tool_plan)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    if chunk.usage is not None and not chunk.choices:
+                        chunk.usage.prompt_tokens_details = cached
+                    yield chunk
+
     async def _beam_search(self, body: ChatCompletionRequest, model: str, token_ids: list[int], request_id: str,
                            created: int, started, engine_id: str) -> web.Response:
         """``use_beam_search``: the ``n`` best beams as the ``n`` choices (serving_beam_search.py)."""
@@ -229,6 +252,15 @@ class OpenAIServingChat(OpenAIServing):
                 token, chosen.logprob, list(token.encode()),
                 [ChatLogProb(name, lp.logprob, list(name.encode())) for name, (_, lp) in zip(names, top)]))
         return ChatLogProbs(content)
+
+
+async def _noting_cached(outputs: AsyncIterator[RequestOutput], cached: PromptTokensDetails
+                         ) -> AsyncIterator[RequestOutput]:
+    """``outputs``, noting in ``cached`` how many prompt tokens the prefix cache served."""
+    async with contextlib.aclosing(outputs):
+        async for output in outputs:
+            cached.cached_tokens = output.num_cached_tokens or 0
+            yield output
 
 
 def _echo_text(body: ChatCompletionRequest) -> str:

@@ -1,4 +1,5 @@
-"""The small endpoints: /v1/models, /health, /metrics, /tokenize, /detokenize, /version.
+"""The small endpoints: /v1/models, /health (and /ping), /metrics, /tokenize, /detokenize, /version,
+/reset_prefix_cache.
 
 They share the chat endpoint's view of the model (names, tokenizer, chat rendering) so that
 /tokenize counts exactly the tokens a chat request would send to the engine.
@@ -84,3 +85,12 @@ class OpenAIServingMisc:
 
     async def show_version(self, request: web.Request) -> web.Response:
         return json_response({"version": ringllm_version()})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """Forget the prefix cache (vLLM's route, for benchmarks and operators). The core refuses
+        while requests hold blocks (a running request would register blocks computed before the
+        reset): then a 409, to retry once idle."""
+        if not await self.engine.reset_prefix_cache():
+            raise OpenAIError(409, "the prefix cache is in use by running requests; retry when they are done",
+                              type="server_error", code="prefix_cache_in_use")
+        return web.Response(status=200)

@@ -20,6 +20,9 @@ VLLM_SOURCES = {
         'CompletionRequestMixin + EmbedRequestMixin of vllm/entrypoints/pooling/base/protocol.py at '
         '020638a6b026e4d96f34e6e7ed12c3390fbf7416)'
     ),
+    'ResponsesRequest': (
+        'vllm/entrypoints/openai/responses/protocol.py as docs.vllm.ai shows it (lastmod 2026-09-24)'
+    ),
     'StreamOptions': (
         'vllm/entrypoints/openai/protocol.py StreamOptions at '
         '0052bed36509c7a5a2d8e48265334e40cf2f5a0e'
@@ -66,6 +69,17 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
         'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
         'priority', 'mm_processor_kwargs', 'cache_salt', 'input', 'add_special_tokens',
         'encoding_format', 'embed_dtype', 'endianness', 'dimensions', 'use_activation'
+    ),
+    'ResponsesRequest': (
+        'background', 'include', 'input', 'instructions', 'max_output_tokens', 'max_tool_calls',
+        'metadata', 'model', 'logit_bias', 'parallel_tool_calls', 'previous_response_id', 'prompt',
+        'reasoning', 'include_reasoning', 'service_tier', 'store', 'stream', 'temperature', 'text',
+        'tool_choice', 'tools', 'top_logprobs', 'top_p', 'top_k', 'truncation', 'user',
+        'skip_special_tokens', 'include_stop_str_in_output', 'presence_penalty', 'frequency_penalty',
+        'prompt_cache_key', 'watermarking', 'request_id', 'session_id', 'media_io_kwargs',
+        'mm_processor_kwargs', 'priority', 'cache_salt', 'enable_response_messages',
+        'previous_input_messages', 'structured_outputs', 'repetition_penalty', 'seed', 'stop',
+        'ignore_eos', 'vllm_xargs', 'kv_transfer_params', 'ec_transfer_params', 'chat_template_kwargs'
     ),
     'StreamOptions': (
         'include_usage', 'continuous_usage_stats'

@@ -1,0 +1,51 @@
+"""The OpenAI Agents SDK's default model, ``OpenAIResponsesModel`` (the Responses API), against
+``ringllm serve`` on the default model: an agent with one function tool, made to call it on its
+first turn (``tool_choice="required"``). The SDK runs the tool, sends its result back as a
+``function_call_output`` item, resets the choice to auto (hence the hermes parser), and the run
+must end with a final output; once with whole responses, once streamed. Tracing is off: nothing
+leaves loopback."""
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from tests.helpers.openai_server_utils import RemoteServer
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_responses_model_agent_calls_its_tool_then_gives_a_final_output():
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    with RemoteServer("--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as remote:
+        name = openai.OpenAI(base_url=remote.base_url, api_key="unused").models.list().data[0].id
+
+        def agent() -> Agent:  # an async client belongs to one event loop: one per run
+            client = openai.AsyncOpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
+            return Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
+                         model=OpenAIResponsesModel(model=name, openai_client=client),
+                         model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=256))
+
+        result = Runner.run_sync(agent(), "What is the weather in Paris?", max_turns=4)
+        assert len(cities) >= 1 and all(isinstance(city, str) and city for city in cities)
+        assert isinstance(result.final_output, str) and result.final_output.strip()
+
+        async def streamed():
+            run = Runner.run_streamed(agent(), "What is the weather in Rome?", max_turns=4)
+            async for _ in run.stream_events():
+                pass
+            return run
+
+        called_before = len(cities)
+        run = asyncio.run(streamed())
+    assert len(cities) > called_before
+    assert isinstance(run.final_output, str) and run.final_output.strip()
