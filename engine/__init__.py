@@ -22,6 +22,8 @@ _EXPORTS = {
     "TokensPrompt": "engine.frontend.input_processor",
     "CompletionOutput": "engine.outputs",
     "EmbeddingRequestOutput": "engine.outputs",
+    "ClassificationRequestOutput": "engine.outputs",
+    "ScoringRequestOutput": "engine.outputs",
     "Logprob": "engine.outputs",
     "PoolingRequestOutput": "engine.outputs",
     "RequestOutput": "engine.outputs",
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from engine.frontend.input_processor import TextPrompt, TokensPrompt
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
-    from engine.outputs import (CompletionOutput, EmbeddingRequestOutput, Logprob, PoolingRequestOutput,
-                                RequestOutput)
+    from engine.outputs import (ClassificationRequestOutput, CompletionOutput, EmbeddingRequestOutput, Logprob,
+                                PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
     from engine.pooling_params import PoolingParams
     from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams

@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 from engine.hf_config import config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
-from engine.pooler_config import PoolerConfig, resolve_runner
+from engine.pooler_config import PoolerConfig, classifier_labels, is_classifier, resolve_runner
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 # core: ~0.5 s a step). Here, not in the pacer, so that the config imports nothing of the core.
 PACED_STEP_TARGET_S = 0.5
 PACED_INITIAL_TOKENS = 128
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                           "LlamaForSequenceClassification", "Qwen2ForSequenceClassification",
+                           "Qwen3ForSequenceClassification")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -150,6 +152,19 @@ class ModelConfig:
     convert_type: str = "none"  # resolved: none | embed
     pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
     quantization: Optional[str] = None  # resolved: None | "gguf" (a .gguf model's own blocks) | "int8" (W8A8)
+
+    @property
+    def pooling_task(self) -> Optional[str]:
+        """What the pooler computes: "classify" for a *ForSequenceClassification model, "embed"
+        for a decoder served with runner "pooling", None for a generating model."""
+        if self.runner_type != "pooling":
+            return None
+        return "classify" if is_classifier(self.architecture) else "embed"
+
+    @property
+    def classifier_labels(self) -> Optional[list[str]]:
+        """A classification model's labels in class order (``id2label``); None for other models."""
+        return classifier_labels(self.hf_config) if self.pooling_task == "classify" else None
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -565,6 +580,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             f"{archs or getattr(hf_config, 'model_type', '?')} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     runner, convert, pooler = resolve_runner(args.runner, args.convert, args.pooler_config, arch)
+    if is_classifier(arch):
+        classifier_labels(hf_config)  # a bad id2label is refused at start, not at the first request
     # MEAN pooling needs every prompt row computed: no prefix cache, no KV loaded by a connector
     # (LAST pooling always computes the last prompt token, so both are fine there).
     mean_pooling = pooler is not None and pooler.pooling_type == "MEAN"

@@ -27,10 +27,13 @@ from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchSequence 
 from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
-from engine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput,
+                            ScoringOutput, ScoringRequestOutput)
+from engine.frontend.renderer import encode_pair
 from engine.pooling_params import PoolingParams
 from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, verified_copy
+from engine.scoring import cosine, score_mode, score_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -201,13 +204,50 @@ class LLM:
         return [EmbeddingRequestOutput.from_base(output) for output in outputs]
 
     @_serialised
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+                 pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None
+                 ) -> list[ClassificationRequestOutput]:
+        """One classification per prompt, in input order (a *ForSequenceClassification model):
+        ``outputs.probs``, the softmax over the labels (a sigmoid for one label), or the logits
+        when ``pooling_params.use_activation`` is False."""
+        self._check_runner("pooling", "LLM.classify()")
+        outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="classify")
+        return [ClassificationRequestOutput.from_base(output) for output in outputs]
+
+    @_serialised
+    def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]], /, *,
+              use_tqdm: bool = True, pooling_params: Optional[PoolingParams] = None) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score``: one score per pair, ``data_1`` against each of ``data_2`` (1:N)
+        or pairwise (N:N); the cosine of their embeddings on an embedding model, the pair's
+        output on a one-label classification model (engine/scoring.py)."""
+        self._check_runner("pooling", "LLM.score()")
+        mc = self.llm_engine.config.model_config
+        mode = score_mode(mc.pooling_task, mc.classifier_labels)
+        pairs = score_pairs(data_1, data_2)
+        if mode == "cross":
+            tokenizer = self.llm_engine.tokenizer
+            prompts = [{"prompt_token_ids": encode_pair(tokenizer, a, b)} for a, b in pairs]
+            outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm)
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data[0])), o.prompt_token_ids,
+                                         o.num_cached_tokens) for o in outputs]
+        texts = sorted({t for pair in pairs for t in pair})  # each distinct text embedded once
+        embedded = dict(zip(texts, self.encode(texts, pooling_params, use_tqdm=use_tqdm)))
+        return [ScoringRequestOutput(f"{embedded[a].request_id}_{embedded[b].request_id}",
+                                     ScoringOutput(cosine(embedded[a].outputs.data, embedded[b].outputs.data)),
+                                     embedded[a].prompt_token_ids + embedded[b].prompt_token_ids,
+                                     embedded[a].num_cached_tokens + embedded[b].num_cached_tokens)
+                for a, b in pairs]
+
+    @_serialised
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
                pooling_params: Optional[Union[PoolingParams, Sequence[PoolingParams]]] = None, *,
-               use_tqdm: bool = True, pooling_task: Optional[str] = "embed") -> list[PoolingRequestOutput]:
+               use_tqdm: bool = True, pooling_task: Optional[str] = None) -> list[PoolingRequestOutput]:
         """One PoolingRequestOutput per prompt, in input order; ``outputs.data`` is the pooled
-        float32 tensor. ``pooling_task``: what the pooler computes ("embed", the one task a
-        converted decoder serves)."""
+        float32 tensor. ``pooling_task``: what the pooler computes ("embed" on a converted
+        decoder, "classify" on a classification model; None: the model's)."""
         self._check_runner("pooling", "LLM.encode()")
+        if pooling_task is None:
+            pooling_task = self.llm_engine.config.model_config.pooling_task
         prompt_list = self._as_list(prompts)
         if pooling_params is None:
             pooling_params = PoolingParams()

@@ -131,3 +131,44 @@ class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
         return EmbeddingRequestOutput(request_output.request_id, EmbeddingOutput.from_base(request_output.outputs),
                                       request_output.prompt_token_ids, request_output.num_cached_tokens,
                                       request_output.finished, request_output.error, request_output.internal_error)
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    """vLLM's: a classification model's probabilities over its labels (the raw logits when the
+    request's ``use_activation`` is False)."""
+
+    probs: list[float]
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> "ClassificationOutput":
+        return ClassificationOutput(pooling_output.data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    """What ``LLM.classify`` hands back: ``outputs.probs`` is a list of floats."""
+
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        return ClassificationRequestOutput(request_output.request_id,
+                                           ClassificationOutput.from_base(request_output.outputs),
+                                           request_output.prompt_token_ids, request_output.num_cached_tokens,
+                                           request_output.finished, request_output.error,
+                                           request_output.internal_error)
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    """vLLM's: the score of one pair (the cosine of two embeddings, or a cross-encoder's score)."""
+
+    score: float
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    """What ``LLM.score`` hands back: ``outputs.score`` is a float."""

@@ -2,11 +2,11 @@
 
 A msgspec Struct, like SamplingParams, because it crosses the ring inside the request
 (``EngineCoreRequest.pooling_params``). vLLM's fields that apply to a decoder served as an
-embedding model: ``task``, ``normalize`` (None: the engine's ``pooler_config``, True unless
+embedding model or to a classification model: ``task``, ``normalize`` (None: the engine's ``pooler_config``, True unless
 set) and ``dimensions`` (matryoshka truncation, which no model here supports, so any value is
 refused). How rows are pooled (LAST or MEAN) is the engine's ``pooler_config``, as in vLLM.
-``use_activation`` is vLLM's newer name for the embedding's activation, L2 normalisation here:
-when set it decides, over ``normalize``. ``truncate_prompt_tokens`` and ``truncation_side`` cut
+``use_activation`` is vLLM's newer name for the activation: an embedding's L2 normalisation
+(when set it decides, over ``normalize``), a classification's softmax (sigmoid for one label). ``truncate_prompt_tokens`` and ``truncation_side`` cut
 the prompt as for SamplingParams.
 """
 from __future__ import annotations
@@ -17,7 +17,9 @@ import msgspec
 
 from engine.sampling_params import RequestOutputKind, verify_truncation
 
-POOLING_TASKS = ("embed",)  # what a decoder converted to an embedding model serves
+# "embed": a decoder converted to an embedding model; "classify": a *ForSequenceClassification
+# model (ModelConfig.pooling_task says which one the engine's model serves).
+POOLING_TASKS = ("embed", "classify")
 
 
 class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -45,4 +47,4 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
         verify_truncation(self.truncate_prompt_tokens, self.truncation_side, "PoolingParams")
         chosen = task if task is not None else self.task
         if chosen is not None and chosen not in POOLING_TASKS:
-            raise ValueError(f"pooling_task must be one of {POOLING_TASKS} for this model, got {chosen!r}")
+            raise ValueError(f"pooling_task must be one of {POOLING_TASKS}, got {chosen!r}")

@@ -150,6 +150,7 @@ class InputProcessor:
         self.max_n = config.max_seqs_per_request
         self.priority_scheduling = config.scheduler_config.policy == "priority"
         self.runner_type = model_config.runner_type  # "generate": SamplingParams only; "pooling": PoolingParams only
+        self.pooling_task = model_config.pooling_task  # the one task a pooling model serves
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
         self.eos_token_id: Optional[int] = eos[0] if isinstance(eos, list) else eos
         generation = _generation_config(config)
@@ -204,6 +205,9 @@ class InputProcessor:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         self.check_runner(pooling)
         params.verify()  # this side's one check: the caller may have changed its object since it was built
+        if pooling and params.task is not None and params.task != self.pooling_task:
+            raise ParameterError(f"pooling task {params.task!r} is not supported by this model, which serves "
+                                 f"{self.pooling_task!r}", parameter="task", value=params.task)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if not -(1 << 63) <= priority < (1 << 63):

@@ -88,6 +88,14 @@ def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     return batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
+def encode_pair(tokenizer: Any, text_1: str, text_2: str) -> list[int]:
+    """The ids of a text pair as the tokenizer encodes one (``tokenizer(text_1, text_2)``: its
+    pair template, special tokens included), releasing the GIL while it works."""
+    backend = tokenizer.backend_tokenizer
+    batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return batch([(text_1, text_2)], add_special_tokens=True)[0].ids
+
+
 def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
     """``tokenizer.decode(token_ids)``, releasing the GIL while it works."""
     text = tokenizer.backend_tokenizer.decode_batch([list(token_ids)], skip_special_tokens=False)[0]

@@ -13,6 +13,14 @@ from typing import Any, Optional
 import torch
 
 from engine.models.linear import Linear, LinearMethod
+from engine.pooler_config import classifier_labels, is_classifier
+
+
+def _num_labels(cfg: Any) -> int:
+    """The classification head's rows for a *ForSequenceClassification config, else 0."""
+    if not any(is_classifier(a) for a in getattr(cfg, "architectures", None) or []):
+        return 0
+    return len(classifier_labels(cfg))
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class Dims:
     qkv_bias: bool  # Qwen2 (or attention_bias)
     qk_norm: bool  # Qwen3's per-head q/k RMSNorm
     tied: bool
+    num_labels: int = 0  # a *ForSequenceClassification model's ``score`` head (rows); 0: an LM head
 
     @property
     def q_size(self) -> int:
@@ -57,7 +66,8 @@ class Dims:
                    sliding_layers=tuple(window is not None and (not layer_types or layer_types[i] == "sliding_attention")
                                         for i in range(num_layers)),
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
-                   qk_norm=cfg.model_type == "qwen3", tied=bool(getattr(cfg, "tie_word_embeddings", False)))
+                   qk_norm=cfg.model_type == "qwen3", tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+                   num_labels=_num_labels(cfg))
 
 
 def _sliding_window(cfg: Any) -> Optional[int]:

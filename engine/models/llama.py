@@ -88,7 +88,8 @@ class LlamaForCausalLM:
         self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization)
         self.layers = [DecoderLayer(s) for s in dims.sliding_layers]
         self.embed: Optional[Embedding] = None
-        self.lm_head: Optional[Linear] = None
+        self.lm_head: Optional[Linear] = None  # None on a classification model, which has ``score``
+        self.score: Optional[torch.Tensor] = None  # [num_labels, hidden], float32
         self.norm: Optional[torch.Tensor] = None
         self.rope = RopeTables(cfg, dims.head_dim, max_model_len, device)
         self._embed_source: Optional[Weight] = None
@@ -137,6 +138,11 @@ class LlamaForCausalLM:
         last hidden states (transformers' ``hidden_states[-1]``), which a pooling model pools."""
         return torch.nn.functional.rms_norm(hidden.float(), (self.dims.hidden,), self.norm.float(), self.dims.eps)
 
+    def classify_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A *ForSequenceClassification model's float32 logits of the given rows of ``forward``'s
+        output: its ``score`` head on the normed rows (transformers reads the last token's)."""
+        return self.norm_rows(hidden) @ self.score.T
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows of ``forward``'s output (the final norm is applied
         here, so rows that are never sampled skip it along with the LM head). A bf16/fp16 head
@@ -175,7 +181,9 @@ class LlamaForCausalLM:
                   "mlp.gate_proj.weight": (d.intermediate, d.hidden), "mlp.up_proj.weight": (d.intermediate, d.hidden),
                   "mlp.down_proj.weight": (d.hidden, d.intermediate)}
         tensors = [("embed_tokens.weight", rand(d.vocab_size, d.hidden)), ("norm.weight", torch.ones(d.hidden))]
-        if not d.tied:
+        if d.num_labels:
+            tensors.append(("score.weight", rand(d.num_labels, d.hidden)))
+        elif not d.tied:
             tensors.append(("lm_head.weight", rand(d.vocab_size, d.hidden)))
         for i in range(d.num_layers):
             tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()]
@@ -190,6 +198,8 @@ class LlamaForCausalLM:
     def _format_bytes(self, name: str, tensor: Weight) -> int:
         if name.endswith("lm_head.weight") and self.dims.tied:
             return 0
+        if name == "score.weight":
+            return tensor.numel() * 4  # held in float32
         if isinstance(tensor, GGUFBlocks):
             return tensor.data.numel()
         if self.quantization == "gguf":  # the file's float tensors, as stored
@@ -207,6 +217,8 @@ class LlamaForCausalLM:
                 self.norm = value.to(**act)
             elif target == "embed":
                 self._embed_source = value
+            elif target == "score":
+                self.score = value.to(device=self.device, dtype=torch.float32)
             else:
                 self.lm_head = Linear(self.placement.choose(value, "head"))
             return
@@ -224,7 +236,7 @@ class LlamaForCausalLM:
 
     def _finish_embedding(self) -> None:
         src, self._embed_source = self._embed_source, None
-        if self.dims.tied:
+        if self.dims.tied and not self.dims.num_labels:
             self.lm_head = Linear(self.placement.choose(src, "head"))
             self.embed = Embedding(self.lm_head.method, self.act_dtype)
         else:
@@ -234,13 +246,16 @@ class LlamaForCausalLM:
         """Bytes of every weight the model holds (a tied head counted once)."""
         total = sum(p.nbytes for layer in self.layers for p in layer.linears())
         total += sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())
-        total += self.lm_head.nbytes + self.norm.numel() * self.norm.element_size()
+        total += self.norm.numel() * self.norm.element_size()
+        if self.score is not None:
+            return total + self.score.numel() * 4 + self.embed.method.nbytes
+        total += self.lm_head.nbytes
         return total + (0 if self.dims.tied else self.embed.method.nbytes)
 
     def weights_report(self) -> str:
         """One line for the load log: resident bytes against the checkpoint's, and the methods."""
         methods = Counter(p.method.format for layer in self.layers for p in layer.linears())
-        methods[f"head {self.lm_head.method.format}"] += 1
+        methods["score head float32" if self.lm_head is None else f"head {self.lm_head.method.format}"] += 1
         resident = self.resident_bytes()
         ratio = resident / self.format_bytes if self.format_bytes else float("nan")
         kinds = ", ".join(f"{n} x {k}" for k, n in methods.items())

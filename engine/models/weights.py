@@ -19,7 +19,8 @@ from engine.models.rope import pair_rotary_rows
 Weight = torch.Tensor | GGUFBlocks
 
 # HF name (after "model.") -> (our name, per layer)
-_SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head"}
+_SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head",
+           "score.weight": "score"}  # score: a *ForSequenceClassification model's head
 _LAYER_SIMPLE = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
                  "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
                  "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
@@ -35,6 +36,8 @@ def expected_names(dims: Dims) -> set[str]:
     per_layer += ["q_norm", "k_norm"] if dims.qk_norm else []
     per_layer += ["qkv_bias"] if dims.qkv_bias else []
     names = {f"layers.{i}.{n}" for i in range(dims.num_layers) for n in per_layer} | {"embed", "norm"}
+    if dims.num_labels:
+        return names | {"score"}
     return names if dims.tied else names | {"lm_head"}
 
 
@@ -61,10 +64,11 @@ class WeightRouter:
 
     def add(self, name: str, tensor: Weight) -> None:
         name = name.removeprefix("model.")
-        if "rotary_emb" in name or (name == "lm_head.weight" and self.dims.tied):
+        if "rotary_emb" in name or (name == "lm_head.weight" and self.dims.tied and not self.dims.num_labels):
             return
-        if name in _SIMPLE:
-            return self._put(_SIMPLE[name], None, tensor)
+        if name in _SIMPLE and not (_SIMPLE[name] in ("score", "lm_head")
+                                    and (_SIMPLE[name] == "score") != bool(self.dims.num_labels)):
+            return self._put(_SIMPLE[name], None, tensor)  # (a head of the other kind is unexpected)
         if name.startswith("layers."):
             idx, rest = name[len("layers."):].split(".", 1)
             if rest in _LAYER_SIMPLE:
@@ -82,6 +86,7 @@ class WeightRouter:
         d = self.dims
         qkv = d.q_size + 2 * d.kv_size
         return {"embed": (d.vocab_size, d.hidden), "lm_head": (d.vocab_size, d.hidden), "norm": (d.hidden,),
+                "score": (d.num_labels, d.hidden),
                 "input_norm": (d.hidden,), "post_norm": (d.hidden,), "q_norm": (d.head_dim,),
                 "k_norm": (d.head_dim,), "qkv": (qkv, d.hidden), "qkv_bias": (qkv,), "o_proj": (d.hidden, d.q_size),
                 "gate_up": (2 * d.intermediate, d.hidden), "down": (d.hidden, d.intermediate)}[target]

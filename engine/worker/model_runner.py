@@ -122,7 +122,8 @@ class ModelRunner:
         md = self.attn_builder.profile(lens, blocks)
         hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
         rows = hidden[:min(sc.max_num_seqs, tokens)]
-        self.model.compute_logits(rows).softmax(dim=-1)
+        if self.model.score is None:  # a classification model has no LM head to sample with
+            self.model.compute_logits(rows).softmax(dim=-1)
         self.kv_caches = None
 
     # ------------------------------------------------------------------ step
@@ -174,6 +175,9 @@ class ModelRunner:
         hidden state of its last token (LAST) or their mean over the prompt (MEAN, summed chunk by
         chunk), L2-normalised unless the request says otherwise; float32 bytes for the wire."""
         pooler = self.config.model_config.pooler_config
+        if self.model.score is not None:  # classification: always the last token (resolve_runner)
+            return _bytes(classify_activation(self.model.classify_rows(rows[-1:])[0],
+                                              req.pooling_params.use_activation))
         if pooler.pooling_type == "LAST":
             vec = self.model.norm_rows(rows[-1:])[0]
         else:
@@ -186,7 +190,7 @@ class ModelRunner:
         normalize = req.pooling_params.normalized
         if normalize if normalize is not None else pooler.normalize:
             vec = torch.nn.functional.normalize(vec, dim=0)
-        return vec.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
+        return _bytes(vec)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, row: int, targets: list[int], num: int) -> LogprobsLists:
         """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once."""
@@ -345,3 +349,16 @@ def _available_memory() -> Optional[int]:
 
 def _has_penalty(p) -> bool:
     return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
+def _bytes(vec: torch.Tensor) -> bytes:
+    """A pooled vector as float32 bytes for the wire."""
+    return vec.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
+
+
+def classify_activation(logits: torch.Tensor, use_activation: Optional[bool]) -> torch.Tensor:
+    """vLLM's classification activation: probabilities (softmax over the labels; a sigmoid for a
+    one-label head, a cross-encoder's relevance) unless ``use_activation`` is False (the logits)."""
+    if use_activation is False:
+        return logits
+    return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(dim=-1)
