@@ -242,27 +242,37 @@ def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
                       "list of non-empty token-id lists", param=param, code="invalid_value")
 
 
-class EmbeddingRequest(Struct, kw_only=True):
-    """POST /v1/embeddings (a server started with ``--runner pooling``)."""
+class PoolingBasicFields(Struct, kw_only=True):
+    """What every pooling route takes (vLLM's PoolingBasicRequestMixin + ClassifyRequestMixin);
+    field_support.py places every vLLM field."""
 
-    input: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
     model: Optional[str] = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[PositiveInt] = None  # matryoshka truncation: refused, no model here has it
     user: Optional[str] = None
-    # vLLM's extras (engine/entrypoints/openai/field_support.py places every vLLM field).
-    use_activation: Optional[bool] = None  # the embedding's activation, L2 normalisation here
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # what the values are rounded to
-    endianness: Literal["native", "little", "big"] = "native"  # byte order of base64 values
-    add_special_tokens: bool = True  # the tokenizer's BOS and the like, for text inputs
+    use_activation: Optional[bool] = None  # an embedding's L2 normalisation, a classification's softmax
     truncate_prompt_tokens: Optional[Annotated[int, Meta(ge=-1, le=_INT64_MAX)]] = None
     truncation_side: Optional[Literal["left", "right"]] = None
     priority: Int64 = 0
     request_id: Optional[Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]] = None
     cache_salt: Optional[Annotated[str, Meta(min_length=1, max_length=1024)]] = None
 
+
+class PoolingInputFields(PoolingBasicFields, kw_only=True):
+    """A pooling route over OpenAI's ``input`` (vLLM's CompletionRequestMixin)."""
+
+    input: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
+    add_special_tokens: bool = True  # the tokenizer's BOS and the like, for text inputs
+
     def prompts(self) -> list[Union[str, list[int]]]:
         return _prompt_batch(self.input, "input")
+
+
+class EmbeddingRequest(PoolingInputFields, kw_only=True):
+    """POST /v1/embeddings (a server started with ``--runner pooling``)."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[PositiveInt] = None  # matryoshka truncation: refused, no model here has it
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # what the values are rounded to
+    endianness: Literal["native", "little", "big"] = "native"  # byte order of base64 values
 
 
 class ContentPart(Struct, kw_only=True):

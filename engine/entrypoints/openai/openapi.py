@@ -13,6 +13,7 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                    EmbeddingRequest, TokenizeRequest)
+from engine.entrypoints.openai.pooling_bodies import ClassificationRequest, PoolingRequest, RerankRequest, ScoreRequest
 from engine.entrypoints.openai.responses_bodies import ResponsesRequest
 from engine.entrypoints.openai.serving_misc import ringllm_version
 
@@ -21,6 +22,13 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/completions"): CompletionRequest,
     ("post", "/v1/chat/completions"): ChatCompletionRequest,
     ("post", "/v1/embeddings"): EmbeddingRequest,
+    ("post", "/pooling"): PoolingRequest,
+    ("post", "/classify"): ClassificationRequest,
+    ("post", "/score"): ScoreRequest,
+    ("post", "/v1/score"): ScoreRequest,
+    ("post", "/rerank"): RerankRequest,
+    ("post", "/v1/rerank"): RerankRequest,
+    ("post", "/v2/rerank"): RerankRequest,
     ("post", "/v1/responses"): ResponsesRequest,
     ("get", "/v1/responses/{response_id}"): None,
     ("post", "/v1/responses/{response_id}/cancel"): None,

@@ -45,7 +45,9 @@ from engine.entrypoints.openai.serving_completions import OpenAIServingCompletio
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
+from engine.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from engine.entrypoints.openai.serving_responses import OpenAIServingResponses
+from engine.entrypoints.openai.serving_score import OpenAIServingScore
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolServing
 from engine.server_interface import EngineClient
 
@@ -112,8 +114,11 @@ class Serving:
     misc: OpenAIServingMisc
     metrics: ServerMetrics
     deadlines: Deadlines  # every request's time limit: the end of a drain fires them all
-    # /v1/embeddings, on a pooling engine (runner "pooling"); None on a generating one.
+    # /v1/embeddings, /pooling, /classify, /score, /rerank on a pooling engine (runner "pooling");
+    # None on a generating one.
     embedding: Optional[OpenAIServingEmbedding] = None
+    pooling: Optional[OpenAIServingPooling] = None
+    scoring: Optional[OpenAIServingScore] = None
     responses: Optional[OpenAIServingResponses] = None
 
     def check_runner(self, runner: str, api: str) -> None:
@@ -121,6 +126,15 @@ class Serving:
         if (self.embedding is not None) != (runner == "pooling"):
             raise OpenAIError(400, f"The model does not support {api} API: start the server with "
                               f"`--runner {runner}` to serve it", code="model_not_supported")
+
+    def check_task(self, task: str, api: str) -> None:
+        """A pooling route for the other pooling task (/classify on an embedding model,
+        /v1/embeddings on a classifier) is a 400, as vLLM answers it."""
+        self.check_runner("pooling", api)
+        served = self.embedding.engine.model_config.pooling_task
+        if served != task:
+            raise OpenAIError(400, f"The model does not support {api} API: it serves the {served!r} pooling task",
+                              code="model_not_supported")
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -143,8 +157,28 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def create_embedding(request: web.Request) -> web.Response:
-    request.app[SERVING].check_runner("pooling", "Embeddings")
+    request.app[SERVING].check_task("embed", "Embeddings")
     return await request.app[SERVING].embedding.create_embedding(request)
+
+
+async def create_pooling(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("pooling", "Pooling")
+    return await request.app[SERVING].pooling.create_pooling(request)
+
+
+async def create_classify(request: web.Request) -> web.Response:
+    request.app[SERVING].check_task("classify", "Classification")
+    return await request.app[SERVING].pooling.create_classify(request)
+
+
+async def create_score(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("pooling", "Score")
+    return await request.app[SERVING].scoring.create_score(request)
+
+
+async def create_rerank(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("pooling", "Rerank")
+    return await request.app[SERVING].scoring.create_rerank(request)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -210,6 +244,13 @@ ROUTES = [
     web.post("/v1/completions", create_completion),
     web.post("/v1/chat/completions", create_chat_completion),
     web.post("/v1/embeddings", create_embedding),
+    web.post("/pooling", create_pooling),
+    web.post("/classify", create_classify),
+    web.post("/score", create_score),
+    web.post("/v1/score", create_score),
+    web.post("/rerank", create_rerank),
+    web.post("/v1/rerank", create_rerank),
+    web.post("/v2/rerank", create_rerank),
     web.post("/v1/responses", create_response),
     web.get("/v1/responses/{response_id}", retrieve_response),
     web.post("/v1/responses/{response_id}/cancel", cancel_response),
@@ -345,10 +386,12 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
     chat = OpenAIServingChat(*shared)
     chat.tool_serving = settings.tool_serving
-    embedding = OpenAIServingEmbedding(*shared) if model_config.runner_type == "pooling" else None
-    responses = OpenAIServingResponses(chat, ResponsesStore(settings.responses_store)) if embedding is None else None
+    pooling = model_config.runner_type == "pooling"
+    responses = None if pooling else OpenAIServingResponses(chat, ResponsesStore(settings.responses_store))
     return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
-                   embedding, responses)
+                   OpenAIServingEmbedding(*shared) if pooling else None,
+                   OpenAIServingPooling(*shared) if pooling else None,
+                   OpenAIServingScore(*shared) if pooling else None, responses)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

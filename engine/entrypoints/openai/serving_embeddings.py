@@ -13,17 +13,21 @@ from __future__ import annotations
 import base64
 import contextlib
 import sys
-from typing import Any, AsyncIterator, Callable, Union
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from aiohttp import web
 
 from engine.entrypoints.openai.http_bodies import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-                                                   OpenAIError, decode_request)
+                                                   OpenAIError, PoolingBasicFields, decode_request)
 from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
-from engine.frontend.renderer import RendererBusyError, encode
+from engine.frontend.renderer import RendererBusyError, encode, encode_pair
 from engine.outputs import PoolingRequestOutput
 from engine.pooling_params import PoolingParams
+
+
+# An input of a pooling route: a text, token ids, or a pair of texts to encode together.
+Prompt = Union[str, list[int], tuple[str, str]]
 
 
 class OpenAIServingEmbedding(OpenAIServing):
@@ -39,25 +43,35 @@ class OpenAIServingEmbedding(OpenAIServing):
                                truncate_prompt_tokens=body.truncate_prompt_tokens,
                                truncation_side=body.truncation_side)
         response_id = request_id("embd", request, body.request_id)
+        finals = await self.pool_all(request, response_id, body, prompts, params)
+        data = [EmbeddingData(index=i, embedding=encode_vector(out.outputs.data, body)) for i, out in enumerate(finals)]
+        return json_response(EmbeddingResponse(id=response_id, data=data, model=model, usage=usage(finals)))
+
+    async def pool_all(self, request: web.Request, response_id: str, body: PoolingBasicFields,
+                       prompts: Sequence[Prompt], params: PoolingParams,
+                       param: Optional[str] = None) -> list[PoolingRequestOutput]:
+        """Every prompt's pooled output, in prompt order: admitted together (a 400 naming
+        ``param`` past the per-request limit), each its own engine request, under the request's
+        time limit."""
         finals: dict[int, PoolingRequestOutput] = {}
-        with self.admit(len(prompts), 1) as started:
+        with self.admit(len(prompts), 1, param) as started:
             inputs = [await self._engine_input(body, p) for p in prompts]
             outputs = self.generate_all(inputs, params, engine_request_id(response_id, request), started,
                                         priority=body.priority)
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
                     finals[i] = output
-        data = [EmbeddingData(index=i, embedding=_encode(finals[i].outputs.data, body))
-                for i in range(len(prompts))]
-        tokens = sum(len(finals[i].prompt_token_ids) for i in range(len(prompts)))
-        return json_response(EmbeddingResponse(id=response_id, data=data, model=model,
-                                               usage=EmbeddingUsage(tokens, tokens)))
+        return [finals[i] for i in range(len(prompts))]
 
-    async def _engine_input(self, body: EmbeddingRequest, prompt: Union[str, list[int]]) -> dict[str, Any]:
+    async def _engine_input(self, body: PoolingBasicFields, prompt: Prompt) -> dict[str, Any]:
         """One input as the engine takes it, with the cache salt; a text input without
-        ``add_special_tokens`` is tokenized here (on the renderer pool), without them."""
-        if isinstance(prompt, str) and body.add_special_tokens:
-            engine_input: dict[str, Any] = {"prompt": prompt}
+        ``add_special_tokens``, and a pair of texts (a cross-encoder's, encoded as the
+        tokenizer encodes a pair), are tokenized here (on the renderer pool)."""
+        if isinstance(prompt, tuple):
+            engine_input: dict[str, Any] = {"prompt_token_ids": await self.offload(
+                len(prompt[0]) + len(prompt[1]), encode_pair, self.tokenizer, *prompt)}
+        elif isinstance(prompt, str) and getattr(body, "add_special_tokens", True):  # (score texts always get them)
+            engine_input = {"prompt": prompt}
         elif isinstance(prompt, str):
             engine_input = {"prompt_token_ids": await self.offload(len(prompt), encode, self.tokenizer, prompt, False),
                             "prompt": prompt}
@@ -81,7 +95,13 @@ class OpenAIServingEmbedding(OpenAIServing):
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
 
-def _encode(data: Any, body: EmbeddingRequest) -> Union[list[float], str]:
+def usage(outputs: Sequence[PoolingRequestOutput]) -> EmbeddingUsage:
+    """The prompt tokens of every engine request a pooling response was made from."""
+    tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    return EmbeddingUsage(tokens, tokens)
+
+
+def encode_vector(data: Any, body: EmbeddingRequest) -> Union[list[float], str]:
     """The vector (a float32 tensor) in ``embed_dtype``: as floats, or as base64 of its bytes in
     ``endianness``. torch is imported here, not at the top: a generating server never needs it
     (pooling outputs arrive as tensors, so it is loaded by then)."""

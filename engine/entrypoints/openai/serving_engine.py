@@ -162,7 +162,7 @@ class OpenAIServing:
                            headers={"Retry-After": str(self.limits.retry_after_s)})
 
     @contextlib.contextmanager
-    def admit(self, num_prompts: int, n: int) -> Iterator[Callable[[], None]]:
+    def admit(self, num_prompts: int, n: int, param: Optional[str] = None) -> Iterator[Callable[[], None]]:
         """Hold a waiting slot for each of the ``num_prompts x n`` sequences of one HTTP request,
         or refuse it before anything reaches the engine: 400 past ``max_seqs_per_request``, else
         503 + Retry-After past the waiting limit.
@@ -170,13 +170,13 @@ class OpenAIServing:
         Yields the callback that ``generate`` calls on each prompt's first output (its ``n``
         slots are given back); slots still held when the handler ends (errors, disconnects)
         are given back on exit. The check and the reservation run without an await between
-        them, so they cannot interleave.
+        them, so they cannot interleave. ``param``: the field a 400 names (default: n or prompt).
         """
         count = num_prompts * n
         if count > self.limits.max_seqs_per_request:
             raise OpenAIError(400, f"the request asks for {count} sequences ({num_prompts} prompts x n={n}); "
                               f"this server takes at most {self.limits.max_seqs_per_request} in one request",
-                              param="n" if num_prompts == 1 else "prompt", code="too_many_sequences")
+                              param=param or ("n" if num_prompts == 1 else "prompt"), code="too_many_sequences")
         limit = self.limits.max_waiting_requests
         if limit is not None and self.num_waiting + count > limit:
             raise self.overloaded(f"the server is overloaded ({self.num_waiting} sequences waiting, limit "
