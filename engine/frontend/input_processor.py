@@ -206,7 +206,7 @@ class InputProcessor:
         self.check_runner(pooling)
         params.verify()  # this side's one check: the caller may have changed its object since it was built
         if pooling and params.task is not None and params.task != self.pooling_task:
-            raise ParameterError(f"pooling task {params.task!r} is not supported by this model, which serves "
+            raise ParameterError(f"pooling_task {params.task!r} is not supported by this model, which serves "
                                  f"{self.pooling_task!r}", parameter="task", value=params.task)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
