@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from engine.entrypoints.openai import http_bodies, responses_bodies
+from engine.entrypoints.openai import http_bodies, pooling_bodies, responses_bodies
 from engine.entrypoints.openai.field_support import PLACEMENT, Implemented, NoOp, Refused
 from engine.entrypoints.openai.vllm_fields import VLLM_FIELDS
 from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS, SamplingParams
@@ -17,14 +17,23 @@ from tests.helpers import ROOT
 
 STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest, "CompletionRequest": http_bodies.CompletionRequest,
            "EmbeddingRequest": http_bodies.EmbeddingRequest, "StreamOptions": http_bodies.StreamOptions,
-           "SamplingParams": SamplingParams, "ResponsesRequest": responses_bodies.ResponsesRequest}
+           "SamplingParams": SamplingParams, "ResponsesRequest": responses_bodies.ResponsesRequest,
+           "PoolingRequest": pooling_bodies.PoolingRequest, "ClassificationRequest": pooling_bodies.ClassificationRequest,
+           "ScoreRequest": pooling_bodies.ScoreRequest, "RerankRequest": pooling_bodies.RerankRequest}
 ROUTES = {"ChatCompletionRequest": "/v1/chat/completions", "CompletionRequest": "/v1/completions",
-          "EmbeddingRequest": "/v1/embeddings", "ResponsesRequest": "/v1/responses"}
+          "EmbeddingRequest": "/v1/embeddings", "ResponsesRequest": "/v1/responses", "PoolingRequest": "/pooling",
+          "ClassificationRequest": "/classify", "ScoreRequest": "/score", "RerankRequest": "/rerank"}
 BASE = {"ChatCompletionRequest": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
         "CompletionRequest": {"prompt": "Hi", "max_tokens": 2}, "EmbeddingRequest": {"input": "Hi"},
-        "ResponsesRequest": {"input": "Hi", "max_output_tokens": 2}}
+        "ResponsesRequest": {"input": "Hi", "max_output_tokens": 2}, "PoolingRequest": {"input": "Hi"},
+        "ClassificationRequest": {"input": "Hi"}, "ScoreRequest": {"text_1": "Hi", "text_2": "Ho"},
+        "RerankRequest": {"query": "Hi", "documents": ["Ho"]}}
 # Declared by the struct but refused by the serving code for every value that asks something.
-REFUSED_BY_SERVING = {("CompletionRequest", "suffix"), ("EmbeddingRequest", "dimensions")}
+REFUSED_BY_SERVING = {("CompletionRequest", "suffix"), ("EmbeddingRequest", "dimensions"),
+                      ("PoolingRequest", "dimensions")}
+# Served by a one-label classification model (a cross-encoder); the other pooling routes by an
+# embedding model.
+CLASSIFIER_ROUTES = ("ClassificationRequest", "ScoreRequest", "RerankRequest")
 
 
 def _placed(kind):
@@ -103,26 +112,40 @@ def pooling_server(tiny_model_dir):
         yield remote
 
 
-def _server_for(cls, server, pooling_server):
-    return pooling_server if cls == "EmbeddingRequest" else server
+@pytest.fixture(scope="module")
+def classifier_server(tmp_path_factory):
+    from engine.models.default_model import write_tiny_model
+
+    model = write_tiny_model(str(tmp_path_factory.mktemp("cross-encoder")),
+                             architectures=["LlamaForSequenceClassification"], num_labels=1)
+    with RemoteServer(model, *TINY_SERVE_ARGS) as remote:
+        yield remote
+
+
+@pytest.fixture
+def servers(request, server, pooling_server, classifier_server):
+    """The server of the request struct the test is parametrized with."""
+    cls = request.node.callspec.params["cls"]
+    if cls in CLASSIFIER_ROUTES:
+        return classifier_server
+    return pooling_server if cls in ("EmbeddingRequest", "PoolingRequest") else server
 
 
 _REFUSED_HTTP = [(cls, name, place) for cls, name, place in _placed(Refused) if cls in ROUTES]
 
 
 @pytest.mark.parametrize("cls,name,place", _REFUSED_HTTP, ids=[f"{c}.{n}" for c, n, _ in _REFUSED_HTTP])
-def test_a_refused_field_is_400_naming_it(cls, name, place, server, pooling_server):
-    remote = _server_for(cls, server, pooling_server)
-    status, body, _ = remote.post_json(ROUTES[cls], {**BASE[cls], name: place.example})
+def test_a_refused_field_is_400_naming_it(cls, name, place, servers):
+    status, body, _ = servers.post_json(ROUTES[cls], {**BASE[cls], name: place.example})
     assert status == 400, f"{cls}.{name}={place.example!r} answered {status}: {body}"
     assert body["error"]["param"] == name and "support" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("cls", list(ROUTES))
-def test_refused_fields_at_values_that_ask_nothing_are_accepted(cls, server, pooling_server):
+def test_refused_fields_at_values_that_ask_nothing_are_accepted(cls, servers):
     inert = {name: place.inert[-1] for c, name, place in _REFUSED_HTTP if c == cls
              and (cls, name) not in REFUSED_BY_SERVING}
-    status, body, _ = _server_for(cls, server, pooling_server).post_json(ROUTES[cls], {**BASE[cls], **inert})
+    status, body, _ = servers.post_json(ROUTES[cls], {**BASE[cls], **inert})
     assert status == 200, body
 
 

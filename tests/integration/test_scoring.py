@@ -229,3 +229,26 @@ def test_routes_of_another_model_kind_are_refused(embed_server, classifier_serve
         for path in ("/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"):
             status, data, _ = generating.post_json(path, {"input": "Hi"})
             assert status == 400 and "--runner pooling" in data["error"]["message"], (path, data)
+
+
+def test_shared_pooling_fields_act_on_classify_score_and_rerank(cross_server, cross_dir):
+    tokenizer, _ = hf(cross_dir)
+    ids = tokenizer(TEXTS[3]).input_ids
+
+    def logit(**body):
+        return post(cross_server, "/classify", {"use_activation": False, **body})["data"][0]["probs"][0]
+
+    left = post(cross_server, "/classify", {"input": TEXTS[3], "use_activation": False, "truncate_prompt_tokens": 3})
+    assert left["usage"]["prompt_tokens"] == 3 and left["data"][0]["probs"][0] == logit(input=ids[-3:])
+    assert logit(input=TEXTS[3], truncate_prompt_tokens=3, truncation_side="right") == logit(input=ids[:3])
+    pair = tokenizer(QUERY, TEXTS[3]).input_ids
+    cut = post(cross_server, "/score", {"text_1": QUERY, "text_2": TEXTS[3], "truncate_prompt_tokens": 4,
+                                        "use_activation": False, "request_id": "s-1", "cache_salt": "tenant"})
+    assert cut["id"] == "score-s-1" and cut["usage"]["prompt_tokens"] == 4
+    assert cut["data"][0]["score"] == pytest.approx(logit(input=pair[-4:]), abs=1e-6)
+    ranked = post(cross_server, "/rerank", {"query": QUERY, "documents": [TEXTS[3]], "use_activation": False,
+                                            "request_id": "r-1"})
+    assert ranked["id"] == "rerank-r-1"
+    assert ranked["results"][0]["relevance_score"] == pytest.approx(logit(input=pair), abs=1e-6)
+    status, data, _ = cross_server.post_json("/rerank", {"query": QUERY, "documents": ["d"], "priority": 1})
+    assert status == 400 and data["error"]["param"] == "priority"  # this server schedules fcfs

@@ -181,6 +181,42 @@ EMBEDDING: dict[str, Placement] = {
     "add_special_tokens": _GENERATION["add_special_tokens"],
 }
 
+_SCORING = "tests/integration/test_scoring.py::"
+_SHARED_POOLING = _impl(_SCORING + "test_shared_pooling_fields_act_on_classify_score_and_rerank")
+# vLLM's PoolingBasicRequestMixin + ClassifyRequestMixin: what every pooling and scoring route takes.
+POOLING_BASIC: dict[str, Placement] = {
+    "model": _impl(_SCORING + "test_classify_matches_transformers_in_float32"),
+    "user": _GENERATION["user"],
+    "padding": EMBEDDING["padding"],
+    "mm_processor_kwargs": EMBEDDING["mm_processor_kwargs"],
+    **{name: _SHARED_POOLING for name in ("use_activation", "truncate_prompt_tokens", "truncation_side", "request_id",
+                                          "priority", "cache_salt")},
+}
+CLASSIFICATION: dict[str, Placement] = {
+    **POOLING_BASIC,
+    "input": _impl(_SCORING + "test_classify_matches_transformers_in_float32"),
+    "add_special_tokens": _GENERATION["add_special_tokens"],
+}
+POOLING: dict[str, Placement] = {
+    **EMBEDDING,
+    "model": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
+    "input": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
+    "encoding_format": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
+    "task": _impl(_SCORING + "test_pooling_returns_what_the_model_pools",
+                  _SCORING + "test_bad_input_is_a_400_naming_the_field"),
+}
+_SCORE_FORMS = _impl(_SCORING + "test_score_is_the_cosine_of_the_embeddings",
+                     _SCORING + "test_bad_input_is_a_400_naming_the_field")
+SCORE: dict[str, Placement] = {
+    **POOLING_BASIC,
+    **{name: _SCORE_FORMS for name in ("text_1", "text_2", "queries", "documents", "items", "data_1", "data_2")},
+}
+RERANK: dict[str, Placement] = {
+    **POOLING_BASIC,
+    **{name: _impl(_SCORING + "test_rerank_orders_documents_by_score_and_keeps_top_n")
+       for name in ("query", "documents", "top_n")},
+}
+
 _RESPONSES = "tests/integration/test_responses_api.py::"
 _NOT_ON_RESPONSES = "on /v1/responses (use /v1/chat/completions)"
 
@@ -272,6 +308,7 @@ SAMPLING_PARAMS: dict[str, Placement] = {
 PLACEMENT: dict[str, dict[str, Placement]] = {
     "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
     "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
+    "PoolingRequest": POOLING, "ClassificationRequest": CLASSIFICATION, "ScoreRequest": SCORE, "RerankRequest": RERANK,
 }
 
 # At most this many distinct unknown names are warned about, so that clients sending random

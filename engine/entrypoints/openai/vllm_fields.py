@@ -23,6 +23,23 @@ VLLM_SOURCES = {
     'ResponsesRequest': (
         'vllm/entrypoints/openai/responses/protocol.py as docs.vllm.ai shows it (lastmod 2026-09-24)'
     ),
+    'PoolingRequest': (
+        'PoolingCompletionRequest in vllm/entrypoints/pooling/pooling/protocol.py at '
+        '01cfbaf63434b3d5ec8a9e492d5111f6efc55e77 (the mixins of vllm/entrypoints/pooling/base/protocol.py at '
+        '020638a6b026e4d96f34e6e7ed12c3390fbf7416)'
+    ),
+    'ClassificationRequest': (
+        'ClassificationCompletionRequest in vllm/frontend/entrypoints/pooling/classify/protocol.py '
+        '(PoolingBasicRequestMixin + CompletionRequestMixin + ClassifyRequestMixin, as above)'
+    ),
+    'ScoreRequest': (
+        'ScoreRequest (its four forms) in vllm/entrypoints/pooling/scoring/protocol.py at '
+        '004706d84ceba73d7efe0458e6f682c8691ff904'
+    ),
+    'RerankRequest': (
+        'RerankRequest in vllm/entrypoints/pooling/scoring/protocol.py at '
+        '004706d84ceba73d7efe0458e6f682c8691ff904'
+    ),
     'StreamOptions': (
         'vllm/entrypoints/openai/protocol.py StreamOptions at '
         '0052bed36509c7a5a2d8e48265334e40cf2f5a0e'
@@ -69,6 +86,26 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
         'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
         'priority', 'mm_processor_kwargs', 'cache_salt', 'input', 'add_special_tokens',
         'encoding_format', 'embed_dtype', 'endianness', 'dimensions', 'use_activation'
+    ),
+    'PoolingRequest': (
+        'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
+        'priority', 'mm_processor_kwargs', 'cache_salt', 'input', 'add_special_tokens',
+        'encoding_format', 'embed_dtype', 'endianness', 'dimensions', 'use_activation', 'task'
+    ),
+    'ClassificationRequest': (
+        'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
+        'priority', 'mm_processor_kwargs', 'cache_salt', 'input', 'add_special_tokens',
+        'use_activation'
+    ),
+    'ScoreRequest': (
+        'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
+        'priority', 'mm_processor_kwargs', 'cache_salt', 'use_activation', 'data_1', 'data_2',
+        'queries', 'documents', 'items', 'text_1', 'text_2'
+    ),
+    'RerankRequest': (
+        'model', 'user', 'truncate_prompt_tokens', 'padding', 'truncation_side', 'request_id',
+        'priority', 'mm_processor_kwargs', 'cache_salt', 'use_activation', 'query', 'documents',
+        'top_n'
     ),
     'ResponsesRequest': (
         'background', 'include', 'input', 'instructions', 'max_output_tokens', 'max_tool_calls',
