@@ -99,6 +99,33 @@ FIELDS = {
 REQUIRED = {"/v1/completions": ("prompt", "max_tokens"), "/v1/chat/completions": ("messages", "max_tokens"),
             "/tokenize": ("prompt",), "/detokenize": ("tokens",), "/v1/responses": ("input", "max_output_tokens")}
 
+# The pooling and scoring routes (served by a pooling model; a generating one answers 400).
+TEXTS = TEXT | st.lists(TEXT, max_size=4)
+PROMPTS = TEXT | TOKEN_IDS | st.lists(TEXT, max_size=4) | st.lists(TOKEN_IDS, max_size=3)
+POOLING_BASIC = {"model": st.just("tiny") | TEXT, "user": TEXT, "use_activation": st.booleans(),
+                 "truncate_prompt_tokens": st.integers(-2, 300) | HUGE_INTS,
+                 "truncation_side": st.sampled_from(["left", "right", "up"]), "priority": st.integers(),
+                 "request_id": TEXT, "cache_salt": TEXT, "padding": st.sampled_from(["max_length", "do_not_pad"])}
+POOLING_FIELDS = {
+    "/pooling": {**POOLING_BASIC, "input": PROMPTS, "add_special_tokens": st.booleans(),
+                 "task": st.sampled_from(["embed", "classify", "token_embed"]) | TEXT,
+                 "encoding_format": st.sampled_from(["float", "base64", "bytes"]),
+                 "embed_dtype": st.sampled_from(["float32", "float16", "bfloat16", "int8"]),
+                 "endianness": st.sampled_from(["native", "little", "big"]), "dimensions": st.integers(-2, 100)},
+    "/classify": {**POOLING_BASIC, "input": PROMPTS, "add_special_tokens": st.booleans()},
+    "/score": {**POOLING_BASIC, **{name: TEXTS for name in ("text_1", "text_2", "queries", "documents", "items",
+                                                             "data_1", "data_2")}},
+    "/rerank": {**POOLING_BASIC, "query": TEXT, "documents": st.lists(TEXT, max_size=6),
+                "top_n": st.integers(-3, 10) | HUGE_INTS, "return_documents": st.booleans()},
+}
+POOLING_REQUIRED = {"/pooling": ("input",), "/classify": ("input",), "/score": ("text_1", "text_2"),
+                    "/rerank": ("query", "documents")}
+POOLING_ROUTES = {"/pooling": "/pooling", "/classify": "/classify", "/score": "/score", "/v1/score": "/score",
+                  "/rerank": "/rerank", "/v1/rerank": "/rerank", "/v2/rerank": "/rerank"}  # path -> its body
+for _path, _body in POOLING_ROUTES.items():
+    FIELDS[_path], REQUIRED[_path] = POOLING_FIELDS[_body], POOLING_REQUIRED[_body]
+    ROUTES[_path] = "POST"
+
 
 @st.composite
 def field_bodies(draw, path: str) -> dict:
@@ -166,6 +193,40 @@ def test_small_routes_answer_200_or_an_openai_4xx(server):
         check_answer(server, ROUTES[path], path, body, {"Content-Type": "application/json", **AUTH})
 
     fuzz()
+
+
+@pytest.fixture(scope="module", params=["embedding", "cross-encoder"])
+def pooling_server(request, tmp_path_factory):
+    """A pooling model of each kind: an embedding model (scores are cosines) and a one-label
+    classifier (scores are the pair's, encoded together)."""
+    from engine.models.default_model import write_tiny_model
+
+    if request.param == "embedding":
+        model, args = write_tiny_model(str(tmp_path_factory.mktemp("embed"))), ("--runner", "pooling")
+    else:
+        model, args = write_tiny_model(str(tmp_path_factory.mktemp("cross")), num_labels=1,
+                                       architectures=["LlamaForSequenceClassification"]), ()
+    with RemoteServer(model, *TINY_SERVE_ARGS, *args, "--served-model-name", "tiny", "--api-key", API_KEY,
+                      "--max-waiting-requests", "64", "--max-request-body-bytes", str(1 << 20)) as remote:
+        processes = remote.core_pids()
+        yield remote
+        assert remote.get("/health")[0] == 200
+        assert remote.core_pids() == processes, "the fuzzing changed the server's processes"
+
+
+def test_pooling_routes_answer_200_or_an_openai_4xx(pooling_server):
+    @FUZZ
+    @given(data=st.data())
+    def fuzz(data):
+        path = data.draw(st.sampled_from(sorted(POOLING_ROUTES)))
+        check_answer(pooling_server, "POST", path, data.draw(raw_bodies(path)),
+                     {"Content-Type": "application/json", **AUTH})
+
+    fuzz()
+    for path in sorted(POOLING_ROUTES):
+        for depth in (64, 100_000):
+            check_answer(pooling_server, "POST", path, deep(depth, "object"),
+                         {"Content-Type": "application/json", **AUTH})
 
 
 # Until decode_request refuses deep nesting itself (http_bodies.py, the validation work), msgspec's
