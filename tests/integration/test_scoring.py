@@ -75,8 +75,8 @@ def hf_logits(model_dir, inputs: list) -> list[list[float]]:
     """transformers' float32 logits for each text, or each (text_1, text_2) pair encoded as a pair."""
     tokenizer, model = hf(model_dir)
     with torch.no_grad():
-        return [model(tokenizer(*(x if isinstance(x, tuple) else (x,)), return_tensors="pt").input_ids).logits[0].tolist()
-                for x in inputs]
+        encoded = [tokenizer(*(x if isinstance(x, tuple) else (x,)), return_tensors="pt").input_ids for x in inputs]
+        return [model(ids).logits[0].tolist() for ids in encoded]
 
 
 @pytest.fixture(scope="module")

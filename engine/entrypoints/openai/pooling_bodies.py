@@ -49,7 +49,7 @@ class ScoreRequest(PoolingBasicFields, kw_only=True):
     def sides(self) -> tuple[ScoreTexts, ScoreTexts, tuple[str, str]]:
         """The two sides and their field names; a 400 naming the field unless exactly one
         form is given whole."""
-        given = [form for form in SCORE_FORMS if getattr(self, form[0]) is not None and getattr(self, form[1]) is not None]
+        given = [(a, b) for a, b in SCORE_FORMS if getattr(self, a) is not None and getattr(self, b) is not None]
         if len(given) == 2 and given[0][0] == given[1][0] == "queries":
             raise OpenAIError(400, "give either documents or items with queries, not both", param="items",
                               code="invalid_value")
