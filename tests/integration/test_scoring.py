@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from engine import LLM, PoolingParams
+from engine.config import EngineArgs
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 from tests.integration.test_pooling import write_real_tiny_model
 
@@ -195,6 +196,31 @@ def test_llm_classify_and_score_match_transformers(classifier_dir, cross_dir):
             llm.score(TEXTS[:2], TEXTS[:3])
     finally:
         llm.shutdown()
+
+
+def test_a_classifier_is_a_pooling_model_without_flags(classifier_dir):
+    mc = EngineArgs(model=classifier_dir, device="cpu").create_engine_config().model_config
+    assert (mc.runner_type, mc.convert_type, mc.pooling_task) == ("pooling", "none", "classify")
+    assert mc.classifier_labels == list(LABELS.values())
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(runner="generate"), "runner"),
+    (dict(convert="embed"), "convert"),
+    (dict(pooler_config={"pooling_type": "MEAN"}), "pooler_config.pooling_type"),
+])
+def test_classifier_runner_settings_name_their_field(classifier_dir, kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        EngineArgs(model=classifier_dir, device="cpu", **kwargs).create_engine_config()
+
+
+def test_an_id2label_with_gaps_is_refused_at_start(tmp_path):
+    from engine.models.default_model import write_tiny_model
+
+    model = write_tiny_model(str(tmp_path), architectures=["LlamaForSequenceClassification"],
+                             id2label={0: "a", 2: "b"})
+    with pytest.raises(ValueError, match="^id2label"):
+        EngineArgs(model=model, device="cpu", load_format="dummy").create_engine_config()
 
 
 @pytest.mark.parametrize("path, body, field", [
