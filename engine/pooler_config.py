@@ -53,8 +53,9 @@ class PoolerConfig:
 
 
 def resolve_runner(runner: str, convert: str, pooler: Any, arch: str) -> tuple[str, str, Optional[PoolerConfig]]:
-    """(runner, convert, pooler config) as vLLM resolves them for a *ForCausalLM architecture:
-    "auto" generates; "pooling" needs the "embed" conversion (what "auto" picks then)."""
+    """(runner, convert, pooler config) as vLLM resolves them: a *ForCausalLM architecture
+    generates under "auto", and "pooling" needs the "embed" conversion (what "auto" picks then);
+    a *ForSequenceClassification one always pools, with its own head."""
     if runner not in RUNNERS:
         raise _bad("runner", f"one of {RUNNERS}", runner)
     if convert not in CONVERTS:
@@ -72,15 +73,7 @@ def resolve_runner(runner: str, convert: str, pooler: Any, arch: str) -> tuple[s
     if convert == "none":
         raise ValueError(f"convert: {arch} has no pooling head of its own; runner='pooling' needs "
                          "convert='embed' (or 'auto')")
-    if pooler is None:
-        pooler = PoolerConfig()
-    elif isinstance(pooler, dict):
-        try:
-            pooler = PoolerConfig(**pooler)
-        except TypeError as e:
-            raise ValueError(f"pooler_config: {e} (fields: pooling_type, normalize)") from e
-    elif not isinstance(pooler, PoolerConfig):
-        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
+    pooler = _pooler_config(pooler)
     pooling_type = "LAST" if pooler.pooling_type is None else str(pooler.pooling_type).upper()
     if pooling_type not in POOLING_TYPES:
         raise _bad("pooler_config.pooling_type", f"one of {POOLING_TYPES}", pooler.pooling_type)
@@ -96,13 +89,21 @@ def _resolve_classifier(runner: str, convert: str, pooler: Any, arch: str) -> tu
         raise ValueError(f"runner: {arch} has no LM head to generate with; use runner='pooling' (or 'auto')")
     if convert == "embed":
         raise ValueError(f"convert: {arch} is a classification model already; use convert='none' (or 'auto')")
-    pooling_type = None
-    if isinstance(pooler, PoolerConfig):
-        pooling_type = pooler.pooling_type
-    elif isinstance(pooler, dict):
-        pooling_type = pooler.get("pooling_type")
-    elif pooler is not None:
-        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
+    pooling_type = _pooler_config(pooler).pooling_type
     if pooling_type is not None and str(pooling_type).upper() != "LAST":
         raise _bad("pooler_config.pooling_type", f"LAST for {arch} (its head reads the last token)", pooling_type)
     return "pooling", "none", PoolerConfig("LAST", False)
+
+
+def _pooler_config(pooler: Any) -> PoolerConfig:
+    """The ``pooler_config`` argument (None, a dict or a PoolerConfig) as a PoolerConfig."""
+    if pooler is None:
+        return PoolerConfig()
+    if isinstance(pooler, dict):
+        try:
+            return PoolerConfig(**pooler)
+        except TypeError as e:
+            raise ValueError(f"pooler_config: {e} (fields: pooling_type, normalize)") from e
+    if not isinstance(pooler, PoolerConfig):
+        raise _bad("pooler_config", "a dict or a PoolerConfig", pooler)
+    return pooler

@@ -66,9 +66,11 @@ class WeightRouter:
         name = name.removeprefix("model.")
         if "rotary_emb" in name or (name == "lm_head.weight" and self.dims.tied and not self.dims.num_labels):
             return
-        if name in _SIMPLE and not (_SIMPLE[name] in ("score", "lm_head")
-                                    and (_SIMPLE[name] == "score") != bool(self.dims.num_labels)):
-            return self._put(_SIMPLE[name], None, tensor)  # (a head of the other kind is unexpected)
+        if name in _SIMPLE:
+            target = _SIMPLE[name]
+            heads = ("score",) if self.dims.num_labels else ("lm_head",)  # the other head is unexpected
+            if target in heads or target not in ("score", "lm_head"):
+                return self._put(target, None, tensor)
         if name.startswith("layers."):
             idx, rest = name[len("layers."):].split(".", 1)
             if rest in _LAYER_SIMPLE:
