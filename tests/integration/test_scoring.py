@@ -45,6 +45,9 @@ def write_classifier(dst: str, arch: str, **config) -> str:
     with torch.no_grad():
         model.model.norm.weight.uniform_(0.5, 1.5)
         model.score.weight.normal_(0.0, 1.0)  # logits well apart, so a wrong row shows
+        for linear in model.modules():  # Qwen2's q/k/v biases: transformers starts them at zero
+            if isinstance(linear, torch.nn.Linear) and linear.bias is not None:
+                linear.bias.normal_(0.0, 0.5)
     model.save_pretrained(dst, safe_serialization=True)
     return dst
 
@@ -194,6 +197,17 @@ def test_llm_classify_and_score_match_transformers(classifier_dir, cross_dir):
         assert [o.outputs.score for o in llm.score(QUERY, TEXTS[:2], use_tqdm=False)] == pytest.approx(want, abs=1e-5)
         with pytest.raises(ValueError, match="1:N or N:N"):
             llm.score(TEXTS[:2], TEXTS[:3])
+    finally:
+        llm.shutdown()
+
+
+def test_qwen2_classifier_with_its_qkv_bias_matches_transformers(tmp_path):
+    model = write_classifier(str(tmp_path), "Qwen2ForSequenceClassification", num_labels=2)
+    want = hf_logits(model, TEXTS[:2])
+    llm = LLM(model=model, dtype="float32", device="cpu", max_model_len=256, kv_cache_memory=16 << 20)
+    try:
+        out = llm.classify(TEXTS[:2], pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+        assert [o.outputs.probs for o in out] == [pytest.approx(w, abs=1e-4) for w in want]
     finally:
         llm.shutdown()
 
