@@ -7,6 +7,10 @@ the ``openai`` client asks for and decodes with numpy). vLLM's extras: ``embed_d
 (float32, float16 or bfloat16: the values are rounded to it, and base64 carries its bytes),
 ``endianness`` of those bytes, ``use_activation`` (L2 normalisation), ``truncate_prompt_tokens``
 with ``truncation_side``, ``priority``, ``request_id`` and ``cache_salt``.
+
+``pool_all`` is what every pooling route does with its inputs (admission, one engine request
+each, the time limit); /pooling, /classify (serving_pooling.py), /score and /rerank
+(serving_score.py) build on this class for it.
 """
 from __future__ import annotations
 
