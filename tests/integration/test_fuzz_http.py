@@ -1,11 +1,12 @@
 """HTTP fuzzing of a real ``ringllm serve`` (the tiny dummy-weight model): random and adversarial
-bodies for every route, wrong methods, garbage bytes, huge ints, deep nesting.
+bodies for every route, wrong methods, garbage bytes, huge ints, deep nesting. The pooling and
+scoring routes are fuzzed on two pooling servers too (an embedding model and a cross-encoder).
 
 The invariant, for every request: the answer is a 200, or a 4xx in OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}`` (or a 503 overload with Retry-After: a
 waiting limit is configured); /health keeps answering 200; and the server's process set is the
 same at the end. Examples are derandomized (the same each run) and bounded in count, so the
-module takes about a minute.
+module takes a minute or two.
 """
 from __future__ import annotations
 
