@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 from engine.hf_config import config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
@@ -30,7 +31,6 @@ SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 # core: ~0.5 s a step). Here, not in the pacer, so that the config imports nothing of the core.
 PACED_STEP_TARGET_S = 0.5
 PACED_INITIAL_TOKENS = 128
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
