@@ -305,7 +305,7 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
         from engine.gguf_file import config_dict  # its metadata, as config.json's fields
 
         data = config_dict(path)
-        cfg = None if data is None else config_from_dict(data, path)
+        cfg = None if data is None else config_from_dict(data, path) or _transformers_config(data)
     else:
         cfg = read_hf_config(path)
     if cfg is None:
@@ -313,6 +313,14 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
     for key, value in (args.hf_overrides or {}).items():
         setattr(cfg, key, value)
     return cfg
+
+
+def _transformers_config(data: dict[str, Any]) -> Any:
+    """A GGUF's fields (engine/gguf_file.py) in transformers' config class for their model type,
+    which derives what the file leaves out (Gemma's layer types, rope parameters) as HF does."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(**data)
 
 
 def _auto_config(path: str, load_format: str, args: EngineArgs) -> Any:

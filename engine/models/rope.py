@@ -131,7 +131,8 @@ class RopeTables:
             angles = positions * torch.where(positions < old_len, short[None, :], long[None, :])
         else:
             angles = positions * rope_inv_freq(dim, params)[None, :]
-        angles = torch.nn.functional.pad(angles, (0, (head_dim - dim) // 2))  # the tail does not rotate
         magnitude = attention_factor(params, getattr(cfg, "max_position_embeddings", max_model_len))
-        self.cis = torch.complex(angles.cos() * magnitude, angles.sin() * magnitude).to(device)
+        cis = torch.complex(angles.cos() * magnitude, angles.sin() * magnitude)
+        tail = torch.ones(max_model_len, (head_dim - dim) // 2, dtype=cis.dtype)  # the dims that do not rotate
+        self.cis = torch.cat([cis, tail], dim=1).to(device)
         self.cos_sin = torch.view_as_real(self.cis)
