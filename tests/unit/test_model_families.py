@@ -217,25 +217,33 @@ def _as_read_back(hf, qtype_name: str):
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0"])
 @pytest.mark.parametrize("name", list(_GGUF_ARCH))
-def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path):
+def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypatch):
     """The family's weights written as a GGUF file (its metadata read from the file: windows,
     soft-caps, rope bases and scaling, longrope factors) load to the tokens of transformers run
-    on the values the file holds. Q8_0 runs on its blocks (the kernels quantize activations per
-    block of 32, as llama.cpp does): its logprobs within 0.05 and its greedy tokens those of the
-    float reference while they are not near-ties."""
+    on the values the file holds, and to its logprobs within 2e-4.
+
+    Q8_0 runs on its blocks, whose kernels quantize activations per block of 32 as llama.cpp
+    does: there the logprobs are held within 0.3 (measured when written: 0.19 at most, Phi-3's
+    random weights, whose norms scale by up to 1.5), as near-ties of random weights flip under
+    that rounding. The same file with the kernels off (its blocks dequantized once at load) is
+    then held to the exact tokens, which shows the gap is the activations' rounding alone."""
+    from engine.kernels import quant
+
     path = str(tmp_path / f"{name}.{qtype}.gguf")
     write_gguf(_hf_model(name), name, path, qtype)
     hf = _as_read_back(_hf_model(name), qtype)
+    want = hf_prompt_logprobs(hf, PROMPTS[0])
     runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     assert type(runner.model) is get_model_class(FAMILIES[name][1]["architectures"][0])
     if qtype == "Q8_0":
         assert {p.method.format for layer in runner.model.layers for p in layer.linears()} == {"Q8_0"}
-    req = make_request("p", PROMPTS[0], prompt_logprobs=0)
-    rows = step(runner, [req]).prompt_logprobs["p"].logprobs
-    assert [row[0] for row in rows] == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0]),
-                                                     abs=2e-4 if qtype != "Q8_0" else 0.05)
-    if qtype != "Q8_0":
-        reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-        generate(runner, reqs, 40, 4)
-        for r in reqs:
-            assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
+        rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
+        assert [row[0] for row in rows] == pytest.approx(want, abs=0.3)
+        monkeypatch.setattr(quant, "SUPPORTED_TYPES", ())
+        runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
+    rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
+    assert [row[0] for row in rows] == pytest.approx(want, abs=2e-4)
+    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
+    generate(runner, reqs, 40, 4)
+    for r in reqs:
+        assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
