@@ -84,12 +84,22 @@ def test_prompt_logprobs_match_transformers(family, chunk):
         assert got[r.request_id] == pytest.approx(want, abs=2e-4)
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["c-kernels", "torch-ops"])
 @pytest.mark.parametrize("chunk", [None, 4])
-def test_greedy_batch_matches_transformers(family, chunk):
+def test_greedy_batch_matches_transformers(family, chunk, kernels, monkeypatch):
     """Decodes and prefill chunks share steps; the 40 tokens of the longest request cross the
-    5-token windows (and Phi-3's 32-position switch to the long rope factors)."""
+    5-token windows (and Phi-3's 32-position switch to the long rope factors). Both CPU forwards:
+    the C kernels (norms, rope, the paged decode kernel with its window) and torch's ops (SDPA
+    over gathered blocks and window masks)."""
+    from engine.kernels import paged_attention
+    from engine.models import cpu_forward
+
+    if not kernels:
+        monkeypatch.setattr(cpu_forward.CKernelForward, "supports", staticmethod(lambda *a: False))
+        monkeypatch.setattr(paged_attention, "supports", lambda *a: False)
     name, path, hf = family
     runner = make_runner(path, block_size=4)
+    assert runner.model.backend == ("cpu-kernels" if kernels else "torch")
     reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
     generate(runner, reqs, 40, chunk)
     for r in reqs:
