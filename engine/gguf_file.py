@@ -113,7 +113,8 @@ _FIELDS = {"context_length": "max_position_embeddings", "block_count": "num_hidd
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
           "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
           "phi3": "Phi3ForCausalLM"}
-_MODEL_TYPES = {"gemma3": "gemma3_text"}  # the text model's config class in transformers
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_F32 = 0  # GGML's type id  # the text model's config class in transformers
 # llama.cpp's Gemma rule for query_pre_attn_scalar, which its files do not store: head_dim, except
 # the 27B models (46 layers for Gemma 2, 62 for Gemma 3), whose scalar is hidden / heads.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -146,9 +147,11 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
 def _gemma_fields(arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:
     big = cfg.get("num_hidden_layers") == _GEMMA_27B_LAYERS[arch]
     cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
-    if f"{arch}.rope.scaling.type" in meta and meta[f"{arch}.rope.scaling.type"] != "none":
-        cfg["rope_scaling"] = {"rope_type": meta[f"{arch}.rope.scaling.type"],
-                               "factor": meta[f"{arch}.rope.scaling.factor"]}
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        if f"{arch}.rope.scaling.factor" not in meta:
+            raise ValueError(f"model: {arch}.rope.scaling.type is {kind!r} but {arch}.rope.scaling.factor is missing")
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": meta[f"{arch}.rope.scaling.factor"]}
 
 
 def _phi3_fields(path: str, meta: dict[str, Any], cfg: dict[str, Any], names: set[str]) -> None:
@@ -164,8 +167,10 @@ def _phi3_fields(path: str, meta: dict[str, Any], cfg: dict[str, Any], names: se
     if {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
         import numpy as np
 
-        factors = {t.name: t.data.view(np.float32).tolist() for t in read_tensor_index(path)[1]
-                   if t.name.startswith("rope_factors_")}
+        factors = {t.name: t for t in read_tensor_index(path)[1] if t.name.startswith("rope_factors_")}
+        if any(t.qtype != _F32 for t in factors.values()):
+            raise ValueError(f"model: {path}: rope_factors_long/short must be F32 tensors")
+        factors = {name: t.data.view(np.float32).tolist() for name, t in factors.items()}
         cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
                                "short_factor": factors["rope_factors_short.weight"]}
         if "phi3.rope.scaling.attn_factor" in meta:

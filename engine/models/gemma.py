@@ -31,6 +31,15 @@ _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 _NORMS = ("norm", "input_norm", "attn_out_norm", "post_norm", "mlp_out_norm", "q_norm", "k_norm")
 
 
+def _positive(cfg: Any, field: str, required: bool = False) -> Optional[float]:
+    """A scale or soft-cap the config sets: a positive number (None: the field is off)."""
+    value = getattr(cfg, field, None)
+    if (value is not None or required) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                            or not value > 0):
+        raise ValueError(f"model config: {field} must be a positive number, got {value!r}")
+    return value
+
+
 class Gemma2ForCausalLM(LlamaForCausalLM):
     LAYER_NAMES = {**LAYER_NAMES, "post_attention_layernorm.weight": "attn_out_norm",
                    "pre_feedforward_layernorm.weight": "post_norm",
@@ -42,10 +51,11 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         if act not in _ACTIVATIONS:
             raise ValueError(f"hidden_activation {act!r} is not supported for {cfg.model_type}; "
                              f"supported: {', '.join(_ACTIVATIONS)}")
-        return replace(Dims.from_config(cfg), scale=float(cfg.query_pre_attn_scalar) ** -0.5,
+        scalar = _positive(cfg, "query_pre_attn_scalar", required=True)
+        return replace(Dims.from_config(cfg), scale=float(scalar) ** -0.5,
                        act=_ACTIVATIONS[act], sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5,
-                       attn_softcap=getattr(cfg, "attn_logit_softcapping", None),
-                       final_softcap=getattr(cfg, "final_logit_softcapping", None),
+                       attn_softcap=_positive(cfg, "attn_logit_softcapping"),
+                       final_softcap=_positive(cfg, "final_logit_softcapping"),
                        qk_norm=cls is Gemma3ForCausalLM)
 
     def _put(self, target: str, layer: Optional[int], value: Weight) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
 
 from engine.config import EngineArgs
 from engine.models import get_model_class
@@ -45,6 +45,10 @@ FAMILIES = {
                                    tie_word_embeddings=True, rope_parameters=dict(
                                        _LONGROPE, partial_rotary_factor=0.75, short_factor=_LONGROPE["short_factor"][:6],
                                        long_factor=_LONGROPE["long_factor"][:6]))),
+    # YaRN on a family that ships it (Qwen's long-context configs): interpolated low frequencies,
+    # cos and sin scaled by its attention factor
+    "qwen3-yarn": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32))),
 }
 
 
@@ -127,6 +131,25 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     with pytest.raises(ValueError, match=r"Gemma3ForConditionalGeneration.*supported: LlamaForCausalLM.*"
                                          r"Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"):
         EngineArgs(model=path, load_format="dummy").create_engine_config()
+
+
+def test_dynamic_rope_is_refused_naming_the_supported_types(tmp_path):
+    """Dynamic NTK re-rotates every cached key as a sequence grows, which a paged cache cannot do."""
+    from engine.models.default_model import write_tiny_model
+
+    path = write_tiny_model(str(tmp_path), rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported; supported: default, linear, llama3, "
+                                         "yarn, longrope"):
+        make_runner(path, load_format="dummy")
+
+
+@pytest.mark.parametrize("field, value", [("query_pre_attn_scalar", 0), ("attn_logit_softcapping", -1.0),
+                                          ("final_logit_softcapping", 0.0)])
+def test_gemma_config_values_that_cannot_run_are_refused_naming_the_field(field, value, tmp_path):
+    cls, extra = FAMILIES["gemma2"]
+    cls(**{**TINY, **extra, field: value}).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match=f"{field} must be a positive number, got {value}"):
+        make_runner(str(tmp_path), load_format="dummy")
 
 
 # ---------------------------------------------------------------- the same weights as GGUF files
