@@ -304,17 +304,29 @@ def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         dst[:, :, s:e] = o
 
 
+CAPPED_SCORES_MAX = 1 << 22  # score elements one slice of capped attention materialises (16 MiB in float32)
+
+
 def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
                       softcap: float) -> torch.Tensor:
     """Attention with soft-capped scores, as HF's eager Gemma 2: q ``[B, H, n, d]``, k/v
     ``[B, Hkv, keys, d]`` (H a multiple of Hkv), mask broadcastable to ``[B, H, n, keys]``
-    (True = attend); softmax in float32."""
+    (True = attend); softmax in float32. The scores are materialised, so the query rows go in
+    slices of at most ``CAPPED_SCORES_MAX`` scores: a long chunk over a long context would
+    otherwise hold a ``[H, n, keys]`` matrix (GBs at a few thousand tokens each)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * scale / softcap) * softcap
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")).float(), dim=-1).to(q.dtype)
-    return torch.matmul(probs, v)
+    n, keys = q.shape[2], k.shape[2]
+    rows = max(1, CAPPED_SCORES_MAX // (q.shape[0] * q.shape[1] * keys))
+    mask = mask.expand(q.shape[0], q.shape[1], n, keys) if mask.dim() == 4 else mask.expand(n, keys)
+    out = []
+    for s in range(0, n, rows):
+        part = mask[..., s:s + rows, :]
+        scores = torch.tanh(torch.matmul(q[:, :, s:s + rows], k.transpose(-1, -2)) * scale / softcap) * softcap
+        probs = torch.softmax(scores.masked_fill(~part, float("-inf")).float(), dim=-1).to(q.dtype)
+        out.append(torch.matmul(probs, v))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
 def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
