@@ -32,10 +32,10 @@ The Triton forward (engine/models/triton_forward.py) needs none of the above but
 ``cu_seqlens`` and ``context_lens`` saying where each sequence's queries sit
 (``triton_metadata`` builds them).
 
-Soft-capped scores (Gemma 2: ``cap * tanh(s / cap)`` before the mask) are something neither SDPA
-nor the C decode kernel computes: with a cap, prefill chunks and decodes attend in plain torch
-ops (``_capped_attention``, HF's eager order) over the same keys and masks, and the builder
-leaves the C kernel out (decodes then get the gathered blocks and masks).
+Soft-capped scores (Gemma 2: ``cap * tanh(s / cap)`` before the mask) are something SDPA does not
+compute: with a cap, prefill chunks (and decodes where the C kernel does not run; it caps them
+itself) attend in plain torch ops (``_capped_attention``, HF's eager order) over the same keys
+and masks.
 
 Each forward names its builder (``TorchAttentionBuilder``, ``TritonAttentionBuilder``): the
 model runner asks the model's builder for a step's rows and metadata and never asks which
@@ -126,9 +126,9 @@ class TorchAttentionBuilder:
     gathered blocks and masks), then one ``PrefillChunk`` per prefill."""
 
     def __init__(self, device: torch.device, act_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
-                 window: Optional[int], block_size: int, softcap: Optional[float] = None) -> None:
+                 window: Optional[int], block_size: int) -> None:
         self.device, self.window, self.block_size = device, window, block_size
-        self.decode_kernel = softcap is None and paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
+        self.decode_kernel = paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
 
     def build(self, reqs: list, counts: list[int]) -> StepRows:
         bs = self.block_size
@@ -335,7 +335,7 @@ def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, nu
     d = qkv.shape[0]
     if md.decode_seq_lens is not None:
         return decode_attention(qkv, kv_cache, md.decode_blocks.view(d, -1), md.decode_seq_lens, num_heads,
-                                num_kv_heads, head_dim, scale, md.window if sliding else None)
+                                num_kv_heads, head_dim, scale, md.window if sliding else None, softcap=softcap)
     group = num_heads // num_kv_heads
     kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
     q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)

@@ -138,7 +138,7 @@ class LlamaForCausalLM:
     def attention_builder(self, block_size: int):
         """This forward's attention-metadata builder (engine/models/attention.py)."""
         return self.forward_impl.attention_builder(self.device, self.act_dtype, self.dtype, self.dims.head_dim,
-                                                   self.dims.sliding_window, block_size, self.dims.attn_softcap)
+                                                   self.dims.sliding_window, block_size)
 
     @property
     def uses_cuda_graphs(self) -> bool:
