@@ -43,12 +43,14 @@ FAMILIES = {
                               rope_parameters=dict(_LONGROPE))),
     "phi4-mini": (Phi3Config, dict(architectures=["Phi3ForCausalLM"], original_max_position_embeddings=32,
                                    tie_word_embeddings=True, rope_parameters=dict(
-                                       _LONGROPE, partial_rotary_factor=0.75, short_factor=_LONGROPE["short_factor"][:6],
+                                       _LONGROPE, partial_rotary_factor=0.75,
+                                       short_factor=_LONGROPE["short_factor"][:6],
                                        long_factor=_LONGROPE["long_factor"][:6]))),
     # YaRN on a family that ships it (Qwen's long-context configs): interpolated low frequencies,
     # cos and sin scaled by its attention factor
-    "qwen3-yarn": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], max_position_embeddings=128, rope_parameters=dict(
-        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32))),
+    "qwen3-yarn": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], max_position_embeddings=128,
+                                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                          original_max_position_embeddings=32))),
 }
 
 
