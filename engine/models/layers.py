@@ -74,7 +74,7 @@ class Dims:
                                         for i in range(num_layers)),
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
                    qk_norm=cfg.model_type == "qwen3", tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-                   rotary_dim=rotary_dim(head_dim, rope_parameters(cfg)))  # Gemma 3's per-type ones: full
+                   rotary_dim=rotary_dim(head_dim, rope_parameters(cfg)))  # Gemma 3's per-type dicts: whole heads
 
 
 def _sliding_window(cfg: Any) -> Optional[int]:

@@ -76,7 +76,10 @@ class LlamaForCausalLM:
                                          and dims.llama_only)
         if triton and not dims.llama_only:
             raise ValueError("the Triton forward runs Llama's layer only; this model needs the torch forward")
-        compiled = compiled and dims.llama_only  # the compiled blocks are Llama's too
+        if compiled and not dims.llama_only:  # the compiled blocks are Llama's layer too
+            logger.info("compilation: %s runs eager (its layers go beyond Llama's compiled blocks)",
+                        type(self).__name__)
+            compiled = False
         self.dtype, self.device, self.quantization = dtype, device, quantization
         if triton:
             self.act_dtype = dtype
