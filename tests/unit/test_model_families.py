@@ -281,18 +281,19 @@ def _as_read_back(hf, qtype_name: str):
     return hf
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
 @pytest.mark.parametrize("name", list(_GGUF_ARCH))
 def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypatch):
     """The family's weights written as a GGUF file (its metadata read from the file: windows,
     soft-caps, rope bases and scaling, longrope factors) load to the tokens of transformers run
     on the values the file holds, and to its logprobs within 2e-4.
 
-    Q8_0 runs on its blocks, whose kernels quantize activations per block of 32 as llama.cpp
-    does: there the logprobs are held within 0.3 (measured when written: 0.19 at most, Phi-3's
-    random weights, whose norms scale by up to 1.5), as near-ties of random weights flip under
-    that rounding. The same file with the kernels off (its blocks dequantized once at load) is
-    then held to the exact tokens, which shows the gap is the activations' rounding alone."""
+    The quantized types run on their blocks (Q5_0 as Q8_0 blocks of its values), whose kernels
+    quantize activations per block of 32 as llama.cpp does: there the logprobs are held within
+    0.3 (measured when written: 0.19 at most, Phi-3's random weights, whose norms scale by up to
+    1.5), as near-ties of random weights flip under that rounding. The same file with the kernels
+    off (its blocks dequantized once at load) is then held to the exact tokens, which shows the
+    gap is the activations' rounding alone. (The K-quants need rows of 256: not at hidden 64.)"""
     from engine.kernels import quant
 
     path = str(tmp_path / f"{name}.{qtype}.gguf")
@@ -301,8 +302,9 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
     want = hf_prompt_logprobs(hf, PROMPTS[0])
     runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     assert type(runner.model) is get_model_class(FAMILIES[name][1]["architectures"][0])
-    if qtype == "Q8_0":
-        assert {p.method.format for layer in runner.model.layers for p in layer.linears()} == {"Q8_0"}
+    if qtype not in ("F32", "F16"):
+        runs_as = "Q8_0" if qtype == "Q5_0" else qtype
+        assert {p.method.format for layer in runner.model.layers for p in layer.linears()} == {runs_as}
         rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
         assert [row[0] for row in rows] == pytest.approx(want, abs=0.3)
         monkeypatch.setattr(quant, "SUPPORTED_TYPES", ())
