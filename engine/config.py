@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
-from engine.hf_config import config_from_dict, read_hf_config
+from engine.hf_config import check_config_values, config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
@@ -305,7 +305,7 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
         from engine.gguf_file import config_dict  # its metadata, as config.json's fields
 
         data = config_dict(path)
-        cfg = None if data is None else config_from_dict(data, path) or _transformers_config(data)
+        cfg = None if data is None else config_from_dict(data, path) or _transformers_config(data, path)
     else:
         cfg = read_hf_config(path)
     if cfg is None:
@@ -315,11 +315,12 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
     return cfg
 
 
-def _transformers_config(data: dict[str, Any]) -> Any:
+def _transformers_config(data: dict[str, Any], path: str) -> Any:
     """A GGUF's fields (engine/gguf_file.py) in transformers' config class for their model type,
     which derives what the file leaves out (Gemma's layer types, rope parameters) as HF does."""
     from transformers import AutoConfig
 
+    check_config_values(data, path)
     return AutoConfig.for_model(**data)
 
 

@@ -129,8 +129,11 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
         return None
     cfg: dict[str, Any] = {"model_type": _MODEL_TYPES.get(arch, arch), "architectures": [_ARCHS[arch]]}
     for key, field in _FIELDS.items():
-        if f"{arch}.{key}" in meta and not isinstance(meta[f"{arch}.{key}"], ArrayLength):
-            cfg[field] = meta[f"{arch}.{key}"]
+        value = meta.get(f"{arch}.{key}")
+        if isinstance(value, (str, bool)):  # every field here is a number
+            raise ValueError(f"model: {path}: {arch}.{key} must be a number, got {value!r}")
+        if value is not None and not isinstance(value, ArrayLength):
+            cfg[field] = value
     if "vocab_size" not in cfg and isinstance(meta.get("tokenizer.ggml.tokens"), ArrayLength):
         cfg["vocab_size"] = int(meta["tokenizer.ggml.tokens"])
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):

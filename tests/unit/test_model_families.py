@@ -315,3 +315,30 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
     generate(runner, reqs, 40, 4)
     for r in reqs:
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("attn_logit_softcapping", "fifty", "gemma2.attn_logit_softcapping must be a number, got 'fifty'"),
+    ("block_count", 0, "num_hidden_layers must be a positive integer, got 0")])
+def test_gguf_metadata_that_cannot_build_the_model_is_refused_naming_the_key(key, value, message, tmp_path):
+    """A file's metadata is input: a value of the wrong type or size is a ValueError naming it,
+    before any model is built."""
+    name, path = "gemma2", str(tmp_path / "bad.gguf")
+    write_gguf(_hf_model(name), name, path, "F32")
+    import gguf
+
+    reader_meta = {f.name: f for f in gguf.GGUFReader(path).fields.values()}
+    w = gguf.GGUFWriter(str(tmp_path / "worse.gguf"), "gemma2")
+    for field_name, field in reader_meta.items():
+        if field_name.startswith(("GGUF.", "general.architecture")) or field_name == f"gemma2.{key}":
+            continue
+        w.add_key_value(field_name, field.contents(), field.types[0])
+    w.add_key_value(f"gemma2.{key}", value,
+                    gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
+    w.add_tensor("token_embd.weight", np.zeros((512, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=str(tmp_path / "worse.gguf"), tokenizer=default_tokenizer_path()).create_engine_config()
