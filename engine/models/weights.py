@@ -24,10 +24,9 @@ Weight = torch.Tensor | GGUFBlocks
 
 # HF name (after "model.") -> (our name, per layer)
 _SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head"}
-_LAYER_SIMPLE = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
-                 "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
-                 "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
-LAYER_NAMES = _LAYER_SIMPLE
+LAYER_NAMES = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
+               "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
+               "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}  # a family may pass its own
 # HF projection -> our fused projection; parts are concatenated in this order.
 _FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
           "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}
@@ -85,7 +84,7 @@ class WeightRouter:
                 target = self.layer_names[rest]
                 if target in ("q_norm", "k_norm"):  # indexes head_dim, as the permuted q/k rows do
                     tensor = pair_rows(tensor, 1, self.dims.head_dim, self.dims.rotary_dim)
-                elif target == "qkv":
+                elif target == "qkv" and tuple(tensor.shape) == self._shape("qkv"):  # else _put names the shape
                     tensor = _pair_fused_qkv(tensor, self.dims)
                 return self._put(target, int(idx), tensor)
             base, kind = rest.rsplit(".", 1)

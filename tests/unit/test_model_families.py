@@ -342,3 +342,17 @@ def test_gguf_metadata_that_cannot_build_the_model_is_refused_naming_the_key(key
     w.close()
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(tmp_path / "worse.gguf"), tokenizer=default_tokenizer_path()).create_engine_config()
+
+
+def test_a_fused_projection_of_the_wrong_shape_is_refused_naming_it(tmp_path):
+    """Phi-3's fused qkv_proj is reordered only once its shape is the config's: a checkpoint whose
+    tensor has other rows is the loader's one-line error naming the tensor, not an IndexError."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _hf_model("phi3")
+    hf.save_pretrained(str(tmp_path))
+    weights = load_file(f"{tmp_path}/model.safetensors")
+    weights["model.layers.1.self_attn.qkv_proj.weight"] = weights["model.layers.1.self_attn.qkv_proj.weight"][:40]
+    save_file(weights, f"{tmp_path}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"tensor 'model.layers.1.self_attn.qkv_proj.weight' has shape \[40, 64\]"):
+        make_runner(str(tmp_path))
