@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
-from engine.hf_config import config_from_dict, read_hf_config
+from engine.hf_config import check_config_values, config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
 from engine.pooler_config import PoolerConfig, resolve_runner
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
@@ -30,7 +31,6 @@ SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 # core: ~0.5 s a step). Here, not in the pacer, so that the config imports nothing of the core.
 PACED_STEP_TARGET_S = 0.5
 PACED_INITIAL_TOKENS = 128
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -309,7 +309,7 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
         from engine.gguf_file import config_dict  # its metadata, as config.json's fields
 
         data = config_dict(path)
-        cfg = None if data is None else config_from_dict(data, path)
+        cfg = None if data is None else config_from_dict(data, path) or _transformers_config(data, path)
     else:
         cfg = read_hf_config(path)
     if cfg is None:
@@ -317,6 +317,15 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
     for key, value in (args.hf_overrides or {}).items():
         setattr(cfg, key, value)
     return cfg
+
+
+def _transformers_config(data: dict[str, Any], path: str) -> Any:
+    """A GGUF's fields (engine/gguf_file.py) in transformers' config class for their model type,
+    which derives what the file leaves out (Gemma's layer types, rope parameters) as HF does."""
+    from transformers import AutoConfig
+
+    check_config_values(data, path)
+    return AutoConfig.for_model(**data)
 
 
 def _auto_config(path: str, load_format: str, args: EngineArgs) -> Any:

@@ -104,9 +104,20 @@ _FIELDS = {"context_length": "max_position_embeddings", "block_count": "num_hidd
            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
            "rope.dimension_count": "head_dim", "attention.key_length": "head_dim", "vocab_size": "vocab_size",
-           "attention.sliding_window": "sliding_window"}
+           "attention.sliding_window": "sliding_window",
+           # Gemma 2/3 (the pattern and local base where the file has them; else the families' defaults,
+           # which are llama.cpp's own: every 2nd / 6th layer global, local base 10000)
+           "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
+           "attention.sliding_window_pattern": "sliding_window_pattern", "rope.freq_base_swa": "rope_local_base_freq",
+           "rope.scaling.original_context_length": "original_max_position_embeddings"}
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-          "mistral": "MistralForCausalLM"}
+          "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+          "phi3": "Phi3ForCausalLM"}
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_F32 = 0  # GGML's type id  # the text model's config class in transformers
+# llama.cpp's Gemma rule for query_pre_attn_scalar, which its files do not store: head_dim, except
+# the 27B models (46 layers for Gemma 2, 62 for Gemma 3), whose scalar is hidden / heads.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def config_dict(path: str) -> Optional[dict[str, Any]]:
@@ -116,14 +127,56 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
     arch = meta.get("general.architecture")
     if arch not in _ARCHS:
         return None
-    cfg: dict[str, Any] = {"model_type": arch, "architectures": [_ARCHS[arch]]}
+    cfg: dict[str, Any] = {"model_type": _MODEL_TYPES.get(arch, arch), "architectures": [_ARCHS[arch]]}
     for key, field in _FIELDS.items():
-        if f"{arch}.{key}" in meta:
-            cfg[field] = meta[f"{arch}.{key}"]
+        value = meta.get(f"{arch}.{key}")
+        if isinstance(value, (str, bool)):  # every field here is a number
+            raise ValueError(f"model: {path}: {arch}.{key} must be a number, got {value!r}")
+        if value is not None and not isinstance(value, ArrayLength):
+            cfg[field] = value
     if "vocab_size" not in cfg and isinstance(meta.get("tokenizer.ggml.tokens"), ArrayLength):
         cfg["vocab_size"] = int(meta["tokenizer.ggml.tokens"])
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in meta:
             cfg[key.replace("padding", "pad")] = meta[f"tokenizer.ggml.{key}"]
     cfg["tie_word_embeddings"] = not any(t.name == "output.weight" for t in tensors)
+    if arch in _GEMMA_27B_LAYERS:
+        _gemma_fields(arch, meta, cfg)
+    elif arch == "phi3":
+        _phi3_fields(path, meta, cfg, {t.name for t in tensors})
     return cfg
+
+
+def _gemma_fields(arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:
+    big = cfg.get("num_hidden_layers") == _GEMMA_27B_LAYERS[arch]
+    cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        if f"{arch}.rope.scaling.factor" not in meta:
+            raise ValueError(f"model: {arch}.rope.scaling.type is {kind!r} but {arch}.rope.scaling.factor is missing")
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": meta[f"{arch}.rope.scaling.factor"]}
+
+
+def _phi3_fields(path: str, meta: dict[str, Any], cfg: dict[str, Any], names: set[str]) -> None:
+    """Phi-3's rope dims are the rotary ones (Phi-4-mini rotates 3/4 of each head), a window of
+    0 means none (llama.cpp's mark for Phi-4), and longrope's factors are two small tensors."""
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    rotary = cfg.pop("head_dim", head_dim)
+    cfg["head_dim"] = head_dim
+    if rotary != head_dim:
+        cfg["partial_rotary_factor"] = rotary / head_dim
+    if not cfg.get("sliding_window"):
+        cfg["sliding_window"] = None
+    if {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
+        import numpy as np
+
+        factors = {t.name: t for t in read_tensor_index(path)[1] if t.name.startswith("rope_factors_")}
+        if any(t.qtype != _F32 for t in factors.values()):
+            raise ValueError(f"model: {path}: rope_factors_long/short must be F32 tensors")
+        factors = {name: t.data.view(np.float32).tolist() for name, t in factors.items()}
+        cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+                               "short_factor": factors["rope_factors_short.weight"]}
+        if "phi3.rope.scaling.attn_factor" in meta:
+            cfg["rope_scaling"]["attention_factor"] = meta["phi3.rope.scaling.attn_factor"]
+        if cfg.get("partial_rotary_factor"):
+            cfg["rope_scaling"]["partial_rotary_factor"] = cfg["partial_rotary_factor"]

@@ -32,6 +32,11 @@ The Triton forward (engine/models/triton_forward.py) needs none of the above but
 ``cu_seqlens`` and ``context_lens`` saying where each sequence's queries sit
 (``triton_metadata`` builds them).
 
+Soft-capped scores (Gemma 2: ``cap * tanh(s / cap)`` before the mask) are something SDPA does not
+compute: with a cap, prefill chunks (and decodes where the C kernel does not run; it caps them
+itself) attend in plain torch ops (``_capped_attention``, HF's eager order) over the same keys
+and masks.
+
 Each forward names its builder (``TorchAttentionBuilder``, ``TritonAttentionBuilder``): the
 model runner asks the model's builder for a step's rows and metadata and never asks which
 backend runs.
@@ -231,7 +236,8 @@ def build_prefill_masks(context_len: int, num_tokens: int, window: Optional[int]
 
 
 def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
+                    softcap: Optional[float] = None) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend; returns ``[T, num_heads * head_dim]``."""
     num_tokens = qkv.shape[0]
     q_size = num_heads * head_dim
@@ -241,11 +247,11 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
 
     num_decodes = md.num_decodes
     if num_decodes == num_tokens and not md.prefills:
-        return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding)
+        return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding, softcap)
     out = qkv.new_empty(num_tokens, q_size)
     if num_decodes:
         out[:num_decodes] = _decode(qkv[:num_decodes], kv_cache, md, num_heads, num_kv_heads, head_dim,
-                                    scale, sliding)
+                                    scale, sliding, softcap)
     for chunk in md.prefills:
         rows = qkv[chunk.start:chunk.start + chunk.num_tokens]
         n = chunk.num_tokens
@@ -260,7 +266,11 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
             k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
         dst = out[chunk.start:chunk.start + n].view(n, num_heads, head_dim).transpose(0, 1)[None]
-        if mask is None and n > 2 * causal_slice_rows(n):
+        if softcap is not None:
+            if mask is None:
+                mask = torch.ones(n, n, dtype=torch.bool, device=qkv.device).tril_()
+            dst.copy_(_capped_attention(q, k, v, mask, scale, softcap))
+        elif mask is None and n > 2 * causal_slice_rows(n):
             _causal_in_slices(q, k, v, scale, dst)
         else:
             dst.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
@@ -294,16 +304,45 @@ def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         dst[:, :, s:e] = o
 
 
+CAPPED_SCORES_MAX = 1 << 22  # score elements one slice of capped attention materialises (16 MiB in float32)
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                      softcap: float) -> torch.Tensor:
+    """Attention with soft-capped scores, as HF's eager Gemma 2: q ``[B, H, n, d]``, k/v
+    ``[B, Hkv, keys, d]`` (H a multiple of Hkv), mask broadcastable to ``[B, H, n, keys]``
+    (True = attend); softmax in float32. The scores are materialised, so the query rows go in
+    slices of at most ``CAPPED_SCORES_MAX`` scores: a long chunk over a long context would
+    otherwise hold a ``[H, n, keys]`` matrix (GBs at a few thousand tokens each)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    n, keys = q.shape[2], k.shape[2]
+    rows = max(1, CAPPED_SCORES_MAX // (q.shape[0] * q.shape[1] * keys))
+    mask = mask.expand(q.shape[0], q.shape[1], n, keys) if mask.dim() == 4 else mask.expand(n, keys)
+    out = []
+    for s in range(0, n, rows):
+        part = mask[..., s:s + rows, :]
+        scores = torch.tanh(torch.matmul(q[:, :, s:s + rows], k.transpose(-1, -2)) * scale / softcap) * softcap
+        probs = torch.softmax(scores.masked_fill(~part, float("-inf")).float(), dim=-1).to(q.dtype)
+        out.append(torch.matmul(probs, v))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
 def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-            num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+            num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
+            softcap: Optional[float] = None) -> torch.Tensor:
     d = qkv.shape[0]
     if md.decode_seq_lens is not None:
         return decode_attention(qkv, kv_cache, md.decode_blocks.view(d, -1), md.decode_seq_lens, num_heads,
-                                num_kv_heads, head_dim, scale, md.window if sliding else None)
+                                num_kv_heads, head_dim, scale, md.window if sliding else None, softcap=softcap)
     group = num_heads // num_kv_heads
     kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
     q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
     mask = md.decode_window_mask if sliding and md.decode_window_mask is not None else md.decode_mask
+    if softcap is not None:
+        o = _capped_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), mask, scale, softcap)
+        return o.reshape(d, num_heads * head_dim)
     o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
                                        attn_mask=mask, scale=scale)
     return o.view(d, num_heads * head_dim)

@@ -35,7 +35,7 @@ from engine.models.half_logits import refine_near_max
 from engine.models.layers import DecoderLayer, Dims, Embedding
 from engine.models.linear import GGUFBlocks, Linear, Placement
 from engine.models.rope import RopeTables, rope_inv_freq, rope_parameters  # noqa: F401 (re-exported)
-from engine.models.weights import Weight, WeightRouter
+from engine.models.weights import LAYER_NAMES, Weight, WeightRouter
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def matmul_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 class LlamaForCausalLM:
+    """The Llama family, and the base other families (gemma.py, phi3.py) change in what differs:
+    ``dims_from_config`` (norms, soft-caps, scales), ``rope_tables``, ``LAYER_NAMES`` (the
+    checkpoint's per-layer names) and ``_put`` (a weight's values as the forwards take them)."""
+
+    LAYER_NAMES = LAYER_NAMES
+
     def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
                  backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False) -> None:
         """``backend``: "auto" runs the Triton forward on a CUDA device where triton imports and
@@ -65,8 +71,15 @@ class LlamaForCausalLM:
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={quantization!r} is not supported; supported: None, "
                              f"{', '.join(QUANTIZATIONS)}")
-        self.dims = dims = Dims.from_config(cfg)
-        triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available())
+        self.dims = dims = self.dims_from_config(cfg)
+        triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available()
+                                         and dims.llama_only)
+        if triton and not dims.llama_only:
+            raise ValueError("the Triton forward runs Llama's layer only; this model needs the torch forward")
+        if compiled and not dims.llama_only:  # the compiled blocks are Llama's layer too
+            logger.info("compilation: %s runs eager (its layers go beyond Llama's compiled blocks)",
+                        type(self).__name__)
+            compiled = False
         self.dtype, self.device, self.quantization = dtype, device, quantization
         if triton:
             self.act_dtype = dtype
@@ -86,14 +99,24 @@ class LlamaForCausalLM:
             self.forward_impl = TorchForward(dims)
         dense_only = triton or compiled
         self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization)
-        self.layers = [DecoderLayer(s) for s in dims.sliding_layers]
+        self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
+        self.layers = [DecoderLayer(s, r) for s, r in zip(dims.sliding_layers, rope_of_layer)]
         self.embed: Optional[Embedding] = None
         self.lm_head: Optional[Linear] = None
         self.norm: Optional[torch.Tensor] = None
-        self.rope = RopeTables(cfg, dims.head_dim, max_model_len, device)
         self._embed_source: Optional[Weight] = None
         self._biases: dict[int, torch.Tensor] = {}  # q/k/v biases read before their weights
         self.format_bytes = 0  # the checkpoint's weights in the chosen format (see weights_report)
+
+    @classmethod
+    def dims_from_config(cls, cfg: Any) -> Dims:
+        return Dims.from_config(cfg)
+
+    @classmethod
+    def rope_tables(cls, cfg: Any, dims: Dims, max_model_len: int,
+                    device: torch.device) -> tuple[list[RopeTables], list[int]]:
+        """The model's rope tables and which one each layer uses (one for all, here)."""
+        return [RopeTables(cfg, dims.head_dim, max_model_len, device)], [0] * dims.num_layers
 
     # the dimensions the runner and the KV connector read
     @property
@@ -143,17 +166,17 @@ class LlamaForCausalLM:
         rounds its output; the logits that could be a row's maximum are recomputed unrounded."""
         x = self.forward_impl.final_norm(self, hidden)
         logits = self.lm_head(x)
-        if logits.dtype == torch.float32:
-            return logits
-        logits = logits.float()
-        refine_near_max(logits, x, self.lm_head.method.rows)
-        return logits
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+            refine_near_max(logits, x, self.lm_head.method.rows)
+        cap = self.dims.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2's soft-cap
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """HF-named tensors (or GGUF blocks) in; every part must be set (weights.py)."""
-        router = WeightRouter(self.dims, self._put)
+        router = WeightRouter(self.dims, self._put, self.LAYER_NAMES)
         for name, tensor in weights:
             self.format_bytes += self._format_bytes(name, tensor)
             router.add(name, tensor)
@@ -174,13 +197,14 @@ class LlamaForCausalLM:
                   "self_attn.v_proj.weight": (d.kv_size, d.hidden), "self_attn.o_proj.weight": (d.hidden, d.q_size),
                   "mlp.gate_proj.weight": (d.intermediate, d.hidden), "mlp.up_proj.weight": (d.intermediate, d.hidden),
                   "mlp.down_proj.weight": (d.hidden, d.intermediate)}
+        norms = {"input_norm", "post_norm"} | ({"attn_out_norm", "mlp_out_norm"} if d.sandwich_norms else set())
+        norm_names = [n for n, target in self.LAYER_NAMES.items() if target in norms]
         tensors = [("embed_tokens.weight", rand(d.vocab_size, d.hidden)), ("norm.weight", torch.ones(d.hidden))]
         if not d.tied:
             tensors.append(("lm_head.weight", rand(d.vocab_size, d.hidden)))
         for i in range(d.num_layers):
             tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()]
-            tensors += [(f"layers.{i}.{n}.weight", torch.ones(d.hidden))
-                        for n in ("input_layernorm", "post_attention_layernorm")]
+            tensors += [(f"layers.{i}.{n}", torch.ones(d.hidden)) for n in norm_names]
             tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(d.head_dim))
                         for n in (("q_norm", "k_norm") if d.qk_norm else ())]
             tensors += [(f"layers.{i}.self_attn.{n}_proj.bias", torch.zeros(s))
@@ -224,11 +248,14 @@ class LlamaForCausalLM:
 
     def _finish_embedding(self) -> None:
         src, self._embed_source = self._embed_source, None
+        scale = self.dims.embed_scale
+        if scale is not None:  # HF scales by a tensor of the model's dtype (Gemma's sqrt(hidden), rounded)
+            scale = torch.tensor(scale, dtype=self.dtype).to(self.act_dtype)
         if self.dims.tied:
             self.lm_head = Linear(self.placement.choose(src, "head"))
-            self.embed = Embedding(self.lm_head.method, self.act_dtype)
+            self.embed = Embedding(self.lm_head.method, self.act_dtype, scale)
         else:
-            self.embed = Embedding(self.placement.choose(src, "embed"), self.act_dtype)
+            self.embed = Embedding(self.placement.choose(src, "embed"), self.act_dtype, scale)
 
     def resident_bytes(self) -> int:
         """Bytes of every weight the model holds (a tied head counted once)."""

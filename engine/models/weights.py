@@ -5,6 +5,10 @@ their HF names, fuses q/k/v and gate/up once all parts of a layer have arrived, 
 q/k rows (and Qwen3's q/k norm weights) into adjacent rotary pairs (engine/models/rope.py),
 and hands each finished part to ``put(kind, layer, name, value)``. Rows of GGUF blocks are
 reordered as whole rows, which is exact: each row's blocks are independent of the others.
+Checkpoints that ship q/k/v or gate/up already fused (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+are taken as they are, their q and k rows reordered in place. A family whose layer names mean
+other parts (Gemma's ``post_attention_layernorm`` is the attention output's norm) passes its
+own ``layer_names``.
 """
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ Weight = torch.Tensor | GGUFBlocks
 
 # HF name (after "model.") -> (our name, per layer)
 _SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head"}
-_LAYER_SIMPLE = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
-                 "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
-                 "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
+LAYER_NAMES = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
+               "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
+               "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}  # a family may pass its own
 # HF projection -> our fused projection; parts are concatenated in this order.
 _FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
           "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}
@@ -34,6 +38,7 @@ def expected_names(dims: Dims) -> set[str]:
     per_layer = ["input_norm", "post_norm", "qkv", "o_proj", "gate_up", "down"]
     per_layer += ["q_norm", "k_norm"] if dims.qk_norm else []
     per_layer += ["qkv_bias"] if dims.qkv_bias else []
+    per_layer += ["attn_out_norm", "mlp_out_norm"] if dims.sandwich_norms else []
     names = {f"layers.{i}.{n}" for i in range(dims.num_layers) for n in per_layer} | {"embed", "norm"}
     return names if dims.tied else names | {"lm_head"}
 
@@ -42,9 +47,16 @@ def _rows(w: Weight, index: torch.Tensor) -> Weight:
     return w.permute_rows(index) if isinstance(w, GGUFBlocks) else w[index]
 
 
-def pair_rows(w: Weight, num_heads: int, head_dim: int) -> Weight:
+def pair_rows(w: Weight, num_heads: int, head_dim: int, rotary: int = 0) -> Weight:
     """q or k rows (or a bias, or Qwen3's norm weight) in adjacent rotary pairs."""
-    return _rows(w, pair_rotary_rows(torch.arange(w.shape[0]), num_heads, head_dim))
+    return _rows(w, pair_rotary_rows(torch.arange(w.shape[0]), num_heads, head_dim, rotary))
+
+
+def _pair_fused_qkv(w: Weight, dims: Dims) -> Weight:
+    """A fused q/k/v matrix with its q and k rows in adjacent rotary pairs (v untouched)."""
+    q = pair_rotary_rows(torch.arange(dims.q_size), dims.num_heads, dims.head_dim, dims.rotary_dim)
+    k = pair_rotary_rows(torch.arange(dims.kv_size), dims.num_kv_heads, dims.head_dim, dims.rotary_dim)
+    return _rows(w, torch.cat([q, k + dims.q_size, torch.arange(dims.q_size + dims.kv_size, w.shape[0])]))
 
 
 def _cat(parts: list[Weight]) -> Weight:
@@ -54,8 +66,9 @@ def _cat(parts: list[Weight]) -> Weight:
 
 
 class WeightRouter:
-    def __init__(self, dims: Dims, put: Callable[[str, Optional[int], Weight], None]) -> None:
-        self.dims, self.put = dims, put
+    def __init__(self, dims: Dims, put: Callable[[str, Optional[int], Weight], None],
+                 layer_names: Optional[dict[str, str]] = None) -> None:
+        self.dims, self.put, self.layer_names = dims, put, layer_names or LAYER_NAMES
         self.pending: dict[str, Weight] = {}
         self.done: set[str] = set()
 
@@ -67,10 +80,12 @@ class WeightRouter:
             return self._put(_SIMPLE[name], None, tensor)
         if name.startswith("layers."):
             idx, rest = name[len("layers."):].split(".", 1)
-            if rest in _LAYER_SIMPLE:
-                target = _LAYER_SIMPLE[rest]
+            if rest in self.layer_names:
+                target = self.layer_names[rest]
                 if target in ("q_norm", "k_norm"):  # indexes head_dim, as the permuted q/k rows do
-                    tensor = pair_rows(tensor, 1, self.dims.head_dim)
+                    tensor = pair_rows(tensor, 1, self.dims.head_dim, self.dims.rotary_dim)
+                elif target == "qkv" and tuple(tensor.shape) == self._shape("qkv"):  # else _put names the shape
+                    tensor = _pair_fused_qkv(tensor, self.dims)
                 return self._put(target, int(idx), tensor)
             base, kind = rest.rsplit(".", 1)
             if base in _FUSED:
@@ -82,7 +97,8 @@ class WeightRouter:
         d = self.dims
         qkv = d.q_size + 2 * d.kv_size
         return {"embed": (d.vocab_size, d.hidden), "lm_head": (d.vocab_size, d.hidden), "norm": (d.hidden,),
-                "input_norm": (d.hidden,), "post_norm": (d.hidden,), "q_norm": (d.head_dim,),
+                "input_norm": (d.hidden,), "post_norm": (d.hidden,), "attn_out_norm": (d.hidden,),
+                "mlp_out_norm": (d.hidden,), "q_norm": (d.head_dim,),
                 "k_norm": (d.head_dim,), "qkv": (qkv, d.hidden), "qkv_bias": (qkv,), "o_proj": (d.hidden, d.q_size),
                 "gate_up": (2 * d.intermediate, d.hidden), "down": (d.hidden, d.intermediate)}[target]
 
@@ -99,8 +115,8 @@ class WeightRouter:
             return
         parts = [self.pending.pop(k) for k in keys]
         if fused == "qkv":
-            parts[0] = pair_rows(parts[0], self.dims.num_heads, self.dims.head_dim)
-            parts[1] = pair_rows(parts[1], self.dims.num_kv_heads, self.dims.head_dim)
+            parts[0] = pair_rows(parts[0], self.dims.num_heads, self.dims.head_dim, self.dims.rotary_dim)
+            parts[1] = pair_rows(parts[1], self.dims.num_kv_heads, self.dims.head_dim, self.dims.rotary_dim)
         target = fused if kind == "weight" else f"{fused}_bias"
         if target == "qkv_bias" and not self.dims.qkv_bias or target == "gate_up_bias":
             raise ValueError(f"checkpoint has {keys[0]} but the config says the model has no such parameter")

@@ -36,15 +36,21 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GEMMA_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_ARCH_LAYER_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,  # Phi-3: fused q/k/v and gate/up
+                     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+_NORMS_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None: not a weight
-    the model takes (``rope_freqs``: the model computes its own table)."""
+    the model takes (``rope_freqs``, Phi-3's ``rope_factors_*``: the config has them)."""
     base, _, kind = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, idx, part = base.split(".", 2)
-        return f"model.layers.{idx}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+        return f"model.layers.{idx}.{names[part]}.{kind}" if part in names else None
     return f"{_TOP_NAMES[base]}.{kind}" if base in _TOP_NAMES else None
 
 
@@ -63,7 +69,7 @@ def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple
     floats = {int(getattr(gguf.GGMLQuantizationType, t)): t for t in _FLOAT_TYPES}
     recoded: set[int] = set()
     for t in tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             continue
         in_features = int(t.shape[0])
@@ -82,6 +88,8 @@ def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple
                 recoded.add(t.qtype)
                 logger.info("GGUF %s tensors run as %s blocks: the same values, in more bytes",
                             ggml_type_name(t.qtype), ggml_type_name(value.qtype))
+        if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+            value = value - 1.0
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if "q_proj" in name else num_kv_heads
             index = reverse_permute_index(value.shape[0], heads)
