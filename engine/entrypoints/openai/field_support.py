@@ -132,7 +132,8 @@ _GENERATION: dict[str, Placement] = {
 COMPLETION: dict[str, Placement] = {
     **_GENERATION,
     "prompt": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage"),
-    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
+    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs",
+                  _SERVER + "test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs"),
     "logprobs": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
     "suffix": Refused("!", (None, ""), "(no model here has a fill-in-the-middle template)"),
     "prompt_embeds": Refused("AAAA", (None, [])),
