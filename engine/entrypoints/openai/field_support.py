@@ -183,8 +183,10 @@ EMBEDDING: dict[str, Placement] = {
 }
 
 STREAM_OPTIONS: dict[str, Placement] = {
-    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
-    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk"),
+    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+                           _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does"),
+    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk",
+                                    _FIELDS + "test_continuous_usage_starts_at_the_chat_role_chunk"),
 }
 
 # SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.

@@ -430,7 +430,7 @@ class UsageInfo(Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole (not streamed) responses
+    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole responses and a stream's last usage
 
 
 class CompletionLogProbs(Struct):

@@ -75,11 +75,13 @@ class OpenAIServingCompletion(OpenAIServing):
         opened: set[int] = set()  # choices that have had their first chunk (return_token_ids)
         offsets: dict[int, int] = {}  # text_offset reached by each choice
         usage = UsageInfo()
+        cached: dict[int, int] = {}  # each prompt's tokens found in the prefix cache
         async with contextlib.aclosing(outputs):
             async for i, output in outputs:
                 if i not in seen:
                     seen.add(i)
                     usage.prompt_tokens += len(output.prompt_token_ids or ())
+                cached[i] = max(cached.get(i, 0), output.num_cached_tokens or 0)
                 for completion in map(functools.partial(_shown, body.echo_only), output.outputs):
                     index = i * n + completion.index
                     echo = body.echo and index not in echoed
@@ -100,8 +102,9 @@ class OpenAIServingCompletion(OpenAIServing):
                                               token_ids=completion.token_ids if ids else None)
                     yield CompletionResponse(request_id, created, model, [choice],
                                              usage=self._usage_so_far(usage) if body.continuous_usage else None)
-        if body.include_usage:
+        if body.include_usage:  # the whole response's usage, cached prompt tokens included
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            usage.prompt_tokens_details = PromptTokensDetails(sum(cached.values()))
             yield CompletionResponse(request_id, created, model, [], usage=usage)
 
     async def _engine_prompts(self, body: CompletionRequest, prompts: list) -> list[dict]:
