@@ -346,6 +346,17 @@ def test_embedding_truncation_salt_priority_and_request_id(pooling_server, serve
     assert salted["data"][0]["embedding"] == _embed(pooling_server)["data"][0]["embedding"]
 
 
+def test_embedding_input_of_strings_and_token_ids_mixed_is_a_400_naming_input(pooling_server):
+    """vLLM's schema (``str | list[str] | list[int] | list[list[int]]``) refuses a mix, so the
+    README's example once written as ``["some text", [1, 2, 3]]`` could not work: it says why."""
+    for mixed in (["some text", [1, 2, 3]], [[1, 2, 3], "some text"], ["some text", 7]):
+        code, body, _ = pooling_server.post_json("/v1/embeddings", {"input": mixed})
+        assert code == 400 and body["error"]["param"] == "input" and "mixes strings and token ids" in \
+            body["error"]["message"], body
+    texts, ids = _embed(pooling_server, input=["some text", "more"]), _embed(pooling_server, input=[[1, 2, 3], [4]])
+    assert len(texts["data"]) == len(ids["data"]) == 2
+
+
 # ---- the Python API ----
 
 def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):

@@ -249,6 +249,11 @@ def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
         return [list(p)]
     if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
         return list(p)
+    if any(isinstance(x, str) for x in p) and not all(isinstance(x, str) for x in p):
+        raise OpenAIError(400, f"{param} mixes strings and token ids in one list; OpenAI's schema (and vLLM) "
+                          "takes a string, a list of strings, a list of token ids or a list of token-id lists: "
+                          "send the strings and the token ids in separate requests", param=param,
+                          code="invalid_value")
     raise OpenAIError(400, f"{param} must be a string, a list of strings, a list of token ids or a "
                       "list of non-empty token-id lists", param=param, code="invalid_value")
 
