@@ -295,8 +295,9 @@ def test_continuous_usage_starts_at_the_chat_role_chunk(server):
         "prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
 
 
-@pytest.mark.parametrize("path,base", [("/v1/completions", {"prompt": PROMPT * 4}),
-                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT * 4}]})])
+@pytest.mark.parametrize("path,base", [
+    ("/v1/completions", {"prompt": PROMPT * 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT * 4}]})])
 def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does(server, path, base):
     """Before, a stream's usage had ``prompt_tokens_details`` null where the whole response's
     counted the prompt tokens found in the prefix cache."""

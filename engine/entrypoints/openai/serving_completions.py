@@ -5,8 +5,8 @@ prompt i, as OpenAI and vLLM number them. Logprobs use the legacy completions sh
 (tokens, token_logprobs, top_logprobs, text_offset); with ``echo`` the prompt's own
 logprobs come first, the first prompt token having none. vLLM's extras: ``prompt_logprobs`` (in
 vLLM's shape, on each choice), ``echo`` with ``max_tokens`` 0 (the prompt alone, as OpenAI and
-vLLM answer it: ``CompletionRequest.echo_only``), ``return_token_ids``, ``return_tokens_as_token_ids``,
-``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
+vLLM answer it: ``CompletionRequest.echo_only``), ``return_token_ids``,
+``return_tokens_as_token_ids``, ``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
 ``stream_options.continuous_usage_stats`` (the usage so far in every chunk).
 """
 from __future__ import annotations
@@ -176,7 +176,6 @@ class OpenAIServingCompletion(OpenAIServing):
             result.text_offset.append(offset)
             offset += len(token)
         return result
-
 
 
 def _shown(echo_only: bool, completion: CompletionOutput) -> CompletionOutput:

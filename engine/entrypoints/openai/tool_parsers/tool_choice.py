@@ -16,7 +16,7 @@
   ``none``): the Agents SDK sends both for an agent with a required tool and an output type.
   ``structured_outputs`` or ``guided_*`` beside a forced call cannot both hold: a 400.
 
-A 400 names the field at fault (``tools``, ``tool_choice``) with vLLM's message.
+A 400 names the field at fault (``tools``, ``tool_choice``, a second constraint) with vLLM's message.
 """
 from __future__ import annotations
 
@@ -132,9 +132,9 @@ def _refuse_a_second_constraint(body: ChatCompletionRequest, choice: Any) -> Non
     field = explicit_constraint_field(body)
     if field is not None:
         shown = "required" if choice == "required" else f"the function {choice.function.name!r}"
-        raise _bad(field, f"You can only either use constraints for structured outputs or tools, not both: "
+        raise _bad(field, "You can only either use constraints for structured outputs or tools, not both: "
                           f"{field} cannot be combined with tool_choice {shown} (a forced tool call is generated "
-                          f"under the tool's schema; response_format gives way to it)")
+                          "under the tool's schema; response_format gives way to it)")
 
 
 def required_schema(tools: list[ChatCompletionToolsParam], parallel: bool) -> dict[str, Any]:
