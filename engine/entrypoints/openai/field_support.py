@@ -104,7 +104,8 @@ _GENERATION: dict[str, Placement] = {
     "allowed_token_ids": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "bad_words": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "response_format": _impl(_SO + "test_response_format_json_schema_strict",
-                             _SO + "test_response_format_json_object_and_text"),
+                             _SO + "test_response_format_json_object_and_text",
+                             _TOOLS + "test_auto_and_none_answer_in_the_response_format"),
     "structured_outputs": _impl(_SO + "test_structured_outputs_field_on_completions_and_chat_streams"),
     "truncate_prompt_tokens": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
     "truncation_side": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
@@ -132,7 +133,8 @@ _GENERATION: dict[str, Placement] = {
 COMPLETION: dict[str, Placement] = {
     **_GENERATION,
     "prompt": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage"),
-    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
+    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs",
+                  _SERVER + "test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs"),
     "logprobs": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
     "suffix": Refused("!", (None, ""), "(no model here has a fill-in-the-middle template)"),
     "prompt_embeds": Refused("AAAA", (None, [])),
@@ -154,7 +156,8 @@ CHAT: dict[str, Placement] = {
     "tools": _impl(_TOOLS + "test_tools_and_a_tool_call_history_reach_the_chat_template",
                    _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not"),
     "tool_choice": _impl(_TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
-                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not"),
+                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not",
+                         _TOOLS + "test_a_forced_call_takes_the_place_of_a_response_format"),
     "parallel_tool_calls": _impl(_TOOLS + "test_parallel_tool_calls_false_gives_one_call"),
     "chat_template": _impl(_TEMPLATES + "test_a_request_chat_template_is_rendered"),
     "continue_final_message": _impl(_TEMPLATES + "test_continue_final_message_leaves_the_last_message_open"),
@@ -241,8 +244,10 @@ RESPONSES: dict[str, Placement] = {
 }
 
 STREAM_OPTIONS: dict[str, Placement] = {
-    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
-    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk"),
+    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+                           _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does"),
+    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk",
+                                    _FIELDS + "test_continuous_usage_starts_at_the_chat_role_chunk"),
 }
 
 # SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.

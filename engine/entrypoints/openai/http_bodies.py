@@ -210,7 +210,7 @@ class _SamplingFields(Struct, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     # str, a batch of str, one prompt of token ids, or a batch of token-id prompts.
     prompt: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
-    max_tokens: Optional[PositiveInt] = 16
+    max_tokens: Optional[NonNegativeInt] = 16  # 0 only with echo: the prompt alone (see echo_only)
     echo: bool = False
     logprobs: Optional[NonNegativeInt] = None
     suffix: Optional[str] = None
@@ -220,13 +220,24 @@ class CompletionRequest(_SamplingFields, kw_only=True):
         """The batch of prompts, each a string or a list of token ids."""
         return _prompt_batch(self.prompt, "prompt")
 
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: OpenAI's and vLLM's way to score a prompt. The answer
+        is the prompt (and its logprobs) with ``finish_reason`` ``length`` and no completion
+        tokens; the engine, which always samples, generates one token that is not shown."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
+        if self.max_tokens == 0 and not self.echo:
+            raise OpenAIError(400, "max_tokens must be at least 1 (0 only with echo, to return the prompt alone)",
+                              param="max_tokens", code="invalid_value")
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo and self.logprobs is not None:
             prompt_logprobs = self.logprobs  # the echoed prompt's own logprobs
-        return self._sampling_params(model_defaults, self.max_tokens, self.logprobs, prompt_logprobs)
+        return self._sampling_params(model_defaults, 1 if self.echo_only else self.max_tokens, self.logprobs,
+                                     prompt_logprobs)
 
 
 def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
@@ -238,6 +249,11 @@ def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
         return [list(p)]
     if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
         return list(p)
+    if any(isinstance(x, str) for x in p) and not all(isinstance(x, str) for x in p):
+        raise OpenAIError(400, f"{param} mixes strings and token ids in one list; OpenAI's schema (and vLLM) "
+                          "takes a string, a list of strings, a list of token ids or a list of token-id lists: "
+                          "send the strings and the token ids in separate requests", param=param,
+                          code="invalid_value")
     raise OpenAIError(400, f"{param} must be a string, a list of strings, a list of token ids or a "
                       "list of non-empty token-id lists", param=param, code="invalid_value")
 
@@ -419,7 +435,7 @@ class UsageInfo(Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole (not streamed) responses
+    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole responses and a stream's last usage
 
 
 class CompletionLogProbs(Struct):

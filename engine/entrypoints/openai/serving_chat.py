@@ -182,7 +182,7 @@ class OpenAIServingChat(OpenAIServing):
         usage = UsageInfo()
         parsers = [tool_plan.new_parser(self.tokenizer) if tool_plan else None for _ in range(body.n)]
         streamers = [p.streamer(tool_plan.max_calls) if p else None for p in parsers]
-        first = True
+        first, cached = True, 0
         async with contextlib.aclosing(stream):
             async for output in stream:
                 if first:  # the engine accepted the request: open every choice with its role
@@ -190,15 +190,19 @@ class OpenAIServingChat(OpenAIServing):
                     usage.prompt_tokens = len(output.prompt_token_ids or ())
                     prompt_ids = output.prompt_token_ids if body.return_token_ids else None
                     echo = _echo_text(body)
+                    # vLLM's continuous usage starts here: the prompt, nothing generated yet
+                    opening = UsageInfo(usage.prompt_tokens, 0, usage.prompt_tokens) if body.continuous_usage else None
                     for index in range(body.n):
                         yield ChatCompletionChunk(request_id, created, model,
                                                   [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))],
-                                                  prompt_token_ids=prompt_ids if index == 0 else None,
+                                                  usage=opening, prompt_token_ids=prompt_ids if index == 0 else None,
                                                   prompt_text=prompt_text if index == 0 and body.return_prompt_text
                                                   else None)
                         if echo:
                             yield ChatCompletionChunk(request_id, created, model,
-                                                      [ChatStreamChoice(index, DeltaMessage(content=echo))])
+                                                      [ChatStreamChoice(index, DeltaMessage(content=echo))],
+                                                      usage=opening)
+                cached = max(cached, output.num_cached_tokens or 0)
                 for c in output.outputs:
                     usage.completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(body, c)
@@ -215,8 +219,9 @@ class OpenAIServingChat(OpenAIServing):
                     yield ChatCompletionChunk(request_id, created, model, [
                         ChatStreamChoice(c.index, delta, logprobs, c.finish_reason, c.stop_reason,
                                          token_ids=token_ids)], usage=running)
-        if body.include_usage:
+        if body.include_usage:  # the whole response's usage, cached prompt tokens included
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            usage.prompt_tokens_details = PromptTokensDetails(cached)
             yield ChatCompletionChunk(request_id, created, model, [], usage=usage)
 
     @staticmethod
