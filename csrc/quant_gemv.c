@@ -399,6 +399,24 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     return 0;
 }
 
+int quant_gemv_row_invariant(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                             int64_t k, float *y) {
+    const int bw = quant_block_weights(type);
+    if (bw == 0 || m < 1 || n <= 0 || k <= 0 || k % bw || x_stride < k) return -1;
+    const int isa = quant_best_isa();
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int64_t row_bytes = k / bw * quant_block_bytes(type);
+    if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16)
+        return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
+    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK) return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
+#endif
+    for (int64_t r = 0; r < m; r++) {
+        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride, 1, w, n, k, y + (size_t)r * (size_t)n);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int quant_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out) {
     const int bw = quant_block_weights(type);
     if (bw == 0 || n <= 0 || k <= 0 || k % bw) return -1;

@@ -54,11 +54,14 @@ def matmul_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 class LlamaForCausalLM:
     def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
-                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False) -> None:
+                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False,
+                 deterministic: bool = False) -> None:
         """``backend``: "auto" runs the Triton forward on a CUDA device where triton imports and
         a CPU/torch forward elsewhere; "triton" forces the Triton forward (internal: the tests run
         it on CPU tensors under ``TRITON_INTERPRET=1``); "torch" forces the others. ``compiled``:
-        the torch forward through torch.compile (ignored by Triton, already fused kernels)."""
+        the torch forward through torch.compile (ignored by Triton, already fused kernels).
+        ``deterministic``: each row's arithmetic independent of the batch and of prefix-cache
+        hits (row-invariant projections, every token's attention in the decode kernel)."""
         device = torch.device(device)
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
@@ -67,7 +70,7 @@ class LlamaForCausalLM:
                              f"{', '.join(QUANTIZATIONS)}")
         self.dims = dims = Dims.from_config(cfg)
         triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available())
-        self.dtype, self.device, self.quantization = dtype, device, quantization
+        self.dtype, self.device, self.quantization, self.deterministic = dtype, device, quantization, deterministic
         if triton:
             self.act_dtype = dtype
         elif quantization is not None and device.type == "cpu":
@@ -85,7 +88,7 @@ class LlamaForCausalLM:
         else:
             self.forward_impl = TorchForward(dims)
         dense_only = triton or compiled
-        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization)
+        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
         self.layers = [DecoderLayer(s) for s in dims.sliding_layers]
         self.embed: Optional[Embedding] = None
         self.lm_head: Optional[Linear] = None
@@ -118,7 +121,7 @@ class LlamaForCausalLM:
     def attention_builder(self, block_size: int):
         """This forward's attention-metadata builder (engine/models/attention.py)."""
         return self.forward_impl.attention_builder(self.device, self.act_dtype, self.dtype, self.dims.head_dim,
-                                                   self.dims.sliding_window, block_size)
+                                                   self.dims.sliding_window, block_size, self.deterministic)
 
     @property
     def uses_cuda_graphs(self) -> bool:
