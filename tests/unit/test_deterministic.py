@@ -6,27 +6,19 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from engine.config import EngineArgs
 from engine.kernels import bf16_gemv, onednn_linear, quant
+from engine.kernels.quant_blocks import random_blocks
 from engine.models.attention import TorchAttentionBuilder, paged_attention
 from engine.models.linear import (BF16GemvLinear, DenseGemvHead, FixedRowGroups, InputMajorLinear, OneDNNLinear,
                                   TorchLinear)
 from tests.unit.test_attention import _reference
 
 CPU = torch.device("cpu")
-
-
-def random_blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """Random Q4_0/Q4_1/Q8_0 rows: small positive f16 scales (and Q4_1 minimums), random quants."""
-    nb = k // 32
-    scales = [(torch.rand(n, nb, generator=gen) * 0.01 + 0.001).half().view(torch.uint8).view(n, nb, 2)]
-    if qtype == quant.Q4_1:
-        scales.append((torch.randn(n, nb, generator=gen) * 0.01).half().view(torch.uint8).view(n, nb, 2))
-    quants = torch.randint(0, 256, (n, nb, 32 if qtype == quant.Q8_0 else 16), dtype=torch.uint8, generator=gen)
-    return torch.cat([*scales, quants], -1).reshape(-1).contiguous()
 
 
 def assert_rows_batch_invariant(apply, x: torch.Tensor) -> None:
@@ -40,12 +32,13 @@ def assert_rows_batch_invariant(apply, x: torch.Tensor) -> None:
 
 @pytest.mark.skipif(quant.lib is None, reason="the quantized kernels are not built")
 @pytest.mark.parametrize("qtype,n,k", [(quant.Q4_1, 1536, 576), (quant.Q4_1, 576, 1536), (quant.Q4_0, 100, 256),
-                                       (quant.Q8_0, 49152, 576)])  # the Q8_0 head is past the large-W threshold
+                                       (quant.Q8_0, 49152, 576),  # the Q8_0 head is past the large-W threshold
+                                       (quant.Q4_K, 200, 512), (quant.Q6_K, 96, 768)])
 def test_quantized_rows_are_the_same_alone_and_in_any_batch(qtype, n, k):
     """Alone and in small batches the rows run a GEMV with the GEMM's order of sums (AVX-512 VNNI),
     in larger ones the GEMM itself: bit for bit the same rows either way."""
     gen = torch.Generator().manual_seed(n)
-    w = quant.QuantizedLinear(random_blocks(qtype, n, k, gen), qtype, n, k)
+    w = quant.QuantizedLinear(torch.from_numpy(random_blocks(qtype, n, k, np.random.default_rng(n))), qtype, n, k)
     x = torch.randn(70, k, generator=gen)
     assert_rows_batch_invariant(w.matmul_row_invariant, x)
     # the same products as the default path, which differs from it only in the order of sums
