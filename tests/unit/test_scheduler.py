@@ -288,6 +288,17 @@ def test_a_short_request_arriving_during_a_long_prefill_runs_in_the_next_step(pa
     assert [o.request_id for o in outs if o.finished] == ["short"]
 
 
+@pytest.mark.parametrize("short_priority,held", [(-1, True), (0, True), (1, False)])
+def test_under_priority_a_long_prefill_holds_room_only_for_a_head_as_important(short_priority, held):
+    s = make_scheduler(max_num_batched_tokens=64, policy="priority")
+    s.add_request(make_request("long", list(range(1000, 1300)), priority=0, arrival_time=0.0))
+    step(s)
+    s.add_request(make_request("short", [5, 6, 7, 8], priority=short_priority, arrival_time=1.0, max_tokens=1))
+    sched, _ = step(s)
+    scheduled = dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens))
+    assert scheduled == ({"long": 60, "short": 4} if held else {"long": 64})
+
+
 def test_a_long_prefill_is_not_starved_by_a_stream_of_waiting_prompts():
     s = capped_scheduler(64)
     s.add_request(make_request("long", list(range(1000, 1640))))
