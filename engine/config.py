@@ -115,6 +115,10 @@ class EngineArgs:
     runner: Literal["auto", "generate", "pooling"] = "auto"
     convert: Literal["auto", "none", "embed"] = "auto"
     pooler_config: Optional[PoolerConfig | dict] = None
+    # Greedy output (tokens and logprobs) the same at any batch size and with or without
+    # prefix-cache hits: one kernel path per op whatever the row count (vLLM's batch invariance,
+    # VLLM_BATCH_INVARIANT). CPU, eager forward only; costs speed (README, "Determinism").
+    deterministic: bool = False
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -150,6 +154,7 @@ class ModelConfig:
     convert_type: str = "none"  # resolved: none | embed
     pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
     quantization: Optional[str] = None  # resolved: None | "gguf" (a .gguf model's own blocks) | "int8" (W8A8)
+    deterministic: bool = False  # batch-invariant kernels (EngineArgs.deterministic)
 
     @property
     def gguf_file(self) -> Optional[str]:
@@ -540,6 +545,9 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
+    if args.deterministic and compilation.mode != 0:
+        raise ValueError("deterministic: runs the eager forward (its kernels are chosen per op, not per "
+                         "graph); drop compilation_config or set its mode to 0")
     worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
     resolve_kv_events_config(args.kv_events_config)
@@ -582,6 +590,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                          "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
 
     device = resolve_device(args.device)
+    if args.deterministic and device != "cpu":
+        raise ValueError(f"deterministic: batch-invariant kernels exist for the CPU only, not for device {device!r}")
     dtype = _resolve_dtype(args.dtype, device, hf_config)
     max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
     max_model_len = max_pos if args.max_model_len is None else _positive_int(
@@ -614,7 +624,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
             max_logprobs=args.max_logprobs, served_model_name=served,
             skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
-            pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device)),
+            pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device),
+            deterministic=bool(args.deterministic)),
         cache_config=CacheConfig(block_size=block_size,
                                  enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),

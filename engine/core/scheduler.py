@@ -16,6 +16,13 @@ a time budget per step on this machine, as measured (prefill_pacer.py): on a CPU
 prefill is compute bound, a wave of 64 prompts is then a few steps of ~0.5 s, each handing
 out some first tokens, instead of one step of seconds (benchmarks/RESULTS.md, Serving).
 
+A prompt chunk of a running request leaves room for the waiting queue's head: it takes at
+most the step's prompt tokens minus what the head needs, held back up to half of them. A
+short request that arrives during a long prefill then runs in the next step, beside the
+long prompt's next chunk, instead of after its last one (vLLM's ``long_prefill_token_threshold``
+bounds a chunk for the same reason), and the long prompt still gets half a step or more, so it
+is never starved. Under the priority policy a prompt holds nothing for a less important head.
+
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
 priority) is preempted: its blocks are freed and it goes back to the front of the waiting
@@ -174,13 +181,16 @@ class Scheduler:
             self._admit_compiled()
 
         # 1) Running requests, in order; preempt from the bottom when blocks run out. A decode
-        #    (one token) always runs; a prompt still being computed takes what the cap leaves.
+        #    (one token) always runs; a prompt still being computed takes what the cap leaves,
+        #    less what is held for the waiting queue's head.
+        held, head_priority = self._held_for_waiting(min(budget, prefill_left))
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if n > 1:
-                n = min(n, prefill_left)
+                hold = held if not self.priority or head_priority <= req.priority else 0
+                n = max(0, min(n, min(budget, prefill_left) - hold))
                 if n == 0:
                     i += 1
                     continue
@@ -402,6 +412,16 @@ class Scheduler:
             return None
         req.num_prompt_logprobs_sent = start + skip + len(rows.ranks)
         return rows
+
+    def _held_for_waiting(self, room: int) -> tuple[int, int]:
+        """Prompt tokens the running prompts leave to the waiting queue's head this step: what
+        it needs (before prefix hits, which are not looked up here), at most half of ``room``;
+        none when it could not be admitted anyway. With the head's priority: under the
+        priority policy only a running prompt that is not more important than the head holds."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs or not self.chunked_prefill:
+            return 0, 0
+        head = self.waiting.peek()
+        return min(head.num_tokens - head.num_computed_tokens, room // 2), head.priority
 
     def _pick_victim(self) -> Request:
         if self.priority:

@@ -93,6 +93,9 @@ ENGINE_ARG_HELP = {
     "convert": "auto, none, or embed: how a *ForCausalLM becomes a pooling model (runner pooling).",
     "pooler_config": 'Pooling model: JSON object, e.g. \'{"pooling_type": "MEAN", "normalize": true}\' '
                      "(pooling_type LAST, the default, or MEAN).",
+    "deterministic": "Greedy output (tokens and logprobs) the same at any batch size and with or without "
+                     "prefix-cache hits: one kernel path per op whatever the row count (vLLM's batch "
+                     "invariance). CPU, eager forward; slower (README, Determinism).",
     "structured_outputs_config": 'Structured outputs as a JSON object, e.g. \'{"backend": "auto"}\' (backend: auto '
                                  "= xgrammar, and guidance for what xgrammar cannot compile; xgrammar; guidance; "
                                  "compile_timeout_s: how long a request waits for its grammar, default 10).",

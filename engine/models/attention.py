@@ -126,11 +126,17 @@ class TorchAttentionBuilder:
     gathered blocks and masks), then one ``PrefillChunk`` per prefill."""
 
     def __init__(self, device: torch.device, act_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
-                 window: Optional[int], block_size: int) -> None:
+                 window: Optional[int], block_size: int, deterministic: bool = False) -> None:
         self.device, self.window, self.block_size = device, window, block_size
         self.decode_kernel = paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
+        if deterministic and not self.decode_kernel:
+            raise ValueError(f"deterministic: needs the CPU decode-attention kernel, which does not run "
+                             f"{act_dtype} activations with a {cache_dtype} cache and head_dim {head_dim} on {device}")
+        self.deterministic = deterministic
 
     def build(self, reqs: list, counts: list[int]) -> StepRows:
+        if self.deterministic:
+            return self._build_every_row_as_decode(reqs, counts)
         bs = self.block_size
         decodes = [i for i, n in enumerate(counts) if n == 1]
         rows = StepRows(len(reqs), len(decodes))
@@ -162,6 +168,29 @@ class TorchAttentionBuilder:
                 kv_pos = torch.arange(p0 + n)
                 chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
             md.prefills.append(chunk)
+        md.slot_mapping = to_device(slots, torch.long, self.device)
+        return rows
+
+    def _build_every_row_as_decode(self, reqs: list, counts: list[int]) -> StepRows:
+        """``deterministic``: every row, prompt tokens included, is a query of the C decode
+        kernel over the cache (this step's K/V are written before it reads). A prompt's rows
+        otherwise go through SDPA, whose tiling follows the chunk's length and whether earlier
+        tokens are cached (a prefix-cache hit, a later chunk), so the same token's attention
+        differed with them; in the kernel a query at position p reads keys [0, p] in one order
+        whatever else is in the step. Costs prefill speed: the kernel is not a tiled GEMM."""
+        bs = self.block_size
+        rows = StepRows(len(reqs), sum(counts))
+        md, slots, seq_lens, owners = rows.md, [], [], []
+        for i, n in enumerate(counts):
+            p0 = reqs[i].num_computed_tokens
+            rows.add(i, reqs[i], p0, n, bs, slots)
+            seq_lens.extend(range(p0 + 1, p0 + n + 1))
+            owners.extend([i] * n)
+        nb = -(-max(seq_lens) // bs)
+        tables = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in range(len(reqs))]
+        md.decode_blocks = torch.tensor(tables, dtype=torch.long)[torch.tensor(owners)].view(-1)
+        md.decode_len = nb * bs
+        md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
         md.slot_mapping = to_device(slots, torch.long, self.device)
         return rows
 

@@ -60,11 +60,14 @@ class LlamaForCausalLM:
     LAYER_NAMES = LAYER_NAMES
 
     def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
-                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False) -> None:
+                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False,
+                 deterministic: bool = False) -> None:
         """``backend``: "auto" runs the Triton forward on a CUDA device where triton imports and
         a CPU/torch forward elsewhere; "triton" forces the Triton forward (internal: the tests run
         it on CPU tensors under ``TRITON_INTERPRET=1``); "torch" forces the others. ``compiled``:
-        the torch forward through torch.compile (ignored by Triton, already fused kernels)."""
+        the torch forward through torch.compile (ignored by Triton, already fused kernels).
+        ``deterministic``: each row's arithmetic independent of the batch and of prefix-cache
+        hits (row-invariant projections, every token's attention in the decode kernel)."""
         device = torch.device(device)
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
@@ -80,7 +83,7 @@ class LlamaForCausalLM:
             logger.info("compilation: %s runs eager (its layers go beyond Llama's compiled blocks)",
                         type(self).__name__)
             compiled = False
-        self.dtype, self.device, self.quantization = dtype, device, quantization
+        self.dtype, self.device, self.quantization, self.deterministic = dtype, device, quantization, deterministic
         if triton:
             self.act_dtype = dtype
         elif quantization is not None and device.type == "cpu":
@@ -98,7 +101,7 @@ class LlamaForCausalLM:
         else:
             self.forward_impl = TorchForward(dims)
         dense_only = triton or compiled
-        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization)
+        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
         self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
         self.layers = [DecoderLayer(s, r) for s, r in zip(dims.sliding_layers, rope_of_layer)]
         self.embed: Optional[Embedding] = None
@@ -141,7 +144,7 @@ class LlamaForCausalLM:
     def attention_builder(self, block_size: int):
         """This forward's attention-metadata builder (engine/models/attention.py)."""
         return self.forward_impl.attention_builder(self.device, self.act_dtype, self.dtype, self.dims.head_dim,
-                                                   self.dims.sliding_window, block_size)
+                                                   self.dims.sliding_window, block_size, self.deterministic)
 
     @property
     def uses_cuda_graphs(self) -> bool:
