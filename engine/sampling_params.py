@@ -25,6 +25,9 @@ _SAMPLING_EPS = 1e-5
 # to each step of the event loop (engine/frontend/detokenizer.py).
 MAX_STOP_STRINGS = 256
 MAX_STOP_STRING_CHARS = 1024
+# bad_words are ringllm's bound too (vLLM has none): each is tokenized twice by the frontend, and
+# every step of the core tries each resulting sequence against the output's tail in Python.
+MAX_BAD_WORDS = 1024
 # Every int crosses the wire as msgpack and lands in int64 tensors: keep it in that range.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
@@ -211,6 +214,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
             _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
                 raise _bad("allowed_token_ids", "a non-empty list of token ids (or None)", self.allowed_token_ids)
+        if isinstance(self.bad_words, list) and len(self.bad_words) > MAX_BAD_WORDS:  # first: O(1) for a huge list
+            raise ParameterError(f"SamplingParams.bad_words: at most {MAX_BAD_WORDS} words, got "
+                                 f"{len(self.bad_words)}", parameter="bad_words")
         if self.bad_words is not None and (not isinstance(self.bad_words, list) or not all(
                 isinstance(w, str) and w.strip() for w in self.bad_words)):
             raise _bad("bad_words", "a list of non-empty strings", self.bad_words)

@@ -60,12 +60,14 @@ class OpenAIServingMisc:
         return web.Response(body=self.chat.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = decode_request(await request.read(), TokenizeRequest)
+        raw = await request.read()
+        body = decode_request(raw, TokenizeRequest)
         self.chat.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
         if body.messages is not None:
-            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False)
+            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False,
+                                               size=len(raw))
         else:
             tokens = await self.chat.offload(len(body.prompt), encode, self.chat.tokenizer, body.prompt,
                                              body.add_special_tokens)
