@@ -7,20 +7,20 @@ from __future__ import annotations
 from typing import Any
 
 from engine.exceptions import ParameterError
-from engine.frontend.renderer import encode_all
+from engine.frontend.renderer import encode
 
 
 def tokenize_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
     if tokenizer is None:
         raise ParameterError("SamplingParams.bad_words needs a tokenizer (the engine was built with "
                              "skip_tokenizer_init=True)", parameter="bad_words")
-    bare_words = [word.lstrip() for word in words]
-    spaced_words = [" " + word for word in bare_words]
     sequences: list[list[int]] = []
-    for bare, spaced in zip(encode_all(tokenizer, bare_words, False), encode_all(tokenizer, spaced_words, False)):
+    for word in words:
+        bare = encode(tokenizer, word.lstrip(), False)
         if not bare:
             continue
         sequences.append(bare)
+        spaced = encode(tokenizer, " " + word.lstrip(), False)
         if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
             sequences.append(spaced)
     return sequences

@@ -83,15 +83,9 @@ class Renderer:
 
 def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=...)``, releasing the GIL while it works."""
-    return encode_all(tokenizer, [text], add_special_tokens)[0]
-
-
-def encode_all(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-    """``encode`` of each of ``texts`` in one call: many short texts cost one crossing into Rust,
-    not one each (200,000 bad words took 23 s one by one)."""
     backend = tokenizer.backend_tokenizer
     batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets, same ids
-    return [encoding.ids for encoding in batch(texts, add_special_tokens=add_special_tokens)]
+    return batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
