@@ -1,7 +1,8 @@
 """A request is worked off the event loop by its whole size, not its prompt's: a short prompt with
-a huge ``choice`` list or ``bad_words`` list leaves /health answering within 200 ms while it is
-parsed, validated and tokenized (or refused naming the field). A real ``ringllm serve`` process on
-the tiny dummy-weight model, probed by a process of its own (test_openai_server_hardening.py's).
+a huge ``choice``, ``bad_words`` or ``allowed_token_ids`` list leaves /health answering within
+200 ms while it is parsed, validated and tokenized, or refused naming the field (``bad_words`` and
+``choice`` are bounded). A real ``ringllm serve`` process on the tiny dummy-weight model, probed by
+a process of its own (test_openai_server_hardening.py's).
 """
 from __future__ import annotations
 
@@ -11,8 +12,22 @@ import json
 import aiohttp
 import pytest
 
+from engine.exceptions import ParameterError
+from engine.sampling_params import MAX_BAD_WORDS, SamplingParams, StructuredOutputsParams
+from engine.structured_output.params import MAX_CHOICES
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 from tests.integration.test_openai_server_hardening import HEALTH_BUDGET_S, HealthProber
+
+
+def test_bad_words_and_choices_are_bounded_naming_the_field():
+    assert len(SamplingParams(bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS)]).bad_words) == MAX_BAD_WORDS
+    with pytest.raises(ParameterError, match=f"at most {MAX_BAD_WORDS} words") as err:
+        SamplingParams(bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS + 1)])
+    assert err.value.parameter == "bad_words"
+    assert len(StructuredOutputsParams(choice=[f"c{i}" for i in range(MAX_CHOICES)]).choice) == MAX_CHOICES
+    with pytest.raises(ParameterError, match=f"at most {MAX_CHOICES} choices") as err:
+        StructuredOutputsParams(choice=[f"c{i}" for i in range(MAX_CHOICES + 1)])
+    assert err.value.parameter == "structured_outputs"
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +71,7 @@ def test_health_answers_while_an_80k_item_choice_is_refused(server, path):
                                                     "structured_outputs": {"choice": choices}})
     _assert_health_kept_answering(probes, "an 80k-item choice")
     assert status == 400 and answer["error"]["param"] == "structured_outputs", answer
-    assert "4096 choices" in answer["error"]["message"]
+    assert f"{MAX_CHOICES} choices" in answer["error"]["message"]
 
 
 def test_health_answers_while_200k_bad_words_are_refused(server):
