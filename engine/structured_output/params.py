@@ -16,8 +16,10 @@ from engine.exceptions import ParameterError
 
 # The constraint fields, in the order their kinds are named in messages.
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-# ringllm's bound (vLLM has none): xgrammar's compile of a choice grows faster than its length
-# (measured: 4,000 choices 0.24 s, 8,000 2.9 s, 16,000 6.7 s), past the core's compile timeout.
+# ringllm's bound (vLLM has none): both backends' work on a choice grows faster than its length.
+# Measured: xgrammar's compile 4,000 choices 0.24 s, 8,000 2.9 s, 16,000 6.7 s (past the core's
+# compile timeout); llguidance's validation of the frontend, quadratic in the number of
+# alternatives, 10,000 0.07 s, 20,000 0.24 s (80,000 took ~16 s).
 MAX_CHOICES = 4096
 
 
