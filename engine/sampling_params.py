@@ -134,7 +134,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         elif isinstance(self.stop_token_ids, (list, tuple)):
-            self.stop_token_ids = [_as_int(t) for t in self.stop_token_ids]
+            self.stop_token_ids = _as_ints(self.stop_token_ids)
         for name in _INT_FIELDS:
             setattr(self, name, _as_int(getattr(self, name)))
         for name in _FLOAT_FIELDS:
@@ -148,7 +148,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         if isinstance(self.allowed_token_ids, tuple):
             self.allowed_token_ids = list(self.allowed_token_ids)
         if isinstance(self.allowed_token_ids, list):
-            self.allowed_token_ids = [_as_int(t) for t in self.allowed_token_ids]
+            self.allowed_token_ids = _as_ints(self.allowed_token_ids)
         if isinstance(self.bad_words, (str, tuple)):
             self.bad_words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
         self.verify()
@@ -311,7 +311,12 @@ def _int_range(low: int) -> str:
 
 
 def _token_ids(field: str, value: Any) -> None:
-    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t <= _INT64_MAX for t in value):
+    if not isinstance(value, list):
+        raise _bad(field, "a list of non-negative ints", value)
+    if set(map(type, value)) <= {int}:  # the common case, in C (500,000 ids: ms, not a second)
+        if value and (min(value) < 0 or max(value) > _INT64_MAX):
+            raise _bad(field, "a list of non-negative ints", value)
+    elif not all(_is_int(t) and 0 <= t <= _INT64_MAX for t in value):
         raise _bad(field, "a list of non-negative ints", value)
 
 
@@ -328,6 +333,12 @@ def _as_int(value: Any) -> Any:
     if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
         return int(value)
     return value
+
+
+def _as_ints(values: list | tuple) -> list:
+    """``_as_int`` of each of ``values``, as a new list; a list of plain ints is only copied
+    (its types looked up in C)."""
+    return list(values) if set(map(type, values)) <= {int} else [_as_int(t) for t in values]
 
 
 def _as_float(field: str, value: Any) -> Any:
