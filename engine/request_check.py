@@ -52,7 +52,8 @@ def check_request(prompt_token_ids: Sequence[int], params: Any, limits: RequestL
             raise ParameterError(f"SamplingParams.{name} must be <= max_logprobs={limits.max_logprobs}, "
                                  f"got {shown}", parameter=name, value=asked)
     for name in ("logit_bias", "allowed_token_ids"):
-        bad_ids = [t for t in getattr(params, name) or () if not 0 <= t < limits.vocab_size]
-        if bad_ids:
+        ids = getattr(params, name) or ()
+        if ids and (min(ids) < 0 or max(ids) >= limits.vocab_size):  # in C: the ids are many, the faults few
+            bad_ids = [t for t in ids if not 0 <= t < limits.vocab_size]
             raise ParameterError(f"SamplingParams.{name} has token id(s) out of the vocabulary "
                                  f"[0, {limits.vocab_size}): {bad_ids[:5]}", parameter=name, value=bad_ids[:5])

@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import EngineArgs, create_engine_config
 from engine.frontend.input_processor import InputProcessor, get_tokenizer
-from engine.sampling_params import SamplingParams
+from engine.frontend.renderer import INLINE_MAX_BYTES
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def make_processor(model_dir, **kwargs):
@@ -140,6 +141,16 @@ def test_only_text_is_worth_a_pool_hop(processor):
     assert processor.offload_size(text) == processor.offload_size({"prompt": text}) == 5000
     assert processor.offload_size([5] * 5000) == processor.offload_size({"prompt_token_ids": [5] * 5000}) == 0
     assert processor.offload_size({"prompt_token_ids": [5], "prompt": text}) == 0  # its text is only echoed
+
+
+def test_the_offload_size_weighs_the_params_too(processor):
+    words = [f"word{i}" for i in range(1000)]
+    assert processor.offload_size("Hi", SamplingParams(bad_words=words)) == 2 + sum(map(len, words)) + len(words)
+    assert processor.offload_size([5], SamplingParams(logit_bias={i: 1.0 for i in range(600)})) >= INLINE_MAX_BYTES
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100_000)}}
+    so = StructuredOutputsParams(json=schema)
+    assert processor.offload_size("Hi", SamplingParams(structured_outputs=so)) >= INLINE_MAX_BYTES
+    assert processor.offload_size("Hi", SamplingParams(stop=["a", "b"])) < INLINE_MAX_BYTES  # small: inline
 
 
 def test_a_chat_prompt_is_rendered_and_tokenized_in_one_call(processor):

@@ -28,6 +28,7 @@ from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, Too
 from engine.exceptions import ParameterError
 from engine.frontend.chat_template import TemplateLimits
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
 
 ROLE = "assistant"
 # A render past its own time bound is answered this much later at the latest (see render()):
@@ -46,17 +47,16 @@ class OpenAIServingChat(OpenAIServing):
                      chat_template: Optional[str] = None,
                      continue_final_message: bool = False,
                      tools: Optional[list[dict]] = None,
-                     add_special_tokens: bool = False) -> tuple[str, list[int]]:
+                     add_special_tokens: bool = False, *, size: int) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids (also used by /tokenize), rendered
         and tokenized on the renderer pool, always: the template's cost is its own, whatever the
         messages' size, and it bounds itself (engine/frontend/chat_template.py). ``must_fit``:
         text too long for the context is refused before it is tokenized (/tokenize counts any
         length). ``chat_template`` is a template's text, never a path. ``tools``: the request's
-        tool definitions, a variable of the template whether or not it uses them."""
-        conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
-        # The template's work grows with the text and with the number of messages.
-        size = sum(len(m["content"]) for m in conversation) + 64 * len(conversation)
-        job = self.offload(size, self._render, conversation, add_generation_prompt, chat_template_kwargs, must_fit,
+        tool definitions, a variable of the template whether or not it uses them. ``size``: the
+        request body's length, what the job weighs in the pool (the messages are not walked on
+        the event loop to measure them)."""
+        job = self.offload(size, self._render, body_messages, add_generation_prompt, chat_template_kwargs, must_fit,
                            chat_template, continue_final_message, tools, add_special_tokens, inline=False)
         try:  # the render stops itself at its bound; this only answers if a C call overran it
             return await asyncio.wait_for(job, TemplateLimits.timeout_s + _RENDER_GRACE_S)
@@ -65,10 +65,11 @@ class OpenAIServingChat(OpenAIServing):
                               param="messages" if chat_template is None else "chat_template",
                               code="invalid_value") from None
 
-    def _render(self, conversation: list[dict], add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
+    def _render(self, body_messages, add_generation_prompt: bool, chat_template_kwargs: Optional[dict],
                 must_fit: bool, chat_template: Optional[str] = None,
                 continue_final_message: bool = False, tools: Optional[list[dict]] = None,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
+        conversation = [m.for_template(i) for i, m in enumerate(body_messages)]
         try:
             return self.engine.input_processor.chat_prompt(
                 conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
@@ -80,12 +81,17 @@ class OpenAIServingChat(OpenAIServing):
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages", code="invalid_value") from None
 
-    async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
-        body = decode_request(await request.read(), ChatCompletionRequest)
+    def _parse(self, raw: bytes) -> tuple[ChatCompletionRequest, str, ToolCallPlan, SamplingParams]:
+        """The request, the model it names, its tool calling and its sampling params."""
+        body = decode_request(raw, ChatCompletionRequest)
         model = self.check_model(body.model)
         tool_plan = plan_tool_calls(body, self.tool_serving)
         params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
         body.check_max_tokens(self.max_model_len)
+        return body, model, tool_plan, params
+
+    async def create_chat_completion(self, request: web.Request) -> web.StreamResponse:
+        body, model, tool_plan, params = await self.parse(request, self._parse)
         request_id, created = request_fields.request_id("chatcmpl", request, body.request_id), now()
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt,
@@ -93,7 +99,8 @@ class OpenAIServingChat(OpenAIServing):
                                                 continue_final_message=body.continue_final_message,
                                                 tools=tool_plan.tools,
                                                 must_fit=body.truncate_prompt_tokens is None,  # else cut to fit
-                                                add_special_tokens=body.add_special_tokens)
+                                                add_special_tokens=body.add_special_tokens,
+                                                size=len(await request.read()))  # read already: cached
             if body.use_beam_search:
                 return await self._beam_search(body, model, token_ids, request_id, created, started,
                                                request_fields.engine_request_id(request_id, request))

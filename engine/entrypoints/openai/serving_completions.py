@@ -25,15 +25,12 @@ from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_sea
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import decode, encode
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sampling_params import SamplingParams
 
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: web.Request) -> web.StreamResponse:
-        body = decode_request(await request.read(), CompletionRequest)
-        model = self.check_model(body.model)
-        params = body.to_sampling_params(self.model_defaults)
-        body.check_max_tokens(self.max_model_len)
-        prompts = body.prompts()
+        body, model, params, prompts = await self.parse(request, self._parse)
         response_id, created = request_id("cmpl", request, body.request_id), now()
         if body.use_beam_search:
             return await self._beam_search(body, model, prompts, response_id, created,
@@ -66,6 +63,14 @@ class OpenAIServingCompletion(OpenAIServing):
         usage.prompt_tokens_details = PromptTokensDetails(cached)
         choices.sort(key=lambda c: c.index)
         return json_response(CompletionResponse(response_id, created, model, choices, usage=usage))
+
+    def _parse(self, raw: bytes) -> tuple[CompletionRequest, str, SamplingParams, list]:
+        """The request, the model it names, its sampling params and its batch of prompts."""
+        body = decode_request(raw, CompletionRequest)
+        model = self.check_model(body.model)
+        params = body.to_sampling_params(self.model_defaults)
+        body.check_max_tokens(self.max_model_len)
+        return body, model, params, body.prompts()
 
     async def _chunks(self, body: CompletionRequest, model: str, request_id: str, created: int,
                       outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[CompletionResponse]:

@@ -28,16 +28,7 @@ from engine.pooling_params import PoolingParams
 
 class OpenAIServingEmbedding(OpenAIServing):
     async def create_embedding(self, request: web.Request) -> web.Response:
-        body = decode_request(await request.read(), EmbeddingRequest)
-        model = self.check_model(body.model)
-        if body.dimensions is not None:
-            raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
-                              "representation (changing output dimensions)", param="dimensions",
-                              code="invalid_value")
-        prompts = body.prompts()
-        params = PoolingParams(task="embed", use_activation=body.use_activation,
-                               truncate_prompt_tokens=body.truncate_prompt_tokens,
-                               truncation_side=body.truncation_side)
+        body, model, prompts, params = await self.parse(request, self._parse)
         response_id = request_id("embd", request, body.request_id)
         finals: dict[int, PoolingRequestOutput] = {}
         with self.admit(len(prompts), 1) as started:
@@ -52,6 +43,19 @@ class OpenAIServingEmbedding(OpenAIServing):
         tokens = sum(len(finals[i].prompt_token_ids) for i in range(len(prompts)))
         return json_response(EmbeddingResponse(id=response_id, data=data, model=model,
                                                usage=EmbeddingUsage(tokens, tokens)))
+
+    def _parse(self, raw: bytes) -> tuple[EmbeddingRequest, str, list, PoolingParams]:
+        """The request, the model it names, its batch of inputs and its pooling params."""
+        body = decode_request(raw, EmbeddingRequest)
+        model = self.check_model(body.model)
+        if body.dimensions is not None:
+            raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
+                              "representation (changing output dimensions)", param="dimensions",
+                              code="invalid_value")
+        params = PoolingParams(task="embed", use_activation=body.use_activation,
+                               truncate_prompt_tokens=body.truncate_prompt_tokens,
+                               truncation_side=body.truncation_side)
+        return body, model, body.prompts(), params
 
     async def _engine_input(self, body: EmbeddingRequest, prompt: Union[str, list[int]]) -> dict[str, Any]:
         """One input as the engine takes it, with the cache salt; a text input without
