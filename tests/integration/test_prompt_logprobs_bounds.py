@@ -20,6 +20,7 @@ from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, pos
 PROMPT_TOKENS = 7000
 TOP_K = 8  # 7000 x (8 + 1) = 63000 entries: within the default max_prompt_logprobs_entries (65536)
 BUSY_TIMEOUT_S = 2.0  # /health's bound with work in flight: a core step of 2 s shows as a 503
+ANSWER_TIMEOUT_S = 300.0  # generous: a loaded machine is slow
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +43,18 @@ def _stream_gaps(remote: RemoteServer, stop: threading.Event, arrivals: list, st
                 break
 
 
+@pytest.mark.slow  # ~30 s: a prompt long enough to show the stall
 def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_dir):
     rng = random.Random(0)
     prompt = [rng.randrange(100, 40000) for _ in range(PROMPT_TOKENS)]
+    # A step budget that fits the whole prompt, and a pacer that has learned what plain prompt
+    # tokens cost (next to nothing on the tiny model): priced as those, the rows would all go in
+    # one step of seconds.
     with RemoteServer(long_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--health-busy-timeout", str(BUSY_TIMEOUT_S)) as remote:
+                      "--health-busy-timeout", str(BUSY_TIMEOUT_S), "--max-num-batched-tokens", "8192") as remote:
+        status, _, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": prompt[:2000][::-1],
+                                                            "max_tokens": 1})
+        assert status == 200
         stop, started, arrivals = threading.Event(), threading.Event(), []
         other = threading.Thread(target=_stream_gaps, args=(remote, stop, arrivals, started))
         other.start()
@@ -54,7 +62,8 @@ def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_di
             assert started.wait(60), "the other stream never started"
             sent = time.monotonic()
             (status, body, _), probes = post_while_probing_health(
-                remote, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": TOP_K})
+                remote, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": TOP_K},
+                timeout=ANSWER_TIMEOUT_S)
             done = time.monotonic()
         finally:
             stop.set()
