@@ -82,7 +82,7 @@ class EngineArgs:
     kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
-    max_prompt_logprobs_entries: int = 65536  # prompt tokens x (prompt_logprobs + 1), per request
+    max_prompt_logprobs_entries: int = 65536  # prompt tokens x (prompt_logprobs + 1) x n, per request
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
     enforce_eager: bool = False
     compilation_config: Optional[CompilationConfig | int | dict] = None

@@ -32,15 +32,18 @@ class RequestLimits(NamedTuple):
                    model_config.max_prompt_logprobs_entries)
 
 
-def _check_prompt_logprobs_entries(num_prompt_tokens: int, asked: Any, limits: RequestLimits) -> None:
+def _check_prompt_logprobs_entries(num_prompt_tokens: int, params: Any, limits: RequestLimits) -> None:
     """Prompt logprobs are a row per prompt position, each the prompt's own token and the top
-    ``asked``: a bound on the reply's size, and on the core's work for it."""
+    ``prompt_logprobs``, for each of the ``n`` samples (each computes and answers them): a bound
+    on the reply's size, and on the core's work for it."""
+    asked = params.prompt_logprobs
     if asked is None:
         return
-    entries = num_prompt_tokens * ((limits.vocab_size if asked == -1 else asked) + 1)
+    entries = num_prompt_tokens * ((limits.vocab_size if asked == -1 else asked) + 1) * params.n
     if entries > limits.max_prompt_logprobs_entries:
-        raise ParameterError(f"prompt_logprobs={asked} on a prompt of {num_prompt_tokens} tokens asks for {entries} "
-                             f"logprobs (prompt tokens x (prompt_logprobs + 1)), more than this server's "
+        raise ParameterError(f"prompt_logprobs={asked} on a prompt of {num_prompt_tokens} tokens"
+                             f"{f' with n={params.n}' if params.n > 1 else ''} asks for {entries} logprobs "
+                             f"(prompt tokens x (prompt_logprobs + 1) x n), more than this server's "
                              f"max_prompt_logprobs_entries={limits.max_prompt_logprobs_entries}",
                              parameter="prompt_logprobs", value=asked)
 
@@ -67,7 +70,7 @@ def check_request(prompt_token_ids: Sequence[int], params: Any, limits: RequestL
             shown = f"{asked} (-1: the whole vocabulary)" if asked == -1 else asked
             raise ParameterError(f"SamplingParams.{name} must be <= max_logprobs={limits.max_logprobs}, "
                                  f"got {shown}", parameter=name, value=asked)
-    _check_prompt_logprobs_entries(len(prompt_token_ids), params.prompt_logprobs, limits)
+    _check_prompt_logprobs_entries(len(prompt_token_ids), params, limits)
     for name in ("logit_bias", "allowed_token_ids"):
         bad_ids = [t for t in getattr(params, name) or () if not 0 <= t < limits.vocab_size]
         if bad_ids:

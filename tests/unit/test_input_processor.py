@@ -90,6 +90,8 @@ def test_prompt_logprobs_over_the_entries_limit_are_refused_naming_it(tiny_model
         processor.process("x", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=20))
     assert info.value.parameter == "prompt_logprobs"
     processor.process("y", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19))  # 1000
+    with pytest.raises(ValueError, match="with n=2"):  # each sample computes and answers them
+        processor.process("w", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19, n=2))
     with pytest.raises(ValueError, match="max_prompt_logprobs_entries"):  # -1: the whole vocabulary
         processor.process("z", {"prompt_token_ids": ids[:1]}, SamplingParams(prompt_logprobs=-1))
 
