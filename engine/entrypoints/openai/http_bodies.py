@@ -433,7 +433,7 @@ class CompletionLogProbs(Struct):
 # vLLM's prompt_logprobs: per prompt token, None for the first one (nothing predicts it), else
 # {token id: Logprob} for the actual token and the top-N. The engine's own Logprob dataclass
 # encodes as vLLM's {logprob, rank, decoded_token}: the rows go out as the output processor made
-# them, with no copy (63,000 entries: 0.18 s on the event loop, copied).
+# them, never copied on the event loop (tens of thousands of entries for a long prompt).
 PromptLogprobs = Optional[list[Optional[dict[int, Logprob]]]]
 _TOKEN_IDS = ("token_ids", Optional[list[int]], None)  # vLLM's return_token_ids
 _PROMPT_TOKEN_IDS = ("prompt_token_ids", Optional[list[int]], None)
