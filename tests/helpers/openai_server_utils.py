@@ -182,10 +182,11 @@ def parse_sse(raw: bytes) -> list:
     return events[:-1]
 
 
-def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0
-                              ) -> tuple[tuple, list[tuple[int, float]]]:
-    """POST ``payload`` to ``path`` (answered within ``timeout``), and GET /health back to back
-    while it runs: the answer, and each probe's (status, round trip in s)."""
+def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0,
+                              interval: float = 0.0) -> tuple[tuple, list[tuple[int, float]]]:
+    """POST ``payload`` to ``path`` (answered within ``timeout``), and GET /health every
+    ``interval`` s (back to back by default) while it runs: the answer, and each probe's
+    (status, round trip in s)."""
     result: dict = {}
     request = threading.Thread(target=lambda: result.update(answer=server.post_json(path, payload, timeout=timeout)))
     request.start()
@@ -193,5 +194,6 @@ def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, 
     while request.is_alive():
         sent = time.monotonic()
         probes.append((server.get("/health")[0], time.monotonic() - sent))
+        time.sleep(interval)
     request.join()
     return result["answer"], probes
