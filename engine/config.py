@@ -82,6 +82,7 @@ class EngineArgs:
     kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
+    max_prompt_logprobs_entries: int = 65536  # prompt tokens x (prompt_logprobs + 1) x n, per request
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
     enforce_eager: bool = False
     compilation_config: Optional[CompilationConfig | int | dict] = None
@@ -148,6 +149,7 @@ class ModelConfig:
     vocab_size: int
     seed: Optional[int]
     max_logprobs: int
+    max_prompt_logprobs_entries: int
     served_model_name: str
     skip_tokenizer_init: bool
     runner_type: str = "generate"  # resolved: generate | pooling
@@ -539,6 +541,7 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise _bad("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
     _positive_int("max_logprobs", args.max_logprobs, 0)
+    _positive_int("max_prompt_logprobs_entries", args.max_prompt_logprobs_entries, 0)
     _positive_int("renderer_num_workers", args.renderer_num_workers, 1)
     ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
     if ring_capacity & (ring_capacity - 1):
@@ -622,7 +625,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else _tokenizer_for(path),
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
-            max_logprobs=args.max_logprobs, served_model_name=served,
+            max_logprobs=args.max_logprobs, max_prompt_logprobs_entries=args.max_prompt_logprobs_entries,
+            served_model_name=served,
             skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
             pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device),
             deterministic=bool(args.deterministic)),

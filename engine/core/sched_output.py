@@ -11,6 +11,11 @@ Contract (stated once, here):
 - Any other request is sampled this step iff its scheduled tokens reach the end of its known tokens
   (``num_computed_tokens + n == num_tokens``): a final prefill chunk or a decode. Otherwise
   (an intermediate prefill chunk) only its KV and, if asked, its prompt logprobs are produced.
+- With chunked prefill, one step computes at most ``MAX_PROMPT_LOGPROBS_ROWS`` prompt positions of
+  requests that asked for ``prompt_logprobs``, over all of them, and with a time budget per step
+  (``max_num_prefill_tokens="auto"``) as many as fit it, as measured: each such position is a
+  full-vocabulary row (LM head, log-softmax, rank, top-k), many times a prompt token's own cost
+  on a small model, so a long prompt's logprobs come over many short steps.
 - The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
   ``update_from_output`` (appends tokens, advances ``num_computed_tokens``, checks stops).
 """
@@ -21,6 +26,12 @@ from typing import Any, Optional
 
 from engine.core.request import Request
 from engine.wire_messages import LogprobsLists
+
+# Prompt positions with prompt logprobs one step computes (see the contract above). 256 rows of
+# the default model's 49152-token vocabulary are ~50 MB of float32 logits; the runner also computes
+# a whole prompt (chunked prefill off) in slices of this many.
+MAX_PROMPT_LOGPROBS_ROWS = 256
+MIN_PROMPT_LOGPROBS_ROWS = 16  # the paced floor: one KV block's worth
 
 
 @dataclass

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Optional
@@ -46,7 +47,8 @@ from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.core.sched_output import (MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput,
+                                     SchedulerOutput)
 from engine.wire_messages import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
                                   SchedulerStats)
 
@@ -118,6 +120,11 @@ class Scheduler:
         # With a time budget per step, the cap follows the measured cost of prompt tokens.
         self.pacer = PrefillPacer(config.prefill_step_target_s, PACED_MIN_TOKENS, config.max_num_batched_tokens,
                                   self._max_num_prefill_tokens) if config.prefill_step_target_s > 0 else None
+        # Prompt-logprob rows cost many prompt tokens each (sched_output.py): paced apart, by their
+        # own measured cost, so a long prompt's logprobs come in steps of the same time budget.
+        self.logprob_rows_pacer = PrefillPacer(config.prefill_step_target_s, MIN_PROMPT_LOGPROBS_ROWS,
+                                               MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS * 4
+                                               ) if config.prefill_step_target_s > 0 else None
         self.chunked_prefill = config.enable_chunked_prefill
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
@@ -143,9 +150,20 @@ class Scheduler:
         """This step's cap on prompt tokens (decodes never count)."""
         return self.pacer.cap if self.pacer is not None else self._max_num_prefill_tokens
 
+    @property
+    def max_prompt_logprob_rows(self) -> int:
+        """This step's cap on prompt tokens with prompt logprobs (with chunked prefill)."""
+        return self.logprob_rows_pacer.cap if self.logprob_rows_pacer is not None else MAX_PROMPT_LOGPROBS_ROWS
+
     def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
-        """The runner took ``seconds`` for ``sched``: what the pacer learns prompt tokens cost."""
-        if self.pacer is not None:
+        """The runner took ``seconds`` for ``sched``: what the pacers learn prompt tokens cost (a
+        step with prompt-logprob rows teaches only their pacer: they are most of its time)."""
+        if self.pacer is None:
+            return
+        rows = sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1 and _wants_prompt_logprobs(r))
+        if rows:
+            self.logprob_rows_pacer.observe(rows, seconds)
+        else:
             self.pacer.observe(sum(n for n in sched.num_scheduled_tokens if n > 1), seconds)
 
     def add_request(self, request: Request) -> None:
@@ -174,6 +192,8 @@ class Scheduler:
         """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
         budget = self.max_num_batched_tokens
         prefill_left = self.max_num_prefill_tokens  # prompt tokens this step may still compute
+        # Prompt-logprob rows this step may still compute; a prompt that cannot be split runs whole.
+        rows_left = self.max_prompt_logprob_rows if self.chunked_prefill else sys.maxsize
         batch: list[Request] = []
         num_tokens: list[int] = []
         self._step_queries = self._step_hits = self._step_preempted = 0
@@ -190,7 +210,7 @@ class Scheduler:
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if n > 1:
                 hold = held if not self.priority or head_priority <= req.priority else 0
-                n = max(0, min(n, min(budget, prefill_left) - hold))
+                n = max(0, min(n, min(budget, prefill_left) - hold, _logprob_rows_cap(req, n, rows_left)))
                 if n == 0:
                     i += 1
                     continue
@@ -215,6 +235,7 @@ class Scheduler:
                 budget -= n
                 if n > 1:
                     prefill_left -= n
+                    rows_left -= n if _wants_prompt_logprobs(req) else 0
                 i += 1
 
         # 2) Waiting requests, first to last, while budget, prompt-token cap, sequences and blocks
@@ -240,6 +261,9 @@ class Scheduler:
                     n = prefill_left
                 elif not first_prompt:
                     break
+            n = _logprob_rows_cap(req, n, rows_left)
+            if n == 0:
+                break
             if not self.kv_cache.allocate_slots(req, n + num_external, hits):
                 break
             self.waiting.pop()
@@ -257,6 +281,7 @@ class Scheduler:
             num_tokens.append(n)
             budget -= n
             prefill_left = max(0, prefill_left - n)
+            rows_left -= n if _wants_prompt_logprobs(req) else 0
             first_prompt = False
 
         self.total_queries += self._step_queries
@@ -472,6 +497,15 @@ class Scheduler:
             self.kv_connector.request_finished(req)
         del self.requests[req.request_id]
         self.finished_req_ids.add(req.request_id)
+
+
+def _wants_prompt_logprobs(req: Request) -> bool:
+    return req.pooling_params is None and req.sampling_params.prompt_logprobs is not None
+
+
+def _logprob_rows_cap(req: Request, n: int, rows_left: int) -> int:
+    """``n`` prompt tokens of ``req``, at most ``rows_left`` when each is a prompt-logprob row."""
+    return min(n, rows_left) if _wants_prompt_logprobs(req) else n
 
 
 def _record(req: Request, kind: EngineCoreEventType) -> None:

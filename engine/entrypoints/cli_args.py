@@ -54,6 +54,10 @@ ENGINE_ARG_HELP = {
     "kv_cache_memory": "Alias of --kv-cache-memory-bytes.",
     "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA), in (0, 1].",
     "max_logprobs": "Most logprobs a request may ask for.",
+    "max_prompt_logprobs_entries": "Most prompt logprobs one request may ask for, counted as prompt tokens x "
+                                   "(prompt_logprobs + 1) x n (echo with logprobs asks for them too; -1 counts "
+                                   "the vocabulary): they are computed for every prompt position and answered in "
+                                   "one body, ~70 bytes each in JSON. Beyond it, a 400.",
     "num_threads": "torch threads in the EngineCore process (default: all cores but one).",
     "enforce_eager": "Never run the model through torch.compile.",
     "compilation_config": "torch.compile mode as an int (0 = eager) or a JSON object.",

@@ -24,7 +24,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.request import Request
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput, SchedulerOutput
 from engine.kv_transfer import make_kv_connector
 from engine.models.attention import AttentionMetadata, to_device
 from engine.sampling_params import SamplingType
@@ -35,8 +35,6 @@ from engine.worker.logit_controls import LogitControls, has_logit_controls
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
 logger = logging.getLogger(__name__)
-
-_PROMPT_LOGPROBS_ROWS = 256
 
 
 class _RequestState:
@@ -189,10 +187,11 @@ class ModelRunner:
         return vec.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
 
     def _prompt_logprobs(self, hidden: torch.Tensor, row: int, targets: list[int], num: int) -> LogprobsLists:
-        """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once."""
+        """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once
+        (a scheduler that chunks prefill hands at most one slice a step: sched_output.py)."""
         rows = LogprobsLists([], [], [])
-        for start in range(0, len(targets), _PROMPT_LOGPROBS_ROWS):
-            chunk = targets[start:start + _PROMPT_LOGPROBS_ROWS]
+        for start in range(0, len(targets), MAX_PROMPT_LOGPROBS_ROWS):
+            chunk = targets[start:start + MAX_PROMPT_LOGPROBS_ROWS]
             logits = self.model.compute_logits(hidden[row + start:row + start + len(chunk)])
             part = to_logprobs_lists(*gather_logprobs(torch.log_softmax(logits, dim=-1),
                                                       torch.tensor(chunk, device=self.device), num), num)

@@ -84,6 +84,19 @@ def test_logprobs_over_the_limit_and_stop_strings_without_text_are_refused(proce
         processor.process("x", "hi", SamplingParams(stop=["a"], detokenize=False))
 
 
+def test_prompt_logprobs_over_the_entries_limit_are_refused_naming_it(tiny_model_dir):
+    processor = make_processor(tiny_model_dir, max_prompt_logprobs_entries=1000, max_logprobs=49152)
+    ids = list(range(100, 150))
+    with pytest.raises(ValueError, match="max_prompt_logprobs_entries=1000") as info:  # 50 x (20 + 1)
+        processor.process("x", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=20))
+    assert info.value.parameter == "prompt_logprobs"
+    processor.process("y", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19))  # 1000
+    with pytest.raises(ValueError, match="with n=2"):  # each sample computes and answers them
+        processor.process("w", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19, n=2))
+    with pytest.raises(ValueError, match="max_prompt_logprobs_entries"):  # -1: the whole vocabulary
+        processor.process("z", {"prompt_token_ids": ids[:1]}, SamplingParams(prompt_logprobs=-1))
+
+
 def test_chat_renders_the_template_with_a_generation_prompt(processor):
     text = processor.render_chat([{"role": "user", "content": "Hi!"}])
     assert "<|im_start|>user\nHi!<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")

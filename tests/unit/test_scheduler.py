@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.core_utils import EOS, make_request, make_requests, make_scheduler, run_to_completion, step
+from tests.helpers.core_utils import (EOS, fake_runner_output, make_request, make_requests, make_scheduler,
+                                      run_to_completion, step)
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import RequestStatus
@@ -324,3 +325,37 @@ def test_without_chunked_prefill_the_cap_admits_whole_prompts_and_one_longer_tha
     assert sched.num_scheduled_tokens == [1, 20, 20]  # 40 of 50; the third would go over
     sched, _ = step(s)
     assert sched.num_scheduled_tokens == [1, 1, 1, 20]
+
+
+def test_prompt_logprob_rows_are_capped_per_step_over_all_requests():
+    from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS
+
+    s = make_scheduler(max_num_batched_tokens=4096)
+    a = make_request("a", list(range(100, 100 + 3 * MAX_PROMPT_LOGPROBS_ROWS)), prompt_logprobs=1)
+    b = make_request("b", list(range(100, 400)), prompt_logprobs=0)
+    plain = make_request("plain", list(range(1000, 1600)))
+    for r in (a, b, plain):
+        s.add_request(r)
+    sched, _ = step(s)
+    # a takes the step's rows; b (also rows) waits; plain prompts are not rows and still run.
+    assert [r.request_id for r in sched.requests] == ["a"]
+    assert sched.num_scheduled_tokens == [MAX_PROMPT_LOGPROBS_ROWS]
+    while a.num_computed_tokens < a.num_prompt_tokens:
+        sched, _ = step(s)
+        assert sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens)
+                   if r.request_id in ("a", "b") and n > 1) <= MAX_PROMPT_LOGPROBS_ROWS
+
+
+def test_paced_prompt_logprob_rows_follow_their_measured_cost():
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=4096, enable_chunked_prefill=True,
+                             policy="fcfs", max_num_prefill_tokens=2048, prefill_step_target_s=0.5)
+    s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
+    s.add_request(make_request("a", list(range(100, 4100)), prompt_logprobs=20))
+    s.add_request(make_request("plain", list(range(5000, 5100))))
+    first = s.schedule()
+    s.update_from_output(first, fake_runner_output(first))
+    s.observe_step(first, 1.0)  # the rows took twice the budget: the next step has fewer
+    assert s.max_prompt_logprob_rows < first.num_scheduled_tokens[0]
+    assert s.max_num_prefill_tokens == 2048  # the plain prompts' pacer learned nothing from it
+    second = s.schedule()
+    assert second.num_scheduled_tokens[0] == s.max_prompt_logprob_rows

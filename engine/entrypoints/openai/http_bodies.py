@@ -22,6 +22,7 @@ from msgspec import Meta, Struct
 
 from engine.entrypoints.openai.field_support import check_undeclared
 from engine.exceptions import ParameterError
+from engine.outputs import Logprob
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -445,17 +446,11 @@ class CompletionLogProbs(Struct):
     top_logprobs: list[Optional[dict[str, float]]] = []
 
 
-class PromptLogprob(Struct):
-    """One entry of vLLM's ``prompt_logprobs``: a prompt position's {token id: this}."""
-
-    logprob: float
-    rank: Optional[int] = None
-    decoded_token: Optional[str] = None
-
-
 # vLLM's prompt_logprobs: per prompt token, None for the first one (nothing predicts it), else
-# {token id: PromptLogprob} for the actual token and the top-N.
-PromptLogprobs = Optional[list[Optional[dict[int, PromptLogprob]]]]
+# {token id: Logprob} for the actual token and the top-N. The engine's own Logprob dataclass
+# encodes as vLLM's {logprob, rank, decoded_token}: the rows go out as the output processor made
+# them, never copied on the event loop (tens of thousands of entries for a long prompt).
+PromptLogprobs = Optional[list[Optional[dict[int, Logprob]]]]
 _TOKEN_IDS = ("token_ids", Optional[list[int]], None)  # vLLM's return_token_ids
 _PROMPT_TOKEN_IDS = ("prompt_token_ids", Optional[list[int]], None)
 _PROMPT_LOGPROBS = ("prompt_logprobs", PromptLogprobs, None)
