@@ -15,7 +15,7 @@ from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs, resolve_device
 from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
                                          add_server_args, add_tool_args, engine_args_from, server_settings_from,
-                                         tool_serving_from)
+                                         tool_serving_from, with_reasoning_markers)
 from engine.entrypoints.openai.server import run_server
 from engine.exceptions import EngineStartupError
 
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> None:
         settings = dataclasses.replace(server_settings_from(args), tool_serving=tool_serving_from(args))
         os.environ.pop("VLLM_API_KEY", None)
         engine_args = serving_engine_args(args)
+        with_reasoning_markers(engine_args, args)
         if args.api_server_count != 1:
             sys.exit(_run_pool(engine_args, settings, args))
         run_server(build_async_engine_client_from_engine_args(engine_args), settings)
@@ -81,6 +82,6 @@ def _run_pool(engine_args: AsyncEngineArgs, settings, args: argparse.Namespace) 
     from engine.entrypoints.openai.api_server_pool import ApiServerPool
 
     tool_args = argparse.Namespace(**{k: getattr(args, k) for k in ("enable_auto_tool_choice", "tool_call_parser",
-                                                                    "tool_parser_plugin")})
+                                                                    "tool_parser_plugin", "reasoning_parser")})
     return ApiServerPool(engine_args, dataclasses.replace(settings, tool_serving=type(settings.tool_serving)()),
                          tool_args, args.api_server_count).run()

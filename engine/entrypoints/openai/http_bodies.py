@@ -478,8 +478,11 @@ class ChatLogProbs(Struct):
 
 class ChatResponseMessage(Struct, omit_defaults=True):
     role: str
-    content: Optional[str]  # null when the reply is only tool calls
+    content: Optional[str]  # null when the reply is only tool calls (or only reasoning)
     tool_calls: list[ToolCall] = []
+    # --reasoning-parser: the reply's thinking, under both of vLLM's names (same text)
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 class DeltaFunctionCall(Struct, omit_defaults=True):
@@ -501,6 +504,8 @@ class DeltaMessage(Struct, omit_defaults=True):
     role: Optional[str] = None
     content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
+    reasoning_content: Optional[str] = None  # as ChatResponseMessage's
+    reasoning: Optional[str] = None
 
 
 CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs,

@@ -92,7 +92,21 @@ class FunctionCallItem(Struct, kw_only=True, tag_field="type", tag="function_cal
     status: str
 
 
-OutputItem = Union[OutputMessage, FunctionCallItem]
+class ReasoningText(Struct, kw_only=True, tag_field="type", tag="reasoning_text"):
+    text: str
+
+
+class ReasoningItem(Struct, kw_only=True, tag_field="type", tag="reasoning"):
+    """The reply's thinking (``--reasoning-parser``), as vLLM answers it: the text in ``content``,
+    no ``summary``."""
+
+    id: str
+    status: str
+    summary: list[Any] = []
+    content: list[ReasoningText] = []
+
+
+OutputItem = Union[OutputMessage, FunctionCallItem, ReasoningItem]
 
 
 class InputTokensDetails(Struct):
@@ -156,7 +170,7 @@ def _event(name: str, tag: str, fields: list) -> type[Struct]:
 
 _RESPONSE = [("response", ResponseObject)]
 _ITEM = [("output_index", int), ("item", OutputItem)]
-_PART = [("item_id", str), ("output_index", int), ("content_index", int), ("part", OutputText)]
+_PART = [("item_id", str), ("output_index", int), ("content_index", int), ("part", Union[OutputText, ReasoningText])]
 _TEXT_AT = [("item_id", str), ("output_index", int), ("content_index", int)]
 _CALL_AT = [("item_id", str), ("output_index", int)]
 
@@ -171,6 +185,8 @@ OutputTextDelta = _event("OutputTextDelta", "response.output_text.delta",
                          [*_TEXT_AT, ("delta", str), ("logprobs", list, [])])
 OutputTextDone = _event("OutputTextDone", "response.output_text.done",
                         [*_TEXT_AT, ("text", str), ("logprobs", list, [])])
+ReasoningTextDelta = _event("ReasoningTextDelta", "response.reasoning_text.delta", [*_TEXT_AT, ("delta", str)])
+ReasoningTextDone = _event("ReasoningTextDone", "response.reasoning_text.done", [*_TEXT_AT, ("text", str)])
 ArgumentsDelta = _event("ArgumentsDelta", "response.function_call_arguments.delta", [*_CALL_AT, ("delta", str)])
 ArgumentsDone = _event("ArgumentsDone", "response.function_call_arguments.done",
                        [*_CALL_AT, ("name", str), ("arguments", str)])

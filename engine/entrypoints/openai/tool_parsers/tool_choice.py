@@ -35,10 +35,12 @@ _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolServing:
-    """The server's side of tool calling (``--enable-auto-tool-choice``, ``--tool-call-parser``)."""
+    """The server's reading of replies: tool calling (``--enable-auto-tool-choice``,
+    ``--tool-call-parser``) and the ``--reasoning-parser`` whose split comes first."""
 
     enable_auto_tool_choice: bool = False
     parser_cls: Optional[type[ToolParser]] = None
+    reasoning_parser_cls: Optional[type] = None  # a reasoning_parsers.ReasoningParser
 
 
 @dataclass(frozen=True)
