@@ -215,7 +215,7 @@ RESPONSES: dict[str, Placement] = {
     "top_logprobs": Refused(2, (None, 0), _NOT_ON_RESPONSES),
     "truncation": Refused("auto", (None, "disabled"), "(a prompt too long for the context is a 400)"),
     "top_k": Refused(5, (None, -1), _NOT_ON_RESPONSES),
-    "logit_bias": Refused({"1": 5}, (None, {}), _NOT_ON_RESPONSES),
+    "logit_bias": _impl("tests/integration/test_reasoning.py::test_responses_reasoning_item_streamed_and_whole"),
     "skip_special_tokens": Refused(False, (True,), _NOT_ON_RESPONSES),
     "include_stop_str_in_output": Refused(True, (False,), _NOT_ON_RESPONSES),
     "presence_penalty": Refused(1.0, (None, 0.0), _NOT_ON_RESPONSES),

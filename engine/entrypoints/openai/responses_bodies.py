@@ -68,6 +68,7 @@ class ResponsesRequest(Struct, kw_only=True):
     # vLLM's extras
     ignore_eos: bool = False
     seed: Optional[Int64] = None
+    logit_bias: Optional[dict[str, float]] = None  # as chat's
 
 
 # ---- the response ----

@@ -185,7 +185,7 @@ def _chat_request(body: ResponsesRequest, conversation: list[ChatMessage], max_m
         messages=system + conversation, model=body.model, tools=tools, tool_choice=_tool_choice(body, bool(tools)),
         parallel_tool_calls=body.parallel_tool_calls, max_completion_tokens=body.max_output_tokens,
         temperature=body.temperature, top_p=body.top_p, response_format=_response_format(body),
-        ignore_eos=body.ignore_eos, seed=body.seed, user=body.user,
+        ignore_eos=body.ignore_eos, seed=body.seed, user=body.user, logit_bias=body.logit_bias,
         stream=True, stream_options=StreamOptions(include_usage=True))
 
 
