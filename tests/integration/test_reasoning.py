@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import textwrap
 
 import jsonschema
 import openai
@@ -26,6 +27,21 @@ TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}|{% endfor %}"
             "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
+ECHO = {"type": "function", "function": {"name": "echo", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}}}}
+# A tool parser that reads every reply as one call of `echo` with the text it is given.
+ECHO_PLUGIN = textwrap.dedent('''
+    import json
+
+    from engine.entrypoints.openai.tool_parsers import ParsedCall, ParsedReply, ToolParser, ToolParserManager
+
+
+    @ToolParserManager.register_module("echo_text")
+    class EchoTextParser(ToolParser):
+        def parse(self, text, final):
+            arguments = json.dumps({"text": text}, ensure_ascii=False)
+            return ParsedReply("", [ParsedCall("echo", arguments if final else arguments[:-2], final)])
+''')
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +55,13 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server(model_dir, tmp_path_factory):
+    plugin = tmp_path_factory.mktemp("plugin") / "echo_text.py"
+    plugin.write_text(ECHO_PLUGIN)
     with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--reasoning-parser", "qwen3",
-                      "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
+                      "--structured-outputs-config", '{"disable_any_whitespace": true}',
+                      "--enable-auto-tool-choice", "--tool-call-parser", "echo_text",
+                      "--tool-parser-plugin", str(plugin)) as remote:
         yield remote
 
 
@@ -80,6 +100,21 @@ def test_chat_reasoning_split_streamed_and_whole(client, tokenizer):
             streamed_content.append(choice.delta.content or "")
     assert "".join(streamed_reasoning) == reasoning
     assert "".join(streamed_content) == (content or "")
+
+
+def test_tool_calls_are_read_from_the_content_after_the_reasoning(client):
+    """The tool parser sees only the text after ``</think>``, streamed and whole."""
+    plain = chat(client).choices[0].message
+    out = chat(client, tools=[ECHO]).choices[0]
+    assert out.message.reasoning_content == plain.reasoning_content
+    assert json.loads(out.message.tool_calls[0].function.arguments) == {"text": plain.content or ""}
+    reasoning, arguments = [], []
+    for chunk in chat(client, tools=[ECHO], stream=True):
+        for choice in chunk.choices:
+            reasoning.append(getattr(choice.delta, "reasoning_content", None) or "")
+            arguments += [c.function.arguments or "" for c in choice.delta.tool_calls or ()]
+    assert "".join(reasoning) == plain.reasoning_content
+    assert "".join(arguments) == out.message.tool_calls[0].function.arguments
 
 
 def test_json_schema_applies_after_the_reasoning(client):
