@@ -101,6 +101,11 @@ def test_chat_reasoning_split_streamed_and_whole(client, tokenizer):
     assert "".join(streamed_reasoning) == reasoning
     assert "".join(streamed_content) == (content or "")
 
+    left_out = chat(client, extra_body={"include_reasoning": False}).choices[0].message
+    assert getattr(left_out, "reasoning_content", None) is None and left_out.content == content
+    chunks = list(chat(client, stream=True, extra_body={"include_reasoning": False}))
+    assert not any(getattr(c.delta, "reasoning_content", None) for chunk in chunks for c in chunk.choices)
+
 
 def test_tool_calls_are_read_from_the_content_after_the_reasoning(client):
     """The tool parser sees only the text after ``</think>``, streamed and whole."""

@@ -145,7 +145,7 @@ CHAT: dict[str, Placement] = {
     "logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
     "top_logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
     "echo": _impl(_FIELDS + "test_chat_echo_starts_with_the_assistant_message"),
-    "include_reasoning": NoOp("no reasoning parser runs here, so there is no reasoning to include or leave out"),
+    "include_reasoning": _impl("tests/integration/test_reasoning.py::test_chat_reasoning_split_streamed_and_whole"),
     "reasoning_effort": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "documents": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "media_io_kwargs": Refused({"image": {}}, (None, {}), "(text models only)"),
@@ -204,7 +204,7 @@ RESPONSES: dict[str, Placement] = {
     "background": _impl(_RESPONSES + "test_background_response_is_polled_and_cancelled"),
     "user": _GENERATION["user"],
     "session_id": _GENERATION["session_id"],
-    "include_reasoning": CHAT["include_reasoning"],
+    "include_reasoning": NoOp("a reasoning item is always answered (with --reasoning-parser)"),
     "prompt_cache_key": NoOp("a routing hint for OpenAI's prompt cache; ringllm's prefix cache finds shared "
                              "prefixes by their tokens, with no key (vLLM ignores it too)"),
     "include": Refused(["message.output_text.logprobs"], (None, []), "(no include value can be filled here)"),

@@ -355,6 +355,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
     add_special_tokens: bool = False  # on top of what the chat template writes (vLLM's default: none)
     documents: Optional[list[dict[str, str]]] = None  # for RAG templates: the template's ``documents``
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the answer
     # The template's ``reasoning_effort`` (as vLLM passes it); no effect on a template that ignores it.
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
     return_prompt_text: Optional[bool] = None  # the rendered prompt in ``prompt_text`` (a stream's first chunk)

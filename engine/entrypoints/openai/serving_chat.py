@@ -112,7 +112,8 @@ class OpenAIServingChat(OpenAIServing):
         choices = []
         echo = _echo_text(body)
         for c in final.outputs:
-            message, finish_reason = self._message(tool_plan, c, self._reasoning_parser(body, text))
+            message, finish_reason = self._message(tool_plan, c, self._reasoning_parser(body, text),
+                                                   body.include_reasoning)
             if echo and message.content is not None:
                 message.content = echo + message.content
             choices.append(ChatChoice(c.index, message, self._logprobs(body, c), finish_reason, c.stop_reason,
@@ -176,10 +177,12 @@ class OpenAIServingChat(OpenAIServing):
         return parser_cls(self.tokenizer, body.template_kwargs(), parser_cls.prompt_closes_reasoning(prompt_text))
 
     def _message(self, tool_plan: ToolCallPlan, completion: CompletionOutput,
-                 reasoning_parser: Optional[ReasoningParser] = None) -> tuple[ChatResponseMessage, str]:
+                 reasoning_parser: Optional[ReasoningParser] = None,
+                 include_reasoning: bool = True) -> tuple[ChatResponseMessage, str]:
         """A whole reply as its message and finish reason: its reasoning split off first (with a
         reasoning parser), then its tool calls read out of the rest when the request asks for
-        calls (content null when there are only calls, or only reasoning)."""
+        calls (content null when there are only calls, or only reasoning). ``include_reasoning``
+        false: the reasoning is split off all the same, and left out."""
         reasoning, text = (None, completion.text) if reasoning_parser is None else reasoning_parser.split(completion.text)
         parser = tool_plan.new_parser(self.tokenizer)
         if parser is None:
@@ -191,6 +194,8 @@ class OpenAIServingChat(OpenAIServing):
                 tool_plan.finish_reason(extracted, completion.finish_reason)
         if reasoning is not None and not content:
             content = None
+        if not include_reasoning:
+            reasoning = None
         return ChatResponseMessage(ROLE, content, calls, reasoning, reasoning), finish_reason
 
     async def _chunks(self, body: ChatCompletionRequest, model: str, request_id: str, created: int,
@@ -228,7 +233,7 @@ class OpenAIServingChat(OpenAIServing):
                     text = c.text
                     if reasoners[c.index] is not None:  # the reasoning goes first, in deltas of its own
                         reasoning, text = _reasoning_pieces(reasoners[c.index], c)
-                        if reasoning:
+                        if reasoning and body.include_reasoning:
                             yield ChatCompletionChunk(request_id, created, model, [ChatStreamChoice(
                                 c.index, DeltaMessage(reasoning_content=reasoning, reasoning=reasoning))])
                     if streamers[c.index] is not None:  # the request asks for tool calls: deltas in their shape
