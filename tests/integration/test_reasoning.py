@@ -156,7 +156,8 @@ def test_responses_reasoning_item_streamed_and_whole(client):
     response = client.responses.create(**ask)
     reasoning, message = response.output[0], response.output[1]
     assert reasoning.type == "reasoning" and reasoning.summary == []
-    assert [(c.type, c.text) for c in reasoning.content] == [("reasoning_text", whole.choices[0].message.reasoning_content)]
+    expected = whole.choices[0].message.reasoning_content
+    assert [(c.type, c.text) for c in reasoning.content] == [("reasoning_text", expected)]
     assert message.type == "message" and message.content[0].text == whole.choices[0].message.content
 
     events = list(client.responses.create(**ask, stream=True))

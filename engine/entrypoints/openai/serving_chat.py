@@ -183,7 +183,9 @@ class OpenAIServingChat(OpenAIServing):
         reasoning parser), then its tool calls read out of the rest when the request asks for
         calls (content null when there are only calls, or only reasoning). ``include_reasoning``
         false: the reasoning is split off all the same, and left out."""
-        reasoning, text = (None, completion.text) if reasoning_parser is None else reasoning_parser.split(completion.text)
+        reasoning, text = None, completion.text
+        if reasoning_parser is not None:
+            reasoning, text = reasoning_parser.split(completion.text)
         parser = tool_plan.new_parser(self.tokenizer)
         if parser is None:
             content, calls, finish_reason = text, [], completion.finish_reason

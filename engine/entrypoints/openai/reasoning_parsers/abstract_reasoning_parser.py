@@ -101,5 +101,5 @@ class ReasoningParserManager:
         try:
             return cls.reasoning_parsers[name]
         except KeyError:
-            raise ValueError(f"invalid reasoning parser: {name} (choose from {', '.join(sorted(cls.reasoning_parsers))})"
-                             ) from None
+            known = ", ".join(sorted(cls.reasoning_parsers))
+            raise ValueError(f"invalid reasoning parser: {name} (choose from {known})") from None
