@@ -22,7 +22,8 @@ from tokenizers import Tokenizer
 END_IDS = (9617, 17400, 46)  # "</", "think", ">"
 BIAS = {str(i): 30 for i in END_IDS}
 ASK = [{"role": "user", "content": "Is it ok?"}]
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}|{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
+            "{% endif %}{{ m.content }}|{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
             "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -168,6 +169,35 @@ def test_responses_reasoning_item_streamed_and_whole(client):
     first_text = types.index("response.output_text.delta")
     assert types.index("response.reasoning_text.done") < first_text  # the reasoning item closes first
     assert events[-1].response.output[0].content[0].text == reasoning.content[0].text
+
+
+def test_reasoning_sent_back_reaches_the_template(client, tokenizer):
+    """An assistant message's reasoning_content (or reasoning) in chat, a reasoning input item in
+    responses (with the answer after it), and a previous response's reasoning item."""
+    for field in ("reasoning_content", "reasoning"):
+        history = [*ASK, {"role": "assistant", "content": "yes", field: "it is"}, {"role": "user", "content": "Sure?"}]
+        out = client.chat.completions.create(model="tiny", messages=history, max_tokens=1,
+                                             extra_body={"return_prompt_text": True})
+        assert "<assistant>[thought it is]yes|<user>Sure?|" in out.prompt_text
+
+    def items(reasoning, answer):
+        return [{"role": "user", "content": "Is it ok?"},
+                {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": reasoning}]},
+                {"role": "assistant", "content": answer}, {"role": "user", "content": "Sure?"}]
+
+    def input_tokens(**ask):
+        return client.responses.create(model="tiny", max_output_tokens=1, **ask).usage.input_tokens
+
+    thought = len(tokenizer.encode("[thought it is]", add_special_tokens=False).ids)
+    without = items("", "yes")
+    del without[1]
+    assert input_tokens(input=items("it is", "yes")) == input_tokens(input=without) + thought
+
+    first = client.responses.create(model="tiny", input="Is it ok?", max_output_tokens=80,
+                                    extra_body={"seed": 3, "logit_bias": BIAS})
+    reasoning, answer = first.output[0].content[0].text, first.output[1].content[0].text
+    assert input_tokens(input="Sure?", previous_response_id=first.id) == input_tokens(input=items(reasoning, answer))
 
 
 def test_unknown_reasoning_parser_is_a_clear_error(model_dir):

@@ -212,7 +212,7 @@ def test_background_response_is_polled_and_cancelled(server, client):
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input.0"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input.0"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}, "input.0"),
     ({"input": [{"role": "wizard", "content": "hi"}]}, "input.0"),
     ({"input": []}, "input"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),

@@ -312,6 +312,9 @@ class ChatMessage(Struct, kw_only=True):
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
     tool_call_id: Optional[str] = None  # a tool message: the call it answers
+    # An assistant's earlier reasoning (an answer's own field sent back), for templates that show it
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None  # the same, under vLLM's other name
 
     def for_template(self, index: int) -> dict[str, str]:
         """The plain ``{"role", "content"}`` dict chat templates expect; only text parts exist here."""
@@ -328,6 +331,9 @@ class ChatMessage(Struct, kw_only=True):
             message["tool_calls"] = [_call_for_template(call, index) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         return message
 
 
