@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 END_IDS = (9617, 17400, 46)  # "</", "think", ">"
 BIAS = {str(i): 30 for i in END_IDS}
 ASK = [{"role": "user", "content": "Is it ok?"}]
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
+TEMPLATE = ("{% if reasoning_effort %}<effort {{ reasoning_effort }}>{% endif %}{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
             "{% endif %}{{ m.content }}|{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
             "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
@@ -198,6 +198,21 @@ def test_reasoning_sent_back_reaches_the_template(client, tokenizer):
                                     extra_body={"seed": 3, "logit_bias": BIAS})
     reasoning, answer = first.output[0].content[0].text, first.output[1].content[0].text
     assert input_tokens(input="Sure?", previous_response_id=first.id) == input_tokens(input=items(reasoning, answer))
+
+
+def test_reasoning_effort_reaches_the_template(client):
+    """Chat's reasoning_effort and responses' reasoning.effort, as vLLM passes them."""
+    out = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=1, reasoning_effort="high",
+                                         extra_body={"return_prompt_text": True})
+    assert out.prompt_text.startswith("<effort high><user>Is it ok?|")
+
+    def input_tokens(**ask):
+        return client.responses.create(model="tiny", input="Is it ok?", max_output_tokens=1, **ask).usage.input_tokens
+
+    assert input_tokens(reasoning={"effort": "high"}) == out.usage.prompt_tokens > input_tokens()
+    with pytest.raises(openai.BadRequestError) as err:
+        input_tokens(reasoning={"effort": "high", "summary": "detailed"})
+    assert err.value.body["param"] == "reasoning"
 
 
 def test_unknown_reasoning_parser_is_a_clear_error(model_dir):

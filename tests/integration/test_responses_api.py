@@ -215,7 +215,7 @@ def test_background_response_is_polled_and_cancelled(server, client):
     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}, "input.0"),
     ({"input": [{"role": "wizard", "content": "hi"}]}, "input.0"),
     ({"input": []}, "input"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"summary": "auto"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"conversation": "conv_1"}, "conversation"),

@@ -210,7 +210,7 @@ RESPONSES: dict[str, Placement] = {
     "include": Refused(["message.output_text.logprobs"], (None, []), "(no include value can be filled here)"),
     "max_tool_calls": Refused(1),
     "prompt": Refused({"id": "pmpt_1"}, (None,), "(no stored prompt templates here)"),
-    "reasoning": Refused({"effort": "high"}, (None, {}, {"effort": None}), "(no reasoning models here)"),
+    "reasoning": _impl("tests/integration/test_reasoning.py::test_reasoning_effort_reaches_the_template"),
     "service_tier": Refused("flex", (None, "auto", "default"), "(one tier here)"),
     "top_logprobs": Refused(2, (None, 0), _NOT_ON_RESPONSES),
     "truncation": Refused("auto", (None, "disabled"), "(a prompt too long for the context is a 400)"),

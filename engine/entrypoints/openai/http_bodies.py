@@ -306,6 +306,10 @@ class ToolCall(Struct, kw_only=True):
     function: FunctionCall
 
 
+# The template's ``reasoning_effort``, as vLLM passes it (chat's field, responses' ``reasoning.effort``).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
@@ -363,7 +367,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     documents: Optional[list[dict[str, str]]] = None  # for RAG templates: the template's ``documents``
     include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the answer
     # The template's ``reasoning_effort`` (as vLLM passes it); no effect on a template that ignores it.
-    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
     return_prompt_text: Optional[bool] = None  # the rendered prompt in ``prompt_text`` (a stream's first chunk)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.entrypoints.openai.http_bodies import (MAX_REQUEST_ID_CHARS, Int64, PositiveInt, Temperature, TopP)
+from engine.entrypoints.openai.http_bodies import (MAX_REQUEST_ID_CHARS, Int64, PositiveInt, ReasoningEffort,
+                                                   Temperature, TopP)
 
 
 class FunctionTool(Struct, kw_only=True):
@@ -44,6 +45,11 @@ class NamedFunctionChoice(Struct, kw_only=True):
     name: Optional[str] = None
 
 
+class ReasoningConfig(Struct, kw_only=True):
+    effort: Optional[ReasoningEffort] = None  # the chat template's reasoning_effort, as vLLM passes it
+    summary: Optional[str] = None  # no summary is written here: a value that asks for one is a 400
+
+
 class ResponsesRequest(Struct, kw_only=True):
     """POST /v1/responses. Fields vLLM knows and this struct leaves out are placed in field_support.py."""
 
@@ -69,6 +75,7 @@ class ResponsesRequest(Struct, kw_only=True):
     ignore_eos: bool = False
     seed: Optional[Int64] = None
     logit_bias: Optional[dict[str, float]] = None  # as chat's
+    reasoning: Optional[ReasoningConfig] = None
 
 
 # ---- the response ----

@@ -211,11 +211,16 @@ def _chat_request(body: ResponsesRequest, conversation: list[ChatMessage], max_m
     tools = _tools(body)
     if not conversation:
         raise _bad("input must hold at least one item", "input")
+    reasoning = body.reasoning
+    if reasoning is not None and reasoning.summary not in (None, "none"):
+        raise _bad("reasoning.summary is not supported (the reasoning is answered whole, not summarized)",
+                   "reasoning")
     return ChatCompletionRequest(
         messages=system + conversation, model=body.model, tools=tools, tool_choice=_tool_choice(body, bool(tools)),
         parallel_tool_calls=body.parallel_tool_calls, max_completion_tokens=body.max_output_tokens,
         temperature=body.temperature, top_p=body.top_p, response_format=_response_format(body),
         ignore_eos=body.ignore_eos, seed=body.seed, user=body.user, logit_bias=body.logit_bias,
+        reasoning_effort=reasoning.effort if reasoning is not None else None,
         stream=True, stream_options=StreamOptions(include_usage=True))
 
 
