@@ -122,7 +122,7 @@ class InputTokensDetails(Struct):
 
 
 class OutputTokensDetails(Struct):
-    reasoning_tokens: int = 0  # no reasoning model here
+    reasoning_tokens: int = 0  # not counted (the reasoning is split from the text, not the tokens)
 
 
 class ResponseUsage(Struct, kw_only=True):
