@@ -25,6 +25,7 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
+from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import ReasoningParser
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
 from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH
@@ -40,7 +41,7 @@ class ToolServing:
 
     enable_auto_tool_choice: bool = False
     parser_cls: Optional[type[ToolParser]] = None
-    reasoning_parser_cls: Optional[type] = None  # a reasoning_parsers.ReasoningParser
+    reasoning_parser_cls: Optional[type[ReasoningParser]] = None
 
 
 @dataclass(frozen=True)
