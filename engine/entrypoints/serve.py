@@ -32,11 +32,13 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     tokens go out a few prompts a step, in arrival order, while the running streams keep
     decoding (benchmarks/RESULTS.md, Serving).
     Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
-    where the whole 2048-token budget is prefilled in milliseconds."""
+    where the whole 2048-token budget is prefilled in milliseconds.
+    With --reasoning-parser, the core is told its markers (cli_args.with_reasoning_markers)."""
     engine_args = engine_args_from(args, AsyncEngineArgs)
     on_cpu = engine_args.device != "cuda" and resolve_device(engine_args.device) == "cpu"
     if engine_args.max_num_prefill_tokens is None and on_cpu:
         engine_args.max_num_prefill_tokens = SERVE_CPU_MAX_NUM_PREFILL_TOKENS
+    with_reasoning_markers(engine_args, args)
     return engine_args
 
 
@@ -69,7 +71,6 @@ def run(args: argparse.Namespace) -> None:
         settings = dataclasses.replace(server_settings_from(args), tool_serving=tool_serving_from(args))
         os.environ.pop("VLLM_API_KEY", None)
         engine_args = serving_engine_args(args)
-        with_reasoning_markers(engine_args, args)
         if args.api_server_count != 1:
             sys.exit(_run_pool(engine_args, settings, args))
         run_server(build_async_engine_client_from_engine_args(engine_args), settings)
