@@ -12,7 +12,8 @@ A parser is made per reply, knowing the request's ``chat_template_kwargs`` (Qwen
 thinking off writes ``<think></think>`` into the prompt): then the whole reply is content, as
 vLLM's ``prompt_is_reasoning_end``. The core makes the same decision from the prompt's token ids
 to start a structured-outputs grammar only after the reasoning (structured_output/reasoning.py);
-``markers`` are the texts it is told (``structured_outputs_config.reasoning_start``/``_end``).
+a parser's ``start`` and ``end`` are the texts it is told (``structured_outputs_config.reasoning_start``
+and ``reasoning_end``, set by ``ringllm serve``).
 
 The registry is vLLM's ``ReasoningParserManager``: parsers register with
 ``@ReasoningParserManager.register_module("name")``.
