@@ -51,10 +51,14 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
         return None
     from engine.structured_output.config import resolve_structured_outputs_config
     from engine.structured_output.manager import StructuredOutputManager
+    from engine.structured_output.reasoning import ReasoningMarkers
 
     args = config.engine_args
     so_config = resolve_structured_outputs_config(getattr(args, "structured_outputs_config", None))
-    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs)
+    reasoning = ReasoningMarkers.load(mc.tokenizer, so_config.reasoning_start, so_config.reasoning_end) \
+        if so_config.reasoning_end else None
+    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs,
+                                   reasoning)
 
 
 class EngineCore:

@@ -303,6 +303,10 @@ def add_tool_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-parser-plugin", metavar="PATH",
                        help="A Python file that registers a tool parser with "
                             '@ToolParserManager.register_module("name") (engine.entrypoints.openai.tool_parsers).')
+    group.add_argument("--reasoning-parser", metavar="NAME",
+                       help="How the model writes its reasoning: deepseek_r1 or qwen3 (<think>...</think>). The "
+                            "reasoning is answered as reasoning_content (chat) or a reasoning item (responses), tool "
+                            "calls are read after it, and a structured-outputs grammar applies only after it.")
 
 
 def tool_serving_from(args: argparse.Namespace):
@@ -316,4 +320,25 @@ def tool_serving_from(args: argparse.Namespace):
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     parser_cls = ToolParserManager.get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
-    return ToolServing(args.enable_auto_tool_choice, parser_cls)
+    return ToolServing(args.enable_auto_tool_choice, parser_cls, reasoning_parser_from(args))
+
+
+def reasoning_parser_from(args: argparse.Namespace):
+    """The ``--reasoning-parser`` class, or None; a ValueError lists the known names."""
+    from engine.entrypoints.openai.reasoning_parsers import ReasoningParserManager
+
+    name = getattr(args, "reasoning_parser", None)
+    return ReasoningParserManager.get_reasoning_parser(name) if name else None
+
+
+def with_reasoning_markers(engine_args: Any, args: argparse.Namespace) -> None:
+    """Tell the core the ``--reasoning-parser``'s markers (``structured_outputs_config``), so that
+    a grammar starts after the reasoning (engine/structured_output/reasoning.py)."""
+    parser_cls = reasoning_parser_from(args)
+    if parser_cls is None:
+        return
+    from engine.structured_output.config import resolve_structured_outputs_config
+
+    config = resolve_structured_outputs_config(engine_args.structured_outputs_config)
+    engine_args.structured_outputs_config = dataclasses.replace(config, reasoning_start=parser_cls.start,
+                                                                reasoning_end=parser_cls.end)

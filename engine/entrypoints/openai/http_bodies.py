@@ -323,12 +323,19 @@ class ToolCall(Struct, kw_only=True):
     function: FunctionCall
 
 
+# The template's ``reasoning_effort``, as vLLM passes it (chat's field, responses' ``reasoning.effort``).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
     tool_call_id: Optional[str] = None  # a tool message: the call it answers
+    # An assistant's earlier reasoning (an answer's own field sent back), for templates that show it
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None  # the same, under vLLM's other name
 
     def for_template(self, index: int) -> dict[str, str]:
         """The plain ``{"role", "content"}`` dict chat templates expect; only text parts exist here."""
@@ -345,6 +352,9 @@ class ChatMessage(Struct, kw_only=True):
             message["tool_calls"] = [_call_for_template(call, index) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         return message
 
 
@@ -372,8 +382,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
     add_special_tokens: bool = False  # on top of what the chat template writes (vLLM's default: none)
     documents: Optional[list[dict[str, str]]] = None  # for RAG templates: the template's ``documents``
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the answer
     # The template's ``reasoning_effort`` (as vLLM passes it); no effect on a template that ignores it.
-    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
     return_prompt_text: Optional[bool] = None  # the rendered prompt in ``prompt_text`` (a stream's first chunk)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
@@ -489,8 +500,11 @@ class ChatLogProbs(Struct):
 
 class ChatResponseMessage(Struct, omit_defaults=True):
     role: str
-    content: Optional[str]  # null when the reply is only tool calls
+    content: Optional[str]  # null when the reply is only tool calls (or only reasoning)
     tool_calls: list[ToolCall] = []
+    # --reasoning-parser: the reply's thinking, under both of vLLM's names (same text)
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 class DeltaFunctionCall(Struct, omit_defaults=True):
@@ -512,6 +526,8 @@ class DeltaMessage(Struct, omit_defaults=True):
     role: Optional[str] = None
     content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
+    reasoning_content: Optional[str] = None  # as ChatResponseMessage's
+    reasoning: Optional[str] = None
 
 
 CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs,

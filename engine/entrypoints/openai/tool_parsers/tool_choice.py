@@ -28,6 +28,7 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
+from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import ReasoningParser
 from engine.entrypoints.openai.structured_outputs import explicit_constraint_field
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
@@ -39,10 +40,12 @@ _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolServing:
-    """The server's side of tool calling (``--enable-auto-tool-choice``, ``--tool-call-parser``)."""
+    """The server's reading of replies: tool calling (``--enable-auto-tool-choice``,
+    ``--tool-call-parser``) and the ``--reasoning-parser`` whose split comes first."""
 
     enable_auto_tool_choice: bool = False
     parser_cls: Optional[type[ToolParser]] = None
+    reasoning_parser_cls: Optional[type[ReasoningParser]] = None
 
 
 @dataclass(frozen=True)
