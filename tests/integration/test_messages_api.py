@@ -15,7 +15,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
+from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_anthropic_sse
 
 API_KEY = "sk-messages"
 AUTH = {"x-api-key": API_KEY}
@@ -152,27 +152,13 @@ def test_count_tokens_counts_the_conversation_and_its_template_kwargs(server, cl
 
 # ---- streams ----
 
-def _events(raw: bytes) -> list[tuple[str, dict]]:
-    """Anthropic's SSE: each event an ``event:`` line and its ``data:`` line, then a blank line."""
-    text = raw.decode()
-    assert text.endswith("\n\n")
-    events = []
-    for block in text.split("\n\n")[:-1]:
-        kind, data = block.split("\n")
-        assert kind.startswith("event: ") and data.startswith("data: "), block
-        payload = json.loads(data[len("data: "):])
-        assert payload["type"] == kind[len("event: "):]
-        events.append((payload["type"], payload))
-    return events
-
-
 def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
     whole = create(client, max_tokens=10)
     status, raw, headers = server.request("POST", "/v1/messages", json.dumps(
         {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 10,
          "temperature": 0.0, "stream": True}).encode(), {**AUTH, "Content-Type": "application/json"})
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
-    events = _events(raw)
+    events = [(e["type"], e) for e in parse_anthropic_sse(raw)]
     kinds = [kind for kind, _ in events]
     deltas = kinds.count("content_block_delta")
     assert kinds == ["message_start", "ping", "content_block_start", *["content_block_delta"] * deltas,

@@ -51,7 +51,7 @@ class OutputConfig(Struct, kw_only=True):
     effort: Optional[Literal["low", "medium", "high", "xhigh", "max"]] = None  # the template's reasoning_effort
 
 
-class _Conversation(Struct, kw_only=True):
+class ConversationFields(Struct, kw_only=True):
     """What both routes read: the conversation and the tools it may call."""
 
     model: Annotated[str, Meta(min_length=1)]
@@ -62,7 +62,7 @@ class _Conversation(Struct, kw_only=True):
     chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's
 
 
-class AnthropicMessagesRequest(_Conversation, kw_only=True):
+class AnthropicMessagesRequest(ConversationFields, kw_only=True):
     """POST /v1/messages. Fields known elsewhere and left out here are placed in field_support.py."""
 
     max_tokens: PositiveInt  # required, as Anthropic requires it
@@ -75,7 +75,7 @@ class AnthropicMessagesRequest(_Conversation, kw_only=True):
     output_config: Optional[OutputConfig] = None
 
 
-class AnthropicCountTokensRequest(_Conversation, kw_only=True):
+class AnthropicCountTokensRequest(ConversationFields, kw_only=True):
     """POST /v1/messages/count_tokens."""
 
 

@@ -30,7 +30,7 @@ from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatComp
                                                    StreamOptions, ToolCall, decode_request)
 from engine.entrypoints.openai.messages_bodies import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
                                                        AnthropicUsage, Blocks, ContextManagement, CountTokensResponse, MessageResponse,
-                                                       _Conversation)
+                                                       ConversationFields)
 from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageEvents
 from engine.entrypoints.openai.responses_events import item_id
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -94,13 +94,13 @@ def _text_block(block: dict[str, Any], param: str) -> str:
     return text.text
 
 
-def _system(body: _Conversation) -> list[ChatMessage]:
+def _system(body: ConversationFields) -> list[ChatMessage]:
     parts = [_text(body.system, "system")] if body.system is not None else []
     parts += [_text(m.content, f"messages.{i}.content") for i, m in enumerate(body.messages) if m.role == "system"]
     return [ChatMessage(role="system", content="".join(parts))] if parts else []
 
 
-def _conversation(body: _Conversation) -> list[ChatMessage]:
+def _conversation(body: ConversationFields) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     for index, message in enumerate(body.messages):
         if message.role == "system":
@@ -133,7 +133,7 @@ def _conversation(body: _Conversation) -> list[ChatMessage]:
 
 # ---- the request as a chat request ----
 
-def _tools(body: _Conversation) -> Optional[list[ChatCompletionToolsParam]]:
+def _tools(body: ConversationFields) -> Optional[list[ChatCompletionToolsParam]]:
     tools = []
     for index, tool in enumerate(body.tools or ()):
         if tool.type not in (None, "custom"):
@@ -146,7 +146,7 @@ def _tools(body: _Conversation) -> Optional[list[ChatCompletionToolsParam]]:
     return tools or None
 
 
-def _tool_choice(body: _Conversation, has_tools: bool) -> Any:
+def _tool_choice(body: ConversationFields, has_tools: bool) -> Any:
     choice = body.tool_choice
     if choice is None or (choice.type in ("auto", "none") and not has_tools):
         return None  # vLLM: auto with tools, nothing to choose without
@@ -165,7 +165,7 @@ def _response_format(body: AnthropicMessagesRequest) -> Optional[dict[str, Any]]
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema}}
 
 
-def chat_request(body: _Conversation) -> ChatCompletionRequest:
+def chat_request(body: ConversationFields) -> ChatCompletionRequest:
     """The chat request a messages (or count_tokens) request stands for."""
     tools = _tools(body)
     request = ChatCompletionRequest(
