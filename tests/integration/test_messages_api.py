@@ -19,6 +19,7 @@ from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, par
 
 API_KEY = "sk-messages"
 AUTH = {"x-api-key": API_KEY}
+BODY_LIMIT = 64 << 10
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
         "required": ["city"], "additionalProperties": False}
 WEATHER = {"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}
@@ -32,7 +33,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
-                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                      "--max-request-body-bytes", str(BODY_LIMIT), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                       "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
         yield remote
 
@@ -232,3 +233,11 @@ def test_the_key_is_taken_as_x_api_key_or_bearer_and_required(server):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(**payload)
 
+
+
+def test_an_oversize_body_and_an_unknown_route_method_answer_in_anthropic_shape(server):
+    status, body, _ = server.post_json("/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "x" * BODY_LIMIT}]}, AUTH)
+    assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large"
+    status, raw, _ = server.get("/v1/messages", AUTH)
+    assert status == 405 and json.loads(raw)["type"] == "error"
