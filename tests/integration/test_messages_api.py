@@ -28,12 +28,14 @@ SCHEMA = {"type": "object", "properties": {"capital": {"type": "boolean"},
                                            "rank": {"type": "integer", "minimum": 0, "maximum": 9}},
           "required": ["capital", "rank"], "additionalProperties": False}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+DEEP = json.loads("[" * 600 + "]" * 600)  # deeper than the chat template's helpers can recurse
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
-                      "--max-request-body-bytes", str(BODY_LIMIT), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                      "--max-request-body-bytes", str(BODY_LIMIT), "--enable-auto-tool-choice",
+                      "--tool-call-parser", "hermes",
                       "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
         yield remote
 
@@ -202,6 +204,8 @@ def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+    ({"messages": [*ASK, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {"a": DEEP}}]}]}, "messages"),
     ({"max_tokens": 1 << 20}, "max_tokens"),
     ({"max_tokens": None}, "max_tokens"),
     ({"temperature": 9}, "temperature"),
@@ -241,3 +245,4 @@ def test_an_oversize_body_and_an_unknown_route_method_answer_in_anthropic_shape(
     assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large"
     status, raw, _ = server.get("/v1/messages", AUTH)
     assert status == 405 and json.loads(raw)["type"] == "error"
+

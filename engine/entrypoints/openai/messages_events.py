@@ -22,8 +22,9 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionChunk, OpenAIError
 from engine.entrypoints.openai.messages_bodies import (
-    AnthropicUsage, anthropic_error, ContentBlockDelta, ContentBlockStart, ContentBlockStop, InputJsonDelta, MessageDelta,
-    MessageResponse, MessageStart, MessageStop, Ping, StopDelta, TextContent, TextDelta, ToolUseContent)
+    AnthropicUsage, ContentBlockDelta, ContentBlockStart, ContentBlockStop, InputJsonDelta, MessageDelta,
+    MessageResponse, MessageStart, MessageStop, Ping, StopDelta, TextContent, TextDelta, ToolUseContent,
+    anthropic_error)
 from engine.entrypoints.openai.serving_engine import SSEFraming
 
 _encode = msgspec.json.Encoder().encode

@@ -12,8 +12,9 @@ shaping (every failure, aiohttp's own 404/405/413 included, leaves in OpenAI's
 ``{"error": ...}`` shape, or Anthropic's on its routes (``ANTHROPIC_PATHS``), with a text fit for
 clients, public_errors.py; a body that cannot be decoded is a 400; each request is counted), the
 API key (every route but the probes /health, /ping, /metrics and /version; compared in constant
-time; Anthropic's routes also take it as ``x-api-key``, as Anthropic's clients send it), and the body-size limit (413 from the declared length, before anything is read;
-aiohttp's ``client_max_size`` catches bodies that declare none).
+time; Anthropic's routes also take it as ``x-api-key``, as Anthropic's clients send it), and the
+body-size limit (413 from the declared length, before anything is read; aiohttp's
+``client_max_size`` catches bodies that declare none).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatComp
                                                    FunctionDefinition, NamedFunction, NamedToolChoice, OpenAIError,
                                                    StreamOptions, ToolCall, decode_request)
 from engine.entrypoints.openai.messages_bodies import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
-                                                       AnthropicUsage, Blocks, ContextManagement, CountTokensResponse, MessageResponse,
+                                                       Blocks, ContextManagement, CountTokensResponse, MessageResponse,
                                                        ConversationFields)
 from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageEvents
 from engine.entrypoints.openai.responses_events import item_id
@@ -154,7 +154,7 @@ def _tool_choice(body: ConversationFields, has_tools: bool) -> Any:
         if not choice.name:
             raise _bad("tool_choice.name is required when tool_choice.type is 'tool'", "tool_choice")
         return NamedToolChoice(function=NamedFunction(name=choice.name))
-    return {"any": "required"}.get(choice.type, choice.type)
+    return "required" if choice.type == "any" else choice.type  # auto, none: chat's own
 
 
 def _response_format(body: AnthropicMessagesRequest) -> Optional[dict[str, Any]]:
@@ -183,6 +183,14 @@ def chat_request(body: ConversationFields) -> ChatCompletionRequest:
     return request
 
 
+def _messages_param(exc: OpenAIError) -> OpenAIError:
+    """Chat's errors name its own messages (``messages.3.tool_calls``), whose indices are not the
+    request's (the system message, tool results split out): here they are about ``messages``."""
+    if exc.param is not None and exc.param.startswith("messages."):
+        exc.param = "messages"
+    return exc
+
+
 class AnthropicServingMessages:
     def __init__(self, chat: OpenAIServingChat) -> None:
         self.chat = chat
@@ -190,15 +198,20 @@ class AnthropicServingMessages:
     async def create_message(self, request: web.Request) -> web.StreamResponse:
         body = decode_request(await request.read(), AnthropicMessagesRequest)
         chat_body = chat_request(body)
-        message = MessageResponse(id=item_id("msg"), model=self.chat.check_model(body.model), content=[],
-                                  usage=AnthropicUsage())
-        chunks = self.chat.chunk_stream(chat_body, message.id)  # checks the request now: a 400 raises here
+        message = MessageResponse(id=item_id("msg"), model=self.chat.check_model(body.model), content=[])
+        try:
+            chunks = self.chat.chunk_stream(chat_body, message.id)  # checks the request now: a 400 raises here
+        except OpenAIError as exc:
+            raise _messages_param(exc) from None
         events = MessageEvents(message)
         if body.stream:
             return await self.chat.sse_response(request, self._stream(chunks, events), ANTHROPIC_SSE)
-        async with self.chat.time_limit(self.chat.deadline()), contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                events.feed(chunk)
+        try:
+            async with self.chat.time_limit(self.chat.deadline()), contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    events.feed(chunk)
+        except OpenAIError as exc:
+            raise _messages_param(exc) from None
         events.finish()
         return json_response(message)
 
@@ -209,15 +222,21 @@ class AnthropicServingMessages:
         self.chat.check_model(body.model)
         chat_body = chat_request(body)
         tool_plan = plan_tool_calls(chat_body, self.chat.tool_serving)
-        _, token_ids = await self.chat.render(chat_body.messages, chat_template_kwargs=chat_body.template_kwargs(),
-                                              must_fit=False, tools=tool_plan.tools)
+        try:
+            _, token_ids = await self.chat.render(chat_body.messages, chat_template_kwargs=chat_body.template_kwargs(),
+                                                  must_fit=False, tools=tool_plan.tools)
+        except OpenAIError as exc:
+            raise _messages_param(exc) from None
         return json_response(CountTokensResponse(len(token_ids), ContextManagement(len(token_ids))))
 
     @staticmethod
     async def _stream(chunks: AsyncIterator[ChatCompletionChunk], events: MessageEvents) -> AsyncIterator[Any]:
         async with contextlib.aclosing(chunks):
-            # the first chunk comes once the engine took the request: refusals before it are HTTP errors
-            for event in events.start(await anext(chunks, None)):
+            try:  # the first chunk comes once the engine took the request: refusals before it are HTTP errors
+                first = await anext(chunks, None)
+            except OpenAIError as exc:
+                raise _messages_param(exc) from None
+            for event in events.start(first):
                 yield event
             async for chunk in chunks:
                 for event in events.feed(chunk):
