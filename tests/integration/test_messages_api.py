@@ -91,7 +91,7 @@ def test_max_tokens_and_stop_sequences_give_their_stop_reasons(client):
     assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 16 and text == "\n" * 16
     cut = create(client, max_tokens=16, stop_sequences=["never-said", "\n\n"])
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == "\n\n"
-    assert text_of(cut) == "" and cut.content == [] and cut.usage.output_tokens == 2
+    assert text_of(cut) == "" and cut.content == [] and cut.usage.output_tokens < 16
 
 
 def test_temperature_top_p_and_top_k_reach_the_sampler(client):
@@ -206,6 +206,8 @@ def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"messages": [*ASK, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {"a": DEEP}}]}]}, "messages"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {
+        "a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}}}}, "output_config"),
     ({"max_tokens": 1 << 20}, "max_tokens"),
     ({"max_tokens": None}, "max_tokens"),
     ({"temperature": 9}, "temperature"),
@@ -245,4 +247,5 @@ def test_an_oversize_body_and_an_unknown_route_method_answer_in_anthropic_shape(
     assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large"
     status, raw, _ = server.get("/v1/messages", AUTH)
     assert status == 405 and json.loads(raw)["type"] == "error"
+
 

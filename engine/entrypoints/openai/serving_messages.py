@@ -34,9 +34,10 @@ from engine.entrypoints.openai.messages_bodies import (AnthropicCountTokensReque
 from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageEvents
 from engine.entrypoints.openai.responses_events import item_id
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
-from engine.entrypoints.openai.serving_engine import json_response
+from engine.entrypoints.openai.serving_engine import json_response, to_openai_error
 from engine.entrypoints.openai.structured_outputs import json_schema_constraint
 from engine.entrypoints.openai.tool_parsers.tool_choice import plan_tool_calls
+from engine.exceptions import ParameterError
 
 ANTHROPIC_SSE = AnthropicFraming()
 
@@ -183,11 +184,18 @@ def chat_request(body: ConversationFields) -> ChatCompletionRequest:
     return request
 
 
-def _messages_param(exc: OpenAIError) -> OpenAIError:
-    """Chat's errors name its own messages (``messages.3.tool_calls``), whose indices are not the
-    request's (the system message, tool results split out): here they are about ``messages``."""
-    if exc.param is not None and exc.param.startswith("messages."):
-        exc.param = "messages"
+# Chat's fields that stand for this request's: an error chat names by its field is about these.
+_CHAT_FIELDS = {"response_format": "output_config", "structured_outputs": "output_config", "stop": "stop_sequences"}
+
+
+def _messages_param(error: Union[OpenAIError, ParameterError]) -> OpenAIError:
+    """Chat's errors named by this request's fields: chat's messages (``messages.3.tool_calls``)
+    have indices that are not the request's (the system message, tool results split out), so
+    they are about ``messages``."""
+    exc = to_openai_error(error)
+    if exc.param is not None:
+        field = exc.param.split(".")[0]
+        exc.param = _CHAT_FIELDS.get(field, field)
     return exc
 
 
@@ -201,7 +209,7 @@ class AnthropicServingMessages:
         message = MessageResponse(id=item_id("msg"), model=self.chat.check_model(body.model), content=[])
         try:
             chunks = self.chat.chunk_stream(chat_body, message.id)  # checks the request now: a 400 raises here
-        except OpenAIError as exc:
+        except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         events = MessageEvents(message)
         if body.stream:
@@ -210,7 +218,7 @@ class AnthropicServingMessages:
             async with self.chat.time_limit(self.chat.deadline()), contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     events.feed(chunk)
-        except OpenAIError as exc:
+        except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         events.finish()
         return json_response(message)
@@ -225,7 +233,7 @@ class AnthropicServingMessages:
         try:
             _, token_ids = await self.chat.render(chat_body.messages, chat_template_kwargs=chat_body.template_kwargs(),
                                                   must_fit=False, tools=tool_plan.tools)
-        except OpenAIError as exc:
+        except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         return json_response(CountTokensResponse(len(token_ids), ContextManagement(len(token_ids))))
 
@@ -234,7 +242,7 @@ class AnthropicServingMessages:
         async with contextlib.aclosing(chunks):
             try:  # the first chunk comes once the engine took the request: refusals before it are HTTP errors
                 first = await anext(chunks, None)
-            except OpenAIError as exc:
+            except (OpenAIError, ParameterError) as exc:
                 raise _messages_param(exc) from None
             for event in events.start(first):
                 yield event
