@@ -35,7 +35,6 @@ from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageE
 from engine.entrypoints.openai.responses_events import item_id
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_engine import json_response, to_openai_error
-from engine.entrypoints.openai.structured_outputs import json_schema_constraint
 from engine.entrypoints.openai.tool_parsers.tool_choice import plan_tool_calls
 from engine.exceptions import ParameterError
 
@@ -161,8 +160,7 @@ def _tool_choice(body: ConversationFields, has_tools: bool) -> Any:
 def _response_format(body: AnthropicMessagesRequest) -> Optional[dict[str, Any]]:
     fmt = body.output_config.format if body.output_config is not None else None
     if fmt is None:
-        return None
-    json_schema_constraint(fmt.schema, param="output_config")  # a 400 naming output_config, not chat's field
+        return None  # chat checks the schema: its errors are named output_config (_messages_param)
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema}}
 
 
