@@ -182,6 +182,21 @@ def parse_sse(raw: bytes) -> list:
     return events[:-1]
 
 
+def parse_anthropic_sse(raw: bytes) -> list[dict]:
+    """The events of a finished Anthropic SSE body: each an ``event: <type>`` line and a ``data:``
+    line whose ``type`` is the same, then a blank line; no [DONE]."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), "the stream must end at an event boundary"
+    events = []
+    for block in text.split("\n\n")[:-1]:
+        kind, data = block.split("\n")
+        assert kind.startswith("event: ") and data.startswith("data: "), f"malformed SSE event {block!r}"
+        payload = json.loads(data[len("data: "):])
+        assert payload["type"] == kind[len("event: "):], block
+        events.append(payload)
+    return events
+
+
 def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0,
                               interval: float = 0.0) -> tuple[tuple, list[tuple[int, float]]]:
     """POST ``payload`` to ``path`` (answered within ``timeout``), and GET /health every

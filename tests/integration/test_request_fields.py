@@ -279,6 +279,10 @@ def test_continuous_usage_stats_in_every_chunk(server, path, base):
     assert with_text and all(c["usage"] is not None for c in with_text)
     counts = [c["usage"]["completion_tokens"] for c in with_text]
     assert counts == sorted(counts) and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    if path == "/v1/chat/completions":  # as vLLM's, the role chunk says the prompt's tokens
+        prompt = chunks[-1]["usage"]["prompt_tokens"]
+        assert chunks[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
+                                      "prompt_tokens_details": None}
     plain = stream(server, path, {**payload, "stream_options": {"include_usage": True}})
     assert all(c["usage"] is None for c in plain if c["choices"])
 

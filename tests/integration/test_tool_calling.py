@@ -131,7 +131,8 @@ def test_tools_and_a_tool_call_history_reach_the_chat_template(tiny):
     assert out.choices[0].message.tool_calls is None  # tool_choice "none": content only
 
 
-@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}"])
+@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}",
+                                       '{"city": ' + "[" * 600 + "]" * 600 + "}"])  # JSON, nested too deep
 def test_tool_call_arguments_that_are_not_json_are_refused(tiny, arguments):
     client, _ = tiny
     history = json.loads(json.dumps(HISTORY))

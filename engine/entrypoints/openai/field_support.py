@@ -243,6 +243,54 @@ RESPONSES: dict[str, Placement] = {
     "context_management": Refused([{"type": "compaction"}], (None, [])),
 }
 
+_MESSAGES = "tests/integration/test_messages_api.py::"
+
+# What both Anthropic routes read (the conversation and its tools).
+_CONVERSATION: dict[str, Placement] = {
+    "model": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "messages": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "system": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "tools": _impl(_MESSAGES + "test_forced_tool_use_and_a_tool_result_round_trip"),
+    "tool_choice": _impl(_MESSAGES + "test_forced_tool_use_and_a_tool_result_round_trip"),
+    "chat_template_kwargs": _impl(_MESSAGES + "test_count_tokens_counts_the_conversation_and_its_template_kwargs"),
+}
+
+MESSAGES: dict[str, Placement] = {
+    **_CONVERSATION,
+    "max_tokens": _impl(_MESSAGES + "test_max_tokens_and_stop_sequences_give_their_stop_reasons"),
+    "stop_sequences": _impl(_MESSAGES + "test_max_tokens_and_stop_sequences_give_their_stop_reasons"),
+    "stream": _impl(_MESSAGES + "test_stream_events_in_order_and_deltas_join_to_the_message"),
+    "temperature": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "top_p": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "top_k": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "output_config": _impl(_MESSAGES + "test_output_config_format_gives_json_of_the_schema"),
+    "metadata": NoOp("Anthropic's user_id for abuse detection; it changes no output (Anthropic's own "
+                     "generation ignores it too)"),
+    "kv_transfer_params": _GENERATION["kv_transfer_params"],
+    # Anthropic's, which vLLM does not list: refused rather than ignored, since each asks for something.
+    "thinking": Refused({"type": "enabled", "budget_tokens": 1024}, (None, {"type": "disabled"}),
+                        "(no reasoning parser runs here)"),
+    "container": Refused("container_1", (None,), "(no code execution containers here)"),
+    "mcp_servers": Refused([{"type": "url", "url": "https://example.com/mcp", "name": "x"}], (None, []),
+                           "(no MCP connector here)"),
+    "context_management": Refused({"edits": [{"type": "clear_tool_uses_20250919"}]}, (None, {})),
+    "service_tier": NoOp("one service tier here: auto and standard_only both ask for what every request gets"),
+    "cache_control": NoOp("the prefix cache reuses every shared prefix by itself; a cache marker asks for "
+                          "nothing more"),
+    "inference_geo": NoOp("where the request runs: on this server, wherever it is asked for"),
+    "user_profile_id": NoOp("informational: who the request is made for; it changes no output"),
+    "workspace_id": NoOp("informational: Anthropic's workspaces; this server has one"),
+    "diagnostics": Refused({"previous_message_id": "msg_1"}, (None,), "(no prompt-cache diagnostics here)"),
+    "speed": Refused("fast", (None, "standard"), "(one speed here)"),
+}
+
+COUNT_TOKENS: dict[str, Placement] = {
+    **_CONVERSATION,
+    "thinking": MESSAGES["thinking"],
+    "mcp_servers": MESSAGES["mcp_servers"],
+    "context_management": MESSAGES["context_management"],
+}
+
 STREAM_OPTIONS: dict[str, Placement] = {
     "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
                            _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does"),
@@ -277,6 +325,7 @@ SAMPLING_PARAMS: dict[str, Placement] = {
 PLACEMENT: dict[str, dict[str, Placement]] = {
     "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
     "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
+    "AnthropicMessagesRequest": MESSAGES, "AnthropicCountTokensRequest": COUNT_TOKENS,
 }
 
 # At most this many distinct unknown names are warned about, so that clients sending random

@@ -360,12 +360,18 @@ class ChatMessage(Struct, kw_only=True):
 
 def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
     """A call as chat templates take it: ``arguments`` a dict, not JSON text (transformers'
-    convention, which vLLM follows); empty arguments are ``{}``."""
+    convention, which vLLM follows); empty arguments are ``{}``. Nested deeper than the parsers
+    read arguments is a 400: the template's helpers recurse once per level."""
+    from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
+
     try:
         arguments = json.loads(call.function.arguments) if call.function.arguments else {}
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
         raise OpenAIError(400, f"the arguments of tool call {call.id!r} are not valid JSON",
                           param=f"messages.{index}.tool_calls", code="invalid_value") from None
+    if nesting(arguments) > MAX_DEPTH:
+        raise OpenAIError(400, f"the arguments of tool call {call.id!r} are nested deeper than {MAX_DEPTH} levels",
+                          param=f"messages.{index}.tool_calls", code="invalid_value")
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
 
 

@@ -224,12 +224,12 @@ class OpenAIServingChat(OpenAIServing):
                     usage.prompt_tokens = len(output.prompt_token_ids or ())
                     prompt_ids = output.prompt_token_ids if body.return_token_ids else None
                     echo = _echo_text(body)
-                    # vLLM's continuous usage starts here: the prompt, nothing generated yet
                     opening = UsageInfo(usage.prompt_tokens, 0, usage.prompt_tokens) if body.continuous_usage else None
                     for index in range(body.n):
-                        yield ChatCompletionChunk(request_id, created, model,
+                        yield ChatCompletionChunk(request_id, created, model,  # usage: as vLLM's role chunk
                                                   [ChatStreamChoice(index, DeltaMessage(role=ROLE, content=""))],
-                                                  usage=opening, prompt_token_ids=prompt_ids if index == 0 else None,
+                                                  usage=opening,
+                                                  prompt_token_ids=prompt_ids if index == 0 else None,
                                                   prompt_text=prompt_text if index == 0 and body.return_prompt_text
                                                   else None)
                         if echo:

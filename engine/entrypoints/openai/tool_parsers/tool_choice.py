@@ -32,7 +32,7 @@ from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser impor
 from engine.entrypoints.openai.structured_outputs import explicit_constraint_field
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
-from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH
+from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -178,21 +178,9 @@ def _check_parameters(tool: ChatCompletionToolsParam, index: int) -> None:
     if kind != "object":
         raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters must "
                             f"be a JSON Schema of type \"object\", got {kind!r}")
-    if _nesting(tool.function.parameters) > MAX_DEPTH:
+    if nesting(tool.function.parameters) > MAX_DEPTH:
         raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters are "
                             f"nested deeper than {MAX_DEPTH} levels")
-
-
-def _nesting(value: Any) -> int:
-    """How many levels of objects and arrays ``value`` holds (without recursing)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def _bad(param: str, message: str) -> OpenAIError:
