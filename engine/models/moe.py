@@ -25,6 +25,12 @@ import torch
 from engine.models.linear import Linear
 
 
+# Far above any released model's experts per layer (Qwen3-MoE 128, DeepSeek-V3 256, Kimi K2 384),
+# and a bound on what a config or GGUF header can make the loader allocate per layer before any
+# weight has arrived to contradict it.
+MAX_EXPERTS = 4096
+
+
 @dataclass(frozen=True)
 class MoeDims:
     num_experts: int
@@ -44,6 +50,8 @@ class MoeDims:
                              (intermediate_field, intermediate)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"model config: {field} must be a positive integer, got {value!r}")
+        if experts > MAX_EXPERTS:
+            raise ValueError(f"model config: num_experts must be at most {MAX_EXPERTS}, got {experts}")
         if top_k > experts:
             raise ValueError(f"model config: num_experts_per_tok ({top_k}) must not exceed num_experts ({experts})")
         layers = sparse_layers if sparse_layers is not None else (True,) * cfg.num_hidden_layers
