@@ -213,7 +213,8 @@ class LlamaForCausalLM:
             ("q_norm", "k_norm"), d.head_dim)
         for i in range(d.num_layers):
             sparse = self.layers[i].moe is not None
-            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items() if not (sparse and n.startswith("mlp."))]
+            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()
+                        if not (sparse and n.startswith("mlp."))]
             if sparse:
                 tensors += self._dummy_experts(i, rand)
             tensors += [(f"layers.{i}.{n}", torch.ones(d.hidden)) for n in norm_names]

@@ -132,7 +132,8 @@ class WeightRouter:
                 "input_norm": (d.hidden,), "post_norm": (d.hidden,), "attn_out_norm": (d.hidden,),
                 "mlp_out_norm": (d.hidden,), "q_norm": (d.q_size if d.qk_norm_whole else d.head_dim,),
                 "k_norm": (d.kv_size if d.qk_norm_whole else d.head_dim,), "qkv": (qkv, d.hidden),
-                "router": (d.moe.num_experts if d.moe else 0, d.hidden), "qkv_bias": (qkv,), "o_proj": (d.hidden, d.q_size),
+                "router": (d.moe.num_experts if d.moe else 0, d.hidden), "qkv_bias": (qkv,),
+                "o_proj": (d.hidden, d.q_size),
                 "gate_up": (2 * d.intermediate, d.hidden), "down": (d.hidden, d.intermediate)}[target]
 
     def _put(self, target: str, layer: Optional[int], value: Weight) -> None:

@@ -49,7 +49,8 @@ _ARCH_LAYER_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,  # Phi-3: f
                      "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 _NORMS_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
 # stacked expert tensors -> the family's HF names for one expert (<e>), and its router
-_EXPERTS = {"llama": {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+_EXPERTS = {"llama": {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                      "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
                       "ffn_down_exps": "block_sparse_moe.experts.{e}.w2", "ffn_gate_inp": "block_sparse_moe.gate"}}
 _EXPERTS["qwen3moe"] = _EXPERTS["olmoe"] = {
     "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
