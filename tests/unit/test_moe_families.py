@@ -181,6 +181,7 @@ def test_dummy_weights_build_every_family(family):
     ("mixtral", dict(num_experts_per_tok=5), r"num_experts_per_tok \(5\) must not exceed num_experts \(4\)"),
     ("qwen3-moe", dict(num_experts=0), "num_experts must be a positive integer, got 0"),
     ("qwen3-moe", dict(num_experts=10 ** 9), "num_experts must be at most 4096, got 1000000000"),
+    ("qwen3-moe", dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer, got 0"),
     ("olmoe", dict(clip_qkv=8.0), "clip_qkv=8.0 is not supported")])
 def test_expert_config_values_that_cannot_run_are_refused_naming_the_field(name, changes, message, tmp_path):
     cls, extra = FAMILIES[name]
