@@ -85,6 +85,8 @@ class SparseMoE:
         """The layer's MLP output for ``x`` ``[tokens, hidden]``; ``act`` is the forward's
         act(gate) * up of fused gate/up rows."""
         weights, experts = self.route(x)
+        if x.shape[0] == 1:
+            return self._one_token(x, act, weights, experts)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         token_of = torch.div(order, self.dims.top_k, rounding_mode="floor")
@@ -98,3 +100,16 @@ class SparseMoE:
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         out = out * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype)
         return torch.zeros(x.shape[0], out.shape[1], dtype=out.dtype, device=out.device).index_add_(0, token_of, out)
+
+    def _one_token(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], weights: torch.Tensor,
+                   experts: torch.Tensor) -> torch.Tensor:
+        """A single token (decode at one stream): its top-k experts in expert order, without the
+        grouping's sort, counts and scatter; the same arithmetic in the same order, so the same
+        bits. Measured on the Zen4 (loaded), a whole sparse layer at hidden 64, 4 experts, top-2,
+        alternated: 148 us against 283 us through the grouped path."""
+        out = None
+        for e, j in sorted((e, j) for j, e in enumerate(experts[0].tolist())):
+            y = self.down[e](act(self.gate_up[e](x)))
+            y = y * weights[:, j:j + 1].to(y.dtype)
+            out = y if out is None else out.add_(y)
+        return out

@@ -122,6 +122,15 @@ def assert_tracks(got: list[float], want: list[float]) -> None:
     assert gaps[len(gaps) // 2] < 0.15 and gaps[-1] < 2.0, gaps
 
 
+def test_a_single_stream_decodes_to_transformers_tokens(family):
+    """One request alone: every decode step is one token (``SparseMoE``'s single-token path)."""
+    name, path, hf = family
+    runner = make_runner(path, block_size=4)
+    req = make_request("s", PROMPTS[1])
+    generate(runner, [req], NUM_TOKENS)
+    assert req.output_token_ids == hf_greedy(hf, PROMPTS[1], NUM_TOKENS)
+
+
 def _count_expert_calls(model) -> list[list[int]]:
     """Per sparse layer, how many times each expert's gate/up projection runs (wrapped in place)."""
     counts = []
