@@ -3,8 +3,8 @@
 A family is one module here that says only what differs from Llama's decoder (llama.py):
 Qwen2, Qwen3 and Mistral differ in config alone and run ``LlamaForCausalLM`` itself; Gemma 2/3
 (gemma.py), Phi-3 / Phi-4-mini (phi3.py) and the sparse families Qwen3-MoE (qwen3_moe.py),
-Mixtral (mixtral.py) and OLMoE (olmoe.py), whose experts run in moe.py, subclass it. Adding a family is a recipe in
-docs/ARCHITECTURE.md. This module imports nothing (config.py checks a model's architecture
+Mixtral (mixtral.py) and OLMoE (olmoe.py), whose experts run in moe.py, subclass it. Adding a
+family is a recipe in docs/ARCHITECTURE.md. This module imports nothing (config.py checks a model's architecture
 against it in the frontend, which must not pay for torch): the family's module is imported
 only when its class is asked for.
 """
