@@ -18,7 +18,8 @@ Experts. llama.cpp stacks a layer's experts into one 3-D tensor per projection
 (``blk.N.ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps``, ``[experts, rows, in]``);
 each expert's rows are a slice of it (whole rows of blocks: exact), yielded under the
 family's per-expert HF name (Mixtral's ``block_sparse_moe.experts.E.w1``, the others'
-``mlp.experts.E.gate_proj``), and ``ffn_gate_inp`` as the router. So experts arrive one
+``mlp.experts.E.gate_proj``), and ``ffn_gate_inp`` as the router. Mixtral files converted before
+llama.cpp stacked experts hold one 2-D tensor per expert (``blk.N.ffn_gate.E``): taken as they are. So experts arrive one
 matrix each, as an HF checkpoint's do, and each runs as a linear of its own.
 
 The file is read by engine/gguf_file.py, not ``gguf.GGUFReader`` (see there why).
@@ -64,6 +65,9 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if base.startswith("blk."):
         _, idx, part = base.split(".", 2)
         names = {**_ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES), **_EXPERTS.get(arch, {})}
+        proj, _, expert = part.partition(".")
+        if expert.isdigit() and f"{proj}_exps" in names:  # an early Mixtral file: blk.N.ffn_gate.E, one per expert
+            return f"model.layers.{idx}.{names[f'{proj}_exps'].format(e=expert)}.{kind}"
         return f"model.layers.{idx}.{names[part]}.{kind}" if part in names else None
     return f"{_TOP_NAMES[base]}.{kind}" if base in _TOP_NAMES else None
 

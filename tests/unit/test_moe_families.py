@@ -250,9 +250,11 @@ def _gguf_tensors(hf, arch: str) -> dict[str, np.ndarray]:
     return out
 
 
-def write_moe_gguf(hf, name: str, path: str, qtype_name: str) -> None:
+def write_moe_gguf(hf, name: str, path: str, qtype_name: str, per_expert: bool = False) -> None:
     """``hf``'s weights and config as llama.cpp's converter writes them; matrices (experts
-    included) in ``qtype_name``, norms and the router F32 (llama.cpp never quantizes routers)."""
+    included) in ``qtype_name``, norms and the router F32 (llama.cpp never quantizes routers).
+    ``per_expert``: one 2-D tensor per expert (``blk.N.ffn_gate.E``), as Mixtral files converted
+    before llama.cpp stacked experts are."""
     import gguf
 
     arch, cfg = _GGUF_ARCH[name], hf.config
@@ -275,7 +277,12 @@ def write_moe_gguf(hf, name: str, path: str, qtype_name: str) -> None:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    for tname, data in _gguf_tensors(hf, arch).items():
+    tensors = _gguf_tensors(hf, arch)
+    if per_expert:
+        for stacked in [n for n in tensors if "_exps" in n]:
+            for e, matrix in enumerate(tensors.pop(stacked)):
+                tensors[stacked.replace("_exps.", f".{e}.")] = matrix
+    for tname, data in tensors.items():
         if data.ndim == 1 or qtype_name == "F32" or "ffn_gate_inp" in tname:
             w.add_tensor(tname, data.astype(np.float32))
         elif qtype_name == "F16":
@@ -332,6 +339,23 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
         runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
     assert [row[0] for row in rows] == pytest.approx(want, abs=2e-4)
+    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
+    generate(runner, reqs, NUM_TOKENS, 4)
+    for r in reqs:
+        assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, NUM_TOKENS)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_an_early_mixtral_gguf_with_one_tensor_per_expert_loads_to_transformers_tokens(qtype, tmp_path, monkeypatch):
+    """Mixtral files converted before llama.cpp stacked experts (``blk.N.ffn_gate.E.weight``, e.g.
+    the widely shared Q4_K_M conversions of early 2024) load to the same tokens."""
+    from engine.kernels import quant
+
+    path = str(tmp_path / "mixtral.gguf")
+    write_moe_gguf(hf_moe_model("mixtral"), "mixtral", path, qtype, per_expert=True)
+    hf = _as_read_back(hf_moe_model("mixtral"), qtype)
+    monkeypatch.setattr(quant, "SUPPORTED_TYPES", ())  # exact: the blocks dequantized once
+    runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
     generate(runner, reqs, NUM_TOKENS, 4)
     for r in reqs:
