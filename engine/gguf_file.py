@@ -109,11 +109,17 @@ _FIELDS = {"context_length": "max_position_embeddings", "block_count": "num_hidd
            # which are llama.cpp's own: every 2nd / 6th layer global, local base 10000)
            "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
            "attention.sliding_window_pattern": "sliding_window_pattern", "rope.freq_base_swa": "rope_local_base_freq",
-           "rope.scaling.original_context_length": "original_max_position_embeddings"}
+           "rope.scaling.original_context_length": "original_max_position_embeddings",
+           # experts (Qwen3-MoE, Mixtral as "llama" with an expert count, OLMoE): see _moe_fields
+           "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+           "expert_feed_forward_length": "moe_intermediate_size", "expert_weights_norm": "norm_topk_prob"}
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
           "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-          "phi3": "Phi3ForCausalLM"}
-_MODEL_TYPES = {"gemma3": "gemma3_text"}
+          "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+# llama.cpp's graphs renormalise the top-k expert weights for these architectures when the file has no
+# expert_weights_norm (its qwen3moe and llama graphs always do, its olmoe graph never does)
+_MOE_NORM_TOPK = {"qwen3moe": True, "llama": True, "olmoe": False}
 _F32 = 0  # GGML's type id  # the text model's config class in transformers
 # llama.cpp's Gemma rule for query_pre_attn_scalar, which its files do not store: head_dim, except
 # the 27B models (46 layers for Gemma 2, 62 for Gemma 3), whose scalar is hidden / heads.
@@ -130,7 +136,7 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
     cfg: dict[str, Any] = {"model_type": _MODEL_TYPES.get(arch, arch), "architectures": [_ARCHS[arch]]}
     for key, field in _FIELDS.items():
         value = meta.get(f"{arch}.{key}")
-        if isinstance(value, (str, bool)):  # every field here is a number
+        if isinstance(value, str) or (isinstance(value, bool) and field != "norm_topk_prob"):  # numbers but one
             raise ValueError(f"model: {path}: {arch}.{key} must be a number, got {value!r}")
         if value is not None and not isinstance(value, ArrayLength):
             cfg[field] = value
@@ -144,7 +150,43 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
         _gemma_fields(arch, meta, cfg)
     elif arch == "phi3":
         _phi3_fields(path, meta, cfg, {t.name for t in tensors})
+    if arch in _MOE_NORM_TOPK:
+        _moe_fields(path, arch, cfg, tensors)
     return cfg
+
+
+def _moe_fields(path: str, arch: str, cfg: dict[str, Any], tensors: list[TensorInfo]) -> None:
+    """Experts as the file states them: a "llama" file with an expert count is Mixtral; the
+    count and the experts used per token must be in the file (a class default of 128 or 8 would
+    be a guess); the experts' width is expert_feed_forward_length for Qwen3-MoE (else its
+    tensors' own), feed_forward_length for the others; top-k renormalisation is
+    expert_weights_norm where the file has it, else llama.cpp's rule for the architecture.
+    Qwen3-MoE layers without a router are dense (its ``mlp_only_layers``)."""
+    if arch == "llama":
+        if not cfg.get("num_experts"):
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"):
+                cfg.pop(key, None)
+            return  # a dense Llama
+        cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"])
+    for key, field in (("expert_count", "num_experts"), ("expert_used_count", "num_experts_per_tok")):
+        value = cfg.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"model: {path}: {arch}.{key} must be a positive integer, got {value!r}")
+    cfg.setdefault("norm_topk_prob", _MOE_NORM_TOPK[arch])
+    if arch == "llama":
+        cfg["num_local_experts"] = cfg.pop("num_experts")
+    if arch != "qwen3moe":
+        cfg.pop("moe_intermediate_size", None)
+        return
+    if "moe_intermediate_size" not in cfg:
+        gate = next((t for t in tensors if t.name.endswith("ffn_gate_exps.weight") and len(t.shape) == 3), None)
+        if gate is None:
+            raise ValueError(f"model: {path}: qwen3moe.expert_feed_forward_length is missing and no expert tensor "
+                             "has it")
+        cfg["moe_intermediate_size"] = int(gate.shape[1])
+    routed = {t.name.split(".")[1] for t in tensors if t.name.startswith("blk.") and ".ffn_gate_inp." in t.name}
+    cfg["decoder_sparse_step"] = 1
+    cfg["mlp_only_layers"] = [i for i in range(int(cfg.get("num_hidden_layers") or 0)) if str(i) not in routed]
 
 
 def _gemma_fields(arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 A family is one module here that says only what differs from Llama's decoder (llama.py):
 Qwen2, Qwen3 and Mistral differ in config alone and run ``LlamaForCausalLM`` itself; Gemma 2/3
-(gemma.py) and Phi-3 / Phi-4-mini (phi3.py) subclass it. Adding a family is a recipe in
-docs/ARCHITECTURE.md. This module imports nothing (config.py checks a model's architecture
+(gemma.py), Phi-3 / Phi-4-mini (phi3.py) and the sparse families Qwen3-MoE (qwen3_moe.py),
+Mixtral (mixtral.py) and OLMoE (olmoe.py), whose experts run in moe.py, subclass it. Adding a
+family is a recipe in docs/ARCHITECTURE.md. This module imports nothing (config.py checks a model's architecture
 against it in the frontend, which must not pay for torch): the family's module is imported
 only when its class is asked for.
 """
@@ -23,6 +24,9 @@ _REGISTRY = {  # architecture -> (module under engine/models/, class)
     "Gemma2ForCausalLM": ("gemma", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "OlmoeForCausalLM": ("olmoe", "OlmoeForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 

@@ -76,7 +76,7 @@ class TorchForward:
         num_tokens, cols = h.shape[0], d.q_size + d.kv_size
         qkv = qkv_proj(F.rms_norm(h, (d.hidden,), norm, d.eps))
         if q_norm is not None:
-            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps, d.qk_norm_whole)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
         if qkv.dtype == torch.float32:  # pairs is a view of qkv: rotate in place
             torch.view_as_complex(pairs).mul_(rope)
@@ -92,14 +92,21 @@ class TorchForward:
         if layer.attn_out_norm is not None:
             out = F.rms_norm(out, (d.hidden,), layer.attn_out_norm, d.eps)
         h = h + out
-        out = layer.down(self._act(layer.gate_up(F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))))
+        out = self._mlp(layer, F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))
         if layer.mlp_out_norm is not None:
             out = F.rms_norm(out, (d.hidden,), layer.mlp_out_norm, d.eps)
         return h + out
 
+    def _mlp(self, layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+        """The layer's gated MLP, or its experts (a sparse layer, engine/models/moe.py)."""
+        if layer.moe is not None:
+            return layer.moe(x, self._act)
+        return layer.down(self._act(layer.gate_up(x)))
+
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """act(gate) * up of the fused gate/up rows."""
-        gate, up = gate_up[:, :self.dims.intermediate], gate_up[:, self.dims.intermediate:]
+        """act(gate) * up of the fused gate/up rows (a layer's MLP or an expert's)."""
+        width = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :width], gate_up[:, width:]
         if self.dims.act == "gelu_tanh":
             return F.gelu(gate, approximate="tanh") * up
         return F.silu(gate) * up
@@ -113,7 +120,8 @@ class CKernelForward(TorchForward):
 
     @staticmethod
     def supports(device: torch.device, act_dtype: torch.dtype, dims: Dims) -> bool:
-        return activation.supports(device, act_dtype, dims.hidden, dims.intermediate, dims.head_dim)
+        widths = (dims.hidden, dims.intermediate, dims.head_dim) + ((dims.moe.intermediate,) if dims.moe else ())
+        return activation.supports(device, act_dtype, *widths)
 
     def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
         return activation.rms_norm(rows, model.norm, self.dims.eps)
@@ -125,7 +133,7 @@ class CKernelForward(TorchForward):
         d = self.dims
         qkv = qkv_proj(activation.rms_norm(h, norm, d.eps))
         if q_norm is not None:
-            qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+            qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps, d.qk_norm_whole)
         return activation.rotary_(qkv, positions, cos_sin, (d.q_size + d.kv_size) // d.head_dim, d.head_dim)
 
     def _attn_out_mlp(self, h, attn, layer):
@@ -134,7 +142,7 @@ class CKernelForward(TorchForward):
         if layer.attn_out_norm is not None:
             out = activation.rms_norm(out, layer.attn_out_norm, eps)
         x = activation.rms_norm(out, layer.post_norm, eps, residual=h)  # h += out
-        out = layer.down(self._act(layer.gate_up(x)))
+        out = self._mlp(layer, x)
         if layer.mlp_out_norm is not None:
             out = activation.rms_norm(out, layer.mlp_out_norm, eps)
         return h + out

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from engine.models.linear import Linear, LinearMethod
+from engine.models.moe import MoeDims, SparseMoE
 from engine.models.rope import rope_parameters, rotary_dim
 
 
@@ -39,6 +40,8 @@ class Dims:
     attn_softcap: Optional[float] = None  # Gemma 2: scores -> cap * tanh(scores / cap)
     final_softcap: Optional[float] = None  # Gemma 2: the same on the logits
     embed_scale: Optional[float] = None  # Gemma: embeddings times sqrt(hidden)
+    qk_norm_whole: bool = False  # OLMoE: q and k normalised over the whole projection, not per head
+    moe: Optional[MoeDims] = None  # Qwen3-MoE, Mixtral, OLMoE: sparse MLPs (engine/models/moe.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scale", self.scale or self.head_dim ** -0.5)
@@ -57,7 +60,7 @@ class Dims:
         """Whether the model needs nothing beyond Llama's layer (the Triton and compiled forwards
         implement only that; the torch and C-kernel forwards implement every field above)."""
         return (self.act == "silu" and not self.sandwich_norms and self.attn_softcap is None
-                and self.embed_scale is None)
+                and self.embed_scale is None and not self.qk_norm_whole and self.moe is None)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Dims":
@@ -90,9 +93,9 @@ class DecoderLayer:
     """One layer's weights; the projections are set by the loader (None until then)."""
 
     __slots__ = ("input_norm", "qkv", "q_norm", "k_norm", "o_proj", "attn_out_norm", "post_norm", "gate_up", "down",
-                 "mlp_out_norm", "sliding", "rope")
+                 "mlp_out_norm", "sliding", "rope", "moe")
 
-    def __init__(self, sliding: bool, rope: int = 0) -> None:
+    def __init__(self, sliding: bool, rope: int = 0, moe: Optional[MoeDims] = None) -> None:
         self.input_norm: Optional[torch.Tensor] = None
         self.q_norm: Optional[torch.Tensor] = None
         self.k_norm: Optional[torch.Tensor] = None
@@ -105,9 +108,11 @@ class DecoderLayer:
         self.down: Optional[Linear] = None
         self.sliding = sliding
         self.rope = rope  # which of the model's rope tables (Gemma 3: local for sliding layers)
+        self.moe = SparseMoE(moe) if moe is not None else None  # a sparse layer's router and experts, no gate_up/down
 
     def linears(self) -> list[Linear]:
-        return [self.qkv, self.o_proj, self.gate_up, self.down]
+        mlp = self.moe.linears() if self.moe is not None else [self.gate_up, self.down]
+        return [self.qkv, self.o_proj, *mlp]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.input_norm, self.q_norm, self.k_norm, self.attn_out_norm, self.post_norm,

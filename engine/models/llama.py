@@ -58,6 +58,8 @@ class LlamaForCausalLM:
     checkpoint's per-layer names) and ``_put`` (a weight's values as the forwards take them)."""
 
     LAYER_NAMES = LAYER_NAMES
+    # a sparse family's experts: (checkpoint prefix in a layer, its part names -> "gate"/"up"/"down")
+    EXPERTS: Optional[tuple[str, dict[str, str]]] = None
 
     def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
                  backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False,
@@ -103,7 +105,9 @@ class LlamaForCausalLM:
         dense_only = triton or compiled
         self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
         self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
-        self.layers = [DecoderLayer(s, r) for s, r in zip(dims.sliding_layers, rope_of_layer)]
+        moe = dims.moe
+        self.layers = [DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)
+                       for i, (s, r) in enumerate(zip(dims.sliding_layers, rope_of_layer))]
         self.embed: Optional[Embedding] = None
         self.lm_head: Optional[Linear] = None
         self.norm: Optional[torch.Tensor] = None
@@ -179,7 +183,7 @@ class LlamaForCausalLM:
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """HF-named tensors (or GGUF blocks) in; every part must be set (weights.py)."""
-        router = WeightRouter(self.dims, self._put, self.LAYER_NAMES)
+        router = WeightRouter(self.dims, self._put, self.LAYER_NAMES, self.EXPERTS)
         for name, tensor in weights:
             self.format_bytes += self._format_bytes(name, tensor)
             router.add(name, tensor)
@@ -205,14 +209,30 @@ class LlamaForCausalLM:
         tensors = [("embed_tokens.weight", rand(d.vocab_size, d.hidden)), ("norm.weight", torch.ones(d.hidden))]
         if not d.tied:
             tensors.append(("lm_head.weight", rand(d.vocab_size, d.hidden)))
+        qk_norms = {"q_norm": d.q_size, "k_norm": d.kv_size} if d.qk_norm_whole else dict.fromkeys(
+            ("q_norm", "k_norm"), d.head_dim)
         for i in range(d.num_layers):
-            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()]
+            sparse = self.layers[i].moe is not None
+            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()
+                        if not (sparse and n.startswith("mlp."))]
+            if sparse:
+                tensors += self._dummy_experts(i, rand)
             tensors += [(f"layers.{i}.{n}", torch.ones(d.hidden)) for n in norm_names]
-            tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(d.head_dim))
-                        for n in (("q_norm", "k_norm") if d.qk_norm else ())]
+            tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(size))
+                        for n, size in (qk_norms.items() if d.qk_norm else ())]
             tensors += [(f"layers.{i}.self_attn.{n}_proj.bias", torch.zeros(s))
                         for n, s in (("q", d.q_size), ("k", d.kv_size), ("v", d.kv_size)) if d.qkv_bias]
         self.load_weights(tensors)
+
+    def _dummy_experts(self, layer: int, rand) -> list[tuple[str, torch.Tensor]]:
+        """A sparse layer's router and experts under the family's checkpoint names."""
+        d, (prefix, parts) = self.dims, self.EXPERTS
+        router = next(name for name, target in self.LAYER_NAMES.items() if target == "router")
+        shapes = {"gate": (d.moe.intermediate, d.hidden), "up": (d.moe.intermediate, d.hidden),
+                  "down": (d.hidden, d.moe.intermediate)}
+        return [(f"layers.{layer}.{router}", rand(d.moe.num_experts, d.hidden))] + [
+            (f"layers.{layer}.{prefix}{e}.{name}.weight", rand(*shapes[role]))
+            for e in range(d.moe.num_experts) for name, role in parts.items()]
 
     def _format_bytes(self, name: str, tensor: Weight) -> int:
         if name.endswith("lm_head.weight") and self.dims.tied:
@@ -221,7 +241,7 @@ class LlamaForCausalLM:
             return tensor.data.numel()
         if self.quantization == "gguf":  # the file's float tensors, as stored
             return tensor.numel() * tensor.element_size()
-        if self.quantization == "int8" and name.endswith("_proj.weight"):
+        if self.quantization == "int8" and name.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
             return tensor.numel() + 8 * tensor.shape[0]  # int8 values, a scale and a sum per channel
         return tensor.numel() * (self.dtype.itemsize if tensor.dim() > 1 else self.act_dtype.itemsize)
 
@@ -238,7 +258,12 @@ class LlamaForCausalLM:
                 self.lm_head = Linear(self.placement.choose(value, "head"))
             return
         part = self.layers[layer]
-        if target in self._ROLES:
+        if target == "router":
+            part.moe.router = Linear(self.placement.choose(value, "head"))  # as the head: never int8
+        elif target.startswith("experts."):  # "experts.<e>.gate_up" / "experts.<e>.down"
+            _, expert, kind = target.split(".")
+            getattr(part.moe, kind)[int(expert)] = Linear(self.placement.choose(value, self._ROLES[kind]))
+        elif target in self._ROLES:
             bias = self._biases.pop(layer, None) if target == "qkv" else None
             setattr(part, target, Linear(self.placement.choose(value, self._ROLES[target]), bias))
         elif target == "qkv_bias":  # it may come before or after its weight
