@@ -1,0 +1,127 @@
+"""Speculative decoding through LLM: greedy output (tokens and logprobs) the same with and without
+n-gram drafts, in process and with the core in its own process; max_tokens, stop strings and stop
+token ids cut where they would without drafts; the default model on a prompt where lookups hit."""
+from __future__ import annotations
+
+import pytest
+
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20, num_threads=1,
+            seed=0)
+PROMPTS = [[11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+           [500, 600, 700, 500, 600, 700, 500, 600],
+           [9, 8, 7, 6, 5, 4, 3],
+           list(range(1000, 1040)) + list(range(1000, 1010))]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """Untied, so each token depends on the context and drafts are sometimes rejected (the tied
+    dummy model repeats its last token whatever comes before)."""
+    from engine.models.default_model import write_tiny_model
+
+    return write_tiny_model(str(tmp_path_factory.mktemp("untied")), tie_word_embeddings=False)
+
+
+def make_llm(model, speculative_config=None, in_process=True, **kw) -> LLM:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RINGLLM_ENABLE_MULTIPROCESSING", "0" if in_process else "1")
+        return LLM(model, speculative_config=speculative_config, **kw)
+
+
+@pytest.fixture(scope="module")
+def llms(model_dir):
+    """(without drafts, with drafts), the core in this process."""
+    base, spec = make_llm(model_dir, None, **TINY), make_llm(model_dir, NGRAM, **TINY)
+    yield base, spec
+    base.shutdown()
+    spec.shutdown()
+
+
+def generate(llm, prompts, params):
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def assert_same(base, spec) -> None:
+    for a, b in zip(base, spec, strict=True):
+        assert len(a.outputs) == len(b.outputs)
+        for x, y in zip(a.outputs, b.outputs):
+            assert y.token_ids == x.token_ids and y.text == x.text and y.finish_reason == x.finish_reason
+            if x.logprobs is not None:
+                for lx, ly, t in zip(x.logprobs, y.logprobs, x.token_ids, strict=True):
+                    assert lx.keys() == ly.keys() and ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
+
+
+def test_greedy_output_is_the_same_with_drafts(llms):
+    base, spec = llms
+    stats = spec.llm_engine.engine_core.engine_core.scheduler.spec.stats
+    for p in (SamplingParams(max_tokens=48, temperature=0, logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=37, temperature=0, n=2, ignore_eos=True)):
+        out = generate(spec, PROMPTS, p)
+        assert_same(generate(base, PROMPTS, p), out)
+        assert all(len(o.token_ids) == p.max_tokens for r in out for o in r.outputs)
+    assert stats.num_drafts > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # some rejected
+    assert spec.llm_engine.engine_core.engine_core.scheduler.kv_cache.usage == 0.0
+
+
+def test_greedy_output_is_the_same_with_drafts_and_the_core_in_its_own_process(model_dir):
+    params = SamplingParams(max_tokens=40, temperature=0, logprobs=1, ignore_eos=True)
+    outs = []
+    for config in (None, NGRAM):
+        llm = make_llm(model_dir, config, in_process=False, **TINY)
+        try:
+            outs.append(generate(llm, PROMPTS, params))
+        finally:
+            llm.shutdown()
+    assert_same(*outs)
+
+
+def test_max_tokens_stop_ids_and_sampling_end_as_without_drafts(llms):
+    base, spec = llms
+    ref = generate(base, PROMPTS, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    # stop on a token the reference emits mid-way (an accepted draft or the target's own)
+    for prompt, r in zip(PROMPTS, ref):
+        for params in (SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[r.outputs[0].token_ids[17]],
+                                      ignore_eos=True),
+                       SamplingParams(max_tokens=11, temperature=0, ignore_eos=True)):
+            assert_same(generate(base, [prompt], params), generate(spec, [prompt], params))
+    # temperature > 0 with drafts: the right count (the distribution: tests/unit/test_spec_decode.py)
+    out = generate(spec, PROMPTS, SamplingParams(max_tokens=30, temperature=0.8, top_k=50, ignore_eos=True))
+    assert all(len(r.outputs[0].token_ids) == 30 for r in out)
+
+
+CODE = ("def add(a, b):\n    total = a + b\n    print('adding', a, b)\n    return total\n\n\n"
+        "def mul(a, b):\n    total = a * b\n    print('multiplying', a, b)\n    return total\n")
+REPEAT = ("Repeat this code exactly, but rename the function add to plus:\n\n" + CODE +
+          "\nHere is the code with add renamed to plus:\n\n")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_the_default_model_gives_the_same_greedy_text_with_drafts_that_hit():
+    """``deterministic=True``: the default model's Q4_1 projections compute a 5-row verification
+    with the int8 GEMM and a 1-row decode with the GEMV, whose results differ in the last bits,
+    which can flip a near-tie; the row-invariant path makes both the same arithmetic."""
+    kw = dict(deterministic=True, num_threads=1, max_model_len=1024)
+    params = [SamplingParams(max_tokens=64, temperature=0, logprobs=1),
+              SamplingParams(max_tokens=64, temperature=0, stop=["return total"]),
+              SamplingParams(max_tokens=9, temperature=0)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RINGLLM_ENABLE_MULTIPROCESSING", "0")
+        base_llm = LLM(**kw)
+        spec_llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                           "prompt_lookup_min": 2, "prompt_lookup_max": 4}, **kw)
+    try:
+        for p in params:
+            base = base_llm.generate([REPEAT], p, use_tqdm=False)
+            spec = spec_llm.generate([REPEAT], p, use_tqdm=False)
+            assert_same(base, spec)
+        assert base[0].outputs[0].finish_reason == "length" and len(spec[0].outputs[0].token_ids) == 9
+        stats = spec_llm.llm_engine.engine_core.engine_core.scheduler.spec.stats
+        assert stats.num_accepted_tokens >= stats.num_draft_tokens // 2 > 0  # the lookups hit
+    finally:
+        base_llm.shutdown()
+        spec_llm.shutdown()
