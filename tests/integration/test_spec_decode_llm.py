@@ -3,10 +3,17 @@ n-gram drafts, in process and with the core in its own process; max_tokens, stop
 token ids cut where they would without drafts; the default model on a prompt where lookups hit."""
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
+from engine.config import AsyncEngineArgs
+from engine.entrypoints.cli_args import engine_args_from
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from tests.helpers.cli_utils import serve_parser
+from tests.helpers.openai_server_utils import RINGLLM
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20, num_threads=1,
@@ -125,3 +132,20 @@ def test_the_default_model_gives_the_same_greedy_text_with_drafts_that_hit():
     finally:
         base_llm.shutdown()
         spec_llm.shutdown()
+
+
+@pytest.mark.parametrize("config, named", [
+    ('{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 3}', "not yet supported"),
+    ('{"method": "ngram", "num_speculative_tokens": 3, "acceptance_method": "typical"}', "acceptance_method"),
+])
+def test_serve_refuses_a_speculative_config_it_does_not_carry_out(model_dir, config, named):
+    out = subprocess.run([*RINGLLM, "serve", model_dir, "--load-format", "dummy", "--port", "21437",
+                          "--speculative-config", config], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "ringllm serve: error: speculative_config: " in out.stderr and named in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_serve_parses_speculative_config_as_json():
+    args = serve_parser().parse_args(["--speculative-config", json.dumps(NGRAM)])
+    assert engine_args_from(args, AsyncEngineArgs).speculative_config == NGRAM
