@@ -149,3 +149,20 @@ def test_serve_refuses_a_speculative_config_it_does_not_carry_out(model_dir, con
 def test_serve_parses_speculative_config_as_json():
     args = serve_parser().parse_args(["--speculative-config", json.dumps(NGRAM)])
     assert engine_args_from(args, AsyncEngineArgs).speculative_config == NGRAM
+
+
+def test_greedy_output_is_the_same_with_drafts_under_preemption(model_dir):
+    """A KV cache of 24 blocks for four requests that need ~9 each: requests are preempted and
+    recomputed, with and without drafts (which never preempt: they take only free blocks)."""
+    kw = {**TINY, "kv_cache_memory": 24 * (8 << 10)}
+    params = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+    outs, preemptions = [], []
+    for config in (None, NGRAM):
+        llm = make_llm(model_dir, config, **kw)
+        try:
+            outs.append(generate(llm, PROMPTS, params))
+            preemptions.append(llm.llm_engine.engine_core.engine_core.scheduler.total_preemptions)
+        finally:
+            llm.shutdown()
+    assert_same(*outs)
+    assert all(preemptions), preemptions

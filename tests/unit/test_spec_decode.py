@@ -176,3 +176,18 @@ def test_speculative_config_defaults_follow_vllm():
     assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (5, 5)
     cfg = resolve_speculative_config({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
     assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (3, 3)
+
+
+def test_metrics_count_drafts_under_vllms_names():
+    from prometheus_client import generate_latest
+
+    from engine.entrypoints.openai.metrics import ServerMetrics
+    from engine.wire_messages import SchedulerStats
+
+    metrics = ServerMetrics("tiny", 256)
+    for _ in range(2):
+        metrics.record(SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
+                                      spec_decode_num_accepted_tokens=7), None)
+    text = generate_latest(metrics.registry).decode()
+    for name, value in (("drafts", 6), ("draft_tokens", 24), ("accepted_tokens", 14)):
+        assert f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="tiny"}} {float(value)}' in text
