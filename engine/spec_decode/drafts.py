@@ -42,10 +42,11 @@ MAX_PAUSE = 64  # steps
 class DraftState:
     """A request's draft length and back-off."""
 
-    __slots__ = ("k", "misses", "pause", "paused")
+    __slots__ = ("k", "misses", "pause", "paused", "context")
 
     def __init__(self, k: int) -> None:
         self.k = k
+        self.context = None  # the proposer's copy of the tokens (ngram.py: an array and its length)
         self.misses = 0  # steps in a row where no draft token was accepted
         self.pause = 0  # length of the last pause, doubled each time
         self.paused = 0  # steps left without lookups
