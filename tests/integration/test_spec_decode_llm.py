@@ -166,3 +166,30 @@ def test_greedy_output_is_the_same_with_drafts_under_preemption(model_dir):
             llm.shutdown()
     assert_same(*outs)
     assert all(preemptions), preemptions
+
+
+def test_the_server_streams_the_same_greedy_text_with_drafts_and_counts_them(model_dir, llms):
+    import openai
+
+    from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
+
+    base, _ = llms
+    prompt = PROMPTS[0]
+    ref = generate(base, [prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].outputs[0]
+    stop = ref.text[len(ref.text) // 2:len(ref.text) // 2 + 3]
+    with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--max-model-len", "256", "--served-model-name", "tiny",
+                      "--speculative-config", json.dumps(NGRAM)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        kw = dict(model="tiny", prompt=prompt, max_tokens=40, temperature=0.0, extra_body={"ignore_eos": True})
+        whole = client.completions.create(**kw).choices[0]
+        streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+        assert whole.text == streamed == ref.text
+        cut = client.completions.create(stop=[stop], **kw).choices[0]
+        assert cut.text == ref.text[:ref.text.index(stop)] and cut.finish_reason == "stop"
+        client.completions.create(**{**kw, "prompt": PROMPTS, "max_tokens": 64})
+        status, body, _ = server.get("/metrics")
+        assert status == 200
+        counts = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                  if line.startswith("vllm:spec_decode_num_")}
+        drafted, accepted = (counts[f"vllm:spec_decode_num_{k}_tokens_total"] for k in ("draft", "accepted"))
+        assert counts["vllm:spec_decode_num_drafts_total"] > 0 and 0 < accepted < drafted
