@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.config import EngineArgs
+from engine.core.request import RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.spec_decode.config import resolve_speculative_config
 from engine.spec_decode.ngram import ngram_draft
@@ -126,6 +127,16 @@ def test_drafts_never_reach_past_max_tokens_and_a_stop_cuts_the_rest():
     assert by_id["short"].finish_reason == FinishReason.LENGTH
     assert by_id["stopped"].new_token_ids == [10, EOS] and by_id["stopped"].finish_reason == FinishReason.STOP
     assert not s.requests and s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
+
+
+def test_aborted_requests_that_drafted_leave_no_block_behind():
+    s = make_scheduler(block_size=2, speculative_config=NGRAM)
+    for name in "ab":
+        s.add_request(make_request(name, PROMPT, max_tokens=20))
+    run_step(s, {"a": [13], "b": [13]})
+    run_step(s, {"a": [10, 9], "b": [10, 11, 12, 13]})
+    s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks and not s.requests and not s.running
 
 
 def test_no_drafts_for_penalties_seeds_or_a_large_batch():
