@@ -203,3 +203,18 @@ def test_metrics_count_drafts_under_vllms_names():
     text = generate_latest(metrics.registry).decode()
     for name, value in (("drafts", 6), ("draft_tokens", 24), ("accepted_tokens", 14)):
         assert f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="tiny"}} {float(value)}' in text
+
+
+def test_drafts_shrink_after_a_rejection_and_pause_longer_after_each_run_of_misses():
+    s = make_scheduler(block_size=4, speculative_config={**NGRAM, "prompt_lookup_min": 1})
+    req = make_request("a", PROMPT, max_tokens=64)
+    s.add_request(req)
+    run_step(s, {"a": [13]})
+    following = {10: 11, 11: 12, 12: 13, 13: 10}  # what the lookup proposes first after each token
+    sizes = []
+    for _ in range(10):  # the target always differs from the draft's first token
+        miss = [t for t in (10, 11, 12, 13) if t != following[req.all_token_ids[-1]]][0]
+        sched, _ = run_step(s, {"a": [miss]})
+        sizes.append(sched.num_scheduled_tokens[0])
+    # 3 drafted (k=3, then 1 after each miss), paused 1 step; 3 more, paused 2 steps; then again
+    assert sizes == [4, 2, 2, 1, 2, 2, 2, 1, 1, 2]
