@@ -38,10 +38,10 @@ def _context(req: Request) -> np.ndarray:
     since the last call (converting the whole list each step cost ~1 ms per 8,000 tokens, 250x the
     lookup itself). A request's tokens are only ever appended."""
     state = req.spec_state
-    buf, filled = state.context if state.context is not None else (np.empty(0, dtype=np.int64), 0)
+    buf, filled = state.context if state.context is not None else (np.empty(0, dtype=np.int32), 0)
     n = req.num_tokens
     if n > buf.shape[0]:
-        grown = np.empty(max(2 * n, 256), dtype=np.int64)
+        grown = np.empty(max(2 * n, 256), dtype=np.int32)  # token ids < 2**31
         grown[:filled] = buf[:filled]
         buf = grown
     buf[filled:n] = req.all_token_ids[filled:n]
