@@ -34,6 +34,7 @@ from engine.core.request import Request
 from engine.sampling_params import SamplingType
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramProposer, Proposer
+from engine.worker.logit_controls import has_logit_controls, has_penalties
 
 MISSES_BEFORE_PAUSE = 3  # steps in a row with nothing accepted
 MAX_PAUSE = 64  # steps
@@ -54,18 +55,16 @@ class DraftState:
 
 class SpecStats:
     """Counters since the last ``take`` (vLLM's spec_decode_num_drafts / num_draft_tokens /
-    num_accepted_tokens), and totals since start."""
+    num_accepted_tokens): requests that ran drafts, draft tokens verified, of which accepted."""
 
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "totals")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
     def __init__(self) -> None:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
-        self.totals = [0, 0, 0]
 
     def take(self) -> dict[str, int]:
         """The counters since the last call, as SchedulerStats fields; they restart from zero."""
         step = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
-        self.totals = [a + b for a, b in zip(self.totals, step)]
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         return dict(zip(("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
                          "spec_decode_num_accepted_tokens"), step))
@@ -75,9 +74,7 @@ def can_speculate(req: Request) -> bool:
     """Whether ``req``'s next tokens can be verified against drafts (the rules above)."""
     p = req.sampling_params
     return (req.pooling_params is None and req.structured_output is None and p.structured_outputs is None
-            and p.sampling_type != SamplingType.RANDOM_SEED
-            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and p.repetition_penalty == 1.0
-            and not (p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids)
+            and p.sampling_type != SamplingType.RANDOM_SEED and not has_penalties(p) and not has_logit_controls(p)
             and req.num_output_tokens >= p.min_tokens)
 
 

@@ -32,7 +32,7 @@ from engine.spec_decode.verify import accepted_tokens
 from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
-from engine.worker.logit_controls import LogitControls, has_logit_controls
+from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class ModelRunner:
         return state.generator
 
     def _penalties(self, md: SamplingMetadata, reqs: list[Request]) -> None:
-        rows = [j for j, r in enumerate(reqs) if _has_penalty(r.sampling_params)]
+        rows = [j for j, r in enumerate(reqs) if has_penalties(r.sampling_params)]
         if not rows:
             return
         picked = [reqs[j] for j in rows]
@@ -353,7 +353,3 @@ def _available_memory() -> Optional[int]:
     except OSError:
         pass
     return None
-
-
-def _has_penalty(p) -> bool:
-    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
