@@ -20,6 +20,7 @@ from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
 from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
 from engine.pooler_config import PoolerConfig, resolve_runner
+from engine.spec_decode.config import SpeculativeConfig, resolve_speculative_config
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class EngineArgs:
     # prefix-cache hits: one kernel path per op whatever the row count (vLLM's batch invariance,
     # VLLM_BATCH_INVARIANT). CPU, eager forward only; costs speed (README, "Determinism").
     deterministic: bool = False
+    # vLLM's speculative decoding (engine/spec_decode/): a dict, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 4, "prompt_lookup_max": 5}, or a SpeculativeConfig.
+    speculative_config: Optional[SpeculativeConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -227,6 +231,7 @@ class EngineConfig:
     worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
     kv_events_config: Optional[KVEventsConfig] = None  # validated; None: no KV events published
+    speculative_config: Optional[SpeculativeConfig] = None  # validated; None: no speculative decoding
 
     @property
     def core_launch(self) -> CoreLaunch:
@@ -555,6 +560,7 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
     resolve_kv_events_config(args.kv_events_config)
     resolve_structured_outputs_config(args.structured_outputs_config)
+    resolve_speculative_config(args.speculative_config)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
     parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
@@ -642,6 +648,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         transport=launch.transport, ring_capacity=launch.ring_capacity,
         disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=launch.worker_cls,
         kv_transfer_config=kv_transfer, kv_events_config=resolve_kv_events_config(args.kv_events_config),
+        speculative_config=resolve_speculative_config(args.speculative_config),
     )
 
 

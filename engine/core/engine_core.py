@@ -61,6 +61,16 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
                                    reasoning)
 
 
+def _draft_scheduler(config: EngineConfig, kv_cache: KVCacheManager) -> Optional[Any]:
+    """Speculative decoding's scheduler part (engine/spec_decode/drafts.py), or None without
+    speculative_config (or for a pooling model, which never decodes)."""
+    if config.speculative_config is None or config.model_config.runner_type == "pooling":
+        return None
+    from engine.spec_decode.drafts import DraftScheduler
+
+    return DraftScheduler(config.speculative_config, kv_cache, config.model_config.max_model_len)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
         from engine.worker import resolve_worker_cls
@@ -86,7 +96,8 @@ class EngineCore:
                                                       and config.kv_events_config.include_token_ids))
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
-                                   structured_output=_structured_output_manager(config))
+                                   structured_output=_structured_output_manager(config),
+                                   speculative=_draft_scheduler(config, kv_cache))
         self.log_stats = not config.disable_log_stats
         # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
         self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)

@@ -16,6 +16,10 @@ Contract (stated once, here):
   (``max_num_prefill_tokens="auto"``) as many as fit it, as measured: each such position is a
   full-vocabulary row (LM head, log-softmax, rank, top-k), many times a prompt token's own cost
   on a small model, so a long prompt's logprobs come over many short steps.
+- Speculative decoding: a decode may carry draft tokens (``req.spec_token_ids``, k of them); it
+  then computes its last known token followed by the drafts (n = 1 + k, ending at
+  ``num_tokens + k``), is sampled at all 1 + k positions, and its emitted tokens are in
+  ``ModelRunnerOutput.accepted_token_ids``.
 - The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
   ``update_from_output`` (appends tokens, advances ``num_computed_tokens``, checks stops).
 """
@@ -60,6 +64,10 @@ class ModelRunnerOutput:
     # One entry per sampled request (see the contract above), in batch order.
     req_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
+    # Requests that ran draft tokens (``req.spec_token_ids``): every token the step emits for them,
+    # the accepted drafts then the target's own (engine/spec_decode/verify.py); their entry in
+    # sampled_token_ids is the first of these.
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Only for requests that asked for logprobs: one row (the sampled position).
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # Only for requests that asked for prompt_logprobs and ran prompt tokens this step:

@@ -113,7 +113,8 @@ class PriorityQueue:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None) -> None:
+                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None,
+                 speculative: Optional[Any] = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
@@ -132,6 +133,9 @@ class Scheduler:
         # Loads prompt blocks from, and saves them to, other engines (engine/kv_transfer/); or None.
         self.kv_connector = kv_connector
         self.waiting = PriorityQueue() if self.priority else FCFSQueue()
+        # With speculative_config: drafts for decodes and what a verified step leaves
+        # (engine/spec_decode/drafts.py DraftScheduler); or None.
+        self.spec = speculative
         # Grammars (engine/structured_output/manager.py StructuredOutputManager), or None: then a
         # request with structured_outputs is refused by the core.
         self.structured_output = structured_output
@@ -157,14 +161,16 @@ class Scheduler:
 
     def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
         """The runner took ``seconds`` for ``sched``: what the pacers learn prompt tokens cost (a
-        step with prompt-logprob rows teaches only their pacer: they are most of its time)."""
+        step with prompt-logprob rows teaches only their pacer: they are most of its time; a
+        decode's draft tokens are no prompt tokens and teach neither)."""
         if self.pacer is None:
             return
-        rows = sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1 and _wants_prompt_logprobs(r))
+        prompts = [(r, n) for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1 and not r.spec_token_ids]
+        rows = sum(n for r, n in prompts if _wants_prompt_logprobs(r))
         if rows:
             self.logprob_rows_pacer.observe(rows, seconds)
         else:
-            self.pacer.observe(sum(n for n in sched.num_scheduled_tokens if n > 1), seconds)
+            self.pacer.observe(sum(n for _, n in prompts), seconds)
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -284,6 +290,10 @@ class Scheduler:
             rows_left -= n if _wants_prompt_logprobs(req) else 0
             first_prompt = False
 
+        # 3) Draft tokens for this step's decodes, from the budget and KV blocks left (spec_decode/)
+        if self.spec is not None and batch:
+            budget -= self.spec.add_drafts(batch, num_tokens, budget, len(self.running))
+
         self.total_queries += self._step_queries
         self.total_hits += self._step_hits
         out = SchedulerOutput(batch, num_tokens, self.max_num_batched_tokens - budget)
@@ -334,13 +344,23 @@ class Scheduler:
                 continue
             if sampled_ids[j] != req_id:
                 raise RuntimeError(f"runner output out of batch order: {sampled_ids[j]!r} for {req_id!r}")
-            token = sampled_tokens[j]
+            # With drafts: the accepted ones, then the target's own token (spec_decode/verify.py)
+            new_tokens = result.accepted_token_ids.get(req_id) if req.spec_token_ids else None
+            if new_tokens is None:
+                new_tokens = [sampled_tokens[j]]
             j += 1
-            req.append_output_token(token)
+            for count, token in enumerate(new_tokens, 1):
+                req.append_output_token(token)
+                if count < len(new_tokens) and self._check_stop(req, token):
+                    break  # a stop before the last: the tokens after it are not emitted
+            if req.spec_token_ids:
+                self.spec.after_step(req, len(new_tokens) - 1)
             if caching:
                 self.kv_cache.cache_blocks(req)
-            out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,
-                                   num_cached_tokens=req.num_cached_tokens)
+            lp = logprobs.get(req_id) if logprobs else None
+            if lp is not None and len(lp.ranks) > count:
+                lp = LogprobsLists(lp.token_ids[:count], lp.logprobs[:count], lp.ranks[:count])
+            out = EngineCoreOutput(req_id, new_tokens[:count], lp, plp, num_cached_tokens=req.num_cached_tokens)
             if req.events is not None:
                 out.events, req.events = req.events, None
             if req.structured_output is not None and not self.structured_output.accept(req, token):
@@ -399,7 +419,8 @@ class Scheduler:
         return SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
             kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
-            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted)
+            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
+            **(self.spec.stats.take() if self.spec is not None else {}))
 
     def _check_stop(self, req: Request, token: int) -> bool:
         """Stop tokens (once min_tokens are out), the end of the request's grammar, then length.

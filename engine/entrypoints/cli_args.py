@@ -103,6 +103,10 @@ ENGINE_ARG_HELP = {
     "structured_outputs_config": 'Structured outputs as a JSON object, e.g. \'{"backend": "auto"}\' (backend: auto '
                                  "= xgrammar, and guidance for what xgrammar cannot compile; xgrammar; guidance; "
                                  "compile_timeout_s: how long a request waits for its grammar, default 10).",
+    "speculative_config": 'Speculative decoding as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                          '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram '
+                          "prompt lookup; also disable_by_batch_size). Greedy output is unchanged; a draft model "
+                          "is not yet supported.",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 

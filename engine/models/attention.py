@@ -115,7 +115,10 @@ class StepRows:
     def add(self, i: int, req, start: int, n: int, block_size: int, slots: list[int]) -> None:
         """Request ``i``'s tokens [start, start + n) as the next rows."""
         self.first_row[i] = len(self.ids)
-        self.ids.extend(req.all_token_ids[start:start + n])
+        ids = req.all_token_ids[start:start + n]
+        if len(ids) < n:  # a decode with draft tokens after its last known one (spec_decode/)
+            ids += req.spec_token_ids[:n - len(ids)]
+        self.ids.extend(ids)
         self.positions.extend(range(start, start + n))
         blocks = req.block_ids
         slots.extend(blocks[q // block_size] * block_size + q % block_size for q in range(start, start + n))
