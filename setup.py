@@ -40,7 +40,7 @@ setup(
         "llguidance>=1.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema", "openai-agents", "vllm-router"],
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema", "openai-agents", "vllm-router", "anthropic"],
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},

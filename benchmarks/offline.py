@@ -106,7 +106,7 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
 
     start = time.perf_counter()
     llm = LLM(model=a.model, dtype=a.dtype, num_threads=a.threads, kv_cache_memory=a.kv_cache_memory,
-              max_model_len=a.max_model_len, seed=0, quantization=a.quantization)
+              max_model_len=a.max_model_len, seed=0, quantization=a.quantization, deterministic=a.deterministic)
     startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
     prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
@@ -190,6 +190,8 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
     if engine == "llamacpp":
         return _run_peer_llamacpp(a)
     model = a.model
+    deterministic = engine.endswith("-deterministic")  # the same engine with deterministic=True
+    engine = engine.removesuffix("-deterministic")
     if engine == "ringllm-gguf":  # ringllm on the GGUF file's own blocks (quantization="gguf")
         engine, model = "ringllm", a.gguf or _default_gguf()
     quantization = "int8" if engine == "ringllm-int8" else None
@@ -199,6 +201,7 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
            "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
            "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
            "--repeats", str(a.repeats), *(["--quantization", quantization] if quantization else []),
+           *(["--deterministic"] if deterministic else []),
            "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
            "--spawn-time", repr(time.time())]
     cmd += (["--model", model] if model else []) + (["--inproc"] if a.inproc else [])
@@ -277,7 +280,8 @@ def main(argv=None) -> int:
     p.add_argument("--scenarios", default="batch,single", help="any of batch, single, prefill")
     p.add_argument("--engines", default="ringllm,transformers",
                    help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks), "
-                        "ringllm-int8 (quantization='int8')")
+                        "ringllm-int8 (quantization='int8'); any ringllm one with -deterministic appended "
+                        "(deterministic=True)")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
@@ -297,6 +301,7 @@ def main(argv=None) -> int:
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)
     p.add_argument("--quantization", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)

@@ -5,6 +5,7 @@
  * the entry point picks a variant per call (cpu_features.c). */
 #include "paged_attention.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "cpu_features.h"
@@ -39,6 +40,21 @@ static inline ALWAYS_INLINE void prefetch_span(const void *base, int64_t idx, in
         else
             _mm_prefetch(p + b, _MM_HINT_T1);
     }
+}
+
+/* In place: s[i] = cap * tanh(s[i] / cap) (Gemma 2's soft-cap), tanh(x) = sign(x) (1 - e) / (1 + e) with
+ * e = e^(-2|x|) <= 1, so the exp never overflows; the tail in tanhf. */
+static AVX2 void softcap_scores(float *s, int64_t n, float cap) {
+    const __m256 vcap = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), inv);
+        __m256 e = exp_clamped(_mm256_mul_ps(_mm256_or_ps(x, sign), _mm256_set1_ps(2.0f)));  /* e^(-2|x|) */
+        __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_or_ps(t, _mm256_and_ps(x, sign)), vcap));
+    }
+    for (; i < n; i++) s[i] = cap * tanhf(s[i] / cap);
 }
 
 /* In place: s[i] = e^(s[i] - max s), n >= 1; returns 1 / sum of them (the softmax is s times it). */
@@ -257,7 +273,7 @@ static inline AVX512 ALWAYS_INLINE void permute_q_avx512(const float *q, int64_t
 #include "paged_attention_impl.h"
 
 typedef void (*attend_fn)(const float *, int64_t, int64_t, int64_t, const void *, const int64_t *, int64_t,
-                          const int64_t *, int64_t, float, float *, float *, float *, float *);
+                          const int64_t *, int64_t, float, float, float *, float *, float *, float *);
 
 /* rows[j] = element offset of the slot of key start + j of a sequence (block table row
  * table), j < n, then padded with repeats of the last one; -1 for a block id out of range. */
@@ -278,11 +294,11 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
                            int64_t num_blocks, int64_t block_size, const int64_t *block_table,
                            int64_t max_blocks, const int64_t *seq_lens, int64_t num_seqs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t window,
-                           float scale, int allow_avx512, float *out) {
+                           float scale, float softcap, int allow_avx512, float *out) {
     if (!cpu_kernels_supported() || (kv_dtype != PAGED_ATTN_F32 && kv_dtype != PAGED_ATTN_BF16)
         || num_seqs < 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0
         || head_dim % LANES || head_dim > PAGED_ATTN_MAX_HEAD_DIM || block_size <= 0 || max_blocks <= 0
-        || q_stride < num_heads * head_dim)
+        || q_stride < num_heads * head_dim || !(softcap >= 0.0f))
         return -1;
     int64_t longest = 1;
     for (int64_t s = 0; s < num_seqs; s++) {
@@ -310,7 +326,8 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
             next_n = 0;
         }
         if (rc == 0 && s >= 0)
-            run(q + s * q_stride, num_heads, num_kv_heads, head_dim, kv_cache, cur, n, next, next_n, scale, scratch,
+            run(q + s * q_stride, num_heads, num_kv_heads, head_dim, kv_cache, cur, n, next, next_n, scale, softcap,
+                scratch,
                 scratch + num_heads * dp, scratch + num_heads * dp + MAX_GROUP_BLOCK * padded,
                 out + s * num_heads * head_dim);
         int64_t *t = cur;
@@ -327,10 +344,10 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
                            int64_t num_blocks, int64_t block_size, const int64_t *block_table,
                            int64_t max_blocks, const int64_t *seq_lens, int64_t num_seqs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t window,
-                           float scale, int allow_avx512, float *out) {
+                           float scale, float softcap, int allow_avx512, float *out) {
     (void)q; (void)q_stride; (void)kv_cache; (void)kv_dtype; (void)num_blocks; (void)block_size;
     (void)block_table; (void)max_blocks; (void)seq_lens; (void)num_seqs; (void)num_heads;
-    (void)num_kv_heads; (void)head_dim; (void)window; (void)scale; (void)allow_avx512; (void)out;
+    (void)num_kv_heads; (void)head_dim; (void)window; (void)scale; (void)softcap; (void)allow_avx512; (void)out;
     return -1;
 }
 #endif

@@ -21,7 +21,8 @@
 #define PAGED_ATTN_MAX_HEAD_DIM 256
 
 /* out[s, h*D:(h+1)*D] = softmax(scale * q_h . K[s]) V[s] over keys [start, seq_lens[s]),
- * start = seq_lens[s] - window (or 0 when window <= 0 or that is negative).
+ * start = seq_lens[s] - window (or 0 when window <= 0 or that is negative); softcap > 0 caps
+ * each score as softcap * tanh(score / softcap) before the softmax (Gemma 2), 0 leaves them.
  * q: float32 rows with a stride of q_stride floats; block_table: [num_seqs, max_blocks].
  * allow_avx512: 0 keeps the AVX2 variant even where the CPU has AVX-512 (for tests of that path).
  * Returns 0; -1 for an invalid argument (bad sizes, a block id outside [0, num_blocks),
@@ -30,6 +31,6 @@ int paged_decode_attention(const float *q, int64_t q_stride, const void *kv_cach
                            int64_t num_blocks, int64_t block_size, const int64_t *block_table,
                            int64_t max_blocks, const int64_t *seq_lens, int64_t num_seqs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t window,
-                           float scale, int allow_avx512, float *out);
+                           float scale, float softcap, int allow_avx512, float *out);
 
 #endif

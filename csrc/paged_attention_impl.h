@@ -97,12 +97,14 @@ PA_INLINE void FN(value_pass)(const float *p, int64_t stride, const void *cache,
  * The softmax's division by the sum is applied to the d outputs rather than the n weights. */
 PA_INLINE void FN(attend_heads)(const float *qp, int64_t dp, int64_t d, const void *cache, const int bf16,
                                 const int64_t *rows, int64_t n, int64_t k_off, int64_t v_off,
-                                const int64_t *pf_rows, int64_t pf_n, int64_t pf_off, float scale, const int HB,
-                                float *scores, float *obuf, float *out) {
+                                const int64_t *pf_rows, int64_t pf_n, int64_t pf_off, float scale, float softcap,
+                                const int HB, float *scores, float *obuf, float *out) {
     const int64_t stride = (n + QK_KEYS - 1) / QK_KEYS * QK_KEYS;
     for (int64_t j = 0; j < n; j += QK_KEYS)
         FN(score_block)(qp, dp, d, cache, bf16, rows + j, k_off, v_off, scale, HB, scores + j, stride);
     float inv_sum[MAX_GROUP_BLOCK];
+    if (softcap > 0.0f)
+        for (int h = 0; h < HB; h++) softcap_scores(scores + h * stride, n, softcap);
     for (int h = 0; h < HB; h++) inv_sum[h] = exp_scores(scores + h * stride, n);
     int64_t c = 0;
     for (; c + 2 * CH <= d; c += 2 * CH)
@@ -122,7 +124,8 @@ PA_INLINE void FN(attend_heads)(const float *qp, int64_t dp, int64_t d, const vo
  * keys, whose first K rows the last value passes prefetch (next_n 0: none). */
 PA_INLINE void FN(attend_seq)(const float *q, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                               const void *cache, const int bf16, const int64_t *rows, int64_t n,
-                              const int64_t *next_rows, int64_t next_n, float scale, float *qp, float *scores,
+                              const int64_t *next_rows, int64_t next_n, float scale, float softcap, float *qp,
+                              float *scores,
                               float *obuf, float *out) {
     const int64_t group = num_heads / num_kv_heads, dp = (d + CH - 1) / CH * CH;
     for (int64_t h = 0; h < num_heads; h++)
@@ -135,13 +138,16 @@ PA_INLINE void FN(attend_seq)(const float *q, int64_t num_heads, int64_t num_kv_
             const int64_t h = g * group + h0, left = group - h0;
             const float *qh = qp + h * dp;
             if (left >= 3)
-                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale, 3,
+                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale,
+                                 softcap, 3,
                                  scores, obuf, out + h * d);
             else if (left == 2)
-                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale, 2,
+                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale,
+                                 softcap, 2,
                                  scores, obuf, out + h * d);
             else
-                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale, 1,
+                FN(attend_heads)(qh, dp, d, cache, bf16, rows, n, k_off, v_off, pf_rows, pf_n, pf_off, scale,
+                                 softcap, 1,
                                  scores, obuf, out + h * d);
         }
     }
@@ -150,18 +156,18 @@ PA_INLINE void FN(attend_seq)(const float *q, int64_t num_heads, int64_t num_kv_
 /* The two cache dtypes as separate functions, so the dtype test leaves the inner loops. */
 static VTARGET void FN(attend_seq_f32)(const float *q, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                                        const void *cache, const int64_t *rows, int64_t n, const int64_t *next_rows,
-                                       int64_t next_n, float scale, float *qp, float *scores, float *obuf,
-                                       float *out) {
-    FN(attend_seq)(q, num_heads, num_kv_heads, d, cache, 0, rows, n, next_rows, next_n, scale, qp, scores, obuf,
-                   out);
+                                       int64_t next_n, float scale, float softcap, float *qp, float *scores,
+                                       float *obuf, float *out) {
+    FN(attend_seq)(q, num_heads, num_kv_heads, d, cache, 0, rows, n, next_rows, next_n, scale, softcap, qp, scores,
+                   obuf, out);
 }
 
 static VTARGET void FN(attend_seq_bf16)(const float *q, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                                         const void *cache, const int64_t *rows, int64_t n, const int64_t *next_rows,
-                                        int64_t next_n, float scale, float *qp, float *scores, float *obuf,
-                                        float *out) {
-    FN(attend_seq)(q, num_heads, num_kv_heads, d, cache, 1, rows, n, next_rows, next_n, scale, qp, scores, obuf,
-                   out);
+                                        int64_t next_n, float scale, float softcap, float *qp, float *scores,
+                                        float *obuf, float *out) {
+    FN(attend_seq)(q, num_heads, num_kv_heads, d, cache, 1, rows, n, next_rows, next_n, scale, softcap, qp, scores,
+                   obuf, out);
 }
 
 #undef PA_INLINE

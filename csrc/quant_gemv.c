@@ -372,6 +372,26 @@ static int gemm_all_rows(int type, int isa, const float *x, int64_t x_stride, in
         type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k, mem + 2 * scbytes + qbytes, y);
     return 0;
 }
+
+/* All m rows of quant_gemv_row_invariant below the GEMM's threshold, on AVX-512 VNNI: the GEMM's
+ * arithmetic, the GEMV's reading of W (quant_gemv_ordered.c). */
+static int gemm_order_rows(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                           int64_t k, float *y) {
+    act_t act;
+    act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
+    act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
+    const size_t scbytes = (size_t)m * (size_t)act.nbs * sizeof(float);
+    const size_t qbytes = (size_t)m * (size_t)act.nbp * QUANT_BLOCK;
+    uint8_t *mem = quant_scratch(2 * scbytes + qbytes + (size_t)m * (size_t)(k / QUANT_BLOCK) * sizeof(int32_t));
+    if (!mem) return -2;
+    act.d = (float *)mem;
+    act.s = (float *)(mem + scbytes);
+    act.q = (int8_t *)(mem + 2 * scbytes);
+    quantize_rows_avx2(x, x_stride, m, k, &act);
+    quant_gemv_gemm_order_avx512(type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k,
+                                 (int32_t *)(mem + 2 * scbytes + qbytes), y);
+    return 0;
+}
 #endif
 
 _Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
@@ -394,6 +414,27 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
         const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,
                                  m - r < QUANT_GEMV_MAX_M ? m - r : QUANT_GEMV_MAX_M, w, n, k, y + (size_t)r * (size_t)n);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int quant_gemv_row_invariant(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                             int64_t k, float *y) {
+    const int bw = quant_block_weights(type);
+    if (bw == 0 || m < 1 || n <= 0 || k <= 0 || k % bw || x_stride < k) return -1;
+    const int isa = quant_best_isa();
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int64_t row_bytes = k / bw * quant_block_bytes(type);
+    const int64_t gemm_from = n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M;
+    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 && m < gemm_from)
+        return gemm_order_rows(type, x, x_stride, m, w, n, k, y);
+    if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16)
+        return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
+    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK) return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
+#endif
+    for (int64_t r = 0; r < m; r++) {
+        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride, 1, w, n, k, y + (size_t)r * (size_t)n);
         if (rc) return rc;
     }
     return 0;

@@ -73,6 +73,15 @@ int quant_best_isa(void);
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y);
 
+/* quant_gemv whose row r of y never depends on the other rows of x (batch invariance, for
+ * deterministic runs): the GEMV and the tiled GEMM sum a row's blocks in different orders, and
+ * quant_gemv picks one by the row count. Here every m, 1 included, computes what the tiled GEMM
+ * computes where one runs this type on this CPU (its rows are independent tiles): below the
+ * GEMM's threshold, on AVX-512 VNNI, a GEMV with the GEMM's order of sums (quant_gemv_ordered.c),
+ * elsewhere the GEMM itself; one GEMV pass per row where no GEMM runs. Same returns as quant_gemv. */
+int quant_gemv_row_invariant(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
+                             int64_t k, float *y);
+
 /* The dense float32 [n, k] matrix of w (for steps too large for the GEMV). Returns 0 or -1. */
 int quant_dequantize(int type, const uint8_t *w, int64_t n, int64_t k, float *out);
 

@@ -360,9 +360,9 @@ class AsyncLLM(EngineClient):
                           data_parallel_rank: Optional[int] = None) -> RequestOutputCollector:
         """Admit (``InputProcessor.admit``, as LLMEngine does) and send; returns the request's
         collector at once (the first output comes later). Bad input raises ValueError/TypeError
-        and nothing is sent. A text prompt long enough to be worth it is admitted on the
-        renderer pool; token ids always inline. ``data_parallel_rank`` sends it to that rank's
-        EngineCore."""
+        and nothing is sent. A request whose text and params are long enough to be worth it
+        (``InputProcessor.offload_size``) is admitted on the renderer pool, others inline.
+        ``data_parallel_rank`` sends it to that rank's EngineCore."""
         if self.errored:
             raise self.dead_error
         processor = self.input_processor
@@ -378,8 +378,8 @@ class AsyncLLM(EngineClient):
             processor.check_prompt_fits(prompt, params)  # a prompt too long to fit is refused before the queue
             admit = functools.partial(processor.admit, lora_request=lora_request,
                                       tokenization_kwargs=tokenization_kwargs)
-            admission = await self.renderer.run(processor.offload_size(prompt), admit, internal_id, prompt, params,
-                                                arrival_time, priority)
+            admission = await self.renderer.run(processor.offload_size(prompt, params), admit, internal_id, prompt,
+                                                params, arrival_time, priority)
             self.output_processor.add_admitted(admission, output_id=request_id, queue=collector)
             for request, _, _ in admission.children:
                 await self.engine_core.add_request_async(request, data_parallel_rank)

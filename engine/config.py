@@ -15,10 +15,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Optional, Union
 
-from engine.hf_config import config_from_dict, read_hf_config
+from engine.hf_config import check_config_values, config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
 from engine.pooler_config import PoolerConfig, classifier_labels, is_classifier, resolve_runner
+from engine.spec_decode.config import SpeculativeConfig, resolve_speculative_config
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
 
 logger = logging.getLogger(__name__)
@@ -30,9 +32,6 @@ SEQS_PER_REQUEST_IN_BATCHES = 8  # see EngineConfig.max_seqs_per_request
 # core: ~0.5 s a step). Here, not in the pacer, so that the config imports nothing of the core.
 PACED_STEP_TARGET_S = 0.5
 PACED_INITIAL_TOKENS = 128
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                           "LlamaForSequenceClassification", "Qwen2ForSequenceClassification",
-                           "Qwen3ForSequenceClassification")
 _GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -84,6 +83,7 @@ class EngineArgs:
     kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20
+    max_prompt_logprobs_entries: int = 65536  # prompt tokens x (prompt_logprobs + 1) x n, per request
     num_threads: Optional[int] = None  # torch threads in the process that runs the model
     enforce_eager: bool = False
     compilation_config: Optional[CompilationConfig | int | dict] = None
@@ -117,6 +117,13 @@ class EngineArgs:
     runner: Literal["auto", "generate", "pooling"] = "auto"
     convert: Literal["auto", "none", "embed"] = "auto"
     pooler_config: Optional[PoolerConfig | dict] = None
+    # Greedy output (tokens and logprobs) the same at any batch size and with or without
+    # prefix-cache hits: one kernel path per op whatever the row count (vLLM's batch invariance,
+    # VLLM_BATCH_INVARIANT). CPU, eager forward only; costs speed (README, "Determinism").
+    deterministic: bool = False
+    # vLLM's speculative decoding (engine/spec_decode/): a dict, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 4, "prompt_lookup_max": 5}, or a SpeculativeConfig.
+    speculative_config: Optional[SpeculativeConfig | dict] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -146,12 +153,14 @@ class ModelConfig:
     vocab_size: int
     seed: Optional[int]
     max_logprobs: int
+    max_prompt_logprobs_entries: int
     served_model_name: str
     skip_tokenizer_init: bool
     runner_type: str = "generate"  # resolved: generate | pooling
     convert_type: str = "none"  # resolved: none | embed
     pooler_config: Optional[PoolerConfig] = None  # resolved (pooling_type, normalize) with runner "pooling"
     quantization: Optional[str] = None  # resolved: None | "gguf" (a .gguf model's own blocks) | "int8" (W8A8)
+    deterministic: bool = False  # batch-invariant kernels (EngineArgs.deterministic)
 
     @property
     def pooling_task(self) -> Optional[str]:
@@ -235,6 +244,7 @@ class EngineConfig:
     worker_cls: Union[str, type] = "auto"  # "auto", a dotted path or an engine.worker.Worker subclass
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
     kv_events_config: Optional[KVEventsConfig] = None  # validated; None: no KV events published
+    speculative_config: Optional[SpeculativeConfig] = None  # validated; None: no speculative decoding
 
     @property
     def core_launch(self) -> CoreLaunch:
@@ -324,7 +334,7 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
         from engine.gguf_file import config_dict  # its metadata, as config.json's fields
 
         data = config_dict(path)
-        cfg = None if data is None else config_from_dict(data, path)
+        cfg = None if data is None else config_from_dict(data, path) or _transformers_config(data, path)
     else:
         cfg = read_hf_config(path)
     if cfg is None:
@@ -332,6 +342,15 @@ def _load_hf_config(path: str, load_format: str, args: EngineArgs) -> Any:
     for key, value in (args.hf_overrides or {}).items():
         setattr(cfg, key, value)
     return cfg
+
+
+def _transformers_config(data: dict[str, Any], path: str) -> Any:
+    """A GGUF's fields (engine/gguf_file.py) in transformers' config class for their model type,
+    which derives what the file leaves out (Gemma's layer types, rope parameters) as HF does."""
+    from transformers import AutoConfig
+
+    check_config_values(data, path)
+    return AutoConfig.for_model(**data)
 
 
 def _auto_config(path: str, load_format: str, args: EngineArgs) -> Any:
@@ -540,16 +559,21 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise _bad("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
     _positive_int("max_logprobs", args.max_logprobs, 0)
+    _positive_int("max_prompt_logprobs_entries", args.max_prompt_logprobs_entries, 0)
     _positive_int("renderer_num_workers", args.renderer_num_workers, 1)
     ring_capacity = _positive_int("ring_capacity", args.ring_capacity, 1 << 12, 1 << 32)
     if ring_capacity & (ring_capacity - 1):
         raise _bad("ring_capacity", "a power of two in [4096, 2**32]", ring_capacity)
     _check_single_device(args)
     compilation = _compilation(args.compilation_config, args.enforce_eager)
+    if args.deterministic and compilation.mode != 0:
+        raise ValueError("deterministic: runs the eager forward (its kernels are chosen per op, not per "
+                         "graph); drop compilation_config or set its mode to 0")
     worker_cls = _worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
     resolve_kv_events_config(args.kv_events_config)
     resolve_structured_outputs_config(args.structured_outputs_config)
+    resolve_speculative_config(args.speculative_config)
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
     _positive_int("num_threads", num_threads, 1, 1024)
     parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
@@ -590,6 +614,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
                          "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
 
     device = resolve_device(args.device)
+    if args.deterministic and device != "cpu":
+        raise ValueError(f"deterministic: batch-invariant kernels exist for the CPU only, not for device {device!r}")
     dtype = _resolve_dtype(args.dtype, device, hf_config)
     max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
     max_model_len = max_pos if args.max_model_len is None else _positive_int(
@@ -620,9 +646,11 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else _tokenizer_for(path),
             load_format=load_format, hf_config=hf_config, architecture=arch, dtype=dtype,
             max_model_len=max_model_len, vocab_size=int(hf_config.vocab_size), seed=args.seed,
-            max_logprobs=args.max_logprobs, served_model_name=served,
+            max_logprobs=args.max_logprobs, max_prompt_logprobs_entries=args.max_prompt_logprobs_entries,
+            served_model_name=served,
             skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
-            pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device)),
+            pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device),
+            deterministic=bool(args.deterministic)),
         cache_config=CacheConfig(block_size=block_size,
                                  enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
                                  kv_cache_memory=kv_mem, gpu_memory_utilization=args.gpu_memory_utilization),
@@ -635,6 +663,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         transport=launch.transport, ring_capacity=launch.ring_capacity,
         disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=launch.worker_cls,
         kv_transfer_config=kv_transfer, kv_events_config=resolve_kv_events_config(args.kv_events_config),
+        speculative_config=resolve_speculative_config(args.speculative_config),
     )
 
 

@@ -104,9 +104,26 @@ _FIELDS = {"context_length": "max_position_embeddings", "block_count": "num_hidd
            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
            "rope.dimension_count": "head_dim", "attention.key_length": "head_dim", "vocab_size": "vocab_size",
-           "attention.sliding_window": "sliding_window"}
+           "attention.sliding_window": "sliding_window",
+           # Gemma 2/3 (the pattern and local base where the file has them; else the families' defaults,
+           # which are llama.cpp's own: every 2nd / 6th layer global, local base 10000)
+           "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
+           "attention.sliding_window_pattern": "sliding_window_pattern", "rope.freq_base_swa": "rope_local_base_freq",
+           "rope.scaling.original_context_length": "original_max_position_embeddings",
+           # experts (Qwen3-MoE, Mixtral as "llama" with an expert count, OLMoE): see _moe_fields
+           "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+           "expert_feed_forward_length": "moe_intermediate_size", "expert_weights_norm": "norm_topk_prob"}
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-          "mistral": "MistralForCausalLM"}
+          "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+          "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+# llama.cpp's graphs renormalise the top-k expert weights for these architectures when the file has no
+# expert_weights_norm (its qwen3moe and llama graphs always do, its olmoe graph never does)
+_MOE_NORM_TOPK = {"qwen3moe": True, "llama": True, "olmoe": False}
+_F32 = 0  # GGML's type id  # the text model's config class in transformers
+# llama.cpp's Gemma rule for query_pre_attn_scalar, which its files do not store: head_dim, except
+# the 27B models (46 layers for Gemma 2, 62 for Gemma 3), whose scalar is hidden / heads.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def config_dict(path: str) -> Optional[dict[str, Any]]:
@@ -116,14 +133,92 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
     arch = meta.get("general.architecture")
     if arch not in _ARCHS:
         return None
-    cfg: dict[str, Any] = {"model_type": arch, "architectures": [_ARCHS[arch]]}
+    cfg: dict[str, Any] = {"model_type": _MODEL_TYPES.get(arch, arch), "architectures": [_ARCHS[arch]]}
     for key, field in _FIELDS.items():
-        if f"{arch}.{key}" in meta:
-            cfg[field] = meta[f"{arch}.{key}"]
+        value = meta.get(f"{arch}.{key}")
+        if isinstance(value, str) or (isinstance(value, bool) and field != "norm_topk_prob"):  # numbers but one
+            raise ValueError(f"model: {path}: {arch}.{key} must be a number, got {value!r}")
+        if value is not None and not isinstance(value, ArrayLength):
+            cfg[field] = value
     if "vocab_size" not in cfg and isinstance(meta.get("tokenizer.ggml.tokens"), ArrayLength):
         cfg["vocab_size"] = int(meta["tokenizer.ggml.tokens"])
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in meta:
             cfg[key.replace("padding", "pad")] = meta[f"tokenizer.ggml.{key}"]
     cfg["tie_word_embeddings"] = not any(t.name == "output.weight" for t in tensors)
+    if arch in _GEMMA_27B_LAYERS:
+        _gemma_fields(arch, meta, cfg)
+    elif arch == "phi3":
+        _phi3_fields(path, meta, cfg, {t.name for t in tensors})
+    if arch in _MOE_NORM_TOPK:
+        _moe_fields(path, arch, cfg, tensors)
     return cfg
+
+
+def _moe_fields(path: str, arch: str, cfg: dict[str, Any], tensors: list[TensorInfo]) -> None:
+    """Experts as the file states them: a "llama" file with an expert count is Mixtral; the
+    count and the experts used per token must be in the file (a class default of 128 or 8 would
+    be a guess); the experts' width is expert_feed_forward_length for Qwen3-MoE (else its
+    tensors' own), feed_forward_length for the others; top-k renormalisation is
+    expert_weights_norm where the file has it, else llama.cpp's rule for the architecture.
+    Qwen3-MoE layers without a router are dense (its ``mlp_only_layers``)."""
+    if arch == "llama":
+        if not cfg.get("num_experts"):
+            for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"):
+                cfg.pop(key, None)
+            return  # a dense Llama
+        cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"])
+    for key, field in (("expert_count", "num_experts"), ("expert_used_count", "num_experts_per_tok")):
+        value = cfg.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"model: {path}: {arch}.{key} must be a positive integer, got {value!r}")
+    cfg.setdefault("norm_topk_prob", _MOE_NORM_TOPK[arch])
+    if arch == "llama":
+        cfg["num_local_experts"] = cfg.pop("num_experts")
+    if arch != "qwen3moe":
+        cfg.pop("moe_intermediate_size", None)
+        return
+    if "moe_intermediate_size" not in cfg:
+        gate = next((t for t in tensors if t.name.endswith("ffn_gate_exps.weight") and len(t.shape) == 3), None)
+        if gate is None:
+            raise ValueError(f"model: {path}: qwen3moe.expert_feed_forward_length is missing and no expert tensor "
+                             "has it")
+        cfg["moe_intermediate_size"] = int(gate.shape[1])
+    routed = {t.name.split(".")[1] for t in tensors if t.name.startswith("blk.") and ".ffn_gate_inp." in t.name}
+    cfg["decoder_sparse_step"] = 1
+    cfg["mlp_only_layers"] = [i for i in range(int(cfg.get("num_hidden_layers") or 0)) if str(i) not in routed]
+
+
+def _gemma_fields(arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:
+    big = cfg.get("num_hidden_layers") == _GEMMA_27B_LAYERS[arch]
+    cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        if f"{arch}.rope.scaling.factor" not in meta:
+            raise ValueError(f"model: {arch}.rope.scaling.type is {kind!r} but {arch}.rope.scaling.factor is missing")
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": meta[f"{arch}.rope.scaling.factor"]}
+
+
+def _phi3_fields(path: str, meta: dict[str, Any], cfg: dict[str, Any], names: set[str]) -> None:
+    """Phi-3's rope dims are the rotary ones (Phi-4-mini rotates 3/4 of each head), a window of
+    0 means none (llama.cpp's mark for Phi-4), and longrope's factors are two small tensors."""
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    rotary = cfg.pop("head_dim", head_dim)
+    cfg["head_dim"] = head_dim
+    if rotary != head_dim:
+        cfg["partial_rotary_factor"] = rotary / head_dim
+    if not cfg.get("sliding_window"):
+        cfg["sliding_window"] = None
+    if {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
+        import numpy as np
+
+        factors = {t.name: t for t in read_tensor_index(path)[1] if t.name.startswith("rope_factors_")}
+        if any(t.qtype != _F32 for t in factors.values()):
+            raise ValueError(f"model: {path}: rope_factors_long/short must be F32 tensors")
+        factors = {name: t.data.view(np.float32).tolist() for name, t in factors.items()}
+        cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+                               "short_factor": factors["rope_factors_short.weight"]}
+        if "phi3.rope.scaling.attn_factor" in meta:
+            cfg["rope_scaling"]["attention_factor"] = meta["phi3.rope.scaling.attn_factor"]
+        if cfg.get("partial_rotary_factor"):
+            cfg["rope_scaling"]["partial_rotary_factor"] = cfg["partial_rotary_factor"]

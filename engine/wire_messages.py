@@ -106,12 +106,20 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0  # counter: prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # counter: of which found
     num_preempted_reqs: int = 0  # counter
+    # Counters of speculative decoding (engine/spec_decode/): requests that ran drafts, draft
+    # tokens verified, of which accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
     def add_counters(self, earlier: "SchedulerStats") -> None:
         """Fold in an earlier step's counters (this step's gauges are the newer ones)."""
         self.prefix_cache_queries += earlier.prefix_cache_queries
         self.prefix_cache_hits += earlier.prefix_cache_hits
         self.num_preempted_reqs += earlier.num_preempted_reqs
+        self.spec_decode_num_drafts += earlier.spec_decode_num_drafts
+        self.spec_decode_num_draft_tokens += earlier.spec_decode_num_draft_tokens
+        self.spec_decode_num_accepted_tokens += earlier.spec_decode_num_accepted_tokens
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

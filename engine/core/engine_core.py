@@ -51,10 +51,24 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
         return None
     from engine.structured_output.config import resolve_structured_outputs_config
     from engine.structured_output.manager import StructuredOutputManager
+    from engine.structured_output.reasoning import ReasoningMarkers
 
     args = config.engine_args
     so_config = resolve_structured_outputs_config(getattr(args, "structured_outputs_config", None))
-    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs)
+    reasoning = ReasoningMarkers.load(mc.tokenizer, so_config.reasoning_start, so_config.reasoning_end) \
+        if so_config.reasoning_end else None
+    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs,
+                                   reasoning)
+
+
+def _draft_scheduler(config: EngineConfig, kv_cache: KVCacheManager) -> Optional[Any]:
+    """Speculative decoding's scheduler part (engine/spec_decode/drafts.py), or None without
+    speculative_config (or for a pooling model, which never decodes)."""
+    if config.speculative_config is None or config.model_config.runner_type == "pooling":
+        return None
+    from engine.spec_decode.drafts import DraftScheduler
+
+    return DraftScheduler(config.speculative_config, kv_cache, config.model_config.max_model_len)
 
 
 class EngineCore:
@@ -82,7 +96,8 @@ class EngineCore:
                                                       and config.kv_events_config.include_token_ids))
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
-                                   structured_output=_structured_output_manager(config))
+                                   structured_output=_structured_output_manager(config),
+                                   speculative=_draft_scheduler(config, kv_cache))
         self.log_stats = not config.disable_log_stats
         # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
         self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)

@@ -230,6 +230,18 @@ class KVCacheManager:
         request.block_ids.clear()
         self._num_registered.pop(request.request_id, None)
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the request's blocks past those ``num_tokens`` tokens need (slots allocated
+        for speculative drafts that were rejected). They hold no computed full block, so none is
+        registered: they go to the front of the free queue."""
+        keep = -(-num_tokens // self.block_size)
+        block_ids = request.block_ids
+        while len(block_ids) > keep:
+            block = self.blocks[block_ids.pop()]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.appendleft(block)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block. Refused (False) while any block is in use, as in vLLM: a
         running request would go on registering blocks computed before the reset."""

@@ -46,7 +46,7 @@ class Request:
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
                  "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt",
-                 "events")
+                 "events", "spec_token_ids", "spec_state")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
@@ -89,6 +89,11 @@ class Request:
         self.cache_salt = cache_salt  # mixed into the first block's digest (kv_cache.block_hashes)
         # EngineCoreEvents not yet sent (the scheduler records them; its next output carries them).
         self.events: Optional[list] = None
+        # Speculative decoding (engine/spec_decode/): the draft tokens scheduled this step after the
+        # last known token (set by the scheduler, verified by the runner, empty otherwise), and the
+        # request's acceptance record that shortens or pauses its drafts (None until it drafts).
+        self.spec_token_ids: list[int] = []
+        self.spec_state = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":

@@ -11,6 +11,15 @@ Contract (stated once, here):
 - Any other request is sampled this step iff its scheduled tokens reach the end of its known tokens
   (``num_computed_tokens + n == num_tokens``): a final prefill chunk or a decode. Otherwise
   (an intermediate prefill chunk) only its KV and, if asked, its prompt logprobs are produced.
+- With chunked prefill, one step computes at most ``MAX_PROMPT_LOGPROBS_ROWS`` prompt positions of
+  requests that asked for ``prompt_logprobs``, over all of them, and with a time budget per step
+  (``max_num_prefill_tokens="auto"``) as many as fit it, as measured: each such position is a
+  full-vocabulary row (LM head, log-softmax, rank, top-k), many times a prompt token's own cost
+  on a small model, so a long prompt's logprobs come over many short steps.
+- Speculative decoding: a decode may carry draft tokens (``req.spec_token_ids``, k of them); it
+  then computes its last known token followed by the drafts (n = 1 + k, ending at
+  ``num_tokens + k``), is sampled at all 1 + k positions, and its emitted tokens are in
+  ``ModelRunnerOutput.accepted_token_ids``.
 - The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
   ``update_from_output`` (appends tokens, advances ``num_computed_tokens``, checks stops).
 """
@@ -21,6 +30,12 @@ from typing import Any, Optional
 
 from engine.core.request import Request
 from engine.wire_messages import LogprobsLists
+
+# Prompt positions with prompt logprobs one step computes (see the contract above). 256 rows of
+# the default model's 49152-token vocabulary are ~50 MB of float32 logits; the runner also computes
+# a whole prompt (chunked prefill off) in slices of this many.
+MAX_PROMPT_LOGPROBS_ROWS = 256
+MIN_PROMPT_LOGPROBS_ROWS = 16  # the paced floor: one KV block's worth
 
 
 @dataclass
@@ -49,6 +64,10 @@ class ModelRunnerOutput:
     # One entry per sampled request (see the contract above), in batch order.
     req_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
+    # Requests that ran draft tokens (``req.spec_token_ids``): every token the step emits for them,
+    # the accepted drafts then the target's own (engine/spec_decode/verify.py); their entry in
+    # sampled_token_ids is the first of these.
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Only for requests that asked for logprobs: one row (the sampled position).
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # Only for requests that asked for prompt_logprobs and ran prompt tokens this step:

@@ -16,6 +16,13 @@ a time budget per step on this machine, as measured (prefill_pacer.py): on a CPU
 prefill is compute bound, a wave of 64 prompts is then a few steps of ~0.5 s, each handing
 out some first tokens, instead of one step of seconds (benchmarks/RESULTS.md, Serving).
 
+A prompt chunk of a running request leaves room for the waiting queue's head: it takes at
+most the step's prompt tokens minus what the head needs, held back up to half of them. A
+short request that arrives during a long prefill then runs in the next step, beside the
+long prompt's next chunk, instead of after its last one (vLLM's ``long_prefill_token_threshold``
+bounds a chunk for the same reason), and the long prompt still gets half a step or more, so it
+is never starved. Under the priority policy a prompt holds nothing for a less important head.
+
 Running requests are served first, in order. When one cannot get a KV block, the lowest
 ranked running request (the newest under FCFS; the least important, then newest, under
 priority) is preempted: its blocks are freed and it goes back to the front of the waiting
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 import time
 from collections import deque
 from typing import Any, Iterable, Iterator, Optional
@@ -39,7 +47,8 @@ from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.core.sched_output import (MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput,
+                                     SchedulerOutput)
 from engine.wire_messages import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
                                   SchedulerStats)
 
@@ -104,13 +113,19 @@ class PriorityQueue:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None) -> None:
+                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None,
+                 speculative: Optional[Any] = None) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
         # With a time budget per step, the cap follows the measured cost of prompt tokens.
         self.pacer = PrefillPacer(config.prefill_step_target_s, PACED_MIN_TOKENS, config.max_num_batched_tokens,
                                   self._max_num_prefill_tokens) if config.prefill_step_target_s > 0 else None
+        # Prompt-logprob rows cost many prompt tokens each (sched_output.py): paced apart, by their
+        # own measured cost, so a long prompt's logprobs come in steps of the same time budget.
+        self.logprob_rows_pacer = PrefillPacer(config.prefill_step_target_s, MIN_PROMPT_LOGPROBS_ROWS,
+                                               MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS * 4
+                                               ) if config.prefill_step_target_s > 0 else None
         self.chunked_prefill = config.enable_chunked_prefill
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
@@ -118,6 +133,9 @@ class Scheduler:
         # Loads prompt blocks from, and saves them to, other engines (engine/kv_transfer/); or None.
         self.kv_connector = kv_connector
         self.waiting = PriorityQueue() if self.priority else FCFSQueue()
+        # With speculative_config: drafts for decodes and what a verified step leaves
+        # (engine/spec_decode/drafts.py DraftScheduler); or None.
+        self.spec = speculative
         # Grammars (engine/structured_output/manager.py StructuredOutputManager), or None: then a
         # request with structured_outputs is refused by the core.
         self.structured_output = structured_output
@@ -136,10 +154,23 @@ class Scheduler:
         """This step's cap on prompt tokens (decodes never count)."""
         return self.pacer.cap if self.pacer is not None else self._max_num_prefill_tokens
 
+    @property
+    def max_prompt_logprob_rows(self) -> int:
+        """This step's cap on prompt tokens with prompt logprobs (with chunked prefill)."""
+        return self.logprob_rows_pacer.cap if self.logprob_rows_pacer is not None else MAX_PROMPT_LOGPROBS_ROWS
+
     def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
-        """The runner took ``seconds`` for ``sched``: what the pacer learns prompt tokens cost."""
-        if self.pacer is not None:
-            self.pacer.observe(sum(n for n in sched.num_scheduled_tokens if n > 1), seconds)
+        """The runner took ``seconds`` for ``sched``: what the pacers learn prompt tokens cost (a
+        step with prompt-logprob rows teaches only their pacer: they are most of its time; a
+        decode's draft tokens are no prompt tokens and teach neither)."""
+        if self.pacer is None:
+            return
+        prompts = [(r, n) for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1 and not r.spec_token_ids]
+        rows = sum(n for r, n in prompts if _wants_prompt_logprobs(r))
+        if rows:
+            self.logprob_rows_pacer.observe(rows, seconds)
+        else:
+            self.pacer.observe(sum(n for _, n in prompts), seconds)
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -167,6 +198,8 @@ class Scheduler:
         """Pick this step's batch and allocate every KV block it needs (see sched_output.py)."""
         budget = self.max_num_batched_tokens
         prefill_left = self.max_num_prefill_tokens  # prompt tokens this step may still compute
+        # Prompt-logprob rows this step may still compute; a prompt that cannot be split runs whole.
+        rows_left = self.max_prompt_logprob_rows if self.chunked_prefill else sys.maxsize
         batch: list[Request] = []
         num_tokens: list[int] = []
         self._step_queries = self._step_hits = self._step_preempted = 0
@@ -174,13 +207,16 @@ class Scheduler:
             self._admit_compiled()
 
         # 1) Running requests, in order; preempt from the bottom when blocks run out. A decode
-        #    (one token) always runs; a prompt still being computed takes what the cap leaves.
+        #    (one token) always runs; a prompt still being computed takes what the cap leaves,
+        #    less what is held for the waiting queue's head.
+        held, head_priority = self._held_for_waiting(min(budget, prefill_left))
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if n > 1:
-                n = min(n, prefill_left)
+                hold = held if not self.priority or head_priority <= req.priority else 0
+                n = max(0, min(n, min(budget, prefill_left) - hold, _logprob_rows_cap(req, n, rows_left)))
                 if n == 0:
                     i += 1
                     continue
@@ -205,6 +241,7 @@ class Scheduler:
                 budget -= n
                 if n > 1:
                     prefill_left -= n
+                    rows_left -= n if _wants_prompt_logprobs(req) else 0
                 i += 1
 
         # 2) Waiting requests, first to last, while budget, prompt-token cap, sequences and blocks
@@ -230,6 +267,9 @@ class Scheduler:
                     n = prefill_left
                 elif not first_prompt:
                     break
+            n = _logprob_rows_cap(req, n, rows_left)
+            if n == 0:
+                break
             if not self.kv_cache.allocate_slots(req, n + num_external, hits):
                 break
             self.waiting.pop()
@@ -247,7 +287,12 @@ class Scheduler:
             num_tokens.append(n)
             budget -= n
             prefill_left = max(0, prefill_left - n)
+            rows_left -= n if _wants_prompt_logprobs(req) else 0
             first_prompt = False
+
+        # 3) Draft tokens for this step's decodes, from the budget and KV blocks left (spec_decode/)
+        if self.spec is not None and batch:
+            budget -= self.spec.add_drafts(batch, num_tokens, budget, len(self.running))
 
         self.total_queries += self._step_queries
         self.total_hits += self._step_hits
@@ -299,13 +344,23 @@ class Scheduler:
                 continue
             if sampled_ids[j] != req_id:
                 raise RuntimeError(f"runner output out of batch order: {sampled_ids[j]!r} for {req_id!r}")
-            token = sampled_tokens[j]
+            # With drafts: the accepted ones, then the target's own token (spec_decode/verify.py)
+            new_tokens = result.accepted_token_ids.get(req_id) if req.spec_token_ids else None
+            if new_tokens is None:
+                new_tokens = [sampled_tokens[j]]
             j += 1
-            req.append_output_token(token)
+            for count, token in enumerate(new_tokens, 1):
+                req.append_output_token(token)
+                if count < len(new_tokens) and self._check_stop(req, token):
+                    break  # a stop before the last: the tokens after it are not emitted
+            if req.spec_token_ids:
+                self.spec.after_step(req, len(new_tokens) - 1)
             if caching:
                 self.kv_cache.cache_blocks(req)
-            out = EngineCoreOutput(req_id, [token], logprobs.get(req_id) if logprobs else None, plp,
-                                   num_cached_tokens=req.num_cached_tokens)
+            lp = logprobs.get(req_id) if logprobs else None
+            if lp is not None and len(lp.ranks) > count:
+                lp = LogprobsLists(lp.token_ids[:count], lp.logprobs[:count], lp.ranks[:count])
+            out = EngineCoreOutput(req_id, new_tokens[:count], lp, plp, num_cached_tokens=req.num_cached_tokens)
             if req.events is not None:
                 out.events, req.events = req.events, None
             if req.structured_output is not None and not self.structured_output.accept(req, token):
@@ -364,7 +419,8 @@ class Scheduler:
         return SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
             kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
-            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted)
+            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
+            **(self.spec.stats.take() if self.spec is not None else {}))
 
     def _check_stop(self, req: Request, token: int) -> bool:
         """Stop tokens (once min_tokens are out), the end of the request's grammar, then length.
@@ -402,6 +458,16 @@ class Scheduler:
             return None
         req.num_prompt_logprobs_sent = start + skip + len(rows.ranks)
         return rows
+
+    def _held_for_waiting(self, room: int) -> tuple[int, int]:
+        """Prompt tokens the running prompts leave to the waiting queue's head this step: what
+        it needs (before prefix hits, which are not looked up here), at most half of ``room``;
+        none when it could not be admitted anyway. With the head's priority: under the
+        priority policy only a running prompt that is not more important than the head holds."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs or not self.chunked_prefill:
+            return 0, 0
+        head = self.waiting.peek()
+        return min(head.num_tokens - head.num_computed_tokens, room // 2), head.priority
 
     def _pick_victim(self) -> Request:
         if self.priority:
@@ -452,6 +518,15 @@ class Scheduler:
             self.kv_connector.request_finished(req)
         del self.requests[req.request_id]
         self.finished_req_ids.add(req.request_id)
+
+
+def _wants_prompt_logprobs(req: Request) -> bool:
+    return req.pooling_params is None and req.sampling_params.prompt_logprobs is not None
+
+
+def _logprob_rows_cap(req: Request, n: int, rows_left: int) -> int:
+    """``n`` prompt tokens of ``req``, at most ``rows_left`` when each is a prompt-logprob row."""
+    return min(n, rows_left) if _wants_prompt_logprobs(req) else n
 
 
 def _record(req: Request, kind: EngineCoreEventType) -> None:

@@ -54,6 +54,10 @@ ENGINE_ARG_HELP = {
     "kv_cache_memory": "Alias of --kv-cache-memory-bytes.",
     "gpu_memory_utilization": "Fraction of GPU memory the engine may use (CUDA), in (0, 1].",
     "max_logprobs": "Most logprobs a request may ask for.",
+    "max_prompt_logprobs_entries": "Most prompt logprobs one request may ask for, counted as prompt tokens x "
+                                   "(prompt_logprobs + 1) x n (echo with logprobs asks for them too; -1 counts "
+                                   "the vocabulary): they are computed for every prompt position and answered in "
+                                   "one body, ~70 bytes each in JSON. Beyond it, a 400.",
     "num_threads": "torch threads in the EngineCore process (default: all cores but one).",
     "enforce_eager": "Never run the model through torch.compile.",
     "compilation_config": "torch.compile mode as an int (0 = eager) or a JSON object.",
@@ -93,9 +97,16 @@ ENGINE_ARG_HELP = {
     "convert": "auto, none, or embed: how a *ForCausalLM becomes a pooling model (runner pooling).",
     "pooler_config": 'Pooling model: JSON object, e.g. \'{"pooling_type": "MEAN", "normalize": true}\' '
                      "(pooling_type LAST, the default, or MEAN).",
+    "deterministic": "Greedy output (tokens and logprobs) the same at any batch size and with or without "
+                     "prefix-cache hits: one kernel path per op whatever the row count (vLLM's batch "
+                     "invariance). CPU, eager forward; slower (README, Determinism).",
     "structured_outputs_config": 'Structured outputs as a JSON object, e.g. \'{"backend": "auto"}\' (backend: auto '
                                  "= xgrammar, and guidance for what xgrammar cannot compile; xgrammar; guidance; "
                                  "compile_timeout_s: how long a request waits for its grammar, default 10).",
+    "speculative_config": 'Speculative decoding as a JSON object with vLLM\'s keys, e.g. \'{"method": "ngram", '
+                          '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\' (n-gram '
+                          "prompt lookup; also disable_by_batch_size). Greedy output is unchanged; a draft model "
+                          "is not yet supported.",
     "enable_log_requests": "Log every request as it is added and aborted.",
 }
 
@@ -296,6 +307,10 @@ def add_tool_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-parser-plugin", metavar="PATH",
                        help="A Python file that registers a tool parser with "
                             '@ToolParserManager.register_module("name") (engine.entrypoints.openai.tool_parsers).')
+    group.add_argument("--reasoning-parser", metavar="NAME",
+                       help="How the model writes its reasoning: deepseek_r1 or qwen3 (<think>...</think>). The "
+                            "reasoning is answered as reasoning_content (chat) or a reasoning item (responses), tool "
+                            "calls are read after it, and a structured-outputs grammar applies only after it.")
 
 
 def tool_serving_from(args: argparse.Namespace):
@@ -309,4 +324,25 @@ def tool_serving_from(args: argparse.Namespace):
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     parser_cls = ToolParserManager.get_tool_parser(args.tool_call_parser) if args.tool_call_parser else None
-    return ToolServing(args.enable_auto_tool_choice, parser_cls)
+    return ToolServing(args.enable_auto_tool_choice, parser_cls, reasoning_parser_from(args))
+
+
+def reasoning_parser_from(args: argparse.Namespace):
+    """The ``--reasoning-parser`` class, or None; a ValueError lists the known names."""
+    from engine.entrypoints.openai.reasoning_parsers import ReasoningParserManager
+
+    name = getattr(args, "reasoning_parser", None)
+    return ReasoningParserManager.get_reasoning_parser(name) if name else None
+
+
+def with_reasoning_markers(engine_args: Any, args: argparse.Namespace) -> None:
+    """Tell the core the ``--reasoning-parser``'s markers (``structured_outputs_config``), so that
+    a grammar starts after the reasoning (engine/structured_output/reasoning.py)."""
+    parser_cls = reasoning_parser_from(args)
+    if parser_cls is None:
+        return
+    from engine.structured_output.config import resolve_structured_outputs_config
+
+    config = resolve_structured_outputs_config(engine_args.structured_outputs_config)
+    engine_args.structured_outputs_config = dataclasses.replace(config, reasoning_start=parser_cls.start,
+                                                                reasoning_end=parser_cls.end)

@@ -15,7 +15,7 @@ from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs, resolve_device
 from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
                                          add_server_args, add_tool_args, engine_args_from, server_settings_from,
-                                         tool_serving_from)
+                                         tool_serving_from, with_reasoning_markers)
 from engine.entrypoints.openai.server import run_server
 from engine.exceptions import EngineStartupError
 
@@ -32,11 +32,13 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     tokens go out a few prompts a step, in arrival order, while the running streams keep
     decoding (benchmarks/RESULTS.md, Serving).
     Offline LLM keeps no cap (it wants throughput, not early first tokens), and so does CUDA,
-    where the whole 2048-token budget is prefilled in milliseconds."""
+    where the whole 2048-token budget is prefilled in milliseconds.
+    With --reasoning-parser, the core is told its markers (cli_args.with_reasoning_markers)."""
     engine_args = engine_args_from(args, AsyncEngineArgs)
     on_cpu = engine_args.device != "cuda" and resolve_device(engine_args.device) == "cpu"
     if engine_args.max_num_prefill_tokens is None and on_cpu:
         engine_args.max_num_prefill_tokens = SERVE_CPU_MAX_NUM_PREFILL_TOKENS
+    with_reasoning_markers(engine_args, args)
     return engine_args
 
 
@@ -81,6 +83,6 @@ def _run_pool(engine_args: AsyncEngineArgs, settings, args: argparse.Namespace) 
     from engine.entrypoints.openai.api_server_pool import ApiServerPool
 
     tool_args = argparse.Namespace(**{k: getattr(args, k) for k in ("enable_auto_tool_choice", "tool_call_parser",
-                                                                    "tool_parser_plugin")})
+                                                                    "tool_parser_plugin", "reasoning_parser")})
     return ApiServerPool(engine_args, dataclasses.replace(settings, tool_serving=type(settings.tool_serving)()),
                          tool_args, args.api_server_count).run()

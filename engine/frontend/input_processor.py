@@ -24,6 +24,7 @@ from engine.frontend.bad_words import tokenize_bad_words
 from engine.frontend.chat_template import ChatTemplateError, TemplateLimits, render_chat
 from engine.frontend.output_processor import ParentRequest, fan_out
 from engine.frontend.renderer import encode, max_token_bytes
+from engine.frontend.request_size import params_size
 from engine.frontend.tokenizer import FastTokenizer, chat_template_source
 from engine.hf_config import ModelConfigError
 from engine.pooling_params import PoolingParams
@@ -268,14 +269,15 @@ class InputProcessor:
                              "Try passing `--runner generate` to use the model as a generative model.")
 
     @staticmethod
-    def offload_size(prompt: PromptType) -> int:
-        """The text ``admit`` would tokenize for ``prompt`` (its characters), to decide whether
-        admitting it runs off the event loop; a cheap look, no validation. Token ids count 0:
-        checking them is Python work that holds the GIL, so a thread would not spare the loop
-        any of it, only add a hop."""
+    def offload_size(prompt: PromptType, params: Any = None) -> int:
+        """The input-sized work of admitting ``prompt`` with ``params``, to decide whether it runs
+        off the event loop: the text ``admit`` would tokenize (its characters) plus what the params
+        carry to tokenize, check or turn into a grammar (engine/frontend/request_size.py); a cheap,
+        bounded look, no validation. A prompt's token ids count 0: checking them is a few C-level
+        passes (type, min, max), cheaper than the hop to a thread."""
         if isinstance(prompt, dict):
             prompt = None if "prompt_token_ids" in prompt else prompt.get("prompt")
-        return len(prompt) if isinstance(prompt, str) else 0
+        return (len(prompt) if isinstance(prompt, str) else 0) + params_size(params)
 
     def check_text_fits(self, text: str, param: str = "prompt") -> None:
         """Refuse text too long for ``max_model_len`` whatever its tokens, before tokenizing it:

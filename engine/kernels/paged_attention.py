@@ -3,7 +3,9 @@
 Why: torch's route gathers every decode's blocks into a padded dense copy per layer (and
 converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding; at
 batch 64 that was ~22% of a decode step on this CPU. The kernel walks each sequence's own
-blocks once, in float32, and handles a sliding window by where it starts.
+blocks once, in float32, handles a sliding window by where it starts, and Gemma 2's score
+soft-cap as a vectorised tanh over each head's scores before the softmax (the torch fallback
+gathers the blocks and materialises the scores: a decode step 3x as long, RESULTS.md).
 
 It then became the bottleneck of large decode steps (issue 14), so it reads each K and V row
 once for all the query heads that share it, sums scores several keys at a time, and
@@ -34,15 +36,16 @@ def supports(device: torch.device, compute_dtype: torch.dtype, cache_dtype: torc
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                     window: Optional[int], allow_avx512: bool = True) -> torch.Tensor:
+                     window: Optional[int], allow_avx512: bool = True, softcap: Optional[float] = None) -> torch.Tensor:
     """``[D, num_heads * head_dim]`` attention of D decode queries, in q's dtype (the kernel
     computes in float32: bf16 queries are widened first, the output rounded back).
 
     q: ``[D, >= num_heads * head_dim]`` float32 or bf16 rows (a slice of the fused qkv is fine);
     kv_cache: one layer, ``[num_blocks, block_size, 2 * num_kv_heads * head_dim]``;
     block_table: ``[D, max_blocks]`` int64; seq_lens: ``[D]`` int64, each query attending to
-    keys ``[max(0, len - window), len)``. allow_avx512=False keeps the AVX2 variant on a CPU
-    with AVX-512, so tests check both.
+    keys ``[max(0, len - window), len)``; softcap: scores capped as ``softcap * tanh(s / softcap)``
+    before the softmax (Gemma 2). allow_avx512=False keeps the AVX2 variant on a CPU with
+    AVX-512, so tests check both.
     """
     num_seqs = q.shape[0]
     out_dtype = q.dtype
@@ -58,7 +61,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
         _CACHE_DTYPES[kv_cache.dtype], kv_cache.shape[0], kv_cache.shape[1],
         ffi.cast("const int64_t *", block_table.data_ptr()), block_table.shape[1],
         ffi.cast("const int64_t *", seq_lens.data_ptr()), num_seqs, num_heads, num_kv_heads, head_dim,
-        window or 0, scale, int(allow_avx512), ffi.cast("float *", out.data_ptr()))
+        window or 0, scale, softcap or 0.0, int(allow_avx512), ffi.cast("float *", out.data_ptr()))
     if rc == -2:
         raise MemoryError("paged_decode_attention: no memory for its scratch buffers")
     if rc != 0:

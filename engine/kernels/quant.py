@@ -117,6 +117,25 @@ class QuantizedLinear:
         return y
 
 
+    def matmul_row_invariant(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` like ``matmul``, each row's result the same whatever other rows share the
+        call (``deterministic``): ``matmul`` picks the GEMV or the tiled GEMM by the row count,
+        and they sum a row's blocks in different orders; this runs the tiled GEMM at every row
+        count where one runs this type here (a 1-row decode included), one GEMV pass per row
+        elsewhere (csrc/quant_gemv.h ``quant_gemv_row_invariant``)."""
+        x, rows, stride = activations(x, self.in_features)
+        y = output(None, rows, self.out_features)
+        rc = lib.quant_gemv_row_invariant(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows,
+                                          self._wptr, self.out_features, self.in_features,
+                                          ffi.cast("float *", y.data_ptr()))
+        if rc == -2:
+            raise MemoryError("quant_gemv_row_invariant: no memory for its activation scratch")
+        if rc != 0:
+            raise RuntimeError(f"quant_gemv_row_invariant rejected rows={rows}, out={self.out_features}, "
+                               f"in={self.in_features}")
+        return y
+
+
 def activations(x: torch.Tensor, in_features: int) -> tuple[torch.Tensor, int, int]:
     """x checked as ``[rows >= 1, in_features]`` and made float32 with unit column stride:
     (x, rows, row stride in floats). Shared by the kernels' wrappers; kept to the fewest torch

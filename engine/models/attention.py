@@ -32,6 +32,11 @@ The Triton forward (engine/models/triton_forward.py) needs none of the above but
 ``cu_seqlens`` and ``context_lens`` saying where each sequence's queries sit
 (``triton_metadata`` builds them).
 
+Soft-capped scores (Gemma 2: ``cap * tanh(s / cap)`` before the mask) are something SDPA does not
+compute: with a cap, prefill chunks (and decodes where the C kernel does not run; it caps them
+itself) attend in plain torch ops (``_capped_attention``, HF's eager order) over the same keys
+and masks.
+
 Each forward names its builder (``TorchAttentionBuilder``, ``TritonAttentionBuilder``): the
 model runner asks the model's builder for a step's rows and metadata and never asks which
 backend runs.
@@ -110,7 +115,10 @@ class StepRows:
     def add(self, i: int, req, start: int, n: int, block_size: int, slots: list[int]) -> None:
         """Request ``i``'s tokens [start, start + n) as the next rows."""
         self.first_row[i] = len(self.ids)
-        self.ids.extend(req.all_token_ids[start:start + n])
+        ids = req.all_token_ids[start:start + n]
+        if len(ids) < n:  # a decode with draft tokens after its last known one (spec_decode/)
+            ids += req.spec_token_ids[:n - len(ids)]
+        self.ids.extend(ids)
         self.positions.extend(range(start, start + n))
         blocks = req.block_ids
         slots.extend(blocks[q // block_size] * block_size + q % block_size for q in range(start, start + n))
@@ -121,11 +129,17 @@ class TorchAttentionBuilder:
     gathered blocks and masks), then one ``PrefillChunk`` per prefill."""
 
     def __init__(self, device: torch.device, act_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
-                 window: Optional[int], block_size: int) -> None:
+                 window: Optional[int], block_size: int, deterministic: bool = False) -> None:
         self.device, self.window, self.block_size = device, window, block_size
         self.decode_kernel = paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
+        if deterministic and not self.decode_kernel:
+            raise ValueError(f"deterministic: needs the CPU decode-attention kernel, which does not run "
+                             f"{act_dtype} activations with a {cache_dtype} cache and head_dim {head_dim} on {device}")
+        self.deterministic = deterministic
 
     def build(self, reqs: list, counts: list[int]) -> StepRows:
+        if self.deterministic:
+            return self._build_every_row_as_decode(reqs, counts)
         bs = self.block_size
         decodes = [i for i, n in enumerate(counts) if n == 1]
         rows = StepRows(len(reqs), len(decodes))
@@ -157,6 +171,29 @@ class TorchAttentionBuilder:
                 kv_pos = torch.arange(p0 + n)
                 chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
             md.prefills.append(chunk)
+        md.slot_mapping = to_device(slots, torch.long, self.device)
+        return rows
+
+    def _build_every_row_as_decode(self, reqs: list, counts: list[int]) -> StepRows:
+        """``deterministic``: every row, prompt tokens included, is a query of the C decode
+        kernel over the cache (this step's K/V are written before it reads). A prompt's rows
+        otherwise go through SDPA, whose tiling follows the chunk's length and whether earlier
+        tokens are cached (a prefix-cache hit, a later chunk), so the same token's attention
+        differed with them; in the kernel a query at position p reads keys [0, p] in one order
+        whatever else is in the step. Costs prefill speed: the kernel is not a tiled GEMM."""
+        bs = self.block_size
+        rows = StepRows(len(reqs), sum(counts))
+        md, slots, seq_lens, owners = rows.md, [], [], []
+        for i, n in enumerate(counts):
+            p0 = reqs[i].num_computed_tokens
+            rows.add(i, reqs[i], p0, n, bs, slots)
+            seq_lens.extend(range(p0 + 1, p0 + n + 1))
+            owners.extend([i] * n)
+        nb = -(-max(seq_lens) // bs)
+        tables = [reqs[i].block_ids[:nb] + [0] * (nb - len(reqs[i].block_ids[:nb])) for i in range(len(reqs))]
+        md.decode_blocks = torch.tensor(tables, dtype=torch.long)[torch.tensor(owners)].view(-1)
+        md.decode_len = nb * bs
+        md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
         md.slot_mapping = to_device(slots, torch.long, self.device)
         return rows
 
@@ -231,7 +268,8 @@ def build_prefill_masks(context_len: int, num_tokens: int, window: Optional[int]
 
 
 def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
+                    softcap: Optional[float] = None) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend; returns ``[T, num_heads * head_dim]``."""
     num_tokens = qkv.shape[0]
     q_size = num_heads * head_dim
@@ -241,11 +279,11 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
 
     num_decodes = md.num_decodes
     if num_decodes == num_tokens and not md.prefills:
-        return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding)
+        return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding, softcap)
     out = qkv.new_empty(num_tokens, q_size)
     if num_decodes:
         out[:num_decodes] = _decode(qkv[:num_decodes], kv_cache, md, num_heads, num_kv_heads, head_dim,
-                                    scale, sliding)
+                                    scale, sliding, softcap)
     for chunk in md.prefills:
         rows = qkv[chunk.start:chunk.start + chunk.num_tokens]
         n = chunk.num_tokens
@@ -260,7 +298,11 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
             k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
         dst = out[chunk.start:chunk.start + n].view(n, num_heads, head_dim).transpose(0, 1)[None]
-        if mask is None and n > 2 * causal_slice_rows(n):
+        if softcap is not None:
+            if mask is None:
+                mask = torch.ones(n, n, dtype=torch.bool, device=qkv.device).tril_()
+            dst.copy_(_capped_attention(q, k, v, mask, scale, softcap))
+        elif mask is None and n > 2 * causal_slice_rows(n):
             _causal_in_slices(q, k, v, scale, dst)
         else:
             dst.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
@@ -294,16 +336,45 @@ def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         dst[:, :, s:e] = o
 
 
+CAPPED_SCORES_MAX = 1 << 22  # score elements one slice of capped attention materialises (16 MiB in float32)
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                      softcap: float) -> torch.Tensor:
+    """Attention with soft-capped scores, as HF's eager Gemma 2: q ``[B, H, n, d]``, k/v
+    ``[B, Hkv, keys, d]`` (H a multiple of Hkv), mask broadcastable to ``[B, H, n, keys]``
+    (True = attend); softmax in float32. The scores are materialised, so the query rows go in
+    slices of at most ``CAPPED_SCORES_MAX`` scores: a long chunk over a long context would
+    otherwise hold a ``[H, n, keys]`` matrix (GBs at a few thousand tokens each)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    n, keys = q.shape[2], k.shape[2]
+    rows = max(1, CAPPED_SCORES_MAX // (q.shape[0] * q.shape[1] * keys))
+    mask = mask.expand(q.shape[0], q.shape[1], n, keys) if mask.dim() == 4 else mask.expand(n, keys)
+    out = []
+    for s in range(0, n, rows):
+        part = mask[..., s:s + rows, :]
+        scores = torch.tanh(torch.matmul(q[:, :, s:s + rows], k.transpose(-1, -2)) * scale / softcap) * softcap
+        probs = torch.softmax(scores.masked_fill(~part, float("-inf")).float(), dim=-1).to(q.dtype)
+        out.append(torch.matmul(probs, v))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
 def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-            num_kv_heads: int, head_dim: int, scale: float, sliding: bool) -> torch.Tensor:
+            num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
+            softcap: Optional[float] = None) -> torch.Tensor:
     d = qkv.shape[0]
     if md.decode_seq_lens is not None:
         return decode_attention(qkv, kv_cache, md.decode_blocks.view(d, -1), md.decode_seq_lens, num_heads,
-                                num_kv_heads, head_dim, scale, md.window if sliding else None)
+                                num_kv_heads, head_dim, scale, md.window if sliding else None, softcap=softcap)
     group = num_heads // num_kv_heads
     kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
     q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
     mask = md.decode_window_mask if sliding and md.decode_window_mask is not None else md.decode_mask
+    if softcap is not None:
+        o = _capped_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), mask, scale, softcap)
+        return o.reshape(d, num_heads * head_dim)
     o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
                                        attn_mask=mask, scale=scale)
     return o.view(d, num_heads * head_dim)

@@ -15,7 +15,9 @@ Three backends, one chosen at load (``LlamaForCausalLM``):
   as tensors: a layer object as an argument would be guarded on, one graph per layer.
 
 All three attend through engine/models/attention.py (the C decode kernel or SDPA), with
-``TorchAttentionBuilder``'s metadata.
+``TorchAttentionBuilder``'s metadata. The torch and C-kernel forwards also run what other
+families add to Llama's layer (``Dims``: Gemma's norms of the attention and MLP outputs, its
+gelu-tanh MLP, soft-capped scores, per-layer rope tables); the compiled one runs Llama's only.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from engine.models.attention import AttentionMetadata, TorchAttentionBuilder, pa
 from engine.models.layers import DecoderLayer, Dims
 from engine.models.linear import Linear
 from engine.models.qk_norm import qk_rms_norm_
+from engine.models.rope import RopeTables
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
@@ -48,21 +51,21 @@ class TorchForward:
                  kv_caches: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         """Hidden states before the final norm, one row per input token."""
         d = self.dims
-        rope = self._rope(model, positions)
+        ropes = [self._rope(table, positions) for table in model.ropes]
         h = model.embed(input_ids)
         for i, layer in enumerate(model.layers):
-            qkv = self._attn_in(h, layer.input_norm, layer.qkv, positions, rope, layer.q_norm, layer.k_norm,
-                                model.rope.cos_sin)
+            qkv = self._attn_in(h, layer.input_norm, layer.qkv, positions, ropes[layer.rope], layer.q_norm,
+                                layer.k_norm, model.ropes[layer.rope].cos_sin)
             attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
-                                   layer.sliding)
+                                   layer.sliding, d.attn_softcap)
             h = self._attn_out_mlp(h, attn, layer)
         return h
 
     def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(rows, (self.dims.hidden,), model.norm, self.dims.eps)
 
-    def _rope(self, model: "LlamaForCausalLM", positions: torch.Tensor) -> Optional[torch.Tensor]:
-        rope = model.rope.cis.index_select(0, positions).unsqueeze(1)
+    def _rope(self, table: RopeTables, positions: torch.Tensor) -> Optional[torch.Tensor]:
+        rope = table.cis.index_select(0, positions).unsqueeze(1)
         return torch.view_as_real(rope) if self.compiled else rope  # inductor makes no code for complex ops
 
     def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, qkv_proj: Linear, positions: torch.Tensor,
@@ -73,7 +76,7 @@ class TorchForward:
         num_tokens, cols = h.shape[0], d.q_size + d.kv_size
         qkv = qkv_proj(F.rms_norm(h, (d.hidden,), norm, d.eps))
         if q_norm is not None:
-            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps, d.qk_norm_whole)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
         if qkv.dtype == torch.float32:  # pairs is a view of qkv: rotate in place
             torch.view_as_complex(pairs).mul_(rope)
@@ -82,11 +85,31 @@ class TorchForward:
         return qkv
 
     def _attn_out_mlp(self, h: torch.Tensor, attn: torch.Tensor, layer: DecoderLayer) -> torch.Tensor:
-        """Output projection and residual, then norm, SwiGLU MLP and residual."""
+        """Output projection (normed, for Gemma) and residual, then norm, gated MLP (normed, for
+        Gemma) and residual."""
         d = self.dims
-        h = h + layer.o_proj(attn)
-        gu = layer.gate_up(F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))
-        return h + layer.down(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:])
+        out = layer.o_proj(attn)
+        if layer.attn_out_norm is not None:
+            out = F.rms_norm(out, (d.hidden,), layer.attn_out_norm, d.eps)
+        h = h + out
+        out = self._mlp(layer, F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))
+        if layer.mlp_out_norm is not None:
+            out = F.rms_norm(out, (d.hidden,), layer.mlp_out_norm, d.eps)
+        return h + out
+
+    def _mlp(self, layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+        """The layer's gated MLP, or its experts (a sparse layer, engine/models/moe.py)."""
+        if layer.moe is not None:
+            return layer.moe(x, self._act)
+        return layer.down(self._act(layer.gate_up(x)))
+
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the fused gate/up rows (a layer's MLP or an expert's)."""
+        width = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        if self.dims.act == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
+        return F.silu(gate) * up
 
 
 class CKernelForward(TorchForward):
@@ -97,24 +120,35 @@ class CKernelForward(TorchForward):
 
     @staticmethod
     def supports(device: torch.device, act_dtype: torch.dtype, dims: Dims) -> bool:
-        return activation.supports(device, act_dtype, dims.hidden, dims.intermediate, dims.head_dim)
+        widths = (dims.hidden, dims.intermediate, dims.head_dim) + ((dims.moe.intermediate,) if dims.moe else ())
+        return activation.supports(device, act_dtype, *widths)
 
     def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
         return activation.rms_norm(rows, model.norm, self.dims.eps)
 
-    def _rope(self, model: "LlamaForCausalLM", positions: torch.Tensor) -> None:
+    def _rope(self, table: RopeTables, positions: torch.Tensor) -> None:
         return None  # the C kernel rotates from the positions and the table
 
     def _attn_in(self, h, norm, qkv_proj, positions, rope, q_norm, k_norm, cos_sin):
         d = self.dims
         qkv = qkv_proj(activation.rms_norm(h, norm, d.eps))
         if q_norm is not None:
-            qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+            qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps, d.qk_norm_whole)
         return activation.rotary_(qkv, positions, cos_sin, (d.q_size + d.kv_size) // d.head_dim, d.head_dim)
 
     def _attn_out_mlp(self, h, attn, layer):
-        x = activation.rms_norm(layer.o_proj(attn), layer.post_norm, self.dims.eps, residual=h)  # h += out
-        return h + layer.down(activation.silu_and_mul(layer.gate_up(x)))
+        eps = self.dims.eps
+        out = layer.o_proj(attn)
+        if layer.attn_out_norm is not None:
+            out = activation.rms_norm(out, layer.attn_out_norm, eps)
+        x = activation.rms_norm(out, layer.post_norm, eps, residual=h)  # h += out
+        out = self._mlp(layer, x)
+        if layer.mlp_out_norm is not None:
+            out = activation.rms_norm(out, layer.mlp_out_norm, eps)
+        return h + out
+
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return activation.silu_and_mul(gate_up) if self.dims.act == "silu" else super()._act(gate_up)
 
 
 def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
@@ -134,11 +168,11 @@ class CompiledForward(TorchForward):
 
     def __call__(self, model, input_ids, positions, kv_caches, md):
         d = self.dims
-        rope = self._rope(model, positions)
+        ropes = [self._rope(table, positions) for table in model.ropes]
         h = model.embed(input_ids)
         for i, layer in enumerate(model.layers):
-            qkv = self._block_in(h, layer.input_norm, *layer.qkv.method.dense_args(), layer.qkv.bias, rope,
-                                 layer.q_norm, layer.k_norm)
+            qkv = self._block_in(h, layer.input_norm, *layer.qkv.method.dense_args(), layer.qkv.bias,
+                                 ropes[layer.rope], layer.q_norm, layer.k_norm)
             attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
                                    layer.sliding)
             h = self._block_out(h, attn, *layer.o_proj.method.dense_args(), layer.post_norm,

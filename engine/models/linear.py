@@ -252,13 +252,17 @@ class BF16GemvLinear(LinearMethod):
 
 
 class GGUFLinear(LinearMethod):
-    def __init__(self, blocks: GGUFBlocks) -> None:
+    """``row_invariant`` (``deterministic``): one kernel path at every row count, so a row's
+    result never depends on the batch (``QuantizedLinear.matmul_row_invariant``)."""
+
+    def __init__(self, blocks: GGUFBlocks, row_invariant: bool = False) -> None:
         self.q = quant.QuantizedLinear(blocks.data, blocks.qtype, blocks.out_features, blocks.in_features)
         self.out_features, self.in_features = blocks.out_features, blocks.in_features
         self.format = ggml_type_name(blocks.qtype)
+        self._matmul = self.q.matmul_row_invariant if row_invariant else self.q.matmul
 
     def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self.q.matmul(x)
+        y = self._matmul(x)
         return y if bias is None else y.add_(bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -268,6 +272,33 @@ class GGUFLinear(LinearMethod):
     @property
     def nbytes(self) -> int:
         return self.q.nbytes
+
+
+class FixedRowGroups(LinearMethod):
+    """A dense method run on groups of exactly ``ROW_GROUP`` rows, the last padded with zeros
+    (``deterministic``). MKL, oneDNN and the C GEMV pick their kernels and blockings by the row
+    count, so a row's result changed with the batch it came in; at one fixed shape every row
+    goes through the same arithmetic whatever the other rows hold (checked per method in
+    tests/unit/test_deterministic.py). Costs a padded group for a single-row decode."""
+
+    ROW_GROUP = 8
+
+    def __init__(self, method: LinearMethod) -> None:
+        self.method = method
+        self.out_features, self.in_features, self.format = method.out_features, method.in_features, method.format
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        rows, g = x.shape[0], self.ROW_GROUP
+        if rows % g:
+            x = torch.cat([x, x.new_zeros(g - rows % g, x.shape[1])])
+        return torch.cat([self.method.apply(x[s:s + g], bias) for s in range(0, x.shape[0], g)])[:rows]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.method.rows(ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.method.nbytes
 
 
 def _has_kernel(blocks: GGUFBlocks) -> bool:
@@ -296,21 +327,26 @@ class Linear:
 
 class Placement:
     """What ``choose`` decides from, fixed for the model at load: the device, the model dtype,
-    the dtype the activations run in, whether the forward is compiled or Triton's, and the
-    quantization (None, "gguf" or "int8")."""
+    the dtype the activations run in, whether the forward is compiled or Triton's, the
+    quantization (None, "gguf" or "int8"), and ``deterministic`` (each row's result
+    independent of the batch: ``GGUFLinear``'s row-invariant path, ``FixedRowGroups``)."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, act_dtype: torch.dtype, dense_only: bool,
-                 quantization: Optional[str]) -> None:
+                 quantization: Optional[str], deterministic: bool = False) -> None:
         self.device, self.dtype, self.act_dtype = device, dtype, act_dtype
-        self.dense_only, self.quantization = dense_only, quantization
+        self.dense_only, self.quantization, self.deterministic = dense_only, quantization, deterministic
         self._warned: set[int] = set()
 
     def choose(self, weight: torch.Tensor | GGUFBlocks, role: str) -> LinearMethod:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
+        if isinstance(weight, GGUFBlocks) and _has_kernel(weight) and not self.dense_only:
+            return GGUFLinear(weight, row_invariant=self.deterministic)
+        method = self._choose_dense(weight, role)
+        return FixedRowGroups(method) if self.deterministic else method
+
+    def _choose_dense(self, weight: torch.Tensor | GGUFBlocks, role: str) -> LinearMethod:
         if isinstance(weight, GGUFBlocks):
-            if _has_kernel(weight) and not self.dense_only:
-                return GGUFLinear(weight)
             if weight.qtype not in self._warned:
                 self._warned.add(weight.qtype)
                 logger.warning("GGUF %s weights have no quantized kernel here: dequantized once at load",

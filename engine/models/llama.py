@@ -35,7 +35,7 @@ from engine.models.half_logits import refine_near_max
 from engine.models.layers import DecoderLayer, Dims, Embedding
 from engine.models.linear import GGUFBlocks, Linear, Placement
 from engine.models.rope import RopeTables, rope_inv_freq, rope_parameters  # noqa: F401 (re-exported)
-from engine.models.weights import Weight, WeightRouter
+from engine.models.weights import LAYER_NAMES, Weight, WeightRouter
 
 logger = logging.getLogger(__name__)
 
@@ -53,21 +53,39 @@ def matmul_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 class LlamaForCausalLM:
+    """The Llama family, and the base other families (gemma.py, phi3.py) change in what differs:
+    ``dims_from_config`` (norms, soft-caps, scales), ``rope_tables``, ``LAYER_NAMES`` (the
+    checkpoint's per-layer names) and ``_put`` (a weight's values as the forwards take them)."""
+
+    LAYER_NAMES = LAYER_NAMES
+    # a sparse family's experts: (checkpoint prefix in a layer, its part names -> "gate"/"up"/"down")
+    EXPERTS: Optional[tuple[str, dict[str, str]]] = None
+
     def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
-                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False) -> None:
+                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False,
+                 deterministic: bool = False) -> None:
         """``backend``: "auto" runs the Triton forward on a CUDA device where triton imports and
         a CPU/torch forward elsewhere; "triton" forces the Triton forward (internal: the tests run
         it on CPU tensors under ``TRITON_INTERPRET=1``); "torch" forces the others. ``compiled``:
-        the torch forward through torch.compile (ignored by Triton, already fused kernels)."""
+        the torch forward through torch.compile (ignored by Triton, already fused kernels).
+        ``deterministic``: each row's arithmetic independent of the batch and of prefix-cache
+        hits (row-invariant projections, every token's attention in the decode kernel)."""
         device = torch.device(device)
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={quantization!r} is not supported; supported: None, "
                              f"{', '.join(QUANTIZATIONS)}")
-        self.dims = dims = Dims.from_config(cfg)
-        triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available())
-        self.dtype, self.device, self.quantization = dtype, device, quantization
+        self.dims = dims = self.dims_from_config(cfg)
+        triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available()
+                                         and dims.llama_only)
+        if triton and not dims.llama_only:
+            raise ValueError("the Triton forward runs Llama's layer only; this model needs the torch forward")
+        if compiled and not dims.llama_only:  # the compiled blocks are Llama's layer too
+            logger.info("compilation: %s runs eager (its layers go beyond Llama's compiled blocks)",
+                        type(self).__name__)
+            compiled = False
+        self.dtype, self.device, self.quantization, self.deterministic = dtype, device, quantization, deterministic
         if triton:
             self.act_dtype = dtype
         elif quantization is not None and device.type == "cpu":
@@ -85,16 +103,28 @@ class LlamaForCausalLM:
         else:
             self.forward_impl = TorchForward(dims)
         dense_only = triton or compiled
-        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization)
-        self.layers = [DecoderLayer(s) for s in dims.sliding_layers]
+        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
+        self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
+        moe = dims.moe
+        self.layers = [DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)
+                       for i, (s, r) in enumerate(zip(dims.sliding_layers, rope_of_layer))]
         self.embed: Optional[Embedding] = None
         self.lm_head: Optional[Linear] = None  # None on a classification model, which has ``score``
         self.score: Optional[torch.Tensor] = None  # [num_labels, hidden], float32
         self.norm: Optional[torch.Tensor] = None
-        self.rope = RopeTables(cfg, dims.head_dim, max_model_len, device)
         self._embed_source: Optional[Weight] = None
         self._biases: dict[int, torch.Tensor] = {}  # q/k/v biases read before their weights
         self.format_bytes = 0  # the checkpoint's weights in the chosen format (see weights_report)
+
+    @classmethod
+    def dims_from_config(cls, cfg: Any) -> Dims:
+        return Dims.from_config(cfg)
+
+    @classmethod
+    def rope_tables(cls, cfg: Any, dims: Dims, max_model_len: int,
+                    device: torch.device) -> tuple[list[RopeTables], list[int]]:
+        """The model's rope tables and which one each layer uses (one for all, here)."""
+        return [RopeTables(cfg, dims.head_dim, max_model_len, device)], [0] * dims.num_layers
 
     # the dimensions the runner and the KV connector read
     @property
@@ -119,7 +149,7 @@ class LlamaForCausalLM:
     def attention_builder(self, block_size: int):
         """This forward's attention-metadata builder (engine/models/attention.py)."""
         return self.forward_impl.attention_builder(self.device, self.act_dtype, self.dtype, self.dims.head_dim,
-                                                   self.dims.sliding_window, block_size)
+                                                   self.dims.sliding_window, block_size, self.deterministic)
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -149,17 +179,17 @@ class LlamaForCausalLM:
         rounds its output; the logits that could be a row's maximum are recomputed unrounded."""
         x = self.forward_impl.final_norm(self, hidden)
         logits = self.lm_head(x)
-        if logits.dtype == torch.float32:
-            return logits
-        logits = logits.float()
-        refine_near_max(logits, x, self.lm_head.method.rows)
-        return logits
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+            refine_near_max(logits, x, self.lm_head.method.rows)
+        cap = self.dims.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2's soft-cap
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
         """HF-named tensors (or GGUF blocks) in; every part must be set (weights.py)."""
-        router = WeightRouter(self.dims, self._put)
+        router = WeightRouter(self.dims, self._put, self.LAYER_NAMES, self.EXPERTS)
         for name, tensor in weights:
             self.format_bytes += self._format_bytes(name, tensor)
             router.add(name, tensor)
@@ -180,20 +210,37 @@ class LlamaForCausalLM:
                   "self_attn.v_proj.weight": (d.kv_size, d.hidden), "self_attn.o_proj.weight": (d.hidden, d.q_size),
                   "mlp.gate_proj.weight": (d.intermediate, d.hidden), "mlp.up_proj.weight": (d.intermediate, d.hidden),
                   "mlp.down_proj.weight": (d.hidden, d.intermediate)}
+        norms = {"input_norm", "post_norm"} | ({"attn_out_norm", "mlp_out_norm"} if d.sandwich_norms else set())
+        norm_names = [n for n, target in self.LAYER_NAMES.items() if target in norms]
         tensors = [("embed_tokens.weight", rand(d.vocab_size, d.hidden)), ("norm.weight", torch.ones(d.hidden))]
         if d.num_labels:
             tensors.append(("score.weight", rand(d.num_labels, d.hidden)))
         elif not d.tied:
             tensors.append(("lm_head.weight", rand(d.vocab_size, d.hidden)))
+        qk_norms = {"q_norm": d.q_size, "k_norm": d.kv_size} if d.qk_norm_whole else dict.fromkeys(
+            ("q_norm", "k_norm"), d.head_dim)
         for i in range(d.num_layers):
-            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()]
-            tensors += [(f"layers.{i}.{n}.weight", torch.ones(d.hidden))
-                        for n in ("input_layernorm", "post_attention_layernorm")]
-            tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(d.head_dim))
-                        for n in (("q_norm", "k_norm") if d.qk_norm else ())]
+            sparse = self.layers[i].moe is not None
+            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()
+                        if not (sparse and n.startswith("mlp."))]
+            if sparse:
+                tensors += self._dummy_experts(i, rand)
+            tensors += [(f"layers.{i}.{n}", torch.ones(d.hidden)) for n in norm_names]
+            tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(size))
+                        for n, size in (qk_norms.items() if d.qk_norm else ())]
             tensors += [(f"layers.{i}.self_attn.{n}_proj.bias", torch.zeros(s))
                         for n, s in (("q", d.q_size), ("k", d.kv_size), ("v", d.kv_size)) if d.qkv_bias]
         self.load_weights(tensors)
+
+    def _dummy_experts(self, layer: int, rand) -> list[tuple[str, torch.Tensor]]:
+        """A sparse layer's router and experts under the family's checkpoint names."""
+        d, (prefix, parts) = self.dims, self.EXPERTS
+        router = next(name for name, target in self.LAYER_NAMES.items() if target == "router")
+        shapes = {"gate": (d.moe.intermediate, d.hidden), "up": (d.moe.intermediate, d.hidden),
+                  "down": (d.hidden, d.moe.intermediate)}
+        return [(f"layers.{layer}.{router}", rand(d.moe.num_experts, d.hidden))] + [
+            (f"layers.{layer}.{prefix}{e}.{name}.weight", rand(*shapes[role]))
+            for e in range(d.moe.num_experts) for name, role in parts.items()]
 
     def _format_bytes(self, name: str, tensor: Weight) -> int:
         if name.endswith("lm_head.weight") and self.dims.tied:
@@ -204,7 +251,7 @@ class LlamaForCausalLM:
             return tensor.data.numel()
         if self.quantization == "gguf":  # the file's float tensors, as stored
             return tensor.numel() * tensor.element_size()
-        if self.quantization == "int8" and name.endswith("_proj.weight"):
+        if self.quantization == "int8" and name.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
             return tensor.numel() + 8 * tensor.shape[0]  # int8 values, a scale and a sum per channel
         return tensor.numel() * (self.dtype.itemsize if tensor.dim() > 1 else self.act_dtype.itemsize)
 
@@ -223,7 +270,12 @@ class LlamaForCausalLM:
                 self.lm_head = Linear(self.placement.choose(value, "head"))
             return
         part = self.layers[layer]
-        if target in self._ROLES:
+        if target == "router":
+            part.moe.router = Linear(self.placement.choose(value, "head"))  # as the head: never int8
+        elif target.startswith("experts."):  # "experts.<e>.gate_up" / "experts.<e>.down"
+            _, expert, kind = target.split(".")
+            getattr(part.moe, kind)[int(expert)] = Linear(self.placement.choose(value, self._ROLES[kind]))
+        elif target in self._ROLES:
             bias = self._biases.pop(layer, None) if target == "qkv" else None
             setattr(part, target, Linear(self.placement.choose(value, self._ROLES[target]), bias))
         elif target == "qkv_bias":  # it may come before or after its weight
@@ -236,11 +288,14 @@ class LlamaForCausalLM:
 
     def _finish_embedding(self) -> None:
         src, self._embed_source = self._embed_source, None
+        scale = self.dims.embed_scale
+        if scale is not None:  # HF scales by a tensor of the model's dtype (Gemma's sqrt(hidden), rounded)
+            scale = torch.tensor(scale, dtype=self.dtype).to(self.act_dtype)
         if self.dims.tied and not self.dims.num_labels:
             self.lm_head = Linear(self.placement.choose(src, "head"))
-            self.embed = Embedding(self.lm_head.method, self.act_dtype)
+            self.embed = Embedding(self.lm_head.method, self.act_dtype, scale)
         else:
-            self.embed = Embedding(self.placement.choose(src, "embed"), self.act_dtype)
+            self.embed = Embedding(self.placement.choose(src, "embed"), self.act_dtype, scale)
 
     def resident_bytes(self) -> int:
         """Bytes of every weight the model holds (a tied head counted once)."""

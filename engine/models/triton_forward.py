@@ -49,7 +49,7 @@ class TritonForward:
             qkv = layer.qkv(x)
             if layer.q_norm is not None:
                 qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, dims.num_heads, dims.num_kv_heads, d, eps)
-            K.rotary_embedding(qkv[:, :q_size + kv_size], positions, model.rope.cos_sin, d)
+            K.rotary_embedding(qkv[:, :q_size + kv_size], positions, model.ropes[layer.rope].cos_sin, d)
             K.reshape_and_cache(qkv[:, q_size:], kv_caches[i], md.slot_mapping)
             attn = K.paged_attention(qkv[:, :q_size].view(qkv.shape[0], dims.num_heads, d), kv_caches[i],
                                      md.block_tables, md.cu_seqlens, md.context_lens, dims.scale,

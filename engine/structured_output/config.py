@@ -34,6 +34,10 @@ class StructuredOutputsConfig:
     # lane finishes the compile in the background (its result is cached), and a spec known to take
     # this long is never compiled again.
     compile_timeout_s: float = 10.0
+    # ``--reasoning-parser``'s markers (reasoning.py): a grammar applies only after the end marker
+    # in the output, or from the start when the prompt already closed reasoning. "": no reasoning.
+    reasoning_start: str = ""
+    reasoning_end: str = ""
 
     def __post_init__(self) -> None:
         if self.backend == "llguidance":
@@ -43,6 +47,11 @@ class StructuredOutputsConfig:
         for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "a bool", getattr(self, name))
+        for name in ("reasoning_start", "reasoning_end"):
+            if not isinstance(getattr(self, name), str):
+                raise _bad(name, "a string", getattr(self, name))
+        if self.reasoning_start and not self.reasoning_end:
+            raise _bad("reasoning_end", "set with reasoning_start", self.reasoning_end)
         t = self.compile_timeout_s
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 < t < float("inf"):
             raise _bad("compile_timeout_s", "a finite number of seconds > 0", t)

@@ -11,6 +11,9 @@ Lifecycle (all on the step loop; compiling alone runs elsewhere, in ``CompilePoo
    replaying its tokens into it; if xgrammar would not have accepted them (the backends differ
    in free whitespace), it stays on llguidance, which is as correct, only slower.
 3. ``fill_bitmask``: each step, one mask row per constrained request sampled in it.
+   With ``--reasoning-parser`` (``reasoning``), a request is constrained only once its reasoning
+   has ended: in its prompt (the template closed it), or when its output ends with the end marker;
+   the grammar reads the tokens after that (``GrammarState.grammar_from``).
 4. ``accept``: every sampled token advances the matcher. A token the matcher refuses means no
    allowed token was left (the grammar and the request's other bans excluded everything):
    that request finishes with an error.
@@ -33,28 +36,32 @@ from engine.structured_output.compile_pool import CompilePool
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.errors import GrammarError
 from engine.structured_output.params import StructuredOutputsParams
+from engine.structured_output.reasoning import ReasoningMarkers
 from engine.structured_output.vocab import load_vocabulary
 
 
 class GrammarState:
     """One request's grammar: the compile futures until one is ready, then its matcher."""
 
-    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade", "jobs")
+    __slots__ = ("future", "quick", "deadline", "matcher", "upgrade", "jobs", "grammar_from")
 
     def __init__(self, future: concurrent.futures.Future, quick: Optional[concurrent.futures.Future],
-                 deadline: float, jobs: tuple = ()) -> None:
+                 deadline: float, jobs: tuple = (), grammar_from: Optional[int] = 0) -> None:
         self.future = future  # the grammar the request wants
         self.quick = quick  # llguidance's compile of the same spec to start on (auto), or None
         self.deadline = deadline
         self.matcher: Any = None
         self.upgrade = False  # on the quick matcher while ``future`` may still bring a cheaper one
         self.jobs = jobs  # the compile pool's jobs it holds (compile_pool.Job), released at its end
+        # The output position the grammar starts at; None while the request is still reasoning.
+        self.grammar_from = grammar_from
 
 
 class StructuredOutputManager:
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 max_num_seqs: int) -> None:
+                 max_num_seqs: int, reasoning: Optional[ReasoningMarkers] = None) -> None:
         self.config = config
+        self.reasoning = reasoning
         self.vocab_size = vocab_size
         self._tokenizer_path = tokenizer_path
         self._max_rows = max_num_seqs
@@ -69,8 +76,10 @@ class StructuredOutputManager:
             self._pool = CompilePool(self.config, lambda: load_vocabulary(self._tokenizer_path, self.vocab_size, eos))
         main, quick = self._pool.submit(params)  # GrammarError: the request is refused
         jobs = (main,) if quick is None else (main, quick)
+        reasoning_ended = self.reasoning is None or self.reasoning.ended(req.prompt_token_ids)
         req.structured_output = GrammarState(main.future, None if quick is None else quick.future,
-                                             time.monotonic() + self.config.compile_timeout_s, jobs)
+                                             time.monotonic() + self.config.compile_timeout_s, jobs,
+                                             0 if reasoning_ended else None)
 
     def release(self, req: Any) -> None:
         """``req`` has ended (finished, aborted, failed, timed out): its compiles that nobody
@@ -108,7 +117,9 @@ class StructuredOutputManager:
         concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def fill_bitmask(self, reqs: list) -> Any:
-        """A GrammarBitmask for ``reqs`` (constrained requests sampled this step), or None."""
+        """A GrammarBitmask for ``reqs`` (constrained requests sampled this step) past their
+        reasoning, or None."""
+        reqs = [r for r in reqs if r.structured_output.grammar_from is not None]
         if not reqs:
             return None
         import torch
@@ -125,24 +136,30 @@ class StructuredOutputManager:
             state.matcher.fill_bitmask(rows, i)
         return GrammarBitmask([r.request_id for r in reqs], rows)
 
-    @staticmethod
-    def accept(req: Any, token_id: int) -> bool:
-        """Advance ``req``'s matcher by its sampled token; False when the grammar refuses it."""
-        return req.structured_output.matcher.accept(token_id)
+    def accept(self, req: Any, token_id: int) -> bool:
+        """Advance ``req``'s matcher by its sampled token (already in its output); False when the
+        grammar refuses it. While reasoning, the token only may end the reasoning."""
+        state: GrammarState = req.structured_output
+        if state.grammar_from is None:
+            if self.reasoning.ends_with_end(req.output_token_ids):
+                state.grammar_from = len(req.output_token_ids)
+            return True
+        return state.matcher.accept(token_id)
 
     @staticmethod
     def is_terminated(req: Any) -> bool:
-        return req.structured_output.matcher.is_terminated()
+        state: GrammarState = req.structured_output
+        return state.grammar_from is not None and state.matcher.is_terminated()
 
     @staticmethod
     def _upgrade(req: Any, state: GrammarState) -> None:
         """Move ``req`` from the quick matcher to the compiled grammar's, if that accepts every
-        token generated so far."""
+        token the grammar has read so far."""
         state.upgrade = False
         if state.future.cancelled() or state.future.exception() is not None:
             return
         matcher = state.future.result().matcher()
-        if all(matcher.accept(t) for t in req.output_token_ids):
+        if all(matcher.accept(t) for t in req.output_token_ids[state.grammar_from:]):
             state.matcher = matcher
 
     def shutdown(self) -> None:

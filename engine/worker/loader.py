@@ -32,7 +32,8 @@ def load_model(config: EngineConfig, backend: str = "auto") -> LlamaForCausalLM:
     start = time.perf_counter()
     cls = get_model_class(mc.architecture)
     model = cls(mc.hf_config, getattr(torch, mc.dtype), torch.device(config.device), mc.max_model_len,
-                backend=backend, quantization=mc.quantization, compiled=config.compilation_config.mode >= 1)
+                backend=backend, quantization=mc.quantization, compiled=config.compilation_config.mode >= 1,
+                deterministic=mc.deterministic)
     if mc.load_format == "dummy":
         model.init_dummy(mc.seed or 0)
     elif mc.load_format == "gguf":

@@ -22,6 +22,11 @@ def has_logit_controls(p: SamplingParams) -> bool:
     return bool(p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids)
 
 
+def has_penalties(p: SamplingParams) -> bool:
+    """Presence, frequency or repetition penalties (the sampler's apply_penalties)."""
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
 def banned_bad_words(output: Sequence[int], words: list[list[int]]) -> list[int]:
     """The tokens ``words`` forbid next, after ``output``."""
     banned = []

@@ -24,19 +24,18 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.request import Request
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput, SchedulerOutput
 from engine.kv_transfer import make_kv_connector
 from engine.models.attention import AttentionMetadata, to_device
 from engine.sampling_params import SamplingType
+from engine.spec_decode.verify import accepted_tokens
 from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
-from engine.worker.logit_controls import LogitControls, has_logit_controls
+from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
 from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
 
 logger = logging.getLogger(__name__)
-
-_PROMPT_LOGPROBS_ROWS = 256
 
 
 class _RequestState:
@@ -54,7 +53,7 @@ class _Batch:
     positions: torch.Tensor
     attn: AttentionMetadata
     sampled: list[Request]  # in batch order
-    sample_rows: torch.Tensor  # row of each sampled request's last token
+    sample_rows: torch.Tensor  # row of each sampled request's last token (and of each of its drafts)
     prompt_lp: list[tuple[Request, int, list[int]]]  # (request, first row, next prompt tokens)
     # Pooling requests with rows to pool this step: (request, first row, rows, prompt completed).
     pooling: list[tuple[Request, int, int, bool]] = field(default_factory=list)
@@ -146,21 +145,31 @@ class ModelRunner:
             self.kv_connector.save_kv(self.kv_caches, kv_meta)
         out = ModelRunnerOutput()
         if batch.sampled:
+            # One row per sampled request, and one per draft token of those with drafts (spec_decode/)
+            row_reqs = [r for r in batch.sampled for _ in range(1 + len(r.spec_token_ids))]
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
             if so.grammar_bitmask is not None:  # structured outputs: what each grammar forbids is -inf
                 from engine.structured_output.bitmask import apply_grammar_bitmask
 
-                apply_grammar_bitmask(logits, so.grammar_bitmask, {r.request_id: j for j, r in enumerate(batch.sampled)})
-            result = self.sampler(logits, self._sampling_metadata(batch.sampled))
+                apply_grammar_bitmask(logits, so.grammar_bitmask, {r.request_id: j for j, r in enumerate(row_reqs)})
+            result = self.sampler(logits, self._sampling_metadata(row_reqs))
+            sampled = result.sampled.tolist()
             out.req_ids = [r.request_id for r in batch.sampled]
-            out.sampled_token_ids = result.sampled.tolist()
+            starts, j = [], 0
+            for req in batch.sampled:
+                starts.append(j)
+                out.sampled_token_ids.append(sampled[j])
+                if req.spec_token_ids:
+                    emitted = accepted_tokens(sampled[j:j + 1 + len(req.spec_token_ids)], req.spec_token_ids)
+                    out.accepted_token_ids[req.request_id] = emitted
+                j += 1 + len(req.spec_token_ids)
             if result.logprobs is not None:  # copied back once for the batch, not per request
                 ids, lps, ranks = (t.cpu() for t in (result.logprob_token_ids, result.logprobs, result.ranks))
-                for j, req in enumerate(batch.sampled):
+                for j, req in zip(starts, batch.sampled):
                     num = req.sampling_params.logprobs
                     if num is not None:
-                        out.logprobs[req.request_id] = to_logprobs_lists(ids[j:j + 1], lps[j:j + 1], ranks[j:j + 1],
-                                                                         num)
+                        end = j + len(out.accepted_token_ids.get(req.request_id, (0,)))
+                        out.logprobs[req.request_id] = to_logprobs_lists(ids[j:end], lps[j:end], ranks[j:end], num)
         for req, row, n, last in batch.pooling:
             pooled = self._pool(req, hidden[row:row + n], last)
             if pooled is not None:
@@ -193,10 +202,11 @@ class ModelRunner:
         return _bytes(vec)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, row: int, targets: list[int], num: int) -> LogprobsLists:
-        """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once."""
+        """In slices of rows, so a long prompt never holds all its [rows, vocab] logits at once
+        (a scheduler that chunks prefill hands at most one slice a step: sched_output.py)."""
         rows = LogprobsLists([], [], [])
-        for start in range(0, len(targets), _PROMPT_LOGPROBS_ROWS):
-            chunk = targets[start:start + _PROMPT_LOGPROBS_ROWS]
+        for start in range(0, len(targets), MAX_PROMPT_LOGPROBS_ROWS):
+            chunk = targets[start:start + MAX_PROMPT_LOGPROBS_ROWS]
             logits = self.model.compute_logits(hidden[row + start:row + start + len(chunk)])
             part = to_logprobs_lists(*gather_logprobs(torch.log_softmax(logits, dim=-1),
                                                       torch.tensor(chunk, device=self.device), num), num)
@@ -219,9 +229,10 @@ class ModelRunner:
                 if last or mean_pooling:
                     pooling.append((r, first_row[i], n, last))
                 continue
-            if p0 + n == r.num_tokens:
+            drafts = len(r.spec_token_ids)
+            if p0 + n == r.num_tokens + drafts:  # with drafts: sampled at the last known token and each draft
                 sampled.append(r)
-                rows.append(first_row[i] + n - 1)
+                rows.extend(range(first_row[i] + n - 1 - drafts, first_row[i] + n))
             if r.sampling_params.prompt_logprobs is not None:
                 end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
                 if end > p0:
@@ -274,7 +285,7 @@ class ModelRunner:
         return state.generator
 
     def _penalties(self, md: SamplingMetadata, reqs: list[Request]) -> None:
-        rows = [j for j, r in enumerate(reqs) if _has_penalty(r.sampling_params)]
+        rows = [j for j, r in enumerate(reqs) if has_penalties(r.sampling_params)]
         if not rows:
             return
         picked = [reqs[j] for j in rows]
@@ -345,10 +356,6 @@ def _available_memory() -> Optional[int]:
     except OSError:
         pass
     return None
-
-
-def _has_penalty(p) -> bool:
-    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
 
 
 def _bytes(vec: torch.Tensor) -> bytes:

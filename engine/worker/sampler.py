@@ -232,7 +232,7 @@ def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,
     num = logprobs.shape[1] if num < 0 else min(num, logprobs.shape[1])
     chosen = chosen.unsqueeze(1)
     chosen_lp = logprobs.gather(1, chosen)
-    ranks = (logprobs >= chosen_lp).sum(dim=-1)
+    ranks = (logprobs >= chosen_lp).sum(dim=-1, dtype=torch.int32)  # int32: half the time of int64's sum
     if num:
         top_lp, top_ids = logprobs.topk(num, dim=-1)
         return torch.cat([chosen, top_ids], 1), torch.cat([chosen_lp, top_lp], 1), ranks

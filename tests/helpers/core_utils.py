@@ -18,10 +18,17 @@ EOS = 2
 def make_scheduler(*, num_blocks: int = 1000, block_size: int = 16, max_num_seqs: int = 16,
                    max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                    enable_prefix_caching: bool = True, policy: str = "fcfs",
-                   max_model_len: int = 8192) -> Scheduler:
+                   max_model_len: int = 8192, speculative_config: Optional[dict] = None) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              enable_chunked_prefill=enable_chunked_prefill, policy=policy)
-    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching), max_model_len)
+    kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+    drafts = None
+    if speculative_config is not None:
+        from engine.spec_decode.config import resolve_speculative_config
+        from engine.spec_decode.drafts import DraftScheduler
+
+        drafts = DraftScheduler(resolve_speculative_config(speculative_config), kv_cache, max_model_len)
+    return Scheduler(config, kv_cache, max_model_len, speculative=drafts)
 
 
 def make_request(request_id: str, prompt: list[int], max_model_len: Optional[int] = 8192,

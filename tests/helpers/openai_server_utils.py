@@ -119,19 +119,20 @@ class RemoteServer:
     def get(self, path: str, headers: Optional[dict] = None) -> tuple[int, bytes, dict]:
         return self.request("GET", path, None, headers)
 
-    def request(self, method: str, path: str, body: Optional[bytes], headers: Optional[dict] = None
-                ) -> tuple[int, bytes, dict]:
+    def request(self, method: str, path: str, body: Optional[bytes], headers: Optional[dict] = None,
+                timeout: float = 30.0) -> tuple[int, bytes, dict]:
         req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read(), dict(resp.headers)
         except urllib.error.HTTPError as err:
             return err.code, err.read(), dict(err.headers)
 
-    def post_json(self, path: str, payload, headers: Optional[dict] = None) -> tuple[int, dict, dict]:
+    def post_json(self, path: str, payload, headers: Optional[dict] = None,
+                  timeout: float = 30.0) -> tuple[int, dict, dict]:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         status, data, resp_headers = self.request("POST", path, body,
-                                                  {"Content-Type": "application/json", **(headers or {})})
+                                                  {"Content-Type": "application/json", **(headers or {})}, timeout)
         return status, json.loads(data) if data else {}, resp_headers
 
     def metrics(self) -> dict[str, float]:
@@ -181,15 +182,33 @@ def parse_sse(raw: bytes) -> list:
     return events[:-1]
 
 
-def post_while_probing_health(server: "RemoteServer", path: str, payload: dict) -> tuple[tuple, list[tuple[int, float]]]:
-    """POST ``payload`` to ``path``, and GET /health back to back while it runs: the answer, and
-    each probe's (status, round trip in s)."""
+def parse_anthropic_sse(raw: bytes) -> list[dict]:
+    """The events of a finished Anthropic SSE body: each an ``event: <type>`` line and a ``data:``
+    line whose ``type`` is the same, then a blank line; no [DONE]."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), "the stream must end at an event boundary"
+    events = []
+    for block in text.split("\n\n")[:-1]:
+        kind, data = block.split("\n")
+        assert kind.startswith("event: ") and data.startswith("data: "), f"malformed SSE event {block!r}"
+        payload = json.loads(data[len("data: "):])
+        assert payload["type"] == kind[len("event: "):], block
+        events.append(payload)
+    return events
+
+
+def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0,
+                              interval: float = 0.0) -> tuple[tuple, list[tuple[int, float]]]:
+    """POST ``payload`` to ``path`` (answered within ``timeout``), and GET /health every
+    ``interval`` s (back to back by default) while it runs: the answer, and each probe's
+    (status, round trip in s)."""
     result: dict = {}
-    request = threading.Thread(target=lambda: result.update(answer=server.post_json(path, payload)))
+    request = threading.Thread(target=lambda: result.update(answer=server.post_json(path, payload, timeout=timeout)))
     request.start()
     probes = []
     while request.is_alive():
         sent = time.monotonic()
         probes.append((server.get("/health")[0], time.monotonic() - sent))
+        time.sleep(interval)
     request.join()
     return result["answer"], probes

@@ -1,4 +1,5 @@
-"""What admission sends to the renderer pool: text that needs tokenizing, and nothing else.
+"""What admission sends to the renderer pool: requests whose text or params need input-sized work
+(tokenizing, grammars), and nothing else.
 
 Checking token ids is Python work that holds the GIL on any thread, so a token-id prompt is
 admitted inline: it never waits for, or is refused by, a full pool. A chat is rendered and
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 
 from engine import AsyncEngineArgs, AsyncLLM, SamplingParams
+from engine.sampling_params import StructuredOutputsParams
 from engine.frontend import renderer as renderer_module
 from engine.frontend.renderer import INLINE_MAX_BYTES, Renderer, RendererBusyError
 from tests.helpers.engine_utils import TINY
@@ -54,6 +56,31 @@ async def test_a_token_id_prompt_is_admitted_while_the_pool_is_full(engine):
         full.shutdown()
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=2, bad_words=[f"word{i}" for i in range(1000)]),
+    SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(choice=[f"c{i}" for i in range(4000)])),
+    SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(
+        json={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}))],
+    ids=["bad_words", "choice", "json"])
+async def test_a_short_prompt_with_long_params_is_admitted_on_the_pool(engine, params):
+    shared, full = engine.renderer, Renderer(1, max_pending_jobs=1)
+    release = threading.Event()
+    engine.renderer = full
+    blocker = asyncio.ensure_future(full.run(INLINE_MAX_BYTES, release.wait))
+    try:
+        while full.pending[0] < 1:
+            await asyncio.sleep(0)
+        with pytest.raises(RendererBusyError):  # its tokenizing or grammar work would run on the pool
+            await collect(engine, "Hi", params, "long-params")
+        outs = await collect(engine, "Hi", SamplingParams(max_tokens=2), "short")  # nothing to weigh: inline
+        assert outs[-1].finished
+    finally:
+        release.set()
+        await blocker
+        engine.renderer = shared
+        full.shutdown()
+
+
 async def test_a_chat_and_an_echoed_token_id_prompt_take_one_pool_job_each(engine, monkeypatch):
     from aiohttp.test_utils import TestServer
 
@@ -75,7 +102,9 @@ async def test_a_chat_and_an_echoed_token_id_prompt_take_one_pool_job_each(engin
         chat = {"messages": [{"role": "user", "content": "Tell me about the sea. " * 20}], "max_tokens": 2}
         async with session.post(str(server.make_url("/v1/chat/completions")), json=chat) as resp:
             assert resp.status == 200, await resp.text()
-        assert jobs == ["_render"]  # rendered and tokenized at once; its ids admitted inline
+        # The body parsed (past the test's 64 bytes), then rendered and tokenized at once; its ids
+        # admitted inline.
+        assert jobs == ["_parse", "_render"]
 
         jobs.clear()
         ids = list(range(300, 400))
@@ -83,5 +112,5 @@ async def test_a_chat_and_an_echoed_token_id_prompt_take_one_pool_job_each(engin
         async with session.post(str(server.make_url("/v1/completions")), json=echo) as resp:
             body = await resp.json()
             assert resp.status == 200, body
-        assert jobs == ["decode"]  # admitted inline; the echo decoded on the pool
+        assert jobs == ["_parse", "decode"]  # admitted inline; the echo decoded on the pool
         assert body["choices"][0]["text"].startswith(engine.tokenizer.decode(ids))

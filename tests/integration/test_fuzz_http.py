@@ -3,7 +3,8 @@ bodies for every route, wrong methods, garbage bytes, huge ints, deep nesting. T
 scoring routes are fuzzed on two pooling servers too (an embedding model and a cross-encoder).
 
 The invariant, for every request: the answer is a 200, or a 4xx in OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}`` (or a 503 overload with Retry-After: a
+``{"error": {"message", "type", "param", "code"}}`` (Anthropic's ``{"type": "error", "error":
+{"type", "message"}}`` on its /v1/messages routes) (or a 503 overload with Retry-After: a
 waiting limit is configured); /health keeps answering 200; and the server's process set is the
 same at the end. Examples are derandomized (the same each run) and bounded in count, so the
 module takes a minute or two.
@@ -17,13 +18,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_sse
+from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_anthropic_sse, parse_sse
 
 API_KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST", "/detokenize": "POST",
           "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET", "/v1/responses": "POST",
-          "/ping": "GET", "/server_info": "GET"}
+          "/ping": "GET", "/server_info": "GET", "/v1/messages": "POST", "/v1/messages/count_tokens": "POST"}
+ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 # No shrinking: against a live server it costs minutes, and the failing example is printed as is.
 FUZZ = settings(max_examples=int(os.environ.get("RINGLLM_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=True, database=None, phases=(Phase.explicit, Phase.generate),
@@ -66,6 +68,21 @@ RESPONSE_ITEMS = st.lists(
     | st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": TEXT, "output": TEXT | JSON}),
     min_size=1, max_size=3)
 
+ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object", "properties": {}}}
+ANTHROPIC_BLOCKS = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "document", "thinking"]), "text": TEXT},
+    optional={"id": TEXT, "name": TEXT | st.just("f"), "input": JSON, "tool_use_id": TEXT, "content": TEXT | JSON,
+              "citations": JSON}), max_size=3)
+ANTHROPIC_MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
+                                                     "content": TEXT | ANTHROPIC_BLOCKS}), min_size=1, max_size=3)
+ANTHROPIC = {"model": st.just("tiny") | TEXT, "messages": ANTHROPIC_MESSAGES, "system": TEXT | ANTHROPIC_BLOCKS,
+             "tools": st.lists(st.just(ANTHROPIC_TOOL) | st.fixed_dictionaries({"type": TEXT, "name": TEXT}),
+                               max_size=2),
+             "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "tool", "none"])},
+                                                  optional={"name": TEXT | st.just("f"),
+                                                            "disable_parallel_tool_use": st.booleans()}),
+             "chat_template_kwargs": st.dictionaries(st.text(max_size=8), JSON, max_size=2)}
+
 # Each field with values a client may plausibly send (so requests get deep into the server)...
 SAMPLING = {"model": st.just("tiny") | TEXT, "n": st.integers(1, 4) | st.integers(-3, 300),
             "temperature": st.floats(0, 2) | st.floats(), "top_p": st.floats(0, 1), "top_k": st.integers(-1, 60000),
@@ -96,9 +113,17 @@ FIELDS = {
                       "stream": st.booleans(), "store": st.booleans(), "background": st.booleans(),
                       "previous_response_id": TEXT, "metadata": st.dictionaries(TEXT, TEXT, max_size=3),
                       "ignore_eos": st.booleans(), "seed": st.integers()},
+    "/v1/messages": {**ANTHROPIC, "max_tokens": SMALL, "stop_sequences": st.lists(TEXT, max_size=3),
+                     "stream": st.booleans(), "temperature": st.floats(0, 2) | st.floats(), "top_p": st.floats(0, 1),
+                     "top_k": st.integers(-1, 60000), "metadata": st.fixed_dictionaries({"user_id": TEXT}),
+                     "output_config": st.fixed_dictionaries({"format": st.fixed_dictionaries({
+                         "type": st.just("json_schema"), "schema": JSON})}),
+                     "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])})},
+    "/v1/messages/count_tokens": ANTHROPIC,
 }
 REQUIRED = {"/v1/completions": ("prompt", "max_tokens"), "/v1/chat/completions": ("messages", "max_tokens"),
-            "/tokenize": ("prompt",), "/detokenize": ("tokens",), "/v1/responses": ("input", "max_output_tokens")}
+            "/tokenize": ("prompt",), "/detokenize": ("tokens",), "/v1/responses": ("input", "max_output_tokens"),
+            "/v1/messages": ("model", "messages", "max_tokens"), "/v1/messages/count_tokens": ("model", "messages")}
 
 # The pooling and scoring routes (served by a pooling model; a generating one answers 400).
 TEXTS = TEXT | st.lists(TEXT, max_size=4)
@@ -163,9 +188,16 @@ def check_answer(server: RemoteServer, method: str, path: str, body: bytes, head
     context = f"{method} {path} {body[:200]!r} -> {status} {raw[:300]!r}"
     assert status == 200 or 400 <= status < 500 or (status == 503 and "Retry-After" in resp_headers), context
     if status != 200:
-        error = json.loads(raw)["error"]
-        assert set(error) == {"message", "type", "param", "code"}, context
+        answer = json.loads(raw)
+        error = answer["error"]
+        if path in ANTHROPIC_ROUTES:
+            assert answer["type"] == "error" and set(error) == {"type", "message"}, context
+        else:
+            assert set(error) == {"message", "type", "param", "code"}, context
         assert isinstance(error["message"], str) and error["message"], context
+    elif resp_headers.get("Content-Type", "").startswith("text/event-stream") and path in ANTHROPIC_ROUTES:
+        events = parse_anthropic_sse(raw)  # a well-formed stream, ending in message_stop or an error event
+        assert events[-1]["type"] in ("message_stop", "error"), context
     elif resp_headers.get("Content-Type", "").startswith("text/event-stream"):
         events = parse_sse(raw)  # a well-formed stream, ending in [DONE]; an error event is allowed
         assert all("error" in e or "choices" in e or e.get("type", "").startswith("response.") for e in events), \
@@ -175,7 +207,7 @@ def check_answer(server: RemoteServer, method: str, path: str, body: bytes, head
     assert server.get("/health")[0] == 200, f"/health failed after {context}"
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"])
 def test_generation_routes_answer_200_or_an_openai_4xx(server, path):
     @FUZZ
     @given(body=raw_bodies(path), authorized=st.booleans() | st.just(True))

@@ -82,6 +82,26 @@ def test_token_id_prompt_with_echo_and_logprobs(server, client):
     assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == choice.text
 
 
+def test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs(server, client):
+    """OpenAI's and vLLM's way to score a prompt, streamed and not; before, a 400 (max_tokens
+    must be at least 1). Without echo, max_tokens 0 is a 400 naming it."""
+    ids = server.post_json("/tokenize", {"prompt": PROMPT}, AUTH)[1]["tokens"]
+    out = client.completions.create(prompt=PROMPT, echo=True, logprobs=1, max_tokens=0, **greedy())
+    (choice,) = out.choices
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) and "".join(lp.tokens) == PROMPT and lp.token_logprobs[0] is None
+    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:])
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 0)
+    chunks = [c for c in client.completions.create(prompt=PROMPT, echo=True, logprobs=1, max_tokens=0, stream=True,
+                                                   **greedy()) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT and chunks[-1].choices[0].finish_reason == "length"
+    assert sum(len(c.choices[0].logprobs.tokens) for c in chunks) == len(ids)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(prompt=PROMPT, max_tokens=0, **greedy())
+    assert info.value.body["param"] == "max_tokens"
+
+
 def test_stop_string_cuts_the_text_before_it(client):
     text = client.completions.create(prompt=PROMPT, max_tokens=24, **greedy(),
                                      extra_body={"ignore_eos": True}).choices[0].text

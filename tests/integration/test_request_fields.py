@@ -279,8 +279,39 @@ def test_continuous_usage_stats_in_every_chunk(server, path, base):
     assert with_text and all(c["usage"] is not None for c in with_text)
     counts = [c["usage"]["completion_tokens"] for c in with_text]
     assert counts == sorted(counts) and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    if path == "/v1/chat/completions":  # as vLLM's, the role chunk says the prompt's tokens
+        prompt = chunks[-1]["usage"]["prompt_tokens"]
+        assert chunks[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
+                                      "prompt_tokens_details": None}
     plain = stream(server, path, {**payload, "stream_options": {"include_usage": True}})
     assert all(c["usage"] is None for c in plain if c["choices"])
+
+
+def test_continuous_usage_starts_at_the_chat_role_chunk(server):
+    """vLLM's: the opening (role) chunk carries the prompt's usage, nothing generated yet;
+    before, its usage was null."""
+    chunks = stream(server, "/v1/chat/completions", {
+        "messages": MESSAGES, "max_tokens": 3, "temperature": 0.0,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    role, prompt = chunks[0], chunks[-1]["usage"]["prompt_tokens"]
+    assert role["choices"][0]["delta"]["role"] == "assistant" and prompt > 0
+    assert {k: role["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+
+
+@pytest.mark.parametrize("path,base", [
+    ("/v1/completions", {"prompt": PROMPT * 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT * 4}]})])
+def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does(server, path, base):
+    """Before, a stream's usage had ``prompt_tokens_details`` null where the whole response's
+    counted the prompt tokens found in the prefix cache."""
+    payload = {**base, "max_tokens": 2, "temperature": 0.0}
+    post(server, path, payload)  # the prompt's full blocks are cached from here on
+    whole = post(server, path, payload)["usage"]
+    assert whole["prompt_tokens_details"]["cached_tokens"] > 0
+    streamed = stream(server, path, {**payload, "stream_options": {"include_usage": True}})[-1]["usage"]
+    assert streamed["prompt_tokens_details"] == whole["prompt_tokens_details"]
+    assert streamed["prompt_tokens"] == whole["prompt_tokens"]
 
 
 # ---- embeddings ----
@@ -318,6 +349,17 @@ def test_embedding_truncation_salt_priority_and_request_id(pooling_server, serve
     salted = _embed(pooling_server, cache_salt="tenant", request_id="e-1", priority=2)
     assert salted["id"] == "embd-e-1"
     assert salted["data"][0]["embedding"] == _embed(pooling_server)["data"][0]["embedding"]
+
+
+def test_embedding_input_of_strings_and_token_ids_mixed_is_a_400_naming_input(pooling_server):
+    """vLLM's schema (``str | list[str] | list[int] | list[list[int]]``) refuses a mix, so the
+    README's example once written as ``["some text", [1, 2, 3]]`` could not work: it says why."""
+    for mixed in (["some text", [1, 2, 3]], [[1, 2, 3], "some text"], ["some text", 7]):
+        code, body, _ = pooling_server.post_json("/v1/embeddings", {"input": mixed})
+        assert code == 400 and body["error"]["param"] == "input" and "mixes strings and token ids" in \
+            body["error"]["message"], body
+    texts, ids = _embed(pooling_server, input=["some text", "more"]), _embed(pooling_server, input=[[1, 2, 3], [4]])
+    assert len(texts["data"]) == len(ids["data"]) == 2
 
 
 # ---- the Python API ----

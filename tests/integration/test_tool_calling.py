@@ -131,7 +131,8 @@ def test_tools_and_a_tool_call_history_reach_the_chat_template(tiny):
     assert out.choices[0].message.tool_calls is None  # tool_choice "none": content only
 
 
-@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}"])
+@pytest.mark.parametrize("arguments", ["{city: Paris", '{"city": ' + "[" * 5000 + "]" * 5000 + "}",
+                                       '{"city": ' + "[" * 600 + "]" * 600 + "}"])  # JSON, nested too deep
 def test_tool_call_arguments_that_are_not_json_are_refused(tiny, arguments):
     client, _ = tiny
     history = json.loads(json.dumps(HISTORY))
@@ -325,3 +326,45 @@ def test_conversation_goes_on_after_a_tool_result(model):
     out = client.chat.completions.create(model=name, messages=HISTORY, tools=[WEATHER], tool_choice="none",
                                          temperature=0.0, max_tokens=40).choices[0]
     assert out.message.content and out.message.tool_calls is None
+
+
+REPORT = {"type": "object", "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
+          "required": ["city", "sunny"], "additionalProperties": False}
+REPORT_FORMAT = {"type": "json_schema", "json_schema": {"name": "report", "schema": REPORT, "strict": True}}
+
+
+@pytest.mark.model
+def test_a_forced_call_takes_the_place_of_a_response_format(model):
+    """vLLM's rule, and what the Agents SDK sends for a required tool with an output type:
+    before, ``You can only either use constraints for structured outputs or tools, not both``."""
+    client, name = model
+    kwargs = dict(model=name, messages=ASK, tools=[WEATHER, TIME], temperature=0.0, max_tokens=200,
+                  response_format=REPORT_FORMAT)
+    out = client.chat.completions.create(**kwargs, tool_choice="required").choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content is None and out.message.tool_calls
+    for call in out.message.tool_calls:
+        check_call(call.function.name, call.function.arguments)
+    streamed = collect(client.chat.completions.create(**kwargs, tool_choice="required", stream=True))
+    assert streamed["finish"] == "tool_calls" and streamed["calls"]
+    named = client.chat.completions.create(**kwargs, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    check_call("get_time", call.function.arguments)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("tool_choice", ["auto", "none"])
+def test_auto_and_none_answer_in_the_response_format(model, tool_choice):
+    """The format shapes the reply in text, as in vLLM: JSON content by the schema, no call."""
+    client, name = model
+    out = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER], tool_choice=tool_choice,
+                                         temperature=0.0, max_tokens=200, response_format=REPORT_FORMAT).choices[0]
+    assert not out.message.tool_calls and out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.message.content), REPORT)
+
+
+def test_a_second_constraint_beside_a_forced_call_is_a_400_naming_both(tiny_plain):
+    error = bad_request(lambda: tiny_plain.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=4, tools=[WEATHER], tool_choice="required",
+        extra_body={"structured_outputs": {"regex": "[a-z]+"}}))
+    assert error.body["param"] == "structured_outputs" and "tool_choice" in error.body["message"]

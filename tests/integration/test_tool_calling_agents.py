@@ -10,6 +10,7 @@ import asyncio
 import openai
 import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from pydantic import BaseModel
 from tests.helpers.openai_server_utils import RemoteServer
 
 
@@ -48,3 +49,35 @@ def test_agent_calls_its_tool_then_gives_a_final_output():
         run = asyncio.run(streamed())
     assert len(cities) > called_before
     assert isinstance(run.final_output, str) and run.final_output.strip()
+
+
+class WeatherReport(BaseModel):
+    city: str
+    sunny: bool
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_agent_with_a_required_tool_and_an_output_type_ends_with_that_type():
+    """The SDK sends ``tool_choice="required"`` with the output type's ``response_format``
+    (json_schema, strict) on the first turn: the forced call's grammar takes the format's place
+    (vLLM's rule; before, a 400 "not both"); after the tool ran the choice is auto again and the
+    format shapes the final answer, which the SDK reads as a ``WeatherReport``."""
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    with RemoteServer("--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as remote:
+        name = openai.OpenAI(base_url=remote.base_url, api_key="unused").models.list().data[0].id
+        client = openai.AsyncOpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
+        agent = Agent(name="weather", instructions="You report the weather.", tools=[get_weather],
+                      output_type=WeatherReport, model=OpenAIChatCompletionsModel(model=name, openai_client=client),
+                      model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200))
+        result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
+    assert cities and all(isinstance(city, str) and city for city in cities)
+    assert isinstance(result.final_output, WeatherReport)

@@ -226,5 +226,5 @@ def test_the_config_from_gguf_metadata_builds_the_model_transformers_config_buil
     theirs = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     assert Dims.from_config(ours) == Dims.from_config(theirs)
     models = [LlamaForCausalLM(c, torch.float32, "cpu", max_model_len=64, backend="torch") for c in (ours, theirs)]
-    assert torch.equal(models[0].rope.cis, models[1].rope.cis)
+    assert torch.equal(models[0].ropes[0].cis, models[1].ropes[0].cis)
     assert (ours.bos_token_id, ours.eos_token_id) == (theirs.bos_token_id, theirs.eos_token_id)

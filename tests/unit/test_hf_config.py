@@ -58,7 +58,7 @@ def _structure(cfg) -> dict:
             "head_dim": d.head_dim, "intermediate": d.intermediate, "vocab": d.vocab_size,
             "eps": d.eps, "tied": d.tied, "window": d.sliding_window,
             "sliding_layers": [layer.sliding for layer in model.layers], "layers": len(model.layers),
-            "qkv_bias": d.qkv_bias, "rope": model.rope.cis, "qk_norm": d.qk_norm}
+            "qkv_bias": d.qkv_bias, "rope": model.ropes[0].cis, "qk_norm": d.qk_norm}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

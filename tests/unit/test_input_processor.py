@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import EngineArgs, create_engine_config
 from engine.frontend.input_processor import InputProcessor, get_tokenizer
-from engine.sampling_params import SamplingParams
+from engine.frontend.renderer import INLINE_MAX_BYTES
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def make_processor(model_dir, **kwargs):
@@ -83,6 +84,19 @@ def test_logprobs_over_the_limit_and_stop_strings_without_text_are_refused(proce
         processor.process("x", "hi", SamplingParams(stop=["a"], detokenize=False))
 
 
+def test_prompt_logprobs_over_the_entries_limit_are_refused_naming_it(tiny_model_dir):
+    processor = make_processor(tiny_model_dir, max_prompt_logprobs_entries=1000, max_logprobs=49152)
+    ids = list(range(100, 150))
+    with pytest.raises(ValueError, match="max_prompt_logprobs_entries=1000") as info:  # 50 x (20 + 1)
+        processor.process("x", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=20))
+    assert info.value.parameter == "prompt_logprobs"
+    processor.process("y", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19))  # 1000
+    with pytest.raises(ValueError, match="with n=2"):  # each sample computes and answers them
+        processor.process("w", {"prompt_token_ids": ids}, SamplingParams(prompt_logprobs=19, n=2))
+    with pytest.raises(ValueError, match="max_prompt_logprobs_entries"):  # -1: the whole vocabulary
+        processor.process("z", {"prompt_token_ids": ids[:1]}, SamplingParams(prompt_logprobs=-1))
+
+
 def test_chat_renders_the_template_with_a_generation_prompt(processor):
     text = processor.render_chat([{"role": "user", "content": "Hi!"}])
     assert "<|im_start|>user\nHi!<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
@@ -140,6 +154,16 @@ def test_only_text_is_worth_a_pool_hop(processor):
     assert processor.offload_size(text) == processor.offload_size({"prompt": text}) == 5000
     assert processor.offload_size([5] * 5000) == processor.offload_size({"prompt_token_ids": [5] * 5000}) == 0
     assert processor.offload_size({"prompt_token_ids": [5], "prompt": text}) == 0  # its text is only echoed
+
+
+def test_the_offload_size_weighs_the_params_too(processor):
+    words = [f"word{i}" for i in range(1000)]
+    assert processor.offload_size("Hi", SamplingParams(bad_words=words)) == 2 + sum(map(len, words)) + len(words)
+    assert processor.offload_size([5], SamplingParams(logit_bias={i: 1.0 for i in range(600)})) >= INLINE_MAX_BYTES
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100_000)}}
+    so = StructuredOutputsParams(json=schema)
+    assert processor.offload_size("Hi", SamplingParams(structured_outputs=so)) >= INLINE_MAX_BYTES
+    assert processor.offload_size("Hi", SamplingParams(stop=["a", "b"])) < INLINE_MAX_BYTES  # small: inline
 
 
 def test_a_chat_prompt_is_rendered_and_tokenized_in_one_call(processor):

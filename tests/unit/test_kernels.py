@@ -80,7 +80,7 @@ def test_a_dense_weight_it_cannot_read_is_refused(weight):
         bf16_gemv.dense_matmul(weight, torch.zeros(1, weight.shape[1]))
 
 
-def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, window):
+def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, window, softcap=None):
     """Dense per-sequence attention over the gathered keys, in float64."""
     bs = cache.shape[1]
     flat = cache.reshape(-1, cache.shape[2]).double()
@@ -93,7 +93,8 @@ def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, win
         k = kv[:, 0].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         v = kv[:, 1].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         qs = q[s, :heads * dim].double().view(heads, 1, dim)
-        p = torch.softmax(qs @ k.transpose(1, 2) * scale, -1)
+        scores = qs @ k.transpose(1, 2) * scale
+        p = torch.softmax(scores if softcap is None else torch.tanh(scores / softcap) * softcap, -1)
         out[s] = (p @ v).view(-1)
     return out
 
@@ -117,6 +118,26 @@ def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_h
     qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim, generator=gen)  # q is a strided slice of it
     got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, allow_avx512)
     want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("allow_avx512", [True, False], ids=["best-isa", "avx2"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [0.5, 5.0, 50.0])
+def test_paged_decode_attention_soft_caps_scores_as_gemma2(softcap, cache_dtype, allow_avx512):
+    """Scores capped as cap * tanh(s / cap) before the softmax: from caps that flatten nearly every
+    score (0.5) to one that touches only large ones (50), lengths around the 8-key blocks and
+    the scalar tail, a window."""
+    gen = torch.Generator().manual_seed(int(softcap * 10))
+    heads, kv_heads, dim, block_size, window = 8, 2, 32, 4, 19
+    cache = (torch.randn(200, block_size, 2 * kv_heads * dim, generator=gen) * 2).to(cache_dtype)
+    lens = torch.tensor([1, 3, 8, 9, 17, 40])
+    nb = -(-int(lens.max()) // block_size)
+    table = (torch.randperm(199, generator=gen)[:len(lens) * nb] + 1).view(len(lens), nb)
+    q = torch.randn(len(lens), heads * dim, generator=gen) * 2
+    got = decode_attention(q, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, allow_avx512,
+                           softcap=softcap)
+    want = _reference_attention(q, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, softcap)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 

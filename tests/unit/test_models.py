@@ -83,7 +83,7 @@ def test_prompt_logprobs_match_transformers(family, chunk, fused_only, monkeypat
 
     from engine.worker import model_runner
 
-    monkeypatch.setattr(model_runner, "_PROMPT_LOGPROBS_ROWS", 4)  # rows come in several slices
+    monkeypatch.setattr(model_runner, "MAX_PROMPT_LOGPROBS_ROWS", 4)  # rows come in several slices
     path, hf = family
     runner = make_runner(path, block_size=4)
     reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]

@@ -1,7 +1,10 @@
 """Scheduler: batching limits, chunked prefill, preemption, priority, stops, abort, stats."""
 from __future__ import annotations
 
-from tests.helpers.core_utils import EOS, make_request, make_requests, make_scheduler, run_to_completion, step
+import pytest
+
+from tests.helpers.core_utils import (EOS, fake_runner_output, make_request, make_requests, make_scheduler,
+                                      run_to_completion, step)
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import RequestStatus
@@ -258,7 +261,7 @@ def test_decodes_are_never_starved_or_counted_by_the_prefill_cap():
     assert len([n for n in sched.num_scheduled_tokens if n == 1]) == 20
 
 
-def test_a_long_prompt_is_chunked_by_the_cap_and_keeps_its_place():
+def test_a_long_prompt_is_chunked_by_the_cap_and_leaves_room_for_the_waiting_head():
     s = capped_scheduler(32)
     s.add_request(make_request("long", list(range(100, 200))))
     s.add_request(make_request("short", list(range(300, 310))))
@@ -266,9 +269,49 @@ def test_a_long_prompt_is_chunked_by_the_cap_and_keeps_its_place():
     for _ in range(5):
         sched, outs = step(s)
         seen.append(dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens)))
-    # the long prompt's chunks come first (FCFS); the short one gets what is left of the cap
-    assert seen[:4] == [{"long": 32}, {"long": 32}, {"long": 32}, {"long": 4, "short": 10}]
-    assert seen[4] == {"long": 1, "short": 1}
+    # the long prompt comes first (FCFS); from its next chunk on it leaves the short one its 10
+    assert seen == [{"long": 32}, {"long": 22, "short": 10}, {"long": 32, "short": 1}, {"long": 14, "short": 1},
+                    {"long": 1, "short": 1}]
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_a_short_request_arriving_during_a_long_prefill_runs_in_the_next_step(paced):
+    """Red team round 3, finding 9: a 2-token request waited for all of a 3,640-token prefill."""
+    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="fcfs", enable_chunked_prefill=True,
+                             max_num_prefill_tokens=256, prefill_step_target_s=0.5 if paced else 0.0)
+    s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
+    s.add_request(make_request("long", list(range(1000, 4640))))
+    step(s)
+    s.add_request(make_request("short", [5, 6], max_tokens=1))
+    sched, outs = step(s)
+    scheduled = dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens))
+    assert scheduled == {"long": s.max_num_prefill_tokens - 2, "short": 2}
+    assert [o.request_id for o in outs if o.finished] == ["short"]
+
+
+@pytest.mark.parametrize("short_priority,held", [(-1, True), (0, True), (1, False)])
+def test_under_priority_a_long_prefill_holds_room_only_for_a_head_as_important(short_priority, held):
+    s = make_scheduler(max_num_batched_tokens=64, policy="priority")
+    s.add_request(make_request("long", list(range(1000, 1300)), priority=0, arrival_time=0.0))
+    step(s)
+    s.add_request(make_request("short", [5, 6, 7, 8], priority=short_priority, arrival_time=1.0, max_tokens=1))
+    sched, _ = step(s)
+    scheduled = dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens))
+    assert scheduled == ({"long": 60, "short": 4} if held else {"long": 64})
+
+
+def test_a_long_prefill_is_not_starved_by_a_stream_of_waiting_prompts():
+    s = capped_scheduler(64)
+    s.add_request(make_request("long", list(range(1000, 1640))))
+    chunks = []
+    for i in range(30):
+        if "long" not in s.requests or s.requests["long"].num_output_tokens:
+            break
+        s.add_request(make_request(f"s{i}", list(range(2000 + 100 * i, 2100 + 100 * i)), max_tokens=1))
+        sched, _ = step(s)
+        chunks += [n for r, n in zip(sched.requests, sched.num_scheduled_tokens) if r.request_id == "long"]
+    assert chunks[0] == 64 and all(n >= 32 for n in chunks[1:])  # half the cap or more, every step
+    assert sum(chunks) == 640 and len(chunks) == 19
 
 
 def test_without_chunked_prefill_the_cap_admits_whole_prompts_and_one_longer_than_it():
@@ -282,3 +325,37 @@ def test_without_chunked_prefill_the_cap_admits_whole_prompts_and_one_longer_tha
     assert sched.num_scheduled_tokens == [1, 20, 20]  # 40 of 50; the third would go over
     sched, _ = step(s)
     assert sched.num_scheduled_tokens == [1, 1, 1, 20]
+
+
+def test_prompt_logprob_rows_are_capped_per_step_over_all_requests():
+    from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS
+
+    s = make_scheduler(max_num_batched_tokens=4096)
+    a = make_request("a", list(range(100, 100 + 3 * MAX_PROMPT_LOGPROBS_ROWS)), prompt_logprobs=1)
+    b = make_request("b", list(range(100, 400)), prompt_logprobs=0)
+    plain = make_request("plain", list(range(1000, 1600)))
+    for r in (a, b, plain):
+        s.add_request(r)
+    sched, _ = step(s)
+    # a takes the step's rows; b (also rows) waits; plain prompts are not rows and still run.
+    assert [r.request_id for r in sched.requests] == ["a"]
+    assert sched.num_scheduled_tokens == [MAX_PROMPT_LOGPROBS_ROWS]
+    while a.num_computed_tokens < a.num_prompt_tokens:
+        sched, _ = step(s)
+        assert sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens)
+                   if r.request_id in ("a", "b") and n > 1) <= MAX_PROMPT_LOGPROBS_ROWS
+
+
+def test_paced_prompt_logprob_rows_follow_their_measured_cost():
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=4096, enable_chunked_prefill=True,
+                             policy="fcfs", max_num_prefill_tokens=2048, prefill_step_target_s=0.5)
+    s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
+    s.add_request(make_request("a", list(range(100, 4100)), prompt_logprobs=20))
+    s.add_request(make_request("plain", list(range(5000, 5100))))
+    first = s.schedule()
+    s.update_from_output(first, fake_runner_output(first))
+    s.observe_step(first, 1.0)  # the rows took twice the budget: the next step has fewer
+    assert s.max_prompt_logprob_rows < first.num_scheduled_tokens[0]
+    assert s.max_num_prefill_tokens == 2048  # the plain prompts' pacer learned nothing from it
+    second = s.schedule()
+    assert second.num_scheduled_tokens[0] == s.max_prompt_logprob_rows

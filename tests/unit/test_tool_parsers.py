@@ -416,16 +416,29 @@ def test_named_choice_constrains_to_the_arguments_object():
         "type": "object", "properties": {}}
 
 
-def test_forced_calls_take_the_constraint_and_refuse_a_second_one():
+def test_forced_calls_take_the_constraint_in_place_of_a_response_format():
     required = plan(tools=[WEATHER], tool_choice="required")
     params = required.constrain(SamplingParams(max_tokens=8))
     assert params.structured_outputs.json == required.schema
     # no invented keys and no free whitespace: what a small model otherwise fills its budget with
     assert params.structured_outputs.disable_additional_properties and params.structured_outputs.disable_any_whitespace
-    with pytest.raises(OpenAIError) as info:
-        required.constrain(SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json_object=True)))
-    assert info.value.param == "tool_choice" and "not both" in info.value.message
+    # a response_format's constraint gives way to the call's grammar (vLLM's rule)
+    formatted = plan(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+    given = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json_object=True))
+    assert formatted.constrain(given).structured_outputs == params.structured_outputs
     assert plan(tools=[NOW], tool_choice="none").constrain(params) is params
+
+
+@pytest.mark.parametrize("field,value", [("structured_outputs", {"regex": "a+"}), ("guided_json", {"type": "object"}),
+                                         ("guided_choice", ["a", "b"])])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_second_constraint_beside_a_forced_call_is_a_400_naming_it(field, value, tool_choice):
+    with pytest.raises(OpenAIError) as info:  # before: only refused later, naming tool_choice
+        plan(tools=[WEATHER], tool_choice=tool_choice, **{field: value})
+    assert info.value.status == 400 and info.value.param == field
+    assert "not both" in info.value.message and "tool_choice" in info.value.message
+    plan(ToolServing(True, ToolParserManager.get_tool_parser("hermes")), tools=[WEATHER], tool_choice="auto",
+         **{field: value})  # auto: the constraint shapes the reply in text
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "none", {"type": "function", "function": {"name": "f"}}])

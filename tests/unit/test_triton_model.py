@@ -66,11 +66,22 @@ def _interpreter(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # read again at launch; restored after the test
 
 
-@pytest.fixture(scope="module", params=["llama", "sliding", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "sliding", "qwen3", "phi4-mini"])
 def model_dir(request, tmp_path_factory):
     extra = {"llama": {}, "sliding": dict(architectures=["MistralForCausalLM"], sliding_window=7,
                                           tie_word_embeddings=False),
-             "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32)}[request.param]
+             "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32)}.get(request.param)
+    if request.param == "phi4-mini":  # longrope (its switch at 16 positions crossed) and 3/4 rotary dims
+        from transformers import Phi3Config
+
+        path = str(tmp_path_factory.mktemp(request.param))
+        Phi3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=512, original_max_position_embeddings=16,
+                   architectures=["Phi3ForCausalLM"], tie_word_embeddings=True, rope_parameters=dict(
+                       rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                       short_factor=[1.0, 1.2, 1.5, 2.0, 3.0, 4.0], long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0])
+                   ).save_pretrained(path)
+        return path
     path = write_tiny_model(str(tmp_path_factory.mktemp(request.param)), vocab_size=1024, **extra)
     if request.param == "qwen3":  # the per-head q/k norms: a Qwen3 config, as Qwen3Config writes it
         config_file = os.path.join(path, "config.json")
@@ -211,3 +222,16 @@ def test_padded_decode_rows_change_nothing(tiny_model_dir):
         padded = runner.model(*graphs.inputs(4))
     torch.testing.assert_close(padded[:3], eager, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(runner.kv_caches, cache)  # the padded rows wrote nothing
+
+
+def test_a_family_beyond_llamas_layer_is_refused_by_the_triton_forward(tmp_path):
+    """Gemma's soft-caps, extra norms and gelu MLP are the torch forwards' alone: forcing Triton
+    on it is an error naming why (on CUDA, "auto" picks the torch forward for it)."""
+    from transformers import Gemma2Config
+
+    Gemma2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, architectures=["Gemma2ForCausalLM"]).save_pretrained(str(tmp_path))
+    runner = make_runner(str(tmp_path), load_format="dummy", block_size=4, max_model_len=256)
+    assert runner.model.backend != "triton"
+    with pytest.raises(ValueError, match="Triton forward runs Llama's layer only"):
+        load_model(runner.config, backend="triton")

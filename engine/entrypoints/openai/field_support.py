@@ -104,7 +104,8 @@ _GENERATION: dict[str, Placement] = {
     "allowed_token_ids": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "bad_words": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "response_format": _impl(_SO + "test_response_format_json_schema_strict",
-                             _SO + "test_response_format_json_object_and_text"),
+                             _SO + "test_response_format_json_object_and_text",
+                             _TOOLS + "test_auto_and_none_answer_in_the_response_format"),
     "structured_outputs": _impl(_SO + "test_structured_outputs_field_on_completions_and_chat_streams"),
     "truncate_prompt_tokens": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
     "truncation_side": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
@@ -132,7 +133,8 @@ _GENERATION: dict[str, Placement] = {
 COMPLETION: dict[str, Placement] = {
     **_GENERATION,
     "prompt": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage"),
-    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
+    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs",
+                  _SERVER + "test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs"),
     "logprobs": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
     "suffix": Refused("!", (None, ""), "(no model here has a fill-in-the-middle template)"),
     "prompt_embeds": Refused("AAAA", (None, [])),
@@ -145,7 +147,7 @@ CHAT: dict[str, Placement] = {
     "logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
     "top_logprobs": _impl(_SERVER + "test_chat_n_and_logprobs"),
     "echo": _impl(_FIELDS + "test_chat_echo_starts_with_the_assistant_message"),
-    "include_reasoning": NoOp("no reasoning parser runs here, so there is no reasoning to include or leave out"),
+    "include_reasoning": _impl("tests/integration/test_reasoning.py::test_chat_reasoning_split_streamed_and_whole"),
     "reasoning_effort": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "documents": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "media_io_kwargs": Refused({"image": {}}, (None, {}), "(text models only)"),
@@ -154,7 +156,8 @@ CHAT: dict[str, Placement] = {
     "tools": _impl(_TOOLS + "test_tools_and_a_tool_call_history_reach_the_chat_template",
                    _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not"),
     "tool_choice": _impl(_TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
-                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not"),
+                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not",
+                         _TOOLS + "test_a_forced_call_takes_the_place_of_a_response_format"),
     "parallel_tool_calls": _impl(_TOOLS + "test_parallel_tool_calls_false_gives_one_call"),
     "chat_template": _impl(_TEMPLATES + "test_a_request_chat_template_is_rendered"),
     "continue_final_message": _impl(_TEMPLATES + "test_continue_final_message_leaves_the_last_message_open"),
@@ -240,18 +243,18 @@ RESPONSES: dict[str, Placement] = {
     "background": _impl(_RESPONSES + "test_background_response_is_polled_and_cancelled"),
     "user": _GENERATION["user"],
     "session_id": _GENERATION["session_id"],
-    "include_reasoning": CHAT["include_reasoning"],
+    "include_reasoning": NoOp("a reasoning item is always answered (with --reasoning-parser)"),
     "prompt_cache_key": NoOp("a routing hint for OpenAI's prompt cache; ringllm's prefix cache finds shared "
                              "prefixes by their tokens, with no key (vLLM ignores it too)"),
     "include": Refused(["message.output_text.logprobs"], (None, []), "(no include value can be filled here)"),
     "max_tool_calls": Refused(1),
     "prompt": Refused({"id": "pmpt_1"}, (None,), "(no stored prompt templates here)"),
-    "reasoning": Refused({"effort": "high"}, (None, {}, {"effort": None}), "(no reasoning models here)"),
+    "reasoning": _impl("tests/integration/test_reasoning.py::test_reasoning_effort_reaches_the_template"),
     "service_tier": Refused("flex", (None, "auto", "default"), "(one tier here)"),
     "top_logprobs": Refused(2, (None, 0), _NOT_ON_RESPONSES),
     "truncation": Refused("auto", (None, "disabled"), "(a prompt too long for the context is a 400)"),
     "top_k": Refused(5, (None, -1), _NOT_ON_RESPONSES),
-    "logit_bias": Refused({"1": 5}, (None, {}), _NOT_ON_RESPONSES),
+    "logit_bias": _impl("tests/integration/test_reasoning.py::test_responses_reasoning_item_streamed_and_whole"),
     "skip_special_tokens": Refused(False, (True,), _NOT_ON_RESPONSES),
     "include_stop_str_in_output": Refused(True, (False,), _NOT_ON_RESPONSES),
     "presence_penalty": Refused(1.0, (None, 0.0), _NOT_ON_RESPONSES),
@@ -276,9 +279,59 @@ RESPONSES: dict[str, Placement] = {
     "context_management": Refused([{"type": "compaction"}], (None, [])),
 }
 
+_MESSAGES = "tests/integration/test_messages_api.py::"
+
+# What both Anthropic routes read (the conversation and its tools).
+_CONVERSATION: dict[str, Placement] = {
+    "model": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "messages": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "system": _impl(_MESSAGES + "test_create_with_system_reports_usage_as_tokenize_counts"),
+    "tools": _impl(_MESSAGES + "test_forced_tool_use_and_a_tool_result_round_trip"),
+    "tool_choice": _impl(_MESSAGES + "test_forced_tool_use_and_a_tool_result_round_trip"),
+    "chat_template_kwargs": _impl(_MESSAGES + "test_count_tokens_counts_the_conversation_and_its_template_kwargs"),
+}
+
+MESSAGES: dict[str, Placement] = {
+    **_CONVERSATION,
+    "max_tokens": _impl(_MESSAGES + "test_max_tokens_and_stop_sequences_give_their_stop_reasons"),
+    "stop_sequences": _impl(_MESSAGES + "test_max_tokens_and_stop_sequences_give_their_stop_reasons"),
+    "stream": _impl(_MESSAGES + "test_stream_events_in_order_and_deltas_join_to_the_message"),
+    "temperature": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "top_p": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "top_k": _impl(_MESSAGES + "test_temperature_top_p_and_top_k_reach_the_sampler"),
+    "output_config": _impl(_MESSAGES + "test_output_config_format_gives_json_of_the_schema"),
+    "metadata": NoOp("Anthropic's user_id for abuse detection; it changes no output (Anthropic's own "
+                     "generation ignores it too)"),
+    "kv_transfer_params": _GENERATION["kv_transfer_params"],
+    # Anthropic's, which vLLM does not list: refused rather than ignored, since each asks for something.
+    "thinking": Refused({"type": "enabled", "budget_tokens": 1024}, (None, {"type": "disabled"}),
+                        "(no reasoning parser runs here)"),
+    "container": Refused("container_1", (None,), "(no code execution containers here)"),
+    "mcp_servers": Refused([{"type": "url", "url": "https://example.com/mcp", "name": "x"}], (None, []),
+                           "(no MCP connector here)"),
+    "context_management": Refused({"edits": [{"type": "clear_tool_uses_20250919"}]}, (None, {})),
+    "service_tier": NoOp("one service tier here: auto and standard_only both ask for what every request gets"),
+    "cache_control": NoOp("the prefix cache reuses every shared prefix by itself; a cache marker asks for "
+                          "nothing more"),
+    "inference_geo": NoOp("where the request runs: on this server, wherever it is asked for"),
+    "user_profile_id": NoOp("informational: who the request is made for; it changes no output"),
+    "workspace_id": NoOp("informational: Anthropic's workspaces; this server has one"),
+    "diagnostics": Refused({"previous_message_id": "msg_1"}, (None,), "(no prompt-cache diagnostics here)"),
+    "speed": Refused("fast", (None, "standard"), "(one speed here)"),
+}
+
+COUNT_TOKENS: dict[str, Placement] = {
+    **_CONVERSATION,
+    "thinking": MESSAGES["thinking"],
+    "mcp_servers": MESSAGES["mcp_servers"],
+    "context_management": MESSAGES["context_management"],
+}
+
 STREAM_OPTIONS: dict[str, Placement] = {
-    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
-    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk"),
+    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+                           _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does"),
+    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk",
+                                    _FIELDS + "test_continuous_usage_starts_at_the_chat_role_chunk"),
 }
 
 # SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.
@@ -309,6 +362,7 @@ PLACEMENT: dict[str, dict[str, Placement]] = {
     "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
     "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
     "PoolingRequest": POOLING, "ClassificationRequest": CLASSIFICATION, "ScoreRequest": SCORE, "RerankRequest": RERANK,
+    "AnthropicMessagesRequest": MESSAGES, "AnthropicCountTokensRequest": COUNT_TOKENS,
 }
 
 # At most this many distinct unknown names are warned about, so that clients sending random

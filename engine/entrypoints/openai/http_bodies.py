@@ -22,6 +22,7 @@ from msgspec import Meta, Struct
 
 from engine.entrypoints.openai.field_support import check_undeclared
 from engine.exceptions import ParameterError
+from engine.outputs import Logprob
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -210,7 +211,7 @@ class _SamplingFields(Struct, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     # str, a batch of str, one prompt of token ids, or a batch of token-id prompts.
     prompt: Union[str, list[Union[str, NonNegativeInt, TokenIds]]]
-    max_tokens: Optional[PositiveInt] = 16
+    max_tokens: Optional[NonNegativeInt] = 16  # 0 only with echo: the prompt alone (see echo_only)
     echo: bool = False
     logprobs: Optional[NonNegativeInt] = None
     suffix: Optional[str] = None
@@ -220,13 +221,24 @@ class CompletionRequest(_SamplingFields, kw_only=True):
         """The batch of prompts, each a string or a list of token ids."""
         return _prompt_batch(self.prompt, "prompt")
 
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: OpenAI's and vLLM's way to score a prompt. The answer
+        is the prompt (and its logprobs) with ``finish_reason`` ``length`` and no completion
+        tokens; the engine, which always samples, generates one token that is not shown."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
+        if self.max_tokens == 0 and not self.echo:
+            raise OpenAIError(400, "max_tokens must be at least 1 (0 only with echo, to return the prompt alone)",
+                              param="max_tokens", code="invalid_value")
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo and self.logprobs is not None:
             prompt_logprobs = self.logprobs  # the echoed prompt's own logprobs
-        return self._sampling_params(model_defaults, self.max_tokens, self.logprobs, prompt_logprobs)
+        return self._sampling_params(model_defaults, 1 if self.echo_only else self.max_tokens, self.logprobs,
+                                     prompt_logprobs)
 
 
 def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
@@ -238,6 +250,11 @@ def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
         return [list(p)]
     if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
         return list(p)
+    if any(isinstance(x, str) for x in p) and not all(isinstance(x, str) for x in p):
+        raise OpenAIError(400, f"{param} mixes strings and token ids in one list; OpenAI's schema (and vLLM) "
+                          "takes a string, a list of strings, a list of token ids or a list of token-id lists: "
+                          "send the strings and the token ids in separate requests", param=param,
+                          code="invalid_value")
     raise OpenAIError(400, f"{param} must be a string, a list of strings, a list of token ids or a "
                       "list of non-empty token-id lists", param=param, code="invalid_value")
 
@@ -316,12 +333,19 @@ class ToolCall(Struct, kw_only=True):
     function: FunctionCall
 
 
+# The template's ``reasoning_effort``, as vLLM passes it (chat's field, responses' ``reasoning.effort``).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
     tool_call_id: Optional[str] = None  # a tool message: the call it answers
+    # An assistant's earlier reasoning (an answer's own field sent back), for templates that show it
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None  # the same, under vLLM's other name
 
     def for_template(self, index: int) -> dict[str, str]:
         """The plain ``{"role", "content"}`` dict chat templates expect; only text parts exist here."""
@@ -338,17 +362,26 @@ class ChatMessage(Struct, kw_only=True):
             message["tool_calls"] = [_call_for_template(call, index) for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         return message
 
 
 def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
     """A call as chat templates take it: ``arguments`` a dict, not JSON text (transformers'
-    convention, which vLLM follows); empty arguments are ``{}``."""
+    convention, which vLLM follows); empty arguments are ``{}``. Nested deeper than the parsers
+    read arguments is a 400: the template's helpers recurse once per level."""
+    from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
+
     try:
         arguments = json.loads(call.function.arguments) if call.function.arguments else {}
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
         raise OpenAIError(400, f"the arguments of tool call {call.id!r} are not valid JSON",
                           param=f"messages.{index}.tool_calls", code="invalid_value") from None
+    if nesting(arguments) > MAX_DEPTH:
+        raise OpenAIError(400, f"the arguments of tool call {call.id!r} are nested deeper than {MAX_DEPTH} levels",
+                          param=f"messages.{index}.tool_calls", code="invalid_value")
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
 
 
@@ -365,8 +398,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     echo: bool = False  # vLLM: the answer starts with the last message's content when it is the assistant's
     add_special_tokens: bool = False  # on top of what the chat template writes (vLLM's default: none)
     documents: Optional[list[dict[str, str]]] = None  # for RAG templates: the template's ``documents``
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves the reasoning out of the answer
     # The template's ``reasoning_effort`` (as vLLM passes it); no effect on a template that ignores it.
-    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
     return_prompt_text: Optional[bool] = None  # the rendered prompt in ``prompt_text`` (a stream's first chunk)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
@@ -429,7 +463,7 @@ class UsageInfo(Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole (not streamed) responses
+    prompt_tokens_details: Optional[PromptTokensDetails] = None  # in whole responses and a stream's last usage
 
 
 class CompletionLogProbs(Struct):
@@ -439,17 +473,11 @@ class CompletionLogProbs(Struct):
     top_logprobs: list[Optional[dict[str, float]]] = []
 
 
-class PromptLogprob(Struct):
-    """One entry of vLLM's ``prompt_logprobs``: a prompt position's {token id: this}."""
-
-    logprob: float
-    rank: Optional[int] = None
-    decoded_token: Optional[str] = None
-
-
 # vLLM's prompt_logprobs: per prompt token, None for the first one (nothing predicts it), else
-# {token id: PromptLogprob} for the actual token and the top-N.
-PromptLogprobs = Optional[list[Optional[dict[int, PromptLogprob]]]]
+# {token id: Logprob} for the actual token and the top-N. The engine's own Logprob dataclass
+# encodes as vLLM's {logprob, rank, decoded_token}: the rows go out as the output processor made
+# them, never copied on the event loop (tens of thousands of entries for a long prompt).
+PromptLogprobs = Optional[list[Optional[dict[int, Logprob]]]]
 _TOKEN_IDS = ("token_ids", Optional[list[int]], None)  # vLLM's return_token_ids
 _PROMPT_TOKEN_IDS = ("prompt_token_ids", Optional[list[int]], None)
 _PROMPT_LOGPROBS = ("prompt_logprobs", PromptLogprobs, None)
@@ -488,8 +516,11 @@ class ChatLogProbs(Struct):
 
 class ChatResponseMessage(Struct, omit_defaults=True):
     role: str
-    content: Optional[str]  # null when the reply is only tool calls
+    content: Optional[str]  # null when the reply is only tool calls (or only reasoning)
     tool_calls: list[ToolCall] = []
+    # --reasoning-parser: the reply's thinking, under both of vLLM's names (same text)
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 class DeltaFunctionCall(Struct, omit_defaults=True):
@@ -511,6 +542,8 @@ class DeltaMessage(Struct, omit_defaults=True):
     role: Optional[str] = None
     content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
+    reasoning_content: Optional[str] = None  # as ChatResponseMessage's
+    reasoning: Optional[str] = None
 
 
 CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs,

@@ -134,6 +134,7 @@ class _EngineSeries:
         self.running = self.waiting = 0
         self.kv_cache_usage = 0.0
         self.prefix_cache_queries = self.prefix_cache_hits = self.preemptions = 0
+        self.spec_drafts = self.spec_draft_tokens = self.spec_accepted_tokens = 0  # speculative decoding
         self.prompt_tokens = self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.histograms = {key: _Histogram(token_buckets if buckets == "tokens" else buckets)
@@ -168,6 +169,12 @@ class _VllmCollector:
                      "Prefix cache hits, in terms of number of cached tokens.", lambda s: s.prefix_cache_hits)
         yield family(CounterMetricFamily, "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                      lambda s: s.preemptions)
+        yield family(CounterMetricFamily, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                     lambda s: s.spec_drafts)
+        yield family(CounterMetricFamily, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                     lambda s: s.spec_draft_tokens)
+        yield family(CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                     lambda s: s.spec_accepted_tokens)
         yield family(CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill tokens processed.",
                      lambda s: s.prompt_tokens)
         yield family(CounterMetricFamily, "vllm:generation_tokens", "Number of generation tokens processed.",
@@ -215,6 +222,9 @@ class ServerMetrics(StatLoggerBase):
             series.prefix_cache_queries += scheduler_stats.prefix_cache_queries
             series.prefix_cache_hits += scheduler_stats.prefix_cache_hits
             series.preemptions += scheduler_stats.num_preempted_reqs
+            series.spec_drafts += scheduler_stats.spec_decode_num_drafts
+            series.spec_draft_tokens += scheduler_stats.spec_decode_num_draft_tokens
+            series.spec_accepted_tokens += scheduler_stats.spec_decode_num_accepted_tokens
         if iteration_stats is None:
             return
         it, h = iteration_stats, series.histograms

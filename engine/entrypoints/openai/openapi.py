@@ -13,6 +13,7 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                    EmbeddingRequest, TokenizeRequest)
+from engine.entrypoints.openai.messages_bodies import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from engine.entrypoints.openai.pooling_bodies import ClassificationRequest, PoolingRequest, RerankRequest, ScoreRequest
 from engine.entrypoints.openai.responses_bodies import ResponsesRequest
 from engine.entrypoints.openai.serving_misc import ringllm_version
@@ -32,6 +33,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/responses"): ResponsesRequest,
     ("get", "/v1/responses/{response_id}"): None,
     ("post", "/v1/responses/{response_id}/cancel"): None,
+    ("post", "/v1/messages"): AnthropicMessagesRequest,
+    ("post", "/v1/messages/count_tokens"): AnthropicCountTokensRequest,
     ("get", "/v1/models"): None,
     ("post", "/tokenize"): TokenizeRequest,
     ("post", "/detokenize"): DetokenizeRequest,

@@ -9,7 +9,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprob, PromptLogprobs
+from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprobs
 from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -45,9 +45,6 @@ def token_text(token_id: int, decoded: Optional[str], as_ids: Optional[bool]) ->
 
 
 def prompt_logprobs(output: RequestOutput, wanted: Optional[int]) -> PromptLogprobs:
-    """vLLM's ``prompt_logprobs`` of a finished output, or None when they were not asked for."""
-    if wanted is None or output.prompt_logprobs is None:
-        return None
-    return [None if row is None else {token_id: PromptLogprob(lp.logprob, lp.rank, lp.decoded_token)
-                                      for token_id, lp in row.items()}
-            for row in output.prompt_logprobs]
+    """vLLM's ``prompt_logprobs`` of a finished output (its own rows), or None when they were not
+    asked for."""
+    return None if wanted is None else output.prompt_logprobs

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.entrypoints.openai.http_bodies import (MAX_REQUEST_ID_CHARS, Int64, PositiveInt, Temperature, TopP)
+from engine.entrypoints.openai.http_bodies import (MAX_REQUEST_ID_CHARS, Int64, PositiveInt, ReasoningEffort,
+                                                   Temperature, TopP)
 
 
 class FunctionTool(Struct, kw_only=True):
@@ -44,6 +45,11 @@ class NamedFunctionChoice(Struct, kw_only=True):
     name: Optional[str] = None
 
 
+class ReasoningConfig(Struct, kw_only=True):
+    effort: Optional[ReasoningEffort] = None  # the chat template's reasoning_effort, as vLLM passes it
+    summary: Optional[str] = None  # no summary is written here: a value that asks for one is a 400
+
+
 class ResponsesRequest(Struct, kw_only=True):
     """POST /v1/responses. Fields vLLM knows and this struct leaves out are placed in field_support.py."""
 
@@ -68,6 +74,8 @@ class ResponsesRequest(Struct, kw_only=True):
     # vLLM's extras
     ignore_eos: bool = False
     seed: Optional[Int64] = None
+    logit_bias: Optional[dict[str, float]] = None  # as chat's
+    reasoning: Optional[ReasoningConfig] = None
 
 
 # ---- the response ----
@@ -92,7 +100,21 @@ class FunctionCallItem(Struct, kw_only=True, tag_field="type", tag="function_cal
     status: str
 
 
-OutputItem = Union[OutputMessage, FunctionCallItem]
+class ReasoningText(Struct, kw_only=True, tag_field="type", tag="reasoning_text"):
+    text: str
+
+
+class ReasoningItem(Struct, kw_only=True, tag_field="type", tag="reasoning"):
+    """The reply's thinking (``--reasoning-parser``), as vLLM answers it: the text in ``content``,
+    no ``summary``."""
+
+    id: str
+    status: str
+    summary: list[Any] = []
+    content: list[ReasoningText] = []
+
+
+OutputItem = Union[OutputMessage, FunctionCallItem, ReasoningItem]
 
 
 class InputTokensDetails(Struct):
@@ -100,7 +122,7 @@ class InputTokensDetails(Struct):
 
 
 class OutputTokensDetails(Struct):
-    reasoning_tokens: int = 0  # no reasoning model here
+    reasoning_tokens: int = 0  # not counted (the reasoning is split from the text, not the tokens)
 
 
 class ResponseUsage(Struct, kw_only=True):
@@ -156,7 +178,7 @@ def _event(name: str, tag: str, fields: list) -> type[Struct]:
 
 _RESPONSE = [("response", ResponseObject)]
 _ITEM = [("output_index", int), ("item", OutputItem)]
-_PART = [("item_id", str), ("output_index", int), ("content_index", int), ("part", OutputText)]
+_PART = [("item_id", str), ("output_index", int), ("content_index", int), ("part", Union[OutputText, ReasoningText])]
 _TEXT_AT = [("item_id", str), ("output_index", int), ("content_index", int)]
 _CALL_AT = [("item_id", str), ("output_index", int)]
 
@@ -171,6 +193,8 @@ OutputTextDelta = _event("OutputTextDelta", "response.output_text.delta",
                          [*_TEXT_AT, ("delta", str), ("logprobs", list, [])])
 OutputTextDone = _event("OutputTextDone", "response.output_text.done",
                         [*_TEXT_AT, ("text", str), ("logprobs", list, [])])
+ReasoningTextDelta = _event("ReasoningTextDelta", "response.reasoning_text.delta", [*_TEXT_AT, ("delta", str)])
+ReasoningTextDone = _event("ReasoningTextDone", "response.reasoning_text.done", [*_TEXT_AT, ("text", str)])
 ArgumentsDelta = _event("ArgumentsDelta", "response.function_call_arguments.delta", [*_CALL_AT, ("delta", str)])
 ArgumentsDone = _event("ArgumentsDone", "response.function_call_arguments.done",
                        [*_CALL_AT, ("name", str), ("arguments", str)])

@@ -5,7 +5,9 @@ its stream come from one place: ``ResponseEvents`` reads the chat chunks (conten
 deltas, the finish reason, the usage chunk) and says each as the Responses events, in OpenAI's
 order: ``response.created``, ``response.in_progress``; per output item ``output_item.added``, then a
 message's ``content_part.added``, ``output_text.delta``... ``output_text.done``,
-``content_part.done``, or a call's ``function_call_arguments.delta``... ``.done``; then
+``content_part.done``, a reasoning item's (``--reasoning-parser``: the chunks' ``reasoning_content``)
+``content_part.added``, ``reasoning_text.delta``... ``reasoning_text.done``, ``content_part.done``
+(its part a ``reasoning_text``, as vLLM sends them), or a call's ``function_call_arguments.delta``... ``.done``; then
 ``output_item.done``; last ``response.completed``, as vLLM ends every stream (the response's
 ``status`` says ``incomplete`` when the token limit cut the answer; OpenAI would send
 ``response.incomplete``, which the ``openai`` package's stream helper does not accept). Every
@@ -24,8 +26,8 @@ from engine.entrypoints.openai.http_bodies import ChatCompletionChunk
 from engine.entrypoints.openai.responses_bodies import (
     ArgumentsDelta, ArgumentsDone, ContentPartAdded, ContentPartDone, FunctionCallItem, IncompleteDetails,
     InputTokensDetails, OutputItemAdded, OutputItemDone, OutputMessage, OutputText, OutputTextDelta,
-    OutputTextDone, ResponseCompleted, ResponseCreated, ResponseInProgress, ResponseObject,
-    ResponseUsage)
+    OutputTextDone, ReasoningItem, ReasoningText, ReasoningTextDelta, ReasoningTextDone, ResponseCompleted,
+    ResponseCreated, ResponseInProgress, ResponseObject, ResponseUsage)
 
 
 def item_id(prefix: str) -> str:
@@ -36,7 +38,7 @@ class ResponseEvents:
     def __init__(self, response: ResponseObject) -> None:
         self.response = response
         self.sequence = 0
-        self.current: Union[OutputMessage, FunctionCallItem, None] = None
+        self.current: Union[OutputMessage, FunctionCallItem, ReasoningItem, None] = None
         self.finish_reason: Optional[str] = None
 
     def _say(self, cls: type, **fields: Any) -> Any:
@@ -62,6 +64,8 @@ class ResponseEvents:
                                                 input_tokens_details=InputTokensDetails(self._cached(usage)))
         for choice in chunk.choices:
             delta = choice.delta
+            if delta.reasoning_content:
+                events += self._reasoning(delta.reasoning_content)
             if delta.content:
                 events += self._text(delta.content)
             for call in delta.tool_calls or ():
@@ -110,6 +114,21 @@ class ResponseEvents:
                                 delta=piece))
         return events
 
+    def _reasoning(self, piece: str) -> list:
+        events = []
+        if not isinstance(self.current, ReasoningItem):
+            events += self._close()
+            self.current = ReasoningItem(id=item_id("rs"), status="in_progress", content=[ReasoningText(text="")])
+            self.response.output.append(self.current)
+            events.append(self._say(OutputItemAdded, output_index=self._index(),
+                                    item=msgspec.structs.replace(self.current, content=[])))
+            events.append(self._say(ContentPartAdded, item_id=self.current.id, output_index=self._index(),
+                                    content_index=0, part=ReasoningText(text="")))
+        self.current.content[0].text += piece
+        events.append(self._say(ReasoningTextDelta, item_id=self.current.id, output_index=self._index(),
+                                content_index=0, delta=piece))
+        return events
+
     def _open_call(self, call_id: str, name: Optional[str]) -> list:
         events = self._close()
         self.current = FunctionCallItem(id=item_id("fc"), call_id=call_id, name=name or "", arguments="",
@@ -125,14 +144,15 @@ class ResponseEvents:
             return []
         index = self.response.output.index(item)
         item.status = "incomplete" if self.finish_reason == "length" else "completed"
-        if isinstance(item, OutputMessage):
+        if isinstance(item, (OutputMessage, ReasoningItem)):
             part = item.content[0]
-            events = [self._say(OutputTextDone, item_id=item.id, output_index=index, content_index=0, text=part.text),
+            done = OutputTextDone if isinstance(item, OutputMessage) else ReasoningTextDone
+            events = [self._say(done, item_id=item.id, output_index=index, content_index=0, text=part.text),
                       self._say(ContentPartDone, item_id=item.id, output_index=index, content_index=0,
                                 part=msgspec.structs.replace(part))]
         else:
             events = [self._say(ArgumentsDone, item_id=item.id, output_index=index, name=item.name,
                                 arguments=item.arguments)]
         snapshot = msgspec.structs.replace(item, content=[msgspec.structs.replace(p) for p in item.content]) \
-            if isinstance(item, OutputMessage) else msgspec.structs.replace(item)
+            if isinstance(item, (OutputMessage, ReasoningItem)) else msgspec.structs.replace(item)
         return events + [self._say(OutputItemDone, output_index=index, item=snapshot)]

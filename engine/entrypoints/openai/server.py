@@ -9,11 +9,12 @@ request to one method of the ``serving_*`` modules, where the work is.
 Middlewares, outermost first: the connection guard (a request's phase and its body's
 deadline, connections.py, which also caps and times out the connections themselves), error
 shaping (every failure, aiohttp's own 404/405/413 included, leaves in OpenAI's
-``{"error": ...}`` shape with a text fit for clients, public_errors.py; a body that cannot be
-decoded is a 400; each request is counted), the
+``{"error": ...}`` shape, or Anthropic's on its routes (``ANTHROPIC_PATHS``), with a text fit for
+clients, public_errors.py; a body that cannot be decoded is a 400; each request is counted), the
 API key (every route but the probes /health, /ping, /metrics and /version; compared in constant
-time), and the body-size limit (413 from the declared length, before anything is read;
-aiohttp's ``client_max_size`` catches bodies that declare none).
+time; Anthropic's routes also take it as ``x-api-key``, as Anthropic's clients send it), and the
+body-size limit (413 from the declared length, before anything is read; aiohttp's
+``client_max_size`` catches bodies that declare none).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from engine.entrypoints.openai.connections import (LISTEN_BACKLOG, ConnectionGua
                                                    default_max_connections, raise_open_file_limit)
 from engine.entrypoints.openai.http_bodies import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
+from engine.entrypoints.openai.messages_bodies import anthropic_error
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.openapi import openapi_document
 from engine.entrypoints.openai.public_errors import payload_error, public_error
@@ -44,6 +46,7 @@ from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
+from engine.entrypoints.openai.serving_messages import AnthropicServingMessages
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
 from engine.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from engine.entrypoints.openai.serving_responses import OpenAIServingResponses
@@ -120,6 +123,7 @@ class Serving:
     pooling: Optional[OpenAIServingPooling] = None
     scoring: Optional[OpenAIServingScore] = None
     responses: Optional[OpenAIServingResponses] = None
+    messages: Optional[AnthropicServingMessages] = None
 
     def check_runner(self, runner: str, api: str) -> None:
         """A route of the other runner is a 400, as vLLM answers it ("does not support ...")."""
@@ -196,6 +200,16 @@ async def cancel_response(request: web.Request) -> web.Response:
     return await request.app[SERVING].responses.cancel_response(request)
 
 
+async def create_message(request: web.Request) -> web.StreamResponse:
+    request.app[SERVING].check_runner("generate", "Messages")
+    return await request.app[SERVING].messages.create_message(request)
+
+
+async def count_message_tokens(request: web.Request) -> web.Response:
+    request.app[SERVING].check_runner("generate", "Messages")
+    return await request.app[SERVING].messages.count_tokens(request)
+
+
 async def show_models(request: web.Request) -> web.Response:
     return await request.app[SERVING].misc.show_models(request)
 
@@ -254,6 +268,8 @@ ROUTES = [
     web.post("/v1/responses", create_response),
     web.get("/v1/responses/{response_id}", retrieve_response),
     web.post("/v1/responses/{response_id}/cancel", cancel_response),
+    web.post("/v1/messages", create_message),
+    web.post("/v1/messages/count_tokens", count_message_tokens),
     web.get("/v1/models", show_models),
     web.get("/health", health),
     web.get("/metrics", metrics),
@@ -268,6 +284,8 @@ ROUTES = [
 ]
 # What a load balancer or a scraper probes: open even when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
+# Anthropic's Messages API: errors in its shape, the key also as x-api-key.
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 
 # ---- middlewares ----
@@ -289,8 +307,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         status = exc.status
         if exc.status < 400:
             raise
-        return json_response(OpenAIError(exc.status, exc.reason, type="invalid_request_error",
-                                         code=exc.reason.lower().replace(" ", "_")).body(), exc.status)
+        return _error_response(request, OpenAIError(exc.status, exc.reason, type="invalid_request_error",
+                                                    code=exc.reason.lower().replace(" ", "_")))
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # the client went away; nothing to answer
         raise
@@ -299,15 +317,20 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         error = payload_error(exc)
         status = error.status
         logger.info("%s %s: %s", request.method, request.path, error.message)
-        return json_response(error.body(), error.status, error.headers)
+        return _error_response(request, error)
     except Exception as exc:
         error = public_error(to_openai_error(exc))
         status = error.status
-        return json_response(error.body(), error.status, error.headers)
+        return _error_response(request, error)
     finally:
         serving = request.app.get(SERVING)
         if serving is not None:
             serving.metrics.http_requests.labels(_route_name(request), str(status)).inc()
+
+
+def _error_response(request: web.Request, error: OpenAIError) -> web.Response:
+    body = anthropic_error(error) if request.path in ANTHROPIC_PATHS else error.body()
+    return json_response(body, error.status, error.headers)
 
 
 @web.middleware
@@ -315,8 +338,12 @@ async def api_key_middleware(request: web.Request, handler) -> web.StreamRespons
     key = request.app[SETTINGS].api_key
     if key is not None and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-            raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+        valid = hmac.compare_digest(given, f"Bearer {key}".encode())
+        if request.path in ANTHROPIC_PATHS:  # both compared, whatever the first gave: no timing tells which
+            valid |= hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())
+        if not valid:
+            raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>'"
+                              f"{' or x-api-key' if request.path in ANTHROPIC_PATHS else ''})",
                               type="authentication_error", code="invalid_api_key")
     return await handler(request)
 
@@ -388,10 +415,11 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     chat.tool_serving = settings.tool_serving
     pooling = model_config.runner_type == "pooling"
     responses = None if pooling else OpenAIServingResponses(chat, ResponsesStore(settings.responses_store))
+    messages = None if pooling else AnthropicServingMessages(chat)
     return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
                    OpenAIServingEmbedding(*shared) if pooling else None,
                    OpenAIServingPooling(*shared) if pooling else None,
-                   OpenAIServingScore(*shared) if pooling else None, responses)
+                   OpenAIServingScore(*shared) if pooling else None, responses, messages)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

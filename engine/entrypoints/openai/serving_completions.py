@@ -4,13 +4,16 @@ Each prompt of a batch is its own engine request; choice ``i * n + k`` is the k-
 prompt i, as OpenAI and vLLM number them. Logprobs use the legacy completions shape
 (tokens, token_logprobs, top_logprobs, text_offset); with ``echo`` the prompt's own
 logprobs come first, the first prompt token having none. vLLM's extras: ``prompt_logprobs`` (in
-vLLM's shape, on each choice), ``return_token_ids``, ``return_tokens_as_token_ids``,
-``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
+vLLM's shape, on each choice), ``echo`` with ``max_tokens`` 0 (the prompt alone, as OpenAI and
+vLLM answer it: ``CompletionRequest.echo_only``), ``return_token_ids``,
+``return_tokens_as_token_ids``, ``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
 ``stream_options.continuous_usage_stats`` (the usage so far in every chunk).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from typing import AsyncIterator, Optional
 
 from aiohttp import web
@@ -22,15 +25,12 @@ from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_sea
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import decode, encode
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sampling_params import SamplingParams
 
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, request: web.Request) -> web.StreamResponse:
-        body = decode_request(await request.read(), CompletionRequest)
-        model = self.check_model(body.model)
-        params = body.to_sampling_params(self.model_defaults)
-        body.check_max_tokens(self.max_model_len)
-        prompts = body.prompts()
+        body, model, params, prompts = await self.parse(request, self._parse)
         response_id, created = request_id("cmpl", request, body.request_id), now()
         if body.use_beam_search:
             return await self._beam_search(body, model, prompts, response_id, created,
@@ -48,7 +48,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for i in range(len(prompts)):
             final = finals[i]
             prompt_text = await self._prompt_text(final) if body.echo else ""
-            for completion in final.outputs:
+            for completion in map(functools.partial(_shown, body.echo_only), final.outputs):
                 choices.append(CompletionChoice(
                     index=i * params.n + completion.index, text=prompt_text + completion.text,
                     logprobs=self._logprobs(body, final, completion, echo=body.echo),
@@ -64,6 +64,14 @@ class OpenAIServingCompletion(OpenAIServing):
         choices.sort(key=lambda c: c.index)
         return json_response(CompletionResponse(response_id, created, model, choices, usage=usage))
 
+    def _parse(self, raw: bytes) -> tuple[CompletionRequest, str, SamplingParams, list]:
+        """The request, the model it names, its sampling params and its batch of prompts."""
+        body = decode_request(raw, CompletionRequest)
+        model = self.check_model(body.model)
+        params = body.to_sampling_params(self.model_defaults)
+        body.check_max_tokens(self.max_model_len)
+        return body, model, params, body.prompts()
+
     async def _chunks(self, body: CompletionRequest, model: str, request_id: str, created: int,
                       outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[CompletionResponse]:
         n = body.n
@@ -72,12 +80,14 @@ class OpenAIServingCompletion(OpenAIServing):
         opened: set[int] = set()  # choices that have had their first chunk (return_token_ids)
         offsets: dict[int, int] = {}  # text_offset reached by each choice
         usage = UsageInfo()
+        cached: dict[int, int] = {}  # each prompt's tokens found in the prefix cache
         async with contextlib.aclosing(outputs):
             async for i, output in outputs:
                 if i not in seen:
                     seen.add(i)
                     usage.prompt_tokens += len(output.prompt_token_ids or ())
-                for completion in output.outputs:
+                cached[i] = max(cached.get(i, 0), output.num_cached_tokens or 0)
+                for completion in map(functools.partial(_shown, body.echo_only), output.outputs):
                     index = i * n + completion.index
                     echo = body.echo and index not in echoed
                     if echo:
@@ -97,8 +107,9 @@ class OpenAIServingCompletion(OpenAIServing):
                                               token_ids=completion.token_ids if ids else None)
                     yield CompletionResponse(request_id, created, model, [choice],
                                              usage=self._usage_so_far(usage) if body.continuous_usage else None)
-        if body.include_usage:
+        if body.include_usage:  # the whole response's usage, cached prompt tokens included
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            usage.prompt_tokens_details = PromptTokensDetails(sum(cached.values()))
             yield CompletionResponse(request_id, created, model, [], usage=usage)
 
     async def _engine_prompts(self, body: CompletionRequest, prompts: list) -> list[dict]:
@@ -171,3 +182,13 @@ class OpenAIServingCompletion(OpenAIServing):
             offset += len(token)
         return result
 
+
+def _shown(echo_only: bool, completion: CompletionOutput) -> CompletionOutput:
+    """What a choice shows of ``completion``: all of it, or with ``echo_only`` nothing that was
+    generated, cut at ``length`` (a failed request keeps its reason)."""
+    if not echo_only:
+        return completion
+    reason = "length" if completion.finish_reason in ("stop", "length") else completion.finish_reason
+    return dataclasses.replace(completion, text="", token_ids=[], cumulative_logprob=None,
+                               logprobs=None if completion.logprobs is None else [], finish_reason=reason,
+                               stop_reason=None)

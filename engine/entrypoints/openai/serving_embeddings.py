@@ -36,16 +36,7 @@ Prompt = Union[str, list[int], tuple[str, str]]
 
 class OpenAIServingEmbedding(OpenAIServing):
     async def create_embedding(self, request: web.Request) -> web.Response:
-        body = decode_request(await request.read(), EmbeddingRequest)
-        model = self.check_model(body.model)
-        if body.dimensions is not None:
-            raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
-                              "representation (changing output dimensions)", param="dimensions",
-                              code="invalid_value")
-        prompts = body.prompts()
-        params = PoolingParams(task="embed", use_activation=body.use_activation,
-                               truncate_prompt_tokens=body.truncate_prompt_tokens,
-                               truncation_side=body.truncation_side)
+        body, model, prompts, params = await self.parse(request, self._parse)
         response_id = request_id("embd", request, body.request_id)
         finals = await self.pool_all(request, response_id, body, prompts, params)
         data = [EmbeddingData(index=i, embedding=encode_vector(out.outputs.data, body)) for i, out in enumerate(finals)]
@@ -66,6 +57,19 @@ class OpenAIServingEmbedding(OpenAIServing):
                 async for i, output in outputs:
                     finals[i] = output
         return [finals[i] for i in range(len(prompts))]
+
+    def _parse(self, raw: bytes) -> tuple[EmbeddingRequest, str, list[Prompt], PoolingParams]:
+        """The request, the model it names, its batch of inputs and its pooling params."""
+        body = decode_request(raw, EmbeddingRequest)
+        model = self.check_model(body.model)
+        if body.dimensions is not None:
+            raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
+                              "representation (changing output dimensions)", param="dimensions",
+                              code="invalid_value")
+        params = PoolingParams(task="embed", use_activation=body.use_activation,
+                               truncate_prompt_tokens=body.truncate_prompt_tokens,
+                               truncation_side=body.truncation_side)
+        return body, model, body.prompts(), params
 
     async def _engine_input(self, body: PoolingBasicFields, prompt: Prompt) -> dict[str, Any]:
         """One input as the engine takes it, with the cache salt; a text input without

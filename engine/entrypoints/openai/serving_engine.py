@@ -39,6 +39,22 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
                 "X-Accel-Buffering": "no"}
 
 
+class SSEFraming:
+    """How a stream says its events, an error after its first byte, and its end: OpenAI's
+    ``data: {json}`` events closed by ``data: [DONE]``."""
+
+    end = b"data: [DONE]\n\n"
+
+    def event(self, event: Any) -> bytes:
+        return b"data: " + _encode(event) + b"\n\n"
+
+    def error(self, error: OpenAIError) -> bytes:
+        return self.event(error.body())
+
+
+OPENAI_SSE = SSEFraming()
+
+
 @dataclass(frozen=True)
 class ServingLimits:
     max_waiting_requests: Optional[int]  # sequences (prompts x n) without a first output; None: unbounded
@@ -201,6 +217,14 @@ class OpenAIServing:
         except RendererBusyError as exc:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
+    async def parse(self, request: web.Request, parse: Callable[[bytes], T]) -> T:
+        """``parse(body)`` of the request's raw body (decode, check, build the params), weighed by
+        the body's length, the whole request's size: its work grows with every list and schema
+        in it (500,000 ``allowed_token_ids`` took 0.5 s to check), so a big body is parsed on
+        the renderer pool like any other input-sized work, never on the event loop."""
+        raw = await request.read()
+        return await self.offload(len(raw), parse, raw)
+
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
                        started: Callable[[], None], priority: int = 0) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one admitted request. Closing this stream early (cancel,
@@ -234,8 +258,10 @@ class OpenAIServing:
         """Work under the request's ``deadline``, also ended by the end of a drain."""
         return self.deadlines.limit(deadline)
 
-    async def sse_response(self, request: web.Request, events: AsyncIterator[Any]) -> web.StreamResponse:
-        """Stream ``events`` (msgspec structs) as ``data: {json}`` chunks, then ``data: [DONE]``.
+    async def sse_response(self, request: web.Request, events: AsyncIterator[Any],
+                           framing: SSEFraming = OPENAI_SSE) -> web.StreamResponse:
+        """Stream ``events`` (msgspec structs) as ``data: {json}`` chunks, then ``data: [DONE]``
+        (or as ``framing`` says them).
 
         The first event is awaited before the headers go out, so a request the engine refuses
         outright still gets a 4xx/5xx status rather than a 200 stream holding an error.
@@ -249,9 +275,9 @@ class OpenAIServing:
                 await response.prepare(request)
                 async with self.time_limit(deadline):
                     if first is not None:
-                        await response.write(b"data: " + _encode(first) + b"\n\n")
+                        await response.write(framing.event(first))
                     async for event in events:
-                        await response.write(b"data: " + _encode(event) + b"\n\n")
+                        await response.write(framing.event(event))
             except ConnectionResetError:
                 # The client is gone: nobody to tell, and nothing to log above debug (a client
                 # that hangs up is routine). Leaving closes ``events``, which aborts its requests.
@@ -261,8 +287,9 @@ class OpenAIServing:
                 error = to_openai_error(exc)
                 logger.info("stream %s ended with an error: %s", request.path, error.message)
                 # the same rules as every other error body (public_errors.py)
-                await response.write(b"data: " + _encode(public_error(error).body()) + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+                await response.write(framing.error(public_error(error)))
+            if framing.end:
+                await response.write(framing.end)
             await response.write_eof()
             return response
 

@@ -61,27 +61,36 @@ class OpenAIServingMisc:
         return web.Response(body=self.chat.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = decode_request(await request.read(), TokenizeRequest)
-        self.chat.check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
+        body = await self.chat.parse(request, self._parse_tokenize)
         if body.messages is not None:
-            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False)
+            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False,
+                                               size=len(await request.read()))  # read already: cached
         else:
             tokens = await self.chat.offload(len(body.prompt), encode, self.chat.tokenizer, body.prompt,
                                              body.add_special_tokens)
         return json_response(TokenizeResponse(len(tokens), self.chat.max_model_len, tokens))
 
+    def _parse_tokenize(self, raw: bytes) -> TokenizeRequest:
+        body = decode_request(raw, TokenizeRequest)
+        self.chat.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
+        return body
+
     async def detokenize(self, request: web.Request) -> web.Response:
-        body = decode_request(await request.read(), DetokenizeRequest)
+        body = await self.chat.parse(request, self._parse_detokenize)
+        text = await self.chat.offload(len(body.tokens), decode, self.chat.tokenizer, body.tokens)
+        return json_response(DetokenizeResponse(text))
+
+    def _parse_detokenize(self, raw: bytes) -> DetokenizeRequest:
+        body = decode_request(raw, DetokenizeRequest)
         self.chat.check_model(body.model)
         vocab = len(self.chat.tokenizer)
         bad = max(body.tokens, default=-1)
         if bad >= vocab:
             raise OpenAIError(400, f"token id {bad} is out of the vocabulary [0, {vocab})", param="tokens",
                               code="invalid_value")
-        text = await self.chat.offload(len(body.tokens), decode, self.chat.tokenizer, body.tokens)
-        return json_response(DetokenizeResponse(text))
+        return body
 
     async def show_version(self, request: web.Request) -> web.Response:
         return json_response({"version": ringllm_version()})

@@ -7,9 +7,10 @@ the input items chat messages (``function_call`` items an assistant's tool calls
 ``text.format`` a ``response_format``, ``max_output_tokens`` ``max_completion_tokens``. The chat
 serving then does what it does for every chat request (template, tool-call constraint or parser,
 structured outputs, admission, the engine) and its chunk stream is retold as a Response and its
-events (responses_events.py), streamed or not. What the Responses API asks for that ringllm does
-not do is a 400 naming the field: built-in tools, image or file inputs, reasoning items, and the
-fields placed as refused in field_support.py.
+events (responses_events.py), streamed or not. A ``reasoning`` input item (a reply's thinking sent
+back) is the ``reasoning_content`` of the assistant message it opens, as vLLM reads it. What the
+Responses API asks for that ringllm does not do is a 400 naming the field: built-in tools, image or
+file inputs, encrypted reasoning, and the fields placed as refused in field_support.py.
 
 A response is stored by default (``store``), within the store's bounds (responses_store.py), with
 its conversation: ``previous_response_id`` continues it. ``background`` answers at once with a
@@ -33,7 +34,8 @@ from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatComp
                                                    OpenAIError, StreamOptions, ToolCall, decode_request, now)
 from engine.entrypoints.openai.public_errors import public_error
 from engine.entrypoints.openai.responses_bodies import (FunctionCallItem, NamedFunctionChoice, OutputMessage,
-                                                        ResponseError, ResponseObject, ResponsesRequest)
+                                                        ReasoningItem, ResponseError, ResponseObject,
+                                                        ResponsesRequest)
 from engine.entrypoints.openai.responses_events import ResponseEvents, item_id
 from engine.entrypoints.openai.responses_store import ResponsesStore, StoredResponse, StoreFull
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -61,6 +63,12 @@ class _CallItem(Struct):
     call_id: str
     name: str
     arguments: str
+
+
+class _ReasoningItem(Struct):
+    summary: list[_Part] = []
+    content: list[_Part] = []
+    encrypted_content: Optional[str] = None
 
 
 class _CallOutputItem(Struct):
@@ -103,7 +111,20 @@ def input_messages(input_: Union[str, list[dict[str, Any]]]) -> list[ChatMessage
             message = _item(item, _MessageItem, param)
             if message.role not in _ROLES:
                 raise _bad(f"{param}: role {message.role[:40]!r} is not one of {', '.join(_ROLES)}", param)
-            messages.append(ChatMessage(role=message.role, content=_text(message.content, param)))
+            last = messages[-1] if messages else None
+            if message.role == "assistant" and _only_reasoning(last):  # the answer after its reasoning
+                last.content = _text(message.content, param)
+            else:
+                messages.append(ChatMessage(role=message.role, content=_text(message.content, param)))
+        elif kind == "reasoning":
+            reasoning = _item(item, _ReasoningItem, param)
+            if reasoning.encrypted_content is not None:
+                raise _bad(f"{param}: encrypted reasoning content is not supported", param)
+            parts = reasoning.content or reasoning.summary
+            if any(part.type not in ("reasoning_text", "summary_text") or part.text is None for part in parts):
+                raise _bad(f"{param}: reasoning parts must be reasoning_text or summary_text", param)
+            text = "".join(part.text for part in parts)
+            messages.append(ChatMessage(role="assistant", content=None, reasoning_content=text))
         elif kind == "function_call":
             call = _item(item, _CallItem, param)
             tool_call = ToolCall(id=call.call_id, function=FunctionCall(call.name, call.arguments))
@@ -117,8 +138,14 @@ def input_messages(input_: Union[str, list[dict[str, Any]]]) -> list[ChatMessage
             messages.append(ChatMessage(role="tool", tool_call_id=output.call_id, content=_text(output.output, param)))
         else:
             raise _bad(f"{param}: input items of type {str(kind)[:40]!r} are not supported (message, "
-                       "function_call, function_call_output)", param)
+                       "function_call, function_call_output, reasoning)", param)
     return messages
+
+
+def _only_reasoning(message: Optional[ChatMessage]) -> bool:
+    """Whether ``message`` is an assistant's reasoning that no answer or call has joined yet."""
+    return (message is not None and message.role == "assistant" and message.reasoning_content is not None
+            and message.content is None and not message.tool_calls)
 
 
 def output_messages(response: ResponseObject) -> list[ChatMessage]:
@@ -126,7 +153,10 @@ def output_messages(response: ResponseObject) -> list[ChatMessage]:
     text = "".join(part.text for item in response.output if isinstance(item, OutputMessage) for part in item.content)
     calls = [ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
              for item in response.output if isinstance(item, FunctionCallItem)]
-    return [ChatMessage(role="assistant", content=text or None, tool_calls=calls or None)]
+    reasoning = "".join(part.text for item in response.output if isinstance(item, ReasoningItem)
+                        for part in item.content)
+    return [ChatMessage(role="assistant", content=text or None, tool_calls=calls or None,
+                        reasoning_content=reasoning or None)]
 
 
 # ---- the request as a chat request ----
@@ -181,11 +211,16 @@ def _chat_request(body: ResponsesRequest, conversation: list[ChatMessage], max_m
     tools = _tools(body)
     if not conversation:
         raise _bad("input must hold at least one item", "input")
+    reasoning = body.reasoning
+    if reasoning is not None and reasoning.summary not in (None, "none"):
+        raise _bad("reasoning.summary is not supported (the reasoning is answered whole, not summarized)",
+                   "reasoning")
     return ChatCompletionRequest(
         messages=system + conversation, model=body.model, tools=tools, tool_choice=_tool_choice(body, bool(tools)),
         parallel_tool_calls=body.parallel_tool_calls, max_completion_tokens=body.max_output_tokens,
         temperature=body.temperature, top_p=body.top_p, response_format=_response_format(body),
-        ignore_eos=body.ignore_eos, seed=body.seed, user=body.user,
+        ignore_eos=body.ignore_eos, seed=body.seed, user=body.user, logit_bias=body.logit_bias,
+        reasoning_effort=reasoning.effort if reasoning is not None else None,
         stream=True, stream_options=StreamOptions(include_usage=True))
 
 

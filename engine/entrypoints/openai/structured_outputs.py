@@ -6,7 +6,9 @@ Where a constraint can come from, as vLLM 0.33's server reads them:
 - ``structured_outputs``: vLLM's object, the fields of StructuredOutputsParams;
 - the older ``guided_json``/``guided_regex``/``guided_choice``/``guided_grammar`` (and
   ``guided_whitespace_pattern``), mapped onto it, with a deprecation warning in the log.
-At most one of them may ask for a constraint: two are a 400. ``json_schema_constraint`` is the
+At most one of them may ask for a constraint: two are a 400. Beside a forced tool call
+(``tool_choice`` ``required`` or named), the call's grammar takes ``response_format``'s place and
+the others are a 400 (tool_parsers/tool_choice.py). ``json_schema_constraint`` is the
 entry point for code that builds a constraint itself (tool calling's ``required`` and named
 ``tool_choice``).
 """
@@ -41,6 +43,12 @@ def json_schema_constraint(schema: Any, *, strict: bool = False, param: str = "r
         return StructuredOutputsParams(json=schema, disable_additional_properties=strict)
     except ParameterError as e:
         raise _error(str(e), param) from None
+
+
+def explicit_constraint_field(req: Any) -> Optional[str]:
+    """The first field of ``req`` other than ``response_format`` that asks for a constraint
+    (``structured_outputs`` or a ``guided_*`` field), or None."""
+    return next((name for name in ("structured_outputs", *_GUIDED) if getattr(req, name, None) is not None), None)
 
 
 def structured_outputs_from_request(req: Any) -> Optional[StructuredOutputsParams]:

@@ -40,6 +40,12 @@ VLLM_SOURCES = {
         'RerankRequest in vllm/entrypoints/pooling/scoring/protocol.py at '
         '004706d84ceba73d7efe0458e6f682c8691ff904'
     ),
+    'AnthropicMessagesRequest': (
+        'vllm/entrypoints/anthropic/protocol.py at 00589e563e771f2de7abeb48bd0814873e891411'
+    ),
+    'AnthropicCountTokensRequest': (
+        'vllm/entrypoints/anthropic/protocol.py at 00589e563e771f2de7abeb48bd0814873e891411'
+    ),
     'StreamOptions': (
         'vllm/entrypoints/openai/protocol.py StreamOptions at '
         '0052bed36509c7a5a2d8e48265334e40cf2f5a0e'
@@ -117,6 +123,14 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
         'mm_processor_kwargs', 'priority', 'cache_salt', 'enable_response_messages',
         'previous_input_messages', 'structured_outputs', 'repetition_penalty', 'seed', 'stop',
         'ignore_eos', 'vllm_xargs', 'kv_transfer_params', 'ec_transfer_params', 'chat_template_kwargs'
+    ),
+    'AnthropicMessagesRequest': (
+        'model', 'messages', 'max_tokens', 'metadata', 'output_config', 'stop_sequences', 'stream',
+        'system', 'temperature', 'tool_choice', 'tools', 'top_k', 'top_p', 'kv_transfer_params',
+        'chat_template_kwargs'
+    ),
+    'AnthropicCountTokensRequest': (
+        'model', 'messages', 'system', 'tool_choice', 'tools', 'chat_template_kwargs'
     ),
     'StreamOptions': (
         'include_usage', 'continuous_usage_stats'

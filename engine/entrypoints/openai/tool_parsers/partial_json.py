@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Optional
+from typing import Any, Optional
 
 _WS = " \t\n\r"
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
@@ -36,6 +36,19 @@ _LITERALS = ("true", "false", "null")
 _DECODER = json.JSONDecoder(strict=False)
 # Arguments nest a few levels; each level costs two Python frames of the reader's recursion.
 MAX_DEPTH = 128
+
+
+def nesting(value: Any) -> int:
+    """How many levels of objects and arrays a decoded ``value`` holds (without recursing), to
+    refuse before code that recurses once per level (templates, copies, constraints) meets it."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 class Unfinished(ValueError):

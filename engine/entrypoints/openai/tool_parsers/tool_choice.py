@@ -11,9 +11,12 @@
   left out of that grammar: the arguments are re-spelled canonically anyway, and a small model
   under a constraint that allows it can spend its whole budget on newlines. So are properties a
   schema does not name (as xgrammar's strict mode, vLLM's default, leaves them out): the default
-  model otherwise fills calls with invented keys until it runs out of tokens.
+  model otherwise fills calls with invented keys until it runs out of tokens. That grammar takes
+  the place of a ``response_format`` (which shapes a reply in text, as with ``auto`` and
+  ``none``): the Agents SDK sends both for an agent with a required tool and an output type.
+  ``structured_outputs`` or ``guided_*`` beside a forced call cannot both hold: a 400.
 
-A 400 names the field at fault (``tools``, ``tool_choice``) with vLLM's message.
+A 400 names the field at fault (``tools``, ``tool_choice``, a second constraint) with vLLM's message.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
     OpenAIError
+from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import ReasoningParser
+from engine.entrypoints.openai.structured_outputs import explicit_constraint_field
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
-from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH
+from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -35,10 +40,12 @@ _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolServing:
-    """The server's side of tool calling (``--enable-auto-tool-choice``, ``--tool-call-parser``)."""
+    """The server's reading of replies: tool calling (``--enable-auto-tool-choice``,
+    ``--tool-call-parser``) and the ``--reasoning-parser`` whose split comes first."""
 
     enable_auto_tool_choice: bool = False
     parser_cls: Optional[type[ToolParser]] = None
+    reasoning_parser_cls: Optional[type[ReasoningParser]] = None
 
 
 @dataclass(frozen=True)
@@ -66,11 +73,10 @@ class ToolCallPlan:
 
     def constrain(self, params: SamplingParams) -> SamplingParams:
         """``params`` with what the calls need: their JSON-schema constraint, or the special
-        tokens an auto parser reads kept in the text."""
+        tokens an auto parser reads kept in the text. A forced call's grammar takes the place
+        of a ``response_format`` (vLLM's rule: that format shapes a reply in text, and a forced
+        reply is a call); ``plan_tool_calls`` has refused any other constraint beside it."""
         if self.schema is not None:
-            if params.structured_outputs is not None:
-                raise OpenAIError(400, "You can only either use constraints for structured outputs or tools, not both.",
-                                  param="tool_choice", code="invalid_value")
             constraint = StructuredOutputsParams(json=self.schema, disable_any_whitespace=True,
                                                  disable_additional_properties=True)
             return msgspec.structs.replace(params, structured_outputs=constraint)
@@ -104,6 +110,8 @@ def plan_tool_calls(body: ChatCompletionRequest, serving: ToolServing) -> ToolCa
         return ToolCallPlan("none", tool_dicts)
     if tools is None:
         raise _bad("tool_choice", "When using `tool_choice`, `tools` must be set.")
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        _refuse_a_second_constraint(body, choice)
     if isinstance(choice, NamedToolChoice):
         tool = next((t for t in tools if t.function.name == choice.function.name), None)
         if tool is None:
@@ -117,6 +125,19 @@ def plan_tool_calls(body: ChatCompletionRequest, serving: ToolServing) -> ToolCa
         raise _bad("tool_choice", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
                                   "be set")
     return ToolCallPlan("auto", tool_dicts, body.parallel_tool_calls, auto_parser=serving.parser_cls)
+
+
+def _refuse_a_second_constraint(body: ChatCompletionRequest, choice: Any) -> None:
+    """A forced call is generated under its own grammar: ``structured_outputs`` or a
+    ``guided_*`` field asks for a second one, which cannot be honoured with it (vLLM refuses
+    it beside a named choice and drops it beside ``required``; a field is a promise here, so
+    both are a 400). ``response_format`` gives way instead (``ToolCallPlan.constrain``)."""
+    field = explicit_constraint_field(body)
+    if field is not None:
+        shown = "required" if choice == "required" else f"the function {choice.function.name!r}"
+        raise _bad(field, "You can only either use constraints for structured outputs or tools, not both: "
+                          f"{field} cannot be combined with tool_choice {shown} (a forced tool call is generated "
+                          "under the tool's schema; response_format gives way to it)")
 
 
 def required_schema(tools: list[ChatCompletionToolsParam], parallel: bool) -> dict[str, Any]:
@@ -157,21 +178,9 @@ def _check_parameters(tool: ChatCompletionToolsParam, index: int) -> None:
     if kind != "object":
         raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters must "
                             f"be a JSON Schema of type \"object\", got {kind!r}")
-    if _nesting(tool.function.parameters) > MAX_DEPTH:
+    if nesting(tool.function.parameters) > MAX_DEPTH:
         raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters are "
                             f"nested deeper than {MAX_DEPTH} levels")
-
-
-def _nesting(value: Any) -> int:
-    """How many levels of objects and arrays ``value`` holds (without recursing)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def _bad(param: str, message: str) -> OpenAIError:

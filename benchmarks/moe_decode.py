@@ -1,0 +1,114 @@
+"""Decode step time of a random mixture-of-experts model with its experts grouped by expert (the
+engine's ``SparseMoE``: each active expert's rows one GEMM, its weights read once a step) against a
+naive per-token loop (each token's top-k experts run one row at a time, so an expert chosen by n
+tokens is read n times), in one run.
+
+A random-weight Mixtral (hidden 768, 4 layers, 12/4 heads of 64, 4 experts of 2048, top-2, vocab
+4096; float32 on CPU, ~300 MB of experts), ``--seqs`` sequences of ``--prompt`` tokens, then decode
+steps of all of them; a case's figure is the mean wall time of ``--steps`` decode steps, Python
+included. One torch thread, as the engine runs. The naive loop replaces ``SparseMoE.__call__``
+here only. ``--qtype Q8_0`` (or another type the GGUF kernels run) quantizes every expert to that
+GGUF type and runs it on its blocks (``GGUFLinear``), as a GGUF file's experts run.
+
+    python -m benchmarks.moe_decode --rounds 3 [--qtype Q8_0]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+
+import torch
+
+from benchmarks.harness import Bench, Column
+from benchmarks.softcap_decode import _step
+from engine.config import EngineArgs
+from engine.core.request import Request
+from engine.models.linear import GGUFBlocks, GGUFLinear, Linear
+from engine.models.moe import SparseMoE
+from engine.sampling_params import SamplingParams
+from engine.worker.model_runner import ModelRunner
+
+_GROUPED = SparseMoE.__call__
+
+
+def _per_token(self: SparseMoE, x: torch.Tensor, act) -> torch.Tensor:
+    """The naive loop: each token's experts one row at a time."""
+    weights, experts = self.route(x)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(experts[t].tolist()):
+            out[t] += weights[t, j] * self.down[e](act(self.gate_up[e](x[t:t + 1])))[0]
+    return out
+
+
+def _quantize_experts(runner: ModelRunner, qtype_name: str) -> None:
+    """Every expert's float weight as ``qtype_name`` blocks on the GGUF kernels."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    for layer in runner.model.layers:
+        for linears in (layer.moe.gate_up, layer.moe.down):
+            for e, linear in enumerate(linears):
+                weight, input_major = linear.method.dense_args()
+                w = (weight.t() if input_major else weight).contiguous().numpy()  # [out, in]
+                blocks = torch.from_numpy(gguf.quants.quantize(w, qtype))
+                linears[e] = Linear(GGUFLinear(GGUFBlocks(blocks, int(qtype), *w.shape)))
+
+
+def _runner(seqs: int, prompt: int, qtype: str | None) -> tuple[ModelRunner, list[Request]]:
+    from transformers import MixtralConfig
+
+    path = tempfile.mkdtemp(prefix="moe-bench-")
+    MixtralConfig(vocab_size=4096, hidden_size=768, intermediate_size=2048, num_hidden_layers=4,
+                  num_attention_heads=12, num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2,
+                  architectures=["MixtralForCausalLM"]).save_pretrained(path)
+    runner = ModelRunner(EngineArgs(model=path, load_format="dummy", dtype="float32", device="cpu", num_threads=1,
+                                    block_size=16, max_model_len=1024, kv_cache_memory=64 << 20,
+                                    max_num_batched_tokens=8192, max_num_seqs=64).create_engine_config())
+    runner.num_blocks = runner.initialize_kv_cache()
+    runner.next_block = 1
+    if qtype:
+        _quantize_experts(runner, qtype)
+    reqs = [Request(str(i), [(i * 7 + j) % 4000 + 3 for j in range(prompt)],
+                    SamplingParams(temperature=0.0, max_tokens=10_000), eos_token_id=None) for i in range(seqs)]
+    _step(runner, reqs)
+    return runner, reqs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seqs", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--qtype", default=None, help="run the experts as this GGUF type (e.g. Q8_0)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    torch.set_num_threads(1)
+    experts = f"{args.qtype} experts" if args.qtype else "float32"
+    bench = Bench("moe_decode", model=f"random Mixtral, hidden 768, 4 layers, 4 experts of 2048, top-2, {experts}")
+    for seqs in args.seqs:
+        runner, reqs = _runner(seqs, args.prompt, args.qtype)
+        for name, impl in (("grouped by expert", _GROUPED), ("per-token loop", _per_token)):
+            def case(runner=runner, reqs=reqs, impl=impl) -> dict:
+                SparseMoE.__call__ = impl
+                try:
+                    t0 = time.perf_counter()
+                    for _ in range(args.steps):
+                        _step(runner, reqs)
+                    return {"ms": (time.perf_counter() - t0) / args.steps * 1e3}
+                finally:
+                    SparseMoE.__call__ = _GROUPED
+
+            bench.add(f"{seqs} seqs", name, case)
+    bench.run(rounds=args.rounds)
+    print(bench.table("Decode step ms", [Column(f"{s} seqs", f"{s} seqs", "ms", fmt="{:.1f}") for s in args.seqs]))
+    for note in bench.notes:
+        print(f"- {note}")
+    bench.save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The scheduler's side of speculative decoding: which decodes get drafts this step, how long,
+and what a verified step leaves behind.
+
+On a CPU a decode step is bound by reading the weights, so computing 1 + k positions of one
+request costs about as much as computing one: every accepted draft token is a step saved. The
+runner computes the last known token and the k draft tokens like a short prompt chunk over the
+paged cache, samples the target's token at all k + 1 positions and keeps the longest prefix
+that matches the draft, plus one token of its own (verify.py).
+
+Rules, all here so the scheduler only calls ``add_drafts`` and ``after_step``:
+- Drafts use what the step leaves: they are added after the batch is chosen, from the token
+  budget left over and from free KV blocks only. They never preempt, never displace a waiting
+  request, and are never counted as prompt tokens.
+- A request drafts only when its output can be checked token by token against the target's own
+  sampling at each position: greedy or unseeded random sampling, no penalties, no logit_bias,
+  allowed_token_ids or bad_words, no grammar (structured outputs), min_tokens already reached.
+  The others decode one token a step, as without speculation.
+- No drafts when the running batch has ``disable_by_batch_size`` requests or more.
+- Per request, the draft length follows acceptance: all accepted, one more (up to
+  num_speculative_tokens); some rejected, the accepted count plus one; several steps in a row
+  with nothing accepted, no lookups for a pause that doubles each time (up to MAX_PAUSE steps).
+- A draft never reaches past max_tokens or max_model_len: k + 1 tokens may be emitted.
+- After the step the request's computed length is rolled back to its known tokens but the last
+  (the rejected drafts' KV is garbage past it, overwritten later, and never registered in the
+  prefix cache, which only takes computed full blocks), and blocks allocated only for rejected
+  drafts go back to the free queue.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from engine.core.kv_cache import KVCacheManager
+from engine.core.request import Request
+from engine.sampling_params import SamplingType
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.ngram import NgramProposer, Proposer
+from engine.worker.logit_controls import has_logit_controls, has_penalties
+
+MISSES_BEFORE_PAUSE = 3  # steps in a row with nothing accepted
+MAX_PAUSE = 64  # steps
+
+
+class DraftState:
+    """A request's draft length and back-off."""
+
+    __slots__ = ("k", "misses", "pause", "paused", "context")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.context = None  # the proposer's copy of the tokens (ngram.py: an array and its length)
+        self.misses = 0  # steps in a row where no draft token was accepted
+        self.pause = 0  # length of the last pause, doubled each time
+        self.paused = 0  # steps left without lookups
+
+
+class SpecStats:
+    """Counters since the last ``take`` (vLLM's spec_decode_num_drafts / num_draft_tokens /
+    num_accepted_tokens): requests that ran drafts, draft tokens verified, of which accepted."""
+
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+    def __init__(self) -> None:
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+
+    def take(self) -> dict[str, int]:
+        """The counters since the last call, as SchedulerStats fields; they restart from zero."""
+        step = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        return dict(zip(("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+                         "spec_decode_num_accepted_tokens"), step))
+
+
+def can_speculate(req: Request) -> bool:
+    """Whether ``req``'s next tokens can be verified against drafts (the rules above)."""
+    p = req.sampling_params
+    return (req.pooling_params is None and req.structured_output is None and p.structured_outputs is None
+            and p.sampling_type != SamplingType.RANDOM_SEED and not has_penalties(p) and not has_logit_controls(p)
+            and req.num_output_tokens >= p.min_tokens)
+
+
+class DraftScheduler:
+    def __init__(self, config: SpeculativeConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 proposer: Optional[Proposer] = None) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.stats = SpecStats()
+
+    def add_drafts(self, batch: list[Request], num_tokens: list[int], budget: int, num_running: int) -> int:
+        """Give this step's decodes their drafts (``req.spec_token_ids``, ``num_tokens[i]`` grown
+        by their length, KV slots allocated) within ``budget`` tokens; returns the tokens used."""
+        limit = self.config.disable_by_batch_size
+        if budget <= 0 or (limit is not None and num_running >= limit):
+            return 0
+        picked, room = [], []
+        for i, (req, n) in enumerate(zip(batch, num_tokens)):
+            if n != 1 or req.num_computed_tokens + 1 != req.num_tokens or not can_speculate(req):
+                continue
+            state = req.spec_state
+            if state is None:
+                state = req.spec_state = DraftState(self.config.num_speculative_tokens)
+            if state.paused:
+                state.paused -= 1
+                continue
+            left = self.max_model_len - req.num_tokens - 1  # k + 1 tokens may be emitted
+            if req.max_tokens is not None:
+                left = min(left, req.max_tokens - req.num_output_tokens - 1)
+            k = min(state.k, left)
+            if k > 0:
+                picked.append(i)
+                room.append(k)
+        if not picked:
+            return 0
+        used = 0
+        for i, draft in zip(picked, self.proposer.propose([batch[i] for i in picked], room)):
+            draft = draft[:budget - used]
+            if not draft or not self.kv_cache.allocate_slots(batch[i], 1 + len(draft)):
+                continue
+            batch[i].spec_token_ids = draft
+            num_tokens[i] += len(draft)
+            used += len(draft)
+            if used == budget:
+                break
+        return used
+
+    def after_step(self, req: Request, num_accepted: int) -> None:
+        """``req`` ran its drafts and had ``num_accepted`` of them accepted, and its tokens are
+        appended: roll its computed length back to what has KV, free blocks held only for
+        rejected drafts, count, and adapt its draft length."""
+        num_drafted = len(req.spec_token_ids)
+        req.spec_token_ids = []
+        req.num_computed_tokens = req.num_tokens - 1  # the last token's KV is next step's
+        self.kv_cache.trim(req, req.num_tokens)
+        stats = self.stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += num_drafted
+        stats.num_accepted_tokens += num_accepted
+        state = req.spec_state
+        if num_accepted == num_drafted:
+            state.k = min(self.config.num_speculative_tokens, state.k + 1)
+        else:
+            state.k = num_accepted + 1
+        if num_accepted:
+            state.misses = state.pause = 0
+            return
+        state.misses += 1
+        if state.misses >= MISSES_BEFORE_PAUSE:
+            state.misses = 0
+            state.pause = min(MAX_PAUSE, max(1, 2 * state.pause))
+            state.paused = state.pause
