@@ -66,7 +66,7 @@ def test_large_enum_schemas_do_not_hold_up_a_small_regex(server, client):
 
 def test_a_spec_over_the_size_bound_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError, match="max_spec_bytes") as e:
-        complete(client, {"choice": [f"choice number {i:07d}" for i in range(60_000)]})
+        complete(client, {"json": {"enum": [f"choice number {i:07d}" for i in range(60_000)]}})
     assert e.value.body["param"] == "structured_outputs"
 
 
@@ -88,15 +88,16 @@ def make_pool(vocab, **config):
     return CompilePool(StructuredOutputsConfig(**config), lambda: vocab, max_cached_bytes=max_cached)
 
 
-def big_choice(tag: int, n: int = 30_000) -> StructuredOutputsParams:
-    """~1.7 s in llguidance, ~1 MB: a large-lane compile that is still running when the test looks."""
-    return StructuredOutputsParams(choice=[f"c{tag}-{i}" for i in range(n)])
+def big_enum(tag: int, n: int = 30_000) -> StructuredOutputsParams:
+    """A JSON enum of 30k strings: ~0.5 MB (the large lane) and ~0.2 s in llguidance, a compile still
+    running when the test looks (a ``choice`` list that long is refused: MAX_CHOICES)."""
+    return StructuredOutputsParams(json=enum_schema(tag, n))
 
 
 def test_auto_never_makes_a_request_wait_on_xgrammar_unless_it_must(vocab):
     tag = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
     cases = [({}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", "guidance")),  # starts on the second
-             ({}, big_choice(0), ("guidance", None)),  # large: never xgrammar's
+             ({}, big_enum(0), ("guidance", None)),  # large: never xgrammar's
              ({}, StructuredOutputsParams(structural_tag=tag), ("xgrammar", None)),  # xgrammar's alone
              ({"disable_fallback": True}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", None)),
              ({"disable_fallback": True}, StructuredOutputsParams(json_object=True, whitespace_pattern=" ?"),
@@ -113,15 +114,15 @@ def test_auto_never_makes_a_request_wait_on_xgrammar_unless_it_must(vocab):
 def test_a_waiting_compile_is_cancelled_when_no_request_wants_it(vocab):
     pool = make_pool(vocab, backend="guidance")
     try:
-        (running, _), (queued, _) = pool.submit(big_choice(0)), pool.submit(big_choice(1))
-        (shared, _) = pool.submit(big_choice(2))
-        pool.submit(big_choice(2))  # two requests want this one
+        (running, _), (queued, _) = pool.submit(big_enum(0)), pool.submit(big_enum(1))
+        (shared, _) = pool.submit(big_enum(2))
+        pool.submit(big_enum(2))  # two requests want this one
         pool.release((queued,))
         pool.release((shared,))
         assert queued.future.cancelled() and not shared.future.cancelled()
         assert shared.future.result(timeout=60).nbytes > 0 and running.future.result(timeout=60).nbytes > 0
-        assert pool.submit(big_choice(2))[0] is shared  # kept: the other request still wants it
-        assert pool.submit(big_choice(1))[0] is not queued
+        assert pool.submit(big_enum(2))[0] is shared  # kept: the other request still wants it
+        assert pool.submit(big_enum(1))[0] is not queued
     finally:
         pool.shutdown()
 
@@ -132,9 +133,9 @@ def test_a_full_lane_refuses_naming_the_limit_and_spares_the_others(vocab):
 
     pool = make_pool(vocab, backend="guidance")
     try:
-        jobs = [pool.submit(big_choice(i))[0] for i in range(MAX_QUEUED_COMPILES + 1)]  # one runs
+        jobs = [pool.submit(big_enum(i))[0] for i in range(MAX_QUEUED_COMPILES + 1)]  # one runs
         with pytest.raises(GrammarError, match="max_queued_compiles"):
-            pool.submit(big_choice(99))
+            pool.submit(big_enum(99))
         (small, _) = pool.submit(StructuredOutputsParams(regex="[a-z]{3}"))  # its own lane
         assert small.future.result(timeout=30) and not jobs[-1].future.done()
         pool.release(tuple(jobs))
@@ -148,11 +149,11 @@ def test_a_compile_slower_than_the_budget_is_not_retried(vocab):
     # A cache of one byte keeps nothing: a second request would compile the spec again.
     pool = make_pool(vocab, backend="guidance", compile_timeout_s=0.05, max_cached_bytes=1)
     try:
-        (job, _) = pool.submit(big_choice(0))
+        (job, _) = pool.submit(big_enum(0))
         job.future.result(timeout=60)
         pool.release((job,))
         with pytest.raises(GrammarError, match="not compiled again"):
-            pool.submit(big_choice(0))
+            pool.submit(big_enum(0))
         # Under auto the request is served by llguidance, never again waiting on xgrammar.
         auto = make_pool(vocab, compile_timeout_s=0.05)
         try:

@@ -135,20 +135,21 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=prompt_ids if body.return_token_ids else None,
             prompt_text=text if body.return_prompt_text else None))
 
-    def chunk_stream(self, body: ChatCompletionRequest, request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+    def chunk_stream(self, body: ChatCompletionRequest, request_id: str,
+                     size: int) -> AsyncIterator[ChatCompletionChunk]:
         """``body`` (``stream`` set) as its chunks, for an API served on chat (serving_responses.py):
         checked now (a 400 raises here), admitted, rendered and generated as it is iterated."""
         model = self.check_model(body.model)
         tool_plan = plan_tool_calls(body, self.tool_serving)
         params = tool_plan.constrain(body.to_sampling_params(self.model_defaults))
         body.check_max_tokens(self.max_model_len)
-        return self._admitted_chunks(body, model, tool_plan, params, request_id)
+        return self._admitted_chunks(body, model, tool_plan, params, request_id, size)
 
     async def _admitted_chunks(self, body: ChatCompletionRequest, model: str, tool_plan: ToolCallPlan, params,
-                               request_id: str) -> AsyncIterator[ChatCompletionChunk]:
+                               request_id: str, size: int) -> AsyncIterator[ChatCompletionChunk]:
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt, body.template_kwargs(),
-                                                tools=tool_plan.tools)
+                                                tools=tool_plan.tools, size=size)
             stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority)
             cached = PromptTokensDetails()  # the stream's own usage chunk leaves the details out
             chunks = self._chunks(body, model, request_id, now(), _noting_cached(stream, cached), tool_plan,

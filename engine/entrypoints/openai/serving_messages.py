@@ -202,11 +202,12 @@ class AnthropicServingMessages:
         self.chat = chat
 
     async def create_message(self, request: web.Request) -> web.StreamResponse:
-        body = decode_request(await request.read(), AnthropicMessagesRequest)
+        body = await self.chat.parse(request, lambda raw: decode_request(raw, AnthropicMessagesRequest))
         chat_body = chat_request(body)
         message = MessageResponse(id=item_id("msg"), model=self.chat.check_model(body.model), content=[])
         try:
-            chunks = self.chat.chunk_stream(chat_body, message.id)  # checks the request now: a 400 raises here
+            # checks the request now: a 400 raises here
+            chunks = self.chat.chunk_stream(chat_body, message.id, len(await request.read()))
         except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         events = MessageEvents(message)
@@ -224,13 +225,14 @@ class AnthropicServingMessages:
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt's tokens, as /tokenize counts a chat: the template's render of the conversation
         and its tools, of any length (vLLM's answer: ``input_tokens`` and ``context_management``)."""
-        body = decode_request(await request.read(), AnthropicCountTokensRequest)
+        body = await self.chat.parse(request, lambda raw: decode_request(raw, AnthropicCountTokensRequest))
         self.chat.check_model(body.model)
         chat_body = chat_request(body)
         tool_plan = plan_tool_calls(chat_body, self.chat.tool_serving)
         try:
             _, token_ids = await self.chat.render(chat_body.messages, chat_template_kwargs=chat_body.template_kwargs(),
-                                                  must_fit=False, tools=tool_plan.tools)
+                                                  must_fit=False, tools=tool_plan.tools,
+                                                  size=len(await request.read()))
         except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         return json_response(CountTokensResponse(len(token_ids), ContextManagement(len(token_ids))))

@@ -237,7 +237,7 @@ class OpenAIServingResponses:
         self.store = store
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
-        body = decode_request(await request.read(), ResponsesRequest)
+        body = await self.chat.parse(request, lambda raw: decode_request(raw, ResponsesRequest))
         if body.background and not body.store:
             raise _bad("background can only be used when `store` is true", "background")
         if body.background and body.stream:
@@ -248,7 +248,8 @@ class OpenAIServingResponses:
         chat_body = _chat_request(body, conversation, self.chat.max_model_len)
         response = self._new_response(body)
         try:
-            chunks = self.chat.chunk_stream(chat_body, response.id)  # checks the request now: a 400 raises here
+            # checks the request now: a 400 raises here
+            chunks = self.chat.chunk_stream(chat_body, response.id, len(await request.read()))
         except OpenAIError as exc:
             raise _input_param(exc) from None
         events = ResponseEvents(response)
