@@ -6,7 +6,8 @@ same numbers: an embedding model (a Llama decoder served with ``--runner pooling
 three-label ``LlamaForSequenceClassification`` and a one-label ``Qwen3ForSequenceClassification``
 (a cross-encoder). Scores must equal the cosine of /v1/embeddings' vectors, classification logits
 and cross-encoder scores must equal transformers' float32 ones on the same input (the pair as
-the tokenizer encodes it), and bad input is a 400 naming its field."""
+the tokenizer encodes it), and bad input is a 400 naming its field. One in-process app checks
+that the routes' bodies are parsed on the renderer pool by their size, as main's routes are."""
 from __future__ import annotations
 
 import base64
@@ -292,3 +293,54 @@ def test_shared_pooling_fields_act_on_classify_score_and_rerank(cross_server, cr
     assert ranked["results"][0]["relevance_score"] == pytest.approx(logit(input=pair), abs=1e-6)
     status, data, _ = cross_server.post_json("/rerank", {"query": QUERY, "documents": ["d"], "priority": 1})
     assert status == 400 and data["error"]["param"] == "priority"  # this server schedules fcfs
+
+
+@pytest.fixture(scope="module")
+def cross_engine(cross_dir):
+    """An in-process AsyncLLM over the cross-encoder (built outside any loop)."""
+    from engine import AsyncEngineArgs, AsyncLLM
+
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cross_dir, dtype="float32", max_model_len=256,
+                                                    kv_cache_memory=16 << 20, num_threads=1, ring_capacity=4096))
+    yield llm
+    llm.shutdown()
+
+
+async def test_pooling_and_scoring_bodies_are_parsed_on_the_renderer_pool_by_their_size(cross_engine, monkeypatch):
+    """main's rule for every route: a body past INLINE_MAX_BYTES is decoded and checked (here: the
+    1:N pairing too) on the renderer pool, weighed by its length (OpenAIServing.parse); a small one
+    inline."""
+    import contextlib
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from engine.entrypoints.openai.server import ServerSettings, build_app
+    from engine.frontend import renderer as renderer_module
+
+    monkeypatch.setattr(renderer_module, "INLINE_MAX_BYTES", 64)
+    jobs: list[str] = []
+    executor = cross_engine.renderer._executor
+    submit = executor.submit
+    monkeypatch.setattr(executor, "submit", lambda fn, *args: jobs.append(fn.__name__) or submit(fn, *args))
+
+    @contextlib.asynccontextmanager
+    async def shared_engine():
+        yield cross_engine
+
+    docs = [f"Document number {i} about the sky." for i in range(4)]
+    bodies = {"/score": ("_parse_score", {"text_1": QUERY, "text_2": docs}),
+              "/rerank": ("_parse_rerank", {"query": QUERY, "documents": docs}),
+              "/classify": ("_parse_classify", {"input": docs}),
+              "/pooling": ("_parse_pooling", {"input": docs})}
+    async with TestServer(build_app(shared_engine(), ServerSettings())) as server, \
+            aiohttp.ClientSession() as session:
+        for path, (parse, body) in bodies.items():
+            jobs.clear()
+            async with session.post(str(server.make_url(path)), json=body) as resp:
+                assert resp.status == 200, await resp.text()
+            assert jobs and jobs[0] == parse, (path, jobs)
+        jobs.clear()
+        async with session.post(str(server.make_url("/classify")), json={"input": "Hi"}) as resp:
+            assert resp.status == 200, await resp.text()
+        assert "_parse_classify" not in jobs  # 15 bytes: parsed inline
