@@ -40,7 +40,8 @@ setup(
         "llguidance>=1.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema", "openai-agents", "vllm-router", "anthropic"],
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema",
+                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6"],
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},

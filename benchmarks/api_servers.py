@@ -150,7 +150,8 @@ def measure(server: MockServer, streams: int, duration: float, max_tokens: int) 
     client_cpu = time.process_time() - me0
     rate = r["tokens"] / r["wall_s"]
     return {"tok_s": rate, "tok_s_per_api": rate / server.count, "api_cpu_us_per_tok": 1e6 * api_cpu / r["tokens"],
-            "core_cpu_us_per_tok": 1e6 * core_cpu / r["tokens"], "client_cpu_us_per_tok": 1e6 * client_cpu / r["tokens"],
+            "core_cpu_us_per_tok": 1e6 * core_cpu / r["tokens"],
+            "client_cpu_us_per_tok": 1e6 * client_cpu / r["tokens"],
             "tok_per_event": r["tokens"] / max(1, r["events"] - r["requests"] * 2),  # minus usage and [DONE]
             "requests": r["requests"]}
 

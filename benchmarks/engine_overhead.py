@@ -292,7 +292,8 @@ def main(argv=None) -> None:
     try:
         for t, llm in engines.items():  # warm both paths before anything is timed
             loop.run_until_complete(run_streams(llm, 4, 0.3, a.max_tokens, ids))
-        bench.notes.append(f"admitting a request costs {loop.run_until_complete(admit_us_per_request(engines['none'], ids)):.1f}"
+        bench.notes.append("admitting a request costs "
+                           f"{loop.run_until_complete(admit_us_per_request(engines['none'], ids)):.1f}"
                            " us of CPU (AsyncLLM.add_request of 16 prompt ids, on the simulated core)")
         for n in streams:
             for t, llm in engines.items():
@@ -338,8 +339,9 @@ def report(bench: Bench, streams: list[int], offline: bool) -> None:
         print("Transport CPU per message (1 stream, method minus `none`): "
               + ", ".join(f"{m} {v:.0f} us" for m, v in per_message.items()) + "; spread over the tokens of "
               "a message at N streams: " + "; ".join(
-                  f"{n}: " + ", ".join(f"{m} {per_message[m] / bench.stat(f'{n} streams', m, 'tokens_per_message').median:.1f}"
-                                       for m in TRANSPORTS) for n in streams) + " us/token")
+                  f"{n}: " + ", ".join(
+                      f"{m} {per_message[m] / bench.stat(f'{n} streams', m, 'tokens_per_message').median:.1f}"
+                      for m in TRANSPORTS) for n in streams) + " us/token")
         print()
     print("**Ring / zmq (medians)**\n\n| streams | tok/s | p50 latency | p99 latency | frontend CPU/token |\n"
           "|---|---|---|---|---|")

@@ -2,10 +2,10 @@
 
 One case is one weight format at one shape and row count; a case's figure is the mean thread
 CPU time of ``QuantizedLinear.matmul`` (or ``PackedBF16.matmul``, ``Int8Linear.matmul``, the
-oneDNN-packed bf16 projection the bf16 model runs, torch's linear) over ``--budget`` seconds of it, Python included: what a decode step pays per
-projection. CPU time, so that other work on the shared cores slows a case only through the
-caches it shares. Weights are
-random (gguf.quants.quantize for Q4_0/Q4_1/Q8_0, random valid blocks for the K-quants); the
+oneDNN-packed bf16 projection the bf16 model runs, torch's linear) over ``--budget`` seconds
+of it, Python included: what a decode step pays per projection. CPU time, so that other work
+on the shared cores slows a case only through the caches it shares. Weights are random
+(gguf.quants.quantize for Q4_0/Q4_1/Q8_0, random valid blocks for the K-quants); the
 kernels' speed does not depend on the values. A K-quant needs ``in % 256 == 0``, so it has no
 figure on a 576-wide input. One torch thread, as the engine runs.
 

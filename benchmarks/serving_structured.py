@@ -54,8 +54,8 @@ PAIRS = "c=1 pairs"
 
 def five_field_schema(suffix: str = "") -> dict:
     props = {f"name{suffix}": {"type": "string", "maxLength": 24}, f"age{suffix}": {"type": "integer"},
-             f"city{suffix}": {"type": "string", "maxLength": 24}, f"email{suffix}": {"type": "string", "maxLength": 32},
-             f"active{suffix}": {"type": "boolean"}}
+             f"city{suffix}": {"type": "string", "maxLength": 24},
+             f"email{suffix}": {"type": "string", "maxLength": 32}, f"active{suffix}": {"type": "boolean"}}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
@@ -178,7 +178,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"\n{bench.table('json_schema beside unconstrained', columns)}\n")
     ttft_delta = bench.stat(s, PAIRS, "ttft_delta_p50_ms").median
     itl_ratio = bench.ratio(s, "itl_p99_ms", burst_schemas, burst_plain)
-    for line in (f"constrained/unconstrained throughput: shared {bench.ratio(s, 'output_tokens_per_s', SHARED, UNCONSTRAINED):.2f}x, "
+    for line in ("constrained/unconstrained throughput: shared "
+                 f"{bench.ratio(s, 'output_tokens_per_s', SHARED, UNCONSTRAINED):.2f}x, "
                  f"distinct {bench.ratio(s, 'output_tokens_per_s', DISTINCT, UNCONSTRAINED):.2f}x",
                  f"TTFT p50 a new schema adds (one request at a time): {ttft_delta:+.1f} ms",
                  f"ITL p99 of {c} unconstrained streams while {c} new schemas compile, against the same "

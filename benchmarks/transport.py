@@ -10,8 +10,9 @@ seconds both processes spend per 1,000 round trips (spinning is not free on 2 co
 streaming of 64-byte messages with batched reads (messages/s); and 1 MiB bandwidth (GB/s).
 The ring's spin budget is swept (0, 2, 10, 50 us, unbounded) to show its trade-off. For 1 MiB,
 diagnostic methods run the ring with its large-message paths switched off (large bytes out of
-band, the receive batch budget, both) and on a 16 MiB ring instead of 4 MiB, next to a numpy memcpy of 1 MiB into a reused buffer and
-into fresh pages, so the table shows where the time goes.
+band, the receive batch budget, both) and on a 16 MiB ring instead of 4 MiB, next to a numpy
+memcpy of 1 MiB into a reused buffer and into fresh pages, so the table shows where the time
+goes.
 """
 from __future__ import annotations
 

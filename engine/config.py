@@ -79,7 +79,8 @@ class EngineArgs:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     load_format: str = "auto"
     device: str = "auto"
-    kv_cache_memory_bytes: Optional[int] = None  # KV cache bytes (vLLM's name; CPU default 2 GiB, CUDA: gpu_memory_utilization)
+    # KV cache bytes (vLLM's name; CPU default 2 GiB, CUDA: gpu_memory_utilization)
+    kv_cache_memory_bytes: Optional[int] = None
     kv_cache_memory: Optional[int] = None  # the same, by its older ringllm name
     gpu_memory_utilization: float = 0.9
     max_logprobs: int = 20

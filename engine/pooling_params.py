@@ -2,12 +2,13 @@
 
 A msgspec Struct, like SamplingParams, because it crosses the ring inside the request
 (``EngineCoreRequest.pooling_params``). vLLM's fields that apply to a decoder served as an
-embedding model or to a classification model: ``task``, ``normalize`` (None: the engine's ``pooler_config``, True unless
-set) and ``dimensions`` (matryoshka truncation, which no model here supports, so any value is
-refused). How rows are pooled (LAST or MEAN) is the engine's ``pooler_config``, as in vLLM.
-``use_activation`` is vLLM's newer name for the activation: an embedding's L2 normalisation
-(when set it decides, over ``normalize``), a classification's softmax (sigmoid for one label). ``truncate_prompt_tokens`` and ``truncation_side`` cut
-the prompt as for SamplingParams.
+embedding model or to a classification model: ``task``, ``normalize`` (None: the engine's
+``pooler_config``, True unless set) and ``dimensions`` (matryoshka truncation, which no model
+here supports, so any value is refused). How rows are pooled (LAST or MEAN) is the engine's
+``pooler_config``, as in vLLM. ``use_activation`` is vLLM's newer name for the activation: an
+embedding's L2 normalisation (when set it decides, over ``normalize``), a classification's
+softmax (sigmoid for one label). ``truncate_prompt_tokens`` and ``truncation_side`` cut the
+prompt as for SamplingParams.
 """
 from __future__ import annotations
 

@@ -367,7 +367,8 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED_ERROR
                 out.finish_reason, out.new_token_ids = FinishReason.ERROR, []
                 out.error = ("structured_outputs: no token was allowed at this point of the output (the grammar "
-                             "together with the request's other limits, e.g. min_tokens or bad_words, excluded them all)")
+                             "together with the request's other limits, e.g. min_tokens or bad_words, excluded "
+                             "them all)")
                 self._free(req)
                 finished = True
             elif self._check_stop(req, token):

@@ -14,7 +14,8 @@ _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_g
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
 _INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h", "quant_kblock.h",
                      "quant_tile.h")
-_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c", "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
+_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
+                     "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
 
 
 def _rel(path):

@@ -47,7 +47,8 @@ class Int8Linear:
         self.scale = scale.to(torch.float32).contiguous()
         # sum of each channel's int8 values: the VNNI kernel's correction for its unsigned x
         self.wsum = self.qweight.sum(dim=1, dtype=torch.int32)
-        self._ptrs = (ffi.cast("const int8_t *", self.qweight.data_ptr()), ffi.cast("const float *", self.scale.data_ptr()),
+        self._ptrs = (ffi.cast("const int8_t *", self.qweight.data_ptr()),
+                      ffi.cast("const float *", self.scale.data_ptr()),
                       ffi.cast("const int32_t *", self.wsum.data_ptr()))
 
     @classmethod
@@ -79,7 +80,8 @@ class Int8Linear:
         y = output(out, rows, self.out_features)
         q, s, ws = self._ptrs
         rc = lib.int8_gemv(ffi.cast("const float *", x.data_ptr()), stride, rows, q, s, ws, self.out_features,
-                           self.in_features, best_isa() if max_isa is None else max_isa, ffi.cast("float *", y.data_ptr()))
+                           self.in_features, best_isa() if max_isa is None else max_isa,
+                           ffi.cast("float *", y.data_ptr()))
         if rc == -2:
             raise MemoryError("int8_gemv: no memory for its activation scratch")
         if rc != 0:

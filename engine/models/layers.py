@@ -82,7 +82,8 @@ class Dims:
                    num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    intermediate=cfg.intermediate_size, vocab_size=cfg.vocab_size, num_layers=num_layers,
                    eps=float(cfg.rms_norm_eps), sliding_window=window,
-                   sliding_layers=tuple(window is not None and (not layer_types or layer_types[i] == "sliding_attention")
+                   sliding_layers=tuple(window is not None
+                                        and (not layer_types or layer_types[i] == "sliding_attention")
                                         for i in range(num_layers)),
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
                    qk_norm=cfg.model_type == "qwen3", tied=bool(getattr(cfg, "tie_word_embeddings", False)),

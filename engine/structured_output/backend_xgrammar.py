@@ -53,7 +53,8 @@ class XgrammarBackend:
             elif kind == "choice":
                 compiled = c.compile_grammar(choice_ebnf(params.choice))
             elif kind == "grammar":
-                compiled = c.compile_grammar(params.grammar) if is_ebnf(params.grammar) else c.compile_lark(params.grammar)
+                compiled = (c.compile_grammar(params.grammar) if is_ebnf(params.grammar)
+                            else c.compile_lark(params.grammar))
             else:  # structural_tag
                 compiled = c.compile_structural_tag(to_xgrammar(json.loads(params.structural_tag)))
         except Exception as e:  # xgrammar raises RuntimeError, ValueError and its own types

@@ -19,8 +19,9 @@ Experts. llama.cpp stacks a layer's experts into one 3-D tensor per projection
 each expert's rows are a slice of it (whole rows of blocks: exact), yielded under the
 family's per-expert HF name (Mixtral's ``block_sparse_moe.experts.E.w1``, the others'
 ``mlp.experts.E.gate_proj``), and ``ffn_gate_inp`` as the router. Mixtral files converted before
-llama.cpp stacked experts hold one 2-D tensor per expert (``blk.N.ffn_gate.E``): taken as they are. So experts arrive one
-matrix each, as an HF checkpoint's do, and each runs as a linear of its own.
+llama.cpp stacked experts hold one 2-D tensor per expert (``blk.N.ffn_gate.E``): taken as
+they are. So experts arrive one matrix each, as an HF checkpoint's do, and each runs as a
+linear of its own.
 
 The file is read by engine/gguf_file.py, not ``gguf.GGUFReader`` (see there why).
 """

@@ -75,5 +75,6 @@ class LogitControls:
             index = torch.tensor(self.allowed_rows, device=device)
             logits[index] = logits[index].masked_fill(~keep, float("-inf"))
         if self.bias_rows:
-            logits.index_put_((torch.tensor(self.bias_rows, device=device), torch.tensor(self.bias_tokens, device=device)),
+            logits.index_put_((torch.tensor(self.bias_rows, device=device),
+                               torch.tensor(self.bias_tokens, device=device)),
                               torch.tensor(self.bias_values, dtype=logits.dtype, device=device), accumulate=True)

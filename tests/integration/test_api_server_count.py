@@ -9,7 +9,6 @@ the launcher exits 1, leaving nothing behind (the conftest leak fixture).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess

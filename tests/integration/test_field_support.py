@@ -15,10 +15,12 @@ from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS, S
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 from tests.helpers import ROOT
 
-STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest, "CompletionRequest": http_bodies.CompletionRequest,
+STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest,
+           "CompletionRequest": http_bodies.CompletionRequest,
            "EmbeddingRequest": http_bodies.EmbeddingRequest, "StreamOptions": http_bodies.StreamOptions,
            "SamplingParams": SamplingParams, "ResponsesRequest": responses_bodies.ResponsesRequest,
-           "PoolingRequest": pooling_bodies.PoolingRequest, "ClassificationRequest": pooling_bodies.ClassificationRequest,
+           "PoolingRequest": pooling_bodies.PoolingRequest,
+           "ClassificationRequest": pooling_bodies.ClassificationRequest,
            "ScoreRequest": pooling_bodies.ScoreRequest, "RerankRequest": pooling_bodies.RerankRequest,
            "AnthropicMessagesRequest": messages_bodies.AnthropicMessagesRequest,
            "AnthropicCountTokensRequest": messages_bodies.AnthropicCountTokensRequest}

@@ -104,7 +104,8 @@ FIELDS = {
                   "add_generation_prompt": st.booleans()},
     "/detokenize": {"model": st.just("tiny"), "tokens": TOKEN_IDS | st.lists(st.integers(), max_size=5)},
     "/v1/responses": {"model": st.just("tiny") | TEXT, "input": TEXT | RESPONSE_ITEMS, "instructions": TEXT,
-                      "max_output_tokens": SMALL, "temperature": st.floats(0, 2) | st.floats(), "top_p": st.floats(0, 1),
+                      "max_output_tokens": SMALL, "temperature": st.floats(0, 2) | st.floats(),
+                      "top_p": st.floats(0, 1),
                       "tools": st.lists(st.just(TOOL) | st.fixed_dictionaries({"type": TEXT}), max_size=2),
                       "tool_choice": st.sampled_from(["auto", "none", "required"])
                       | st.fixed_dictionaries({"type": st.just("function"), "name": TEXT | st.just("f")}),

@@ -83,8 +83,8 @@ def _interrupt_a_long_generate(llm) -> None:
     timer = threading.Timer(0.3, interrupt)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        llm.generate([f"long {i}" for i in range(200)], SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
-                     use_tqdm=False)
+        llm.generate([f"long {i}" for i in range(200)],
+                     SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0), use_tqdm=False)
     assert time.monotonic() - fired[0] < 1.0
     stats = llm.llm_engine.get_stats()
     assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0
@@ -104,8 +104,8 @@ def test_ctrl_c_at_random_moments_never_desyncs_the_channel(llm):
                                     lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
             try:
                 timer.start()  # it may fire before start() returns
-                llm.generate([f"p {i}" for i in range(200)], SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0),
-                             use_tqdm=False)
+                llm.generate([f"p {i}" for i in range(200)],
+                             SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0), use_tqdm=False)
             except KeyboardInterrupt:
                 pass
             while timer.is_alive() or not timer.finished.is_set():  # the signal may come after generate returned
@@ -122,7 +122,8 @@ def test_ctrl_c_at_random_moments_never_desyncs_the_channel(llm):
 
 
 def test_beam_search_keeps_the_best_beams(llm):
-    outputs = llm.beam_search([{"prompt": "Once upon a time"}], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
+    outputs = llm.beam_search([{"prompt": "Once upon a time"}],
+                              BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
     sequences = outputs[0].sequences
     assert len(sequences) == 3
     scores = [s.cum_logprob for s in sequences]
@@ -142,8 +143,8 @@ def test_kill9_of_core_mid_generate_raises_engine_dead_within_1s(tiny_model_dir,
 
     threading.Timer(0.3, kill).start()
     with pytest.raises(EngineDeadError, match="SIGKILL"):
-        llm.generate([f"long {i}" for i in range(200)], SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
-                     use_tqdm=False)
+        llm.generate([f"long {i}" for i in range(200)],
+                     SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0), use_tqdm=False)
     assert time.monotonic() - killed[0] < 1.0
     with pytest.raises(EngineDeadError):
         llm.generate("after", GREEDY, use_tqdm=False)

@@ -30,7 +30,8 @@ def test_import_engine_loads_no_torch_no_aiohttp_and_changes_nothing():
     assert not out["env_changed"], "import engine must not set environment variables"
     assert out["handlers"] == [0, 0], "import engine must not install log handlers"
     # the public names still resolve, on first use
-    names = subprocess.run([sys.executable, "-c", "import engine; print(all(getattr(engine, n) for n in engine.__all__))"],
+    names = subprocess.run([sys.executable, "-c",
+                            "import engine; print(all(getattr(engine, n) for n in engine.__all__))"],
                            capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert names.strip() == "True"
 

@@ -64,7 +64,8 @@ def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_di
             assert started.wait(60), "the other stream never started"
             sent = time.monotonic()
             (status, body, _), probes = post_while_probing_health(
-                remote, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": TOP_K},
+                remote, "/v1/completions",
+                {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": TOP_K},
                 timeout=ANSWER_TIMEOUT_S, interval=PROBE_INTERVAL_S)
             done = time.monotonic()
         finally:

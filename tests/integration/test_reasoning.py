@@ -22,7 +22,8 @@ from tokenizers import Tokenizer
 END_IDS = (9617, 17400, 46)  # "</", "think", ">"
 BIAS = {str(i): 30 for i in END_IDS}
 ASK = [{"role": "user", "content": "Is it ok?"}]
-TEMPLATE = ("{% if reasoning_effort %}<effort {{ reasoning_effort }}>{% endif %}{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
+TEMPLATE = ("{% if reasoning_effort %}<effort {{ reasoning_effort }}>{% endif %}"
+            "{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
             "{% endif %}{{ m.content }}|{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
             "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")

@@ -199,7 +199,8 @@ def test_return_token_ids_whole_and_streamed(server):
 
 def test_priority_needs_the_priority_policy_and_is_honoured(server, pooling_server):
     """fcfs refuses a priority (400 naming it, as vLLM); the priority policy serves it. Which
-    request goes first under that policy: tests/integration/test_llm.py::test_priority_policy_serves_the_most_important_first."""
+    request goes first under that policy:
+    tests/integration/test_llm.py::test_priority_policy_serves_the_most_important_first."""
     assert_400(server, "/v1/completions", {"prompt": PROMPT, "priority": 1}, "priority")
     assert_400(server, "/v1/chat/completions", {"messages": MESSAGES, "priority": -1}, "priority")
     assert complete(server, priority=0)["choices"]

@@ -55,9 +55,9 @@ def check(so: StructuredOutputsParams, text: str) -> None:
 # A random model would fill free JSON whitespace forever: these JSON constraints allow none.
 CONSTRAINTS = [StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
                StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True),
-               StructuredOutputsParams(json_object=True, disable_any_whitespace=True), StructuredOutputsParams(regex=REGEX),
-               StructuredOutputsParams(choice=CHOICES), StructuredOutputsParams(grammar=EBNF),
-               StructuredOutputsParams(grammar=LARK)]
+               StructuredOutputsParams(json_object=True, disable_any_whitespace=True),
+               StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICES),
+               StructuredOutputsParams(grammar=EBNF), StructuredOutputsParams(grammar=LARK)]
 
 
 @pytest.fixture(scope="module", autouse=True)

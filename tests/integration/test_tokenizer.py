@@ -114,7 +114,8 @@ def test_a_transformers_4_fast_tokenizer_that_adds_a_bos_and_cleans_up_spaces(tm
 
     def add_bos(data):
         bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
-        data["post_processor"] = {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        data["post_processor"] = {"type": "TemplateProcessing",
+                                  "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
                                   "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
                                            {"Sequence": {"id": "B", "type_id": 1}}],
                                   "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],

@@ -41,7 +41,8 @@ def test_matches_float64_reference(isa, n, k, rows):
     want = (qx.astype(np.float64) @ qw.T.astype(np.float64)) * sx[:, None] * sw[None, :]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
     w_hat = qw * sw[:, None]
-    bound = np.abs(x.astype(np.float64)) @ np.full((k, n), 1.0) * (sw[None, :] / 2) + (sx[:, None] / 2) * np.abs(w_hat).sum(1)
+    bound = (np.abs(x.astype(np.float64)) @ np.full((k, n), 1.0) * (sw[None, :] / 2)
+             + (sx[:, None] / 2) * np.abs(w_hat).sum(1))
     assert (np.abs(got - x.astype(np.float64) @ w.T.astype(np.float64)) <= 1.001 * bound + 1e-6).all()
 
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
-from engine.config import EngineArgs
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
 from tests.helpers.runner_utils import generate, make_request, make_runner, step

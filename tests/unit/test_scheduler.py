@@ -131,7 +131,8 @@ def test_abort_frees_running_and_waiting_requests():
     s.add_request(a)
     s.add_request(b)
     step(s)
-    assert [r.request_id for r in s.finish_requests(["0", "1", "unknown"], RequestStatus.FINISHED_ABORTED)] == ["0", "1"]
+    assert [r.request_id
+            for r in s.finish_requests(["0", "1", "unknown"], RequestStatus.FINISHED_ABORTED)] == ["0", "1"]
     assert not s.has_unfinished_requests() and not s.running and not len(s.waiting)
     assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
     assert a.status is RequestStatus.FINISHED_ABORTED

@@ -129,7 +129,8 @@ def test_reply_without_readable_calls_is_content(name, text, capfd):
 
 def test_streamed_arguments_arrive_in_pieces_before_the_call_ends():
     text = '<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50 + '", "b": [1, 2]}}</tool_call>'
-    _, calls, raw = stream(ToolParserManager.get_tool_parser("hermes")(), [text[i:i + 5] for i in range(0, len(text), 5)])
+    _, calls, raw = stream(ToolParserManager.get_tool_parser("hermes")(),
+                           [text[i:i + 5] for i in range(0, len(text), 5)])
     pieces = [c.function.arguments for c in raw if c.function.arguments]
     assert len(pieces) > 5 and json.loads("".join(pieces)) == {"a": "x" * 50, "b": [1, 2]}
 
@@ -283,7 +284,8 @@ def test_every_prefix_settles_a_prefix_of_the_canonical_text(value, indent, asci
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4), st.sampled_from(["hermes", "mistral", "llama3_json"]),
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4),
+       st.sampled_from(["hermes", "mistral", "llama3_json"]),
        st.lists(st.integers(1, 12), min_size=1, max_size=40), st.sampled_from([None, 2]))
 def test_random_arguments_stream_to_the_whole_parse(arguments, name, cuts, indent):
     body = dumps({"name": "f", "arguments": arguments}, indent=indent)

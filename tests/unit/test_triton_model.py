@@ -190,7 +190,8 @@ def test_decode_steps_through_cuda_graphs_match_eager(tiny_model_dir):
     results = []
     for eager in (False, True):
         runner = make_runner(tiny_model_dir, load_format="dummy", dtype="float32", device="cuda", block_size=16,
-                             enforce_eager=eager, compilation_config=None if eager else {"cudagraph_capture_sizes": [1, 4]})
+                             enforce_eager=eager,
+                             compilation_config=None if eager else {"cudagraph_capture_sizes": [1, 4]})
         assert (runner.decode_graphs is None) == eager
         reqs = [make_request(f"r{i}", list(range(3 + i, 30 + 5 * i)), logprobs=2) for i in range(3)]
         lps = []

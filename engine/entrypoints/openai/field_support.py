@@ -340,8 +340,10 @@ _ENGINE_TESTS = {
     "stream_interval": _FIELDS + "test_stream_interval_batches_the_streamed_tokens",
     "skip_reading_prefix_cache": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
     "detokenize": "tests/unit/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
-    "output_kind": "tests/integration/test_async_llm.py::test_delta_concatenates_to_cumulative_and_final_only_yields_once",
-    "structured_outputs": "tests/integration/test_structured_outputs.py::test_every_constraint_type_is_matched_by_every_output",
+    "output_kind": "tests/integration/test_async_llm.py::"
+                   "test_delta_concatenates_to_cumulative_and_final_only_yields_once",
+    "structured_outputs": "tests/integration/test_structured_outputs.py::"
+                          "test_every_constraint_type_is_matched_by_every_output",
     "logprobs": _SAMPLER + "test_logprobs_are_raw_with_ranks_of_the_sampled_token",
     "logit_bias": "tests/integration/test_logit_controls.py::test_logit_bias_forces_a_token",
     "allowed_token_ids": "tests/integration/test_logit_controls.py::test_allowed_token_ids_are_the_only_ones_sampled",

@@ -22,8 +22,7 @@ from engine.entrypoints.openai import request_fields, serving_beam_search
 from engine.entrypoints.openai.http_bodies import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatLogProb, ChatLogProbs,
                                                    ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
-                                                   DeltaMessage, OpenAIError, UsageInfo, decode_request, now,
-                                                   random_id)
+                                                   DeltaMessage, OpenAIError, UsageInfo, decode_request, now)
 from engine.entrypoints.openai.http_bodies import PromptTokensDetails
 from engine.entrypoints.openai.reasoning_parsers import ReasoningParser, ReasoningStreamer
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
@@ -242,8 +241,9 @@ class OpenAIServingChat(OpenAIServing):
                     usage.completion_tokens += len(c.token_ids)
                     logprobs = self._logprobs(body, c)
                     token_ids = c.token_ids if body.return_token_ids else None
-                    running = UsageInfo(usage.prompt_tokens, usage.completion_tokens,
-                                        usage.prompt_tokens + usage.completion_tokens) if body.continuous_usage else None
+                    running = (UsageInfo(usage.prompt_tokens, usage.completion_tokens,
+                                         usage.prompt_tokens + usage.completion_tokens)
+                               if body.continuous_usage else None)
                     text = c.text
                     if reasoners[c.index] is not None:  # the reasoning goes first, in deltas of its own
                         reasoning, text = _reasoning_pieces(reasoners[c.index], c)

@@ -19,7 +19,8 @@ from typing import AsyncIterator, Optional
 from aiohttp import web
 
 from engine.entrypoints.openai.http_bodies import (CompletionChoice, CompletionLogProbs, CompletionRequest,
-                                                   CompletionResponse, PromptTokensDetails, UsageInfo, decode_request, now)
+                                                   CompletionResponse, PromptTokensDetails, UsageInfo, decode_request,
+                                                   now)
 from engine.entrypoints.openai.request_fields import engine_request_id, prompt_logprobs, request_id, token_text
 from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_search_params, run_all
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response

@@ -29,7 +29,8 @@ _STRUCTURED_FIELDS = frozenset(StructuredOutputsParams.__struct_fields__)
 _warned: set[str] = set()  # deprecated fields already warned about (once per process each)
 
 
-def json_schema_constraint(schema: Any, *, strict: bool = False, param: str = "response_format") -> StructuredOutputsParams:
+def json_schema_constraint(schema: Any, *, strict: bool = False,
+                           param: str = "response_format") -> StructuredOutputsParams:
     """The constraint "output one JSON value of ``schema``" (a dict or its JSON text); ``strict``:
     objects take no property they do not name. A 400 naming ``param`` if it is not a schema."""
     if isinstance(schema, str):
