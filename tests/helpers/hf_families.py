@@ -1,6 +1,6 @@
 """Tiny random-weight transformers checkpoints for the model-family tests: building them, running a
-runner's prompts over them, writing their weights as GGUF files (llama.cpp's layout) and the
-values a GGUF type reads back as."""
+runner's prompts over them, writing their weights as GGUF files (llama.cpp's layout) and the values
+a GGUF type reads back as, and ``LLM`` end to end on a directory of them."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.helpers.runner_utils import generate, make_request, step
+
+# the prompts ``LLM`` generates from end to end
+TEXTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived"]
+
 
 def random_hf_model(config_cls, config: dict, adjust: Callable[[str, torch.nn.Parameter], None]):
     """An eager float32 transformers model of ``config``, seeded; ``adjust(name, param)`` runs on each
@@ -119,3 +123,23 @@ def as_read_back(hf, qtype_name: str, keep: Callable[[str], bool] = lambda pname
                 p.copy_(torch.from_numpy(back))
     return hf
 
+
+# ---------------------------------------------------------------- end to end
+
+def llm_generate_texts(hf, path: str):
+    """``hf`` saved to ``path`` and run by ``LLM`` (float32, CPU, the default model's tokenizer) on
+    TEXTS, 24 greedy tokens each past eos; [(output, the text's token ids)]."""
+    from transformers import AutoTokenizer
+
+    from engine import LLM, SamplingParams
+    from engine.models.default_model import default_tokenizer_path
+
+    hf.save_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(default_tokenizer_path())
+    llm = LLM(model=path, tokenizer=default_tokenizer_path(), dtype="float32", device="cpu",
+              max_model_len=256, kv_cache_memory=32 << 20, block_size=16)
+    try:
+        outs = llm.generate(TEXTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    return [(out, tok(text, add_special_tokens=False)["input_ids"]) for text, out in zip(TEXTS, outs)]
