@@ -150,6 +150,16 @@ class RemoteServer:
         return int(m["vllm:num_requests_running"] + m["vllm:num_requests_waiting"])
 
 
+def constrained_tiny_server(model_dir: str, api_key: str, body_limit: int) -> RemoteServer:
+    """The tiny model served as "tiny" behind ``api_key``, bodies up to ``body_limit`` bytes, auto
+    tool choice with the hermes parser, and free JSON whitespace off (so constrained output cannot
+    pad forever): the Responses and Messages API tests' server."""
+    return RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", api_key,
+                        "--max-request-body-bytes", str(body_limit), "--enable-auto-tool-choice",
+                        "--tool-call-parser", "hermes",
+                        "--structured-outputs-config", '{"disable_any_whitespace": true}')
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -15,7 +15,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_anthropic_sse
+from tests.helpers.openai_server_utils import constrained_tiny_server, parse_anthropic_sse
 
 API_KEY = "sk-messages"
 AUTH = {"x-api-key": API_KEY}
@@ -33,10 +33,7 @@ DEEP = json.loads("[" * 600 + "]" * 600)  # deeper than the chat template's help
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
-                      "--max-request-body-bytes", str(BODY_LIMIT), "--enable-auto-tool-choice",
-                      "--tool-call-parser", "hermes",
-                      "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
+    with constrained_tiny_server(tiny_model_dir, API_KEY, BODY_LIMIT) as remote:
         yield remote
 
 

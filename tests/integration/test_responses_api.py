@@ -15,7 +15,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, parse_sse, wait_for
+from tests.helpers.openai_server_utils import (TINY_SERVE_ARGS, RemoteServer, constrained_tiny_server, parse_sse,
+                                              wait_for)
 
 API_KEY = "sk-responses"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -30,10 +31,7 @@ SCHEMA = {"type": "object", "properties": {"capital": {"type": "boolean"},
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
-                      "--max-request-body-bytes", str(BODY_LIMIT), "--enable-auto-tool-choice",
-                      "--tool-call-parser", "hermes",
-                      "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
+    with constrained_tiny_server(tiny_model_dir, API_KEY, BODY_LIMIT) as remote:
         yield remote
 
 

@@ -5,13 +5,10 @@ the run must end with a final output; once with whole replies, once streamed. Tr
 nothing leaves loopback."""
 from __future__ import annotations
 
-import asyncio
-
-import openai
 import pytest
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from pydantic import BaseModel
-from tests.helpers.openai_server_utils import RemoteServer
+from tests.helpers.agents_utils import agent_server, async_client, run_streamed, weather_tool
 
 
 @pytest.mark.model
@@ -19,34 +16,20 @@ from tests.helpers.openai_server_utils import RemoteServer
 def test_agent_calls_its_tool_then_gives_a_final_output():
     set_tracing_disabled(True)
     cities: list[str] = []
+    get_weather = weather_tool(cities)
 
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        cities.append(city)
-        return f"It is 18 degrees and sunny in {city}."
-
-    with RemoteServer("--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as remote:
-        name = openai.OpenAI(base_url=remote.base_url, api_key="unused").models.list().data[0].id
-
+    with agent_server() as (remote, name):
         def agent() -> Agent:  # an async client belongs to one event loop: one per run
-            client = openai.AsyncOpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
             return Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
-                         model=OpenAIChatCompletionsModel(model=name, openai_client=client),
+                         model=OpenAIChatCompletionsModel(model=name, openai_client=async_client(remote)),
                          model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=96))
 
         result = Runner.run_sync(agent(), "What is the weather in Paris?", max_turns=4)
         assert len(cities) >= 1 and all(isinstance(city, str) and city for city in cities)
         assert isinstance(result.final_output, str) and result.final_output.strip()
 
-        async def streamed():
-            run = Runner.run_streamed(agent(), "What is the weather in Rome?", max_turns=4)
-            async for _ in run.stream_events():
-                pass
-            return run
-
         called_before = len(cities)
-        run = asyncio.run(streamed())
+        run = run_streamed(agent, "What is the weather in Rome?")
     assert len(cities) > called_before
     assert isinstance(run.final_output, str) and run.final_output.strip()
 
@@ -65,16 +48,10 @@ def test_agent_with_a_required_tool_and_an_output_type_ends_with_that_type():
     format shapes the final answer, which the SDK reads as a ``WeatherReport``."""
     set_tracing_disabled(True)
     cities: list[str] = []
+    get_weather = weather_tool(cities)
 
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        cities.append(city)
-        return f"It is 18 degrees and sunny in {city}."
-
-    with RemoteServer("--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as remote:
-        name = openai.OpenAI(base_url=remote.base_url, api_key="unused").models.list().data[0].id
-        client = openai.AsyncOpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
+    with agent_server() as (remote, name):
+        client = async_client(remote)
         agent = Agent(name="weather", instructions="You report the weather.", tools=[get_weather],
                       output_type=WeatherReport, model=OpenAIChatCompletionsModel(model=name, openai_client=client),
                       model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200))

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
+from transformers import Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
 
 from engine.config import EngineArgs
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
+from tests.helpers.hf_families import (add_gguf_tensor, as_read_back, chunked_prompt_logprobs, finish_gguf,
+                                       generate_prompts, gguf_writer, random_hf_model, saved_family, use_torch_ops)
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 from tests.unit.test_models import PROMPTS, hf_greedy, hf_prompt_logprobs
 
@@ -56,35 +57,25 @@ FAMILIES = {
 
 def _hf_model(name: str, **changes):
     cls, extra = FAMILIES[name]
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cls(**{**TINY, **extra, **changes}), dtype=torch.float32,
-                                          attn_implementation="eager").eval()
-    with torch.no_grad():
-        for pname, p in hf.named_parameters():
-            if pname.endswith("norm.weight"):  # Gemma's are offsets (zero = identity), Phi's scales
-                p.uniform_(-0.5, 0.5) if name.startswith("gemma") else p.uniform_(0.5, 1.5)
-    return hf
+
+    def adjust(pname, p):
+        if pname.endswith("norm.weight"):  # Gemma's are offsets (zero = identity), Phi's scales
+            p.uniform_(-0.5, 0.5) if name.startswith("gemma") else p.uniform_(0.5, 1.5)
+
+    return random_hf_model(cls, {**TINY, **extra, **changes}, adjust)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(name, checkpoint dir, HF model) for one family, random weights."""
-    path = str(tmp_path_factory.mktemp(request.param))
-    hf = _hf_model(request.param)
-    hf.save_pretrained(path)
-    return request.param, path, hf
+    return saved_family(request.param, tmp_path_factory, _hf_model)
 
 
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_prompt_logprobs_match_transformers(family, chunk):
     name, path, hf = family
     runner = make_runner(path, block_size=4)
-    reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]
-    got = {r.request_id: [] for r in reqs}
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in reqs):
-        out = step(runner, [r for r in reqs if r.num_computed_tokens < r.num_prompt_tokens], chunk)
-        for req_id, rows in out.prompt_logprobs.items():
-            got[req_id].extend(row[0] for row in rows.logprobs)
+    reqs, got = chunked_prompt_logprobs(runner, PROMPTS, chunk)
     for r in reqs:
         want = hf_prompt_logprobs(hf, r.prompt_token_ids)
         assert got[r.request_id] == pytest.approx(want, abs=2e-4)
@@ -97,18 +88,12 @@ def test_greedy_batch_matches_transformers(family, chunk, kernels, monkeypatch):
     5-token windows (and Phi-3's 32-position switch to the long rope factors). Both CPU forwards:
     the C kernels (norms, rope, the paged decode kernel with its window) and torch's ops (SDPA
     over gathered blocks and window masks)."""
-    from engine.kernels import paged_attention
-    from engine.models import cpu_forward
-
     if not kernels:
-        monkeypatch.setattr(cpu_forward.CKernelForward, "supports", staticmethod(lambda *a: False))
-        monkeypatch.setattr(paged_attention, "supports", lambda *a: False)
+        use_torch_ops(monkeypatch)
     name, path, hf = family
     runner = make_runner(path, block_size=4)
     assert runner.model.backend == ("cpu-kernels" if kernels else "torch")
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, 40, chunk)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, 40, chunk):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
 
 
@@ -212,18 +197,7 @@ def write_gguf(hf, name: str, path: str, qtype_name: str) -> None:
     import gguf
 
     arch, cfg = _GGUF_ARCH[name], hf.config
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = gguf_writer(path, arch, cfg)
     if arch.startswith("gemma"):
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
@@ -253,32 +227,8 @@ def write_gguf(hf, name: str, path: str, qtype_name: str) -> None:
         data = tensor.float().numpy()
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             data = data + 1.0
-        if data.ndim == 1 or qtype_name == "F32":
-            w.add_tensor(_gguf_name(hf_name, arch), data.astype(np.float32))
-        elif qtype_name == "F16":
-            w.add_tensor(_gguf_name(hf_name, arch), data.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(data, qtype)
-            w.add_tensor(_gguf_name(hf_name, arch), q, raw_shape=q.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def _as_read_back(hf, qtype_name: str):
-    """``hf`` with each matrix replaced by the values its GGUF type holds (the float32 reference)."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-    with torch.no_grad():
-        for _, p in hf.named_parameters():
-            if p.dim() == 2 and qtype_name != "F32":
-                data = p.numpy()
-                back = (data.astype(np.float16).astype(np.float32) if qtype_name == "F16"
-                        else gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype))
-                p.copy_(torch.from_numpy(back))
-    return hf
+        add_gguf_tensor(w, _gguf_name(hf_name, arch), data, qtype_name)
+    finish_gguf(w)
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"])
@@ -298,7 +248,7 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
 
     path = str(tmp_path / f"{name}.{qtype}.gguf")
     write_gguf(_hf_model(name), name, path, qtype)
-    hf = _as_read_back(_hf_model(name), qtype)
+    hf = as_read_back(_hf_model(name), qtype)
     want = hf_prompt_logprobs(hf, PROMPTS[0])
     runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     assert type(runner.model) is get_model_class(FAMILIES[name][1]["architectures"][0])
@@ -311,9 +261,7 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
         runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
     assert [row[0] for row in rows] == pytest.approx(want, abs=2e-4)
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, 40, 4)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, 40, 4):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
 
 
@@ -336,10 +284,7 @@ def test_gguf_metadata_that_cannot_build_the_model_is_refused_naming_the_key(key
     w.add_key_value(f"gemma2.{key}", value,
                     gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
     w.add_tensor("token_embd.weight", np.zeros((512, 64), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(tmp_path / "worse.gguf"), tokenizer=default_tokenizer_path()).create_engine_config()
 

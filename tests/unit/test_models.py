@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 from engine.config import EngineArgs
 from engine.models import get_model_class
 from engine.models.default_model import default_model_path, write_tiny_model
+from tests.helpers.hf_families import chunked_prompt_logprobs, generate_prompts
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -86,14 +87,8 @@ def test_prompt_logprobs_match_transformers(family, chunk, fused_only, monkeypat
     monkeypatch.setattr(model_runner, "MAX_PROMPT_LOGPROBS_ROWS", 4)  # rows come in several slices
     path, hf = family
     runner = make_runner(path, block_size=4)
-    reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]
-    got = {r.request_id: [] for r in reqs}
     backends = (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)) if fused_only else contextlib.nullcontext
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in reqs):
-        with backends():
-            out = step(runner, [r for r in reqs if r.num_computed_tokens < r.num_prompt_tokens], chunk)
-        for req_id, rows in out.prompt_logprobs.items():
-            got[req_id].extend(row[0] for row in rows.logprobs)
+    reqs, got = chunked_prompt_logprobs(runner, PROMPTS, chunk, around=backends)
     for r in reqs:
         want = hf_prompt_logprobs(hf, r.prompt_token_ids)
         assert len(got[r.request_id]) == len(want) == r.num_prompt_tokens - 1
@@ -106,9 +101,7 @@ def test_greedy_batch_matches_transformers(family, chunk):
     request cross many 4-token blocks and (for Mistral) slide past the 7-token window."""
     path, hf = family
     runner = make_runner(path, block_size=4)
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, 40, chunk)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, 40, chunk):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
 
 

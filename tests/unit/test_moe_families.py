@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+from transformers import MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
+from tests.helpers.hf_families import (add_gguf_tensor, as_read_back, chunked_prompt_logprobs, finish_gguf,
+                                       generate_prompts, gguf_writer, random_hf_model, saved_family, use_torch_ops)
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 from tests.unit.test_models import PROMPTS, hf_greedy, hf_prompt_logprobs
 
@@ -35,39 +36,29 @@ NUM_TOKENS = 32
 ROUTER_SCALE = 4.0
 
 
+def _adjust(pname, p):
+    if pname.endswith("norm.weight"):
+        p.uniform_(0.5, 1.5)
+    if pname.endswith("gate.weight"):  # routers: margins between experts above Q8_0's rounding
+        p.mul_(ROUTER_SCALE)
+
+
 def hf_moe_model(name: str, **changes):
     cls, extra = FAMILIES[name]
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cls(**{**TINY, **extra, **changes}), dtype=torch.float32,
-                                          attn_implementation="eager").eval()
-    with torch.no_grad():
-        for pname, p in hf.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-            if pname.endswith("gate.weight"):  # routers: margins between experts above Q8_0's rounding
-                p.mul_(ROUTER_SCALE)
-    return hf
+    return random_hf_model(cls, {**TINY, **extra, **changes}, _adjust)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(name, checkpoint dir, HF model) for one family, random weights."""
-    path = str(tmp_path_factory.mktemp(request.param))
-    hf = hf_moe_model(request.param)
-    hf.save_pretrained(path)
-    return request.param, path, hf
+    return saved_family(request.param, tmp_path_factory, hf_moe_model)
 
 
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_prompt_logprobs_match_transformers(family, chunk):
     name, path, hf = family
     runner = make_runner(path, block_size=4)
-    reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]
-    got = {r.request_id: [] for r in reqs}
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in reqs):
-        out = step(runner, [r for r in reqs if r.num_computed_tokens < r.num_prompt_tokens], chunk)
-        for req_id, rows in out.prompt_logprobs.items():
-            got[req_id].extend(row[0] for row in rows.logprobs)
+    reqs, got = chunked_prompt_logprobs(runner, PROMPTS, chunk)
     for r in reqs:
         assert got[r.request_id] == pytest.approx(hf_prompt_logprobs(hf, r.prompt_token_ids), abs=2e-4)
 
@@ -77,18 +68,12 @@ def test_prompt_logprobs_match_transformers(family, chunk):
 def test_greedy_batch_matches_transformers(family, chunk, kernels, monkeypatch):
     """Decodes and prefill chunks share steps, so a step's experts see tokens of several
     requests at once; both CPU forwards."""
-    from engine.kernels import paged_attention
-    from engine.models import cpu_forward
-
     if not kernels:
-        monkeypatch.setattr(cpu_forward.CKernelForward, "supports", staticmethod(lambda *a: False))
-        monkeypatch.setattr(paged_attention, "supports", lambda *a: False)
+        use_torch_ops(monkeypatch)
     name, path, hf = family
     runner = make_runner(path, block_size=4)
     assert runner.model.backend == ("cpu-kernels" if kernels else "torch")
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, NUM_TOKENS, chunk)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, NUM_TOKENS, chunk):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, NUM_TOKENS)
 
 
@@ -254,22 +239,9 @@ def write_moe_gguf(hf, name: str, path: str, qtype_name: str, per_expert: bool =
     included) in ``qtype_name``, norms and the router F32 (llama.cpp never quantizes routers).
     ``per_expert``: one 2-D tensor per expert (``blk.N.ffn_gate.E``), as Mixtral files converted
     before llama.cpp stacked experts are."""
-    import gguf
-
     arch, cfg = _GGUF_ARCH[name], hf.config
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-    w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w = gguf_writer(path, arch, cfg)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if arch == "qwen3moe":
@@ -282,32 +254,13 @@ def write_moe_gguf(hf, name: str, path: str, qtype_name: str, per_expert: bool =
             for e, matrix in enumerate(tensors.pop(stacked)):
                 tensors[stacked.replace("_exps.", f".{e}.")] = matrix
     for tname, data in tensors.items():
-        if data.ndim == 1 or qtype_name == "F32" or "ffn_gate_inp" in tname:
-            w.add_tensor(tname, data.astype(np.float32))
-        elif qtype_name == "F16":
-            w.add_tensor(tname, data.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(data, qtype)
-            w.add_tensor(tname, q, raw_shape=q.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        add_gguf_tensor(w, tname, data, qtype_name, f32="ffn_gate_inp" in tname)
+    finish_gguf(w)
 
 
 def _as_read_back(hf, qtype_name: str):
     """``hf`` with each matrix but the routers replaced by the values its GGUF type holds."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-    with torch.no_grad():
-        for pname, p in hf.named_parameters():
-            if p.dim() >= 2 and qtype_name != "F32" and not pname.endswith("gate.weight"):
-                data = p.numpy()
-                back = (data.astype(np.float16).astype(np.float32) if qtype_name == "F16"
-                        else gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype))
-                p.copy_(torch.from_numpy(back))
-    return hf
+    return as_read_back(hf, qtype_name, keep=lambda pname: pname.endswith("gate.weight"))
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0"])
@@ -338,9 +291,7 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
         runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
     rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
     assert [row[0] for row in rows] == pytest.approx(want, abs=2e-4)
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, NUM_TOKENS, 4)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, NUM_TOKENS, 4):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, NUM_TOKENS)
 
 
@@ -355,9 +306,7 @@ def test_an_early_mixtral_gguf_with_one_tensor_per_expert_loads_to_transformers_
     hf = _as_read_back(hf_moe_model("mixtral"), qtype)
     monkeypatch.setattr(quant, "SUPPORTED_TYPES", ())  # exact: the blocks dequantized once
     runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
-    reqs = [make_request(str(i), p) for i, p in enumerate(PROMPTS)]
-    generate(runner, reqs, NUM_TOKENS, 4)
-    for r in reqs:
+    for r in generate_prompts(runner, PROMPTS, NUM_TOKENS, 4):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, NUM_TOKENS)
 
 
@@ -382,9 +331,6 @@ def test_a_gguf_without_its_expert_counts_is_refused_naming_the_key(name, drop, 
         w.add_key_value(field.name, field.contents(), field.types[0])
     for t in reader.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(n) for n in t.shape])))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
     with pytest.raises(ValueError, match=f"{arch}.{drop} must be a positive integer, got None"):
         make_runner(str(tmp_path / "bad.gguf"), block_size=4, tokenizer=default_tokenizer_path())
