@@ -1,6 +1,7 @@
 """The EngineCore *process*: its ``main`` (run by ``python -m engine.core TOKEN SPEC``,
-engine/core/__main__.py) and ``EngineCoreProc``, the busy loop that feeds one ``EngineCore``
-(engine/core/engine_core.py) from its channel and publishes what each step produced.
+engine/core/__main__.py) and ``EngineCoreProc``, the one busy loop that feeds one ``EngineCore``
+(engine/core/engine_core.py) from its frontends' channels (``engine.core.frontends``: one by
+default, one per API server with ``--api-server-count``) and sends each of them what is theirs.
 
 The frontend starts it through ``engine.client.core_launcher``; what the two share at launch
 (the spec, the codec, the channel class, the READY fields) is ``engine.core.launch``. torch is
@@ -20,16 +21,18 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from typing import TYPE_CHECKING, Any, Optional
 
 from engine import envs
+from engine.core.frontends import Frontend, FrontendAttacher, share_stats
 from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, ready_fields
 from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead, EngineReady,
-                                  Shutdown, UtilityCall, UtilityResult, merge_outputs)
+                                  Shutdown, UtilityCall, UtilityResult)
 from shm_transport import TransportError
+from shm_transport.channel_set import peer_alive, wait_any
+from shm_transport.wakeup import clear_eventfd
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -52,73 +55,144 @@ _HELD_RETRY_S = 0.0005
 
 
 class EngineCoreProc:
-    """The busy loop around one EngineCore and the core end of one channel.
+    """The busy loop around one EngineCore: it serves a list of frontends (``engine.core.frontends``),
+    by default the one channel the core was started with. With ``attacher`` (``ringllm serve
+    --api-server-count N``) API servers attach channels of their own while it runs, and the
+    launcher's channel carries only SHUTDOWN; the loop is the same.
 
-    Contract: every message for the frontend goes through ``_outbox``, in order; the loop
-    only ever *tries* to publish, so a full output ring never stops it from draining
-    requests and stepping. Consecutive outputs waiting in the outbox merge into one.
+    Each turn: read every frontend in turn, starting one further along each time (each read takes
+    at most one receive batch, so a busy frontend's requests never keep the next one waiting more
+    than one turn); step; send each output to the frontend its request came from and each step's
+    stats to every serving frontend (``share_stats``); try to send what waits. A frontend other
+    than the launcher whose channel closes or whose process exits is dropped: its requests are
+    aborted (their KV blocks freed) and the others are served on. The loop never blocks on a full
+    output ring (``Frontend.flush``).
     """
 
-    def __init__(self, core: EngineCore, channel: Any, engine_index: int) -> None:
+    def __init__(self, core: EngineCore, channel: Any, engine_index: int,
+                 attacher: Optional[FrontendAttacher] = None) -> None:
         self.core = core
-        self.channel = channel
         self.engine_index = engine_index
-        self._outbox: deque = deque()
+        self._attacher = attacher
+        self._frontends = [Frontend(channel, os.getppid(), launcher=True, serves=attacher is None)]
+        self._owner: dict[str, Frontend] = {}  # request id -> the frontend it came from
+        self._turn = 0
         self._running = True
         self._stepped_since_trim = False
         self._stats_stale = False  # aborts changed the gauges and no step may follow
 
     def run_busy_loop(self) -> None:
-        while self._running:
-            # 1) take every request that has arrived; block only when there is nothing to do
-            if self.core.has_unfinished_requests():
-                msgs = self.channel.poll()
-            else:
-                msgs = self._wait_for_requests()
-            for msg in msgs:
-                self._handle(msg)
-            # 2) step and publish (never blocking on a full output ring)
-            if self._running and self.core.has_unfinished_requests():
-                self._stepped_since_trim = True
-                outputs = self.core.step()
-                # A step without outputs (a prompt chunk) still counted prefix-cache lookups and
-                # preemptions: its stats go out too, merged into the next outputs when held.
-                if outputs.outputs or outputs.scheduler_stats is not None:
-                    self._publish(outputs)
-            elif self._stats_stale:  # aborts emptied the core: its gauges must not stay stale
-                self._publish(self.core.stats_only())
-            self._stats_stale = False
-            self._flush()
+        try:
+            while self._running:
+                # 1) take what every frontend sent; block only when there is nothing to do
+                if self._attacher is not None and self._attacher.pending:
+                    self._attach()
+                if not self.core.has_unfinished_requests():
+                    self._wait()
+                self._read()
+                # 2) step, and route each output to its frontend
+                if self._running and self.core.has_unfinished_requests():
+                    self._stepped_since_trim = True
+                    outputs = self.core.step()
+                    # A step without outputs (a prompt chunk) still counted prefix-cache lookups and
+                    # preemptions: its stats go out too, merged into the next outputs when held.
+                    if outputs.outputs or outputs.scheduler_stats is not None:
+                        self._route(outputs)
+                elif self._stats_stale:  # aborts emptied the core: its gauges must not stay stale
+                    self._route(self.core.stats_only())
+                self._stats_stale = False
+                # 3) send what waits, as far as each ring takes it (never blocking)
+                self._flush()
+        finally:
+            for frontend in self._frontends[1:]:  # the launcher's channel is main's to close
+                frontend.channel.close()
 
-    def _wait_for_requests(self) -> list:
-        """Block until requests come (briefly while outputs wait for ring space); after a second
-        of idleness following work, return freed heap to the OS once."""
-        if self._outbox:
-            return self.channel.recv_batch(timeout=_HELD_RETRY_S)
-        if not (self._stepped_since_trim and _malloc_trim is not None):
-            return self.channel.recv_batch(timeout=None)
-        msgs = self.channel.recv_batch(timeout=_TRIM_AFTER_IDLE_S)
-        if not msgs:
+    def tell_dead(self, error: str) -> None:
+        """The core cannot go on: every frontend hears why."""
+        for frontend in self._frontends:
+            _send_dead(frontend.channel, self.engine_index, error)
+
+    # ---- frontends come and go
+    def _attach(self) -> None:
+        for frontend in self._attacher.take():
+            self._frontends.append(frontend)
+            logger.info("%s attached (%d API server(s) now)", frontend.name, len(self._frontends) - 1)
+
+    def _drop(self, frontend: Frontend, why: str) -> None:
+        """A frontend is gone: abort what it asked for, free its KV blocks, close its rings."""
+        self._frontends.remove(frontend)
+        ids = list(frontend.requests)
+        for req_id in ids:
+            self._owner.pop(req_id, None)
+        if ids:
+            self.core.abort_requests(ids)
+            self._stats_stale = self.core.log_stats
+        frontend.channel.close()
+        logger.log(logging.WARNING if ids or why != "closed its channel" else logging.INFO,
+                   "%s %s: %d of its requests aborted, %d API server(s) left", frontend.name, why, len(ids),
+                   len(self._frontends) - 1)
+
+    # ---- 1) requests in
+    def _wait(self) -> None:
+        """Sleep until a frontend sends something (briefly while outputs wait for ring space);
+        after a second of idleness following work, return freed heap to the OS once."""
+        frontends = self._frontends
+        if any(f.outbox for f in frontends):
+            timeout: Optional[float] = _HELD_RETRY_S
+        elif self._stepped_since_trim and _malloc_trim is not None:
+            timeout = _TRIM_AFTER_IDLE_S
+        else:
+            timeout = None
+        started = time.monotonic()
+        if self._attacher is None:  # one ring: its own receive spins briefly before the futex sleep
+            self._handle_all(frontends[0], frontends[0].channel.recv_batch(timeout=timeout))
+        else:  # every ring and the attacher at once (eventfds in poll)
+            wait_any([f.channel for f in frontends], timeout, [self._attacher.fd])
+            clear_eventfd(self._attacher.fd)
+        if timeout == _TRIM_AFTER_IDLE_S and time.monotonic() - started >= timeout:  # idle all along
             _malloc_trim(0)
             self._stepped_since_trim = False
-        return msgs
 
-    def _handle(self, msg: Any) -> None:
-        if isinstance(msg, EngineCoreRequest):
+    def _read(self) -> None:
+        frontends = self._frontends
+        self._turn = (self._turn + 1) % len(frontends)
+        for frontend in frontends[self._turn:] + frontends[:self._turn]:
+            try:
+                msgs = frontend.channel.poll()
+            except TransportError:
+                if frontend.launcher:
+                    raise  # the core's own channel: nobody is left to serve
+                self._drop(frontend, "closed its channel")
+                continue
+            if not msgs and not frontend.launcher and not peer_alive(frontend.channel):
+                self._drop(frontend, "exited")
+                continue
+            self._handle_all(frontend, msgs)
+
+    def _handle_all(self, frontend: Frontend, msgs: list) -> None:
+        for msg in msgs:
+            self._handle(msg, frontend)
+
+    def _handle(self, msg: Any, frontend: Frontend) -> None:
+        if isinstance(msg, Shutdown) and frontend.launcher:
+            self._running = False
+        elif not frontend.serves or isinstance(msg, Shutdown):  # SHUTDOWN is the launcher's alone
+            raise TypeError(f"EngineCore got an unexpected message {type(msg).__name__} from {frontend.name}")
+        elif isinstance(msg, EngineCoreRequest):
+            self._owner[msg.request_id] = frontend
+            frontend.requests.add(msg.request_id)
             self.core.add_request(msg, params_verified=True)  # its decode verified them
         elif isinstance(msg, AbortRequests):
+            for req_id in msg.request_ids:
+                owner = self._owner.pop(req_id, None)
+                if owner is not None:
+                    owner.requests.discard(req_id)
             self.core.abort_requests(msg.request_ids)
             self._stats_stale = self.core.log_stats
         elif isinstance(msg, UtilityCall):
-            self._outbox.append(self._call_utility(msg))
-        elif isinstance(msg, Shutdown):
-            self._running = False
+            frontend.outbox.append(self._call_utility(msg))
         else:
-            raise TypeError(f"EngineCore got an unexpected message {type(msg).__name__}")
-
-    def tell_dead(self, error: str) -> None:
-        """The core cannot go on: the frontend hears why."""
-        _send_dead(self.channel, self.engine_index, error)
+            raise TypeError(f"EngineCore got an unexpected message {type(msg).__name__} from {frontend.name}")
 
     def _call_utility(self, call: UtilityCall) -> UtilityResult:
         if call.method not in UTILITY_METHODS or not hasattr(self.core, call.method):
@@ -128,21 +202,38 @@ class EngineCoreProc:
         except Exception as e:  # the caller gets the error; the engine keeps serving
             return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}")
 
-    def _publish(self, outputs: EngineCoreOutputs) -> None:
-        outputs.engine_index = self.engine_index
-        if self._outbox and isinstance(self._outbox[-1], EngineCoreOutputs):
-            merge_outputs(self._outbox[-1], outputs)
-        else:
-            self._outbox.append(outputs)
+    # ---- 2) outputs out
+    def _route(self, outputs: EngineCoreOutputs) -> None:
+        """Each output to the frontend its request came from (dropped if that frontend is gone);
+        the step's stats to every serving frontend, its counters in the first one's copy only."""
+        by_frontend: dict[int, list] = {}
+        owner = self._owner
+        for out in outputs.outputs:
+            frontend = owner.get(out.request_id)
+            if frontend is None:
+                continue  # its frontend is gone (its requests were aborted)
+            by_frontend.setdefault(id(frontend), []).append(out)
+            if out.finish_reason is not None:
+                del owner[out.request_id]
+                frontend.requests.discard(out.request_id)
+        stats = outputs.scheduler_stats
+        counting = True
+        for frontend in self._frontends:
+            mine = by_frontend.get(id(frontend))
+            if not frontend.serves or (mine is None and stats is None):
+                continue
+            frontend.publish(EngineCoreOutputs(self.engine_index, mine or [], outputs.timestamp,
+                                               share_stats(stats, counting)))
+            counting = False
 
     def _flush(self) -> None:
-        while self._outbox:
-            msg = self._outbox[0]
-            if isinstance(msg, EngineCoreOutputs):
-                msg.timestamp = time.monotonic()  # for the frontend's publish-to-receive latency
-            if not self.channel.try_send(msg):
-                return
-            self._outbox.popleft()
+        for frontend in list(self._frontends):
+            try:
+                frontend.flush()
+            except TransportError:
+                if frontend.launcher:
+                    raise
+                self._drop(frontend, "is unreachable")
 
 
 def _exit_when_parent_dies(parent_pid: int) -> None:
@@ -239,16 +330,13 @@ def _startup_cause(exc: BaseException) -> str:
     return f"EngineCore failed to start:\n{traceback.format_exc()}"
 
 
-def _make_proc(spec: CoreLaunchSpec, config: EngineConfig, core: EngineCore, channel: Any) -> EngineCoreProc:
-    """The loop for one frontend, or for several API servers (their channels arrive later)."""
+def _attacher(spec: CoreLaunchSpec, ready: EngineReady) -> Optional[FrontendAttacher]:
+    """With several API servers (``frontends_fd``), what attaches their channels as they arrive."""
     if spec.frontends_fd is None:
-        return EngineCoreProc(core, channel, spec.engine_index)
+        return None
     import socket
 
-    from engine.core.frontends import MultiFrontendCoreProc
-
-    attach = socket.socket(fileno=spec.frontends_fd)
-    return MultiFrontendCoreProc(core, channel, spec.engine_index, config, spec.transport, attach)
+    return FrontendAttacher(socket.socket(fileno=spec.frontends_fd), spec.transport, ready)
 
 
 def main(argv: list[str]) -> int:
@@ -266,9 +354,10 @@ def main(argv: list[str]) -> int:
             return 1
         gc.collect()  # the model and libraries stay for good: keep them out of every collection
         gc.freeze()
-        channel.send(EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
-                                 **ready_fields(config)), timeout=10.0)
-        proc = _make_proc(spec, config, core, channel)
+        ready = EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
+                            **ready_fields(config))
+        channel.send(ready, timeout=10.0)
+        proc = EngineCoreProc(core, channel, spec.engine_index, _attacher(spec, ready))
         try:
             proc.run_busy_loop()
         except TransportError:

@@ -1,7 +1,8 @@
-"""The EngineCore's loop over several API servers (engine/core/frontends.py), with real rings and a
-stub in place of the EngineCore (no model, no process): each API server's channel arrives over
-the attach socket and gets READY; outputs go back only to the ring their request came from; an
-API server that closes its channel has its requests aborted while the others are served on."""
+"""The EngineCore's busy loop serving several API servers (engine/core/engine_core_proc.py, the
+attachment in engine/core/frontends.py), with real rings and a stub in place of the EngineCore (no
+model, no process): each API server's channel arrives over the attach socket and gets READY;
+outputs go back only to the ring their request came from; an API server that closes its channel
+has its requests aborted while the others are served on."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ import socket
 import threading
 from types import SimpleNamespace
 
-from engine.core.frontends import MultiFrontendCoreProc
-from engine.core.launch import make_codec
+from engine.core.engine_core_proc import EngineCoreProc
+from engine.core.frontends import FrontendAttacher
+from engine.core.launch import make_codec, ready_fields
 from engine.sampling_params import SamplingParams
 from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
                                   SchedulerStats, Shutdown)
@@ -21,12 +23,13 @@ from shm_transport.handoff import send_peer_end
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=16),
                          model_config=SimpleNamespace(max_model_len=64, vocab_size=100, dtype="float32"),
                          scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64))
+READY = EngineReady(engine_index=0, pid=os.getpid(), num_kv_blocks=8, **ready_fields(CONFIG))
 
 
 class StubCore:
     """One token per live request per step; a request ends after ``max_tokens`` of them."""
 
-    log_stats, num_kv_blocks = True, 8
+    log_stats = True
 
     def __init__(self) -> None:
         self.live: dict[str, list] = {}
@@ -80,7 +83,7 @@ def test_outputs_go_back_to_their_api_server_and_a_closed_one_loses_only_its_req
     launcher, core_end = Channel.pair(make_codec(), capacity=1 << 16)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     core = StubCore()
-    proc = MultiFrontendCoreProc(core, core_end, 0, CONFIG, "shm", theirs)
+    proc = EngineCoreProc(core, core_end, 0, FrontendAttacher(theirs, "shm", READY))
     loop = threading.Thread(target=proc.run_busy_loop)
     loop.start()
     servers = []
