@@ -16,7 +16,7 @@ process's user+system time, zmq's I/O threads included). Transports interleave p
 
 A third method, ``none``, takes the transport out to show what is left: the same AsyncLLM,
 consumers and requests, with the EngineCore client replaced by ``SimulatedCore``, which lives
-in this process and answers each ``get_output_async`` with one step giving every request it
+in this process and answers each ``get_outputs_async`` with one step giving every request it
 holds one token (its own CPU time is measured and taken out). What ``none`` costs is the
 frontend's shared per-output work (input and output processing, collectors, waking the
 consumers, the consumers themselves); shm or zmq minus ``none`` is what the transport adds.
@@ -59,7 +59,7 @@ def tiny_engine_args(model_dir: str, transport: str):
 
 class SimulatedCore:
     """The EngineCore client of method ``none``: no process, no transport. Each
-    ``get_output_async`` is one step: one token for every request held (a request ends at
+    ``get_outputs_async`` is one step: one token for every request held (a request ends at
     its max_tokens), stamped as published when made. ``cpu`` is the thread time it spent."""
 
     dead_error = None
@@ -79,7 +79,10 @@ class SimulatedCore:
         for request_id in request_ids:
             self.requests.pop(request_id, None)
 
-    async def get_output_async(self):
+    def requests_finished(self, request_ids) -> None:
+        """Nothing to count: one "core"."""
+
+    async def get_outputs_async(self):
         from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
         await asyncio.sleep(0)  # the consumers run (and add requests) while the "core" steps
@@ -98,7 +101,7 @@ class SimulatedCore:
                 del self.requests[request_id]
         batch = EngineCoreOutputs(0, outputs, time.monotonic())
         self.cpu += time.thread_time() - start
-        return batch
+        return [batch]
 
     async def call_utility_async(self, method: str, *args, engine_index: int = 0):
         return None

@@ -89,18 +89,24 @@ class RequestOutputCollector:
 
     ``put`` never blocks the handler: an output the consumer has not taken yet is merged
     with the new one (deltas concatenated for DELTA, the latest state kept otherwise), so
-    a slow consumer loses nothing and holds at most one pending output. ``core_timestamp``
-    is when the core published the newest step folded in (the transport latency metric).
+    a slow consumer loses nothing and holds at most one pending output. The frontend's one
+    merge of RequestOutputs. ``core_timestamp`` is when the core published the newest step
+    folded in (the transport latency metric).
+
+    ``stream_interval`` (vLLM's): after the first output, one is handed out only once it
+    carries that many new tokens (the last, or an error, at once); until then it is the
+    pending output that later ones merge into.
 
     ``internal_id`` is the id the core and the output processor know the request by: the
     caller's id plus a sequence number, so an id reused right after an abort can never
     receive the old request's outputs still on their way.
     """
 
-    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp", "_loop")
+    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp", "_loop",
+                 "_interval", "_sent")
 
     def __init__(self, request_id: str, internal_id: str, output_kind: RequestOutputKind,
-                 loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+                 loop: Optional[asyncio.AbstractEventLoop] = None, stream_interval: Optional[int] = None) -> None:
         self.request_id = request_id
         self.internal_id = internal_id
         self.aggregate = output_kind == RequestOutputKind.DELTA
@@ -108,34 +114,48 @@ class RequestOutputCollector:
         self.waiter: Optional[asyncio.Future] = None  # the consumer, while it awaits
         self.core_timestamp = 0.0
         self._loop = loop
+        self._interval = stream_interval
+        self._sent: Optional[int] = None  # with stream_interval: output tokens handed out (None: nothing yet)
 
     def put(self, output: Union[RequestOutput, BaseException], core_timestamp: float = 0.0) -> None:
         self.core_timestamp = core_timestamp
         pending = self.output
         if pending is None or isinstance(output, BaseException):
             self.output = output
-            waiter = self.waiter
-            if waiter is not None:
-                self.waiter = None
-                if not waiter.done():  # done: its consumer was cancelled
-                    waiter.set_result(None)
         elif type(pending) is RequestOutput:
             _merge(pending, output, self.aggregate)
+        waiter = self.waiter
+        if waiter is not None and self._due():
+            self.waiter = None
+            if not waiter.done():  # done: its consumer was cancelled
+                waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
-        while self.output is None:  # a bare future: one consumer, woken once per output
+        while not self._due():  # a bare future: one consumer, woken once per output it may take
             loop = self._loop or asyncio.get_running_loop()
             self.waiter = waiter = loop.create_future()
             await waiter
         return self._take()
 
     def get_nowait(self) -> Optional[RequestOutput]:
-        return None if self.output is None else self._take()
+        return self._take() if self._due() else None
+
+    def _due(self) -> bool:
+        """Whether the pending output may be handed out now (see ``stream_interval``)."""
+        output = self.output
+        if output is None:
+            return False
+        if not self._interval or self._sent is None or type(output) is not RequestOutput:
+            return True
+        return output.finished or output.error is not None or \
+            _num_new_tokens(output, self.aggregate, self._sent) >= self._interval
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
         if isinstance(output, BaseException):
             raise output
+        if self._interval:
+            self._sent = (self._sent or 0) + _num_new_tokens(output, self.aggregate, self._sent or 0)
         return output
 
 
@@ -147,28 +167,29 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
     chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
     try:
         while True:
-            # 1) the next OUTPUTS from any core
-            outputs = await engine_core.get_output_async()
-            items, timestamp = outputs.outputs, outputs.timestamp
-            latency = time.monotonic() - timestamp
-            latencies.append(latency)
-            iteration_stats = _iteration_stats(output_processor, latency) if stat_loggers else None
-            for start in range(0, len(items), chunk):
-                # 2) detokenize, stop strings, output kinds; each output goes into its collector
-                processed = output_processor.process_outputs(
-                    items[start:start + chunk] if len(items) > chunk else items, timestamp, iteration_stats)
-                # 3) forget the collectors of finished requests (their consumers still hold them)
-                for collector in processed.finished_queues:
-                    if requests.get(collector.request_id) is collector:
-                        del requests[collector.request_id]
-                # 4) stop in the core what a stop string finished here
-                engine_core.abort_requests_nowait(processed.reqs_to_abort)
-                # 5) let this slice's consumers (and new requests) run, before the next slice
-                # and before this task goes back to waiting on the channel
-                await asyncio.sleep(0)
-            # 6) the message's stats, once per message, to the stat loggers (the server's metrics)
-            if iteration_stats is not None:
-                _record(stat_loggers, outputs.scheduler_stats, iteration_stats, outputs.engine_index)
+            # 1) every OUTPUTS message that has arrived, folded: one per run of one core's messages
+            for outputs in output_processor.fold(await engine_core.get_outputs_async()):
+                items, timestamp = outputs.outputs, outputs.timestamp
+                latency = time.monotonic() - timestamp
+                latencies.append(latency)
+                iteration_stats = _iteration_stats(output_processor, latency) if stat_loggers else None
+                for start in range(0, len(items), chunk):
+                    # 2) detokenize, stop strings, output kinds; each output goes into its collector
+                    processed = output_processor.process_outputs(
+                        items[start:start + chunk] if len(items) > chunk else items, timestamp, iteration_stats)
+                    # 3) forget the collectors of finished requests (their consumers still hold them)
+                    for collector in processed.finished_queues:
+                        if requests.get(collector.request_id) is collector:
+                            del requests[collector.request_id]
+                    # 4) stop in the core what a stop string finished here; count off what the core finished
+                    engine_core.abort_requests_nowait(processed.reqs_to_abort)
+                    engine_core.requests_finished(processed.finished_by_core)
+                    # 5) let this slice's consumers (and new requests) run, before the next slice
+                    # and before this task goes back to waiting on the channel
+                    await asyncio.sleep(0)
+                # 6) the message's stats, once per message, to the stat loggers (the server's metrics)
+                if iteration_stats is not None:
+                    _record(stat_loggers, outputs.scheduler_stats, iteration_stats, outputs.engine_index)
     except asyncio.CancelledError:
         raise
     except Exception as e:
@@ -372,7 +393,7 @@ class AsyncLLM(EngineClient):
             raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")
         self._run_output_handler()
         collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
-                                           asyncio.get_running_loop())
+                                           asyncio.get_running_loop(), getattr(params, "stream_interval", None))
         self._requests[request_id] = collector  # reserved across awaits
         try:
             processor.check_prompt_fits(prompt, params)  # a prompt too long to fit is refused before the queue
@@ -403,15 +424,9 @@ class AsyncLLM(EngineClient):
             collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority,
                                                lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                                                data_parallel_rank=data_parallel_rank)
-            finished, sent = False, None  # sent: output tokens already yielded (None: nothing yet)
-            interval = getattr(sampling_params, "stream_interval", None)  # PoolingParams have none
+            finished = False
             while not finished:
                 output = collector.get_nowait() or await collector.get()
-                # stream_interval: after the first, an output waits until it has that many new tokens
-                while interval and sent is not None and not output.finished and output.error is None \
-                        and _num_new_tokens(output, collector.aggregate, sent) < interval:
-                    _merge(output, collector.get_nowait() or await collector.get(), collector.aggregate)
-                sent = (sent or 0) + (_num_new_tokens(output, collector.aggregate, sent or 0) if interval else 0)
                 if output.error is not None:
                     error = EngineStepError if output.internal_error else EngineGenerateError
                     raise error(f"request {request_id!r} failed: {output.error}")

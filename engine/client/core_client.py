@@ -64,8 +64,12 @@ class AsyncEngineCoreClient(ABC):
         """Why the engine is dead, or None while it serves."""
 
     @abstractmethod
-    async def get_output_async(self) -> EngineCoreOutputs:
-        """The next OUTPUTS of any core, in each core's order."""
+    async def get_outputs_async(self) -> list[EngineCoreOutputs]:
+        """Every OUTPUTS message that has arrived from any core (at least one), in each core's order."""
+
+    def requests_finished(self, request_ids: list[str]) -> None:
+        """The output processor has the core's last output of these requests (the data-parallel
+        balancer counts them off its ranks; one core has nothing to count)."""
 
     @abstractmethod
     async def add_request_async(self, request: EngineCoreRequest, data_parallel_rank: Optional[int] = None) -> None:
@@ -96,8 +100,11 @@ class InprocClient(EngineCoreClient):
             raise self._shut_down
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """``request`` comes from this process's input processor, whose admission verified its
+        params (the frontend's one verification): the core checks it against the model's limits
+        and does not verify the params again."""
         self._check()
-        self.engine_core.add_request(request)
+        self.engine_core.add_request(request, params_verified=True)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         if request_ids and self._shut_down is None:

@@ -13,15 +13,16 @@ from typing import Optional
 from engine.client.core_launcher import CoreProcess
 from engine.client.mp_client import AsyncMPClient
 from engine.config import EngineConfig
-from engine.wire_messages import EngineCoreOutputs, EngineCoreRequest
+from engine.wire_messages import EngineCoreRequest
 
 
 class DPLBAsyncMPClient(AsyncMPClient):
     """Picks, for each new request, the core with the fewest unfinished requests (ties
     rotate), and remembers the owner until the request finishes or is aborted.
 
-    A request counts from the moment it is sent until its final output arrives, so a burst
-    of adds spreads evenly even before any core has answered.
+    A request counts from the moment it is sent until the output processor has its final
+    output (``requests_finished``) or it is aborted, so a burst of adds spreads evenly even
+    before any core has answered.
     """
 
     def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
@@ -52,12 +53,11 @@ class DPLBAsyncMPClient(AsyncMPClient):
                 by_rank.setdefault(rank, []).append(req_id)
         return [(self._cores[rank], ids) for rank, ids in by_rank.items()]
 
-    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
-        for out in outputs.outputs:
-            if out.finish_reason is not None:
-                rank = self._owner.pop(out.request_id, None)
-                if rank is not None:
-                    self._load[rank] -= 1
+    def requests_finished(self, request_ids: list[str]) -> None:
+        for req_id in request_ids:
+            rank = self._owner.pop(req_id, None)
+            if rank is not None:
+                self._load[rank] -= 1
 
     @property
     def outstanding(self) -> list[int]:

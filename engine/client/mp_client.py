@@ -25,7 +25,7 @@ from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
 from engine.exceptions import EngineDeadError, EngineShutdownError
 from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
-                                  EngineReady, UtilityCall, UtilityResult, merge_outputs)
+                                  EngineReady, UtilityCall, UtilityResult)
 from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class AsyncMPClient(AsyncEngineCoreClient):
     """For ``AsyncLLM``: the core's channel is read on the event loop, woken through an
     eventfd (``loop.add_reader``); each core's pidfd is watched on the loop too.
 
-    With one core, whoever awaits ``get_output_async`` (the output handler) reads the channel
+    With one core, whoever awaits ``get_outputs_async`` (the output handler) reads the channel
     itself: no task or queue between the eventfd and the handler. A utility call made while
     nobody reads does the reading; one reader at a time, the others wait for its batch. With
     several cores (data parallel) one task per core reads. Work starts on first use inside a
@@ -222,7 +222,6 @@ class AsyncMPClient(AsyncEngineCoreClient):
     def _dispatch(self, core: CoreProcess, batch: list) -> None:
         for msg in batch:
             if isinstance(msg, EngineCoreOutputs):
-                self._on_outputs(msg)
                 self._outputs.append(msg)
             elif isinstance(msg, UtilityResult):
                 fut = self._futures.pop(msg.call_id, None)
@@ -230,9 +229,6 @@ class AsyncMPClient(AsyncEngineCoreClient):
                     fut.set_result(msg)
             elif isinstance(msg, EngineDead):
                 self._fail(EngineDeadError(f"{core.name}: {msg.error}"))
-
-    def _on_outputs(self, outputs: EngineCoreOutputs) -> None:
-        """Called for each OUTPUTS message as it arrives (the DP client counts finished work)."""
 
     def _on_core_exit(self, core: CoreProcess) -> None:
         """The core's pidfd is readable: it has exited. Reap it at once (the wait cannot
@@ -268,21 +264,15 @@ class AsyncMPClient(AsyncEngineCoreClient):
                 fut.exception()  # nobody may be awaiting (an abort): no "never retrieved" warning
         self._wake_waiters()
 
-    async def get_output_async(self) -> EngineCoreOutputs:
-        """The next OUTPUTS of any core, in each core's order; EngineDeadError once the
-        engine is dead (after the outputs that arrived before).
-
-        Consecutive messages of one core that have all arrived are merged into one (one entry
-        per request, as the core merges what a full ring holds back: ``merge_outputs``). When the
-        core steps faster than this process handles its outputs, each request's tokens then go
-        through output processing, its consumer and its SSE write once per batch rather than once
-        per step; they had all arrived, so none goes out later for it."""
+    async def get_outputs_async(self) -> list[EngineCoreOutputs]:
+        """Every OUTPUTS message that has arrived (at least one), in each core's order;
+        EngineDeadError once the engine is dead (after the outputs that arrived before). All of
+        them at once, so that the output processor can fold what a fast core sent while this
+        process was busy (``OutputProcessor.fold``)."""
         await self._until(lambda: self._outputs)
-        queued = self._outputs
-        outputs = queued.popleft()
-        while queued and queued[0].engine_index == outputs.engine_index:
-            merge_outputs(outputs, queued.popleft())
-        return outputs
+        arrived = list(self._outputs)
+        self._outputs.clear()
+        return arrived
 
     def _send_nowait(self, core: CoreProcess, msg: Any) -> Optional[asyncio.Future]:
         """Send in order without blocking: at once when the ring has room and nothing waits

@@ -108,10 +108,11 @@ class EngineCore:
                     self.num_kv_blocks, block_size, self.max_model_len)
 
     def add_request(self, request: EngineCoreRequest, *, params_verified: bool = False) -> None:
-        """Queue ``request``, or answer it with an error output. ``params_verified``: its
-        SamplingParams were verified since they were last changed, as the decode that brought
-        the request over the ring verifies them (msgspec runs their ``__post_init__``), so they
-        are not verified again."""
+        """Queue ``request``, or answer it with an error output (``_check``: the core's one
+        admission check). ``params_verified``: its SamplingParams were verified since they were
+        last changed, by the decode that brought the request over the ring (msgspec runs their
+        ``__post_init__``) or by the admission of the input processor in this process
+        (``InprocClient``), so they are not verified again."""
         error = self._check(request, params_verified)
         if error is not None:
             self._refused.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR,

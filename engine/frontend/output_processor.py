@@ -1,5 +1,10 @@
 """Turns the core's token ids into ``RequestOutput``s: text, stop strings, logprobs, output kinds.
 
+The frontend's one place that reads ``EngineCoreOutputs`` (vLLM's ``process_outputs``: "the only
+function that should loop over EngineCoreOutputs"): ``fold`` merges the messages that have
+arrived, ``process_outputs`` turns each entry into a RequestOutput. The clients only hand the
+messages on, and AsyncLLM's collectors only fold RequestOutputs a consumer has not taken yet.
+
 Per request it keeps a ``RequestState``. A request with ``n > 1`` is sent to the core as n
 independent child requests (``ParentRequest``) whose outputs are merged back under the
 parent's id. A stop string is found here, not in the core: the request is then finished
@@ -18,7 +23,7 @@ from engine.frontend.logprobs import LogprobsProcessor, TokenDecoder
 from engine.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput, RequestStateStats
 from engine.sampling_params import RequestOutputKind, SamplingParams, verified_copy
 from engine.stat_loggers import FinishedRequestStats, IterationStats
-from engine.wire_messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, merge_outputs
 
 
 def _pooling_output(state: "RequestState", out: EngineCoreOutput) -> PoolingRequestOutput:
@@ -146,6 +151,7 @@ class OutputProcessorOutput:
     request_outputs: list[RequestOutput] = field(default_factory=list)  # of requests without a queue
     reqs_to_abort: list[str] = field(default_factory=list)  # finished here (stop strings): stop them in the core
     finished_queues: list = field(default_factory=list)  # queues whose request got its last output
+    finished_by_core: list[str] = field(default_factory=list)  # ids the core finished (for the DP balancer)
 
 
 class OutputProcessor:
@@ -208,6 +214,22 @@ class OutputProcessor:
                         state.queue.put(output)
         return core_ids
 
+    @staticmethod
+    def fold(messages: list[EngineCoreOutputs]) -> list[EngineCoreOutputs]:
+        """The OUTPUTS messages that have arrived, each run of one core's consecutive messages
+        merged into its first (one entry per request, as the core merges what a full ring holds
+        back: ``merge_outputs``). When the core steps faster than this process handles its
+        outputs, each request's tokens then go through ``process_outputs``, its consumer and its
+        SSE write once per batch rather than once per step; they had all arrived, so none goes
+        out later for it."""
+        folded: list[EngineCoreOutputs] = []
+        for outputs in messages:
+            if folded and folded[-1].engine_index == outputs.engine_index:
+                merge_outputs(folded[-1], outputs)
+            else:
+                folded.append(outputs)
+        return folded
+
     def process_outputs(self, outputs: list[EngineCoreOutput], engine_core_timestamp: float = 0.0,
                         iteration_stats: Optional[IterationStats] = None) -> OutputProcessorOutput:
         """Turn one batch of core outputs into RequestOutputs: returned, or put into each
@@ -253,6 +275,8 @@ class OutputProcessor:
                               state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
                                                         out.internal_error))
             if finish_reason is not None:
+                if out.finish_reason is not None:
+                    result.finished_by_core.append(out.request_id)
                 if iteration_stats is not None:
                     iteration_stats.finished_requests.append(state.finished_stats(finish_reason, now))
                 del states[out.request_id]

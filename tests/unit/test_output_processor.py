@@ -6,7 +6,7 @@ import pytest
 
 from engine.frontend.output_processor import OutputProcessor, ParentRequest
 from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.wire_messages import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists
+from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, LogprobsLists
 
 EOS = 2
 TEXT = "héllo wörld 你好 🙂, the end"
@@ -208,3 +208,21 @@ def test_prompt_ending_inside_a_character_does_not_repeat_the_prompt(processor, 
     shown = "".join(texts(feed(processor, "r", ids[cut:], FinishReason.LENGTH)))
     # The character begun in the prompt comes out whole with the first output token.
     assert shown == tokenizer.decode(ids)[len(tokenizer.decode(ids[:cut]).rstrip("\ufffd")):]
+
+
+def test_fold_merges_each_run_of_one_cores_messages_and_keeps_the_others_apart():
+    step = [EngineCoreOutputs(0, [EngineCoreOutput("a", [1])]), EngineCoreOutputs(0, [EngineCoreOutput("a", [2])]),
+            EngineCoreOutputs(1, [EngineCoreOutput("b", [3])]), EngineCoreOutputs(0, [EngineCoreOutput("a", [4])])]
+    folded = OutputProcessor.fold(step)
+    assert [m.engine_index for m in folded] == [0, 1, 0]
+    assert [[(o.request_id, o.new_token_ids) for o in m.outputs] for m in folded] == [
+        [("a", [1, 2])], [("b", [3])], [("a", [4])]]
+
+
+def test_the_core_finished_requests_are_reported_and_a_stop_string_is_left_to_the_abort(processor, tokenizer):
+    add(processor, tokenizer, "long", max_tokens=3)
+    add(processor, tokenizer, "stopped", stop=["lo"])
+    ids = tokenizer.encode(" hello")
+    result = processor.process_outputs([EngineCoreOutput("long", ids, finish_reason=FinishReason.LENGTH),
+                                        EngineCoreOutput("stopped", ids)])
+    assert result.finished_by_core == ["long"] and result.reqs_to_abort == ["stopped"]
