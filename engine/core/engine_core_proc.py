@@ -82,30 +82,32 @@ class EngineCoreProc:
         self._stats_stale = False  # aborts changed the gauges and no step may follow
 
     def run_busy_loop(self) -> None:
-        try:
-            while self._running:
-                # 1) take what every frontend sent; block only when there is nothing to do
-                if self._attacher is not None and self._attacher.pending:
-                    self._attach()
-                if not self.core.has_unfinished_requests():
-                    self._wait()
-                self._read()
-                # 2) step, and route each output to its frontend
-                if self._running and self.core.has_unfinished_requests():
-                    self._stepped_since_trim = True
-                    outputs = self.core.step()
-                    # A step without outputs (a prompt chunk) still counted prefix-cache lookups and
-                    # preemptions: its stats go out too, merged into the next outputs when held.
-                    if outputs.outputs or outputs.scheduler_stats is not None:
-                        self._route(outputs)
-                elif self._stats_stale:  # aborts emptied the core: its gauges must not stay stale
-                    self._route(self.core.stats_only())
-                self._stats_stale = False
-                # 3) send what waits, as far as each ring takes it (never blocking)
-                self._flush()
-        finally:
-            for frontend in self._frontends[1:]:  # the launcher's channel is main's to close
-                frontend.channel.close()
+        while self._running:
+            # 1) take what every frontend sent; block only when there is nothing to do
+            if self._attacher is not None and self._attacher.pending:
+                self._attach()
+            if not self.core.has_unfinished_requests():
+                self._wait()
+            self._read()
+            # 2) step, and route each output to its frontend
+            if self._running and self.core.has_unfinished_requests():
+                self._stepped_since_trim = True
+                outputs = self.core.step()
+                # A step without outputs (a prompt chunk) still counted prefix-cache lookups and
+                # preemptions: its stats go out too, merged into the next outputs when held.
+                if outputs.outputs or outputs.scheduler_stats is not None:
+                    self._route(outputs)
+            elif self._stats_stale:  # aborts emptied the core: its gauges must not stay stale
+                self._route(self.core.stats_only())
+            self._stats_stale = False
+            # 3) send what waits, as far as each ring takes it (never blocking)
+            self._flush()
+
+    def close(self) -> None:
+        """Close the attached frontends' channels (after ``tell_dead``, so they hear why); the
+        launcher's channel is main's to close."""
+        for frontend in self._frontends[1:]:
+            frontend.channel.close()
 
     def tell_dead(self, error: str) -> None:
         """The core cannot go on: every frontend hears why."""
@@ -368,6 +370,7 @@ def main(argv: list[str]) -> int:
             proc.tell_dead(f"it died of {type(e).__name__} (the EngineCore log has the traceback)")
             return 1
         finally:  # the KV-event publisher sends what it holds and removes its socket directory, on any exit
+            proc.close()
             core.stop_publishing()
         return 0
     finally:

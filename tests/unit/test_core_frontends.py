@@ -1,8 +1,9 @@
-"""The EngineCore's busy loop serving several API servers (engine/core/engine_core_proc.py, the
-attachment in engine/core/frontends.py), with real rings and a stub in place of the EngineCore (no
-model, no process): each API server's channel arrives over the attach socket and gets READY;
-outputs go back only to the ring their request came from; an API server that closes its channel
-has its requests aborted while the others are served on."""
+"""The EngineCore's one busy loop (engine/core/engine_core_proc.py; the attachment in
+engine/core/frontends.py), with real rings and a stub in place of the EngineCore (no model, no
+process): by default it serves the launch channel alone; with an attacher each API server's
+channel arrives over the attach socket and gets READY, outputs go back only to the ring their
+request came from, and an API server that closes its channel has its requests aborted while the
+others are served on."""
 from __future__ import annotations
 
 import json
@@ -60,6 +61,14 @@ class StubCore:
         return EngineCoreOutputs(0, [], 0.0, SchedulerStats(len(self.live)))
 
 
+def _serve(proc: EngineCoreProc) -> None:
+    """As the core's main runs the loop: until SHUTDOWN, then the attached channels are closed."""
+    try:
+        proc.run_busy_loop()
+    finally:
+        proc.close()
+
+
 def _request(req_id: str, max_tokens: int) -> EngineCoreRequest:
     return EngineCoreRequest(req_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens))
 
@@ -84,7 +93,7 @@ def test_outputs_go_back_to_their_api_server_and_a_closed_one_loses_only_its_req
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     core = StubCore()
     proc = EngineCoreProc(core, core_end, 0, FrontendAttacher(theirs, "shm", READY))
-    loop = threading.Thread(target=proc.run_busy_loop)
+    loop = threading.Thread(target=_serve, args=(proc,))
     loop.start()
     servers = []
     try:
@@ -117,3 +126,26 @@ def test_outputs_go_back_to_their_api_server_and_a_closed_one_loses_only_its_req
         ours.close()
         theirs.close()
     assert not loop.is_alive()
+
+
+def test_by_default_the_launch_channel_is_the_one_frontend_and_its_shutdown_ends_the_loop():
+    frontend, core_end = Channel.pair(make_codec(), capacity=1 << 16)
+    core = StubCore()
+    proc = EngineCoreProc(core, core_end, 0)
+    loop = threading.Thread(target=_serve, args=(proc,))
+    loop.start()
+    try:
+        frontend.send(_request("a", 3))
+        frontend.send(_request("b", 5))
+        got = _outputs_until(frontend, _finished("b"))
+        assert _ids(got) == {"a", "b"} and sum(len(o.new_token_ids) for m in got for o in m.outputs) == 8
+        assert sum(m.scheduler_stats.prefix_cache_queries for m in got) > 0  # the one frontend counts
+        frontend.send(Shutdown())
+        loop.join(10)
+        assert not loop.is_alive()
+    finally:
+        if loop.is_alive():
+            frontend.send(Shutdown())
+            loop.join(10)
+        frontend.close()
+        core_end.close()
