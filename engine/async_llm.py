@@ -125,27 +125,31 @@ class RequestOutputCollector:
         elif type(pending) is RequestOutput:
             _merge(pending, output, self.aggregate)
         waiter = self.waiter
-        if waiter is not None and self._due():
+        if waiter is not None and (not self._interval or self._due()):
             self.waiter = None
             if not waiter.done():  # done: its consumer was cancelled
                 waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
-        while not self._due():  # a bare future: one consumer, woken once per output it may take
+        while self.output is None or (self._interval and not self._due()):  # one consumer, woken once per output
             loop = self._loop or asyncio.get_running_loop()
             self.waiter = waiter = loop.create_future()
             await waiter
         return self._take()
 
     def get_nowait(self) -> Optional[RequestOutput]:
-        return self._take() if self._due() else None
+        if self.output is None or (self._interval and not self._due()):
+            return None
+        return self._take()
 
     def _due(self) -> bool:
-        """Whether the pending output may be handed out now (see ``stream_interval``)."""
+        """Whether the pending output may be handed out now, with ``stream_interval`` set (the
+        callers test ``_interval`` first: without it every output is due, and the common path
+        pays for no call)."""
         output = self.output
         if output is None:
             return False
-        if not self._interval or self._sent is None or type(output) is not RequestOutput:
+        if self._sent is None or type(output) is not RequestOutput:
             return True
         return output.finished or output.error is not None or \
             _num_new_tokens(output, self.aggregate, self._sent) >= self._interval
