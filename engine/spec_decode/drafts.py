@@ -11,6 +11,8 @@ Rules, all here so the scheduler only calls ``add_drafts`` and ``after_step``:
 - Drafts use what the step leaves: they are added after the batch is chosen, from the token
   budget left over and from free KV blocks only. They never preempt, never displace a waiting
   request, and are never counted as prompt tokens.
+- A request's slots for k drafts are allocated before they are proposed (a draft model writes
+  its KV there); those of tokens not proposed go back at once.
 - A request drafts only when its output can be checked token by token against the target's own
   sampling at each position: greedy or unseeded random sampling, no penalties, no logit_bias,
   allowed_token_ids or bad_words, no grammar (structured outputs), min_tokens already reached.
@@ -43,11 +45,16 @@ MAX_PAUSE = 64  # steps
 class DraftState:
     """A request's draft length and back-off."""
 
-    __slots__ = ("k", "misses", "pause", "paused", "context")
+    __slots__ = ("k", "misses", "pause", "paused", "context", "draft_probs")
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.context = None  # the proposer's copy of the tokens (ngram.py: an array and its length)
+        # The proposer's own record of the request (ngram.py: its tokens as an array and their
+        # length; draft_model.py: what the draft's KV holds).
+        self.context = None
+        # A draft model's distributions of this step's draft tokens ([k, vocab], random sampling),
+        # for the runner's rejection sampling (verify.py); None: the drafts are point masses.
+        self.draft_probs = None
         self.misses = 0  # steps in a row where no draft token was accepted
         self.pause = 0  # length of the last pause, doubled each time
         self.paused = 0  # steps left without lookups
@@ -84,6 +91,9 @@ class DraftScheduler:
         self.config = config
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
+        if proposer is None and config.method != "ngram":
+            raise ValueError(f"speculative_config: method {config.method!r} needs the worker's draft model, "
+                             "and this worker has none")
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats()
 
@@ -94,6 +104,7 @@ class DraftScheduler:
         if budget <= 0 or (limit is not None and num_running >= limit):
             return 0
         picked, room = [], []
+        left_budget = budget
         for i, (req, n) in enumerate(zip(batch, num_tokens)):
             if n != 1 or req.num_computed_tokens + 1 != req.num_tokens or not can_speculate(req):
                 continue
@@ -106,22 +117,25 @@ class DraftScheduler:
             left = self.max_model_len - req.num_tokens - 1  # k + 1 tokens may be emitted
             if req.max_tokens is not None:
                 left = min(left, req.max_tokens - req.num_output_tokens - 1)
-            k = min(state.k, left)
-            if k > 0:
+            k = min(state.k, left, left_budget)
+            # Slots first: a draft model writes its own KV at the drafts' positions (draft_model.py).
+            if k > 0 and self.kv_cache.allocate_slots(req, 1 + k):
                 picked.append(i)
                 room.append(k)
+                left_budget -= k
+                if not left_budget:
+                    break
         if not picked:
             return 0
         used = 0
-        for i, draft in zip(picked, self.proposer.propose([batch[i] for i in picked], room)):
-            draft = draft[:budget - used]
-            if not draft or not self.kv_cache.allocate_slots(batch[i], 1 + len(draft)):
-                continue
-            batch[i].spec_token_ids = draft
-            num_tokens[i] += len(draft)
-            used += len(draft)
-            if used == budget:
-                break
+        for i, k, draft in zip(picked, room, self.proposer.propose([batch[i] for i in picked], room)):
+            req = batch[i]
+            if len(draft) < k:  # give back the slots of the tokens not proposed
+                self.kv_cache.trim(req, req.num_tokens + len(draft))
+            if draft:
+                req.spec_token_ids = draft
+                num_tokens[i] += len(draft)
+                used += len(draft)
         return used
 
     def after_step(self, req: Request, num_accepted: int) -> None:
@@ -130,6 +144,7 @@ class DraftScheduler:
         rejected drafts, count, and adapt its draft length."""
         num_drafted = len(req.spec_token_ids)
         req.spec_token_ids = []
+        req.spec_state.draft_probs = None
         req.num_computed_tokens = req.num_tokens - 1  # the last token's KV is next step's
         self.kv_cache.trim(req, req.num_tokens)
         stats = self.stats

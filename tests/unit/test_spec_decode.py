@@ -11,7 +11,7 @@ from engine.core.request import RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.spec_decode.config import resolve_speculative_config
 from engine.spec_decode.ngram import ngram_draft
-from engine.spec_decode.verify import accepted_tokens
+from engine.spec_decode.verify import accepted_tokens, rejection_sample
 from engine.wire_messages import FinishReason
 from engine.worker.sampler import Sampler, SamplingMetadata
 from tests.helpers.core_utils import EOS, make_request, make_scheduler
@@ -77,6 +77,33 @@ def test_sampled_verification_keeps_the_target_distribution():
         assert chi2 < 18.47, (position, observed, expected)
     accepted_first = sum(1 for e in emitted if len(e) > 1) / trials
     assert abs(accepted_first - float(target[0, 0])) < 0.02  # accepted with probability p(d)
+
+
+def test_rejection_sampling_with_draft_probabilities_keeps_the_target_distribution():
+    """A draft model's drafts drawn from its own q: the emitted token at each position follows the
+    target's p there (chi-square, 4 degrees of freedom, alpha 1e-3: 18.47), given that the drafts
+    before it were accepted, and a draft is kept with probability sum(min(p, q)). Seeded."""
+    torch.manual_seed(0)
+    vocab, trials = 5, 20000
+    p = torch.softmax(torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 1.0, 0.2, 0.1],
+                                    [1.0, 0.0, 1.0, 0.5, 0.3]]), dim=-1)
+    q = torch.softmax(torch.tensor([[0.0, 2.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 2.0, 0.1]]), dim=-1)
+    drafts = torch.multinomial(q, trials, replacement=True).T.tolist()  # [trials, 2], row j from q[j]
+    emitted = [rejection_sample(p, q, d) for d in drafts]
+    for position in range(3):
+        reached = [e[position] for e in emitted if len(e) > position]
+        observed = np.bincount(reached, minlength=vocab)
+        expected = p[position].numpy() * len(reached)
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        assert chi2 < 18.47, (position, observed, expected)
+    kept_first = sum(1 for e in emitted if len(e) > 1) / trials
+    assert abs(kept_first - float(torch.minimum(p[0], q[0]).sum())) < 0.02
+
+
+def test_rejection_sampling_keeps_every_draft_when_draft_and_target_agree():
+    p = torch.softmax(torch.tensor([[1.0, 0.0, 2.0]] * 4), dim=-1)
+    for draft in ([2, 0, 1], [0, 0, 0]):
+        assert rejection_sample(p, p[:3], draft)[:3] == draft
 
 
 # ---------------------------------------------------------------- scheduler: drafts and rollback
@@ -165,10 +192,14 @@ def test_drafts_take_only_the_budget_left():
 
 # ---------------------------------------------------------------- config
 @pytest.mark.parametrize("value, named", [
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"model": "/models/draft", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}, "draft_tensor_parallel_size"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "speculative_config.model"),
+    ({"method": "ngram", "model": "/models/draft", "num_speculative_tokens": 3}, "speculative_config.model"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2},
+     "draft_tensor_parallel_size"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "quantization": "gguf"}, "quantization"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "'eagle' is not supported"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
     ({"method": "ngram"}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
@@ -181,6 +212,13 @@ def test_speculative_config_refusals_name_the_key(value, named):
         resolve_speculative_config(value)
     with pytest.raises(ValueError, match=named):
         EngineArgs(load_format="dummy", speculative_config=value).create_engine_config()
+
+
+def test_a_model_alone_means_a_draft_model_as_in_vllm():
+    cfg = resolve_speculative_config({"model": "/models/draft", "num_speculative_tokens": 3,
+                                      "draft_tensor_parallel_size": 1})
+    assert (cfg.method, cfg.model, cfg.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
+    assert resolve_speculative_config(cfg) == cfg
 
 
 def test_speculative_config_defaults_follow_vllm():
