@@ -29,6 +29,8 @@ Rules, all here so the scheduler only calls ``add_drafts`` and ``after_step``:
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Optional
 
 from engine.core.kv_cache import KVCacheManager
@@ -38,6 +40,9 @@ from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramProposer, Proposer
 from engine.worker.logit_controls import has_logit_controls, has_penalties
 
+logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 10.0  # between two acceptance log lines (vLLM logs its stats every 10 s)
 MISSES_BEFORE_PAUSE = 3  # steps in a row with nothing accepted
 MAX_PAUSE = 64  # steps
 
@@ -62,19 +67,47 @@ class DraftState:
 
 class SpecStats:
     """Counters since the last ``take`` (vLLM's spec_decode_num_drafts / num_draft_tokens /
-    num_accepted_tokens): requests that ran drafts, draft tokens verified, of which accepted."""
+    num_accepted_tokens / num_accepted_tokens_per_pos): requests that ran drafts, draft tokens
+    verified, of which accepted, and how many drafts had their token at each position accepted.
+    Every LOG_INTERVAL_S a ``take`` also logs the acceptance since the last such line (vLLM's
+    "SpecDecoding metrics" line)."""
 
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "_logged", "_since")
 
-    def __init__(self) -> None:
+    def __init__(self, num_speculative_tokens: int) -> None:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * num_speculative_tokens
+        self._since = [0, 0, 0]  # drafts, draft tokens, accepted since the last log line
+        self._logged = time.monotonic()
 
-    def take(self) -> dict[str, int]:
+    def count(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.accepted_per_pos[pos] += 1
+
+    def take(self) -> dict:
         """The counters since the last call, as SchedulerStats fields; they restart from zero."""
-        step = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+        step = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.accepted_per_pos)
+        self._log(step)
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * len(self.accepted_per_pos)
         return dict(zip(("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
-                         "spec_decode_num_accepted_tokens"), step))
+                         "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos"), step))
+
+    def _log(self, step: tuple) -> None:
+        since = self._since
+        for i in range(3):
+            since[i] += step[i]
+        now = time.monotonic()
+        if now - self._logged < LOG_INTERVAL_S or not since[0]:
+            return
+        drafts, drafted, accepted = since
+        logger.info("SpecDecoding metrics: draft acceptance rate %.1f%%, mean acceptance length %.2f, "
+                    "accepted %d of %d draft tokens in %d drafts", 100.0 * accepted / max(1, drafted),
+                    1 + accepted / drafts, accepted, drafted, drafts)
+        self._since, self._logged = [0, 0, 0], now
 
 
 def can_speculate(req: Request) -> bool:
@@ -95,7 +128,7 @@ class DraftScheduler:
             raise ValueError(f"speculative_config: method {config.method!r} needs the worker's draft model, "
                              "and this worker has none")
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-        self.stats = SpecStats()
+        self.stats = SpecStats(config.num_speculative_tokens)
 
     def add_drafts(self, batch: list[Request], num_tokens: list[int], budget: int, num_running: int) -> int:
         """Give this step's decodes their drafts (``req.spec_token_ids``, ``num_tokens[i]`` grown
@@ -147,10 +180,7 @@ class DraftScheduler:
         req.spec_state.draft_probs = None
         req.num_computed_tokens = req.num_tokens - 1  # the last token's KV is next step's
         self.kv_cache.trim(req, req.num_tokens)
-        stats = self.stats
-        stats.num_drafts += 1
-        stats.num_draft_tokens += num_drafted
-        stats.num_accepted_tokens += num_accepted
+        self.stats.count(num_drafted, num_accepted)
         state = req.spec_state
         if num_accepted == num_drafted:
             state.k = min(self.config.num_speculative_tokens, state.k + 1)

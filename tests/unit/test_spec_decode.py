@@ -237,10 +237,30 @@ def test_metrics_count_drafts_under_vllms_names():
     metrics = ServerMetrics("tiny", 256)
     for _ in range(2):
         metrics.record(SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
-                                      spec_decode_num_accepted_tokens=7), None)
+                                      spec_decode_num_accepted_tokens=7,
+                                      spec_decode_num_accepted_tokens_per_pos=[3, 2, 2, 0]), None)
     text = generate_latest(metrics.registry).decode()
     for name, value in (("drafts", 6), ("draft_tokens", 24), ("accepted_tokens", 14)):
         assert f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="tiny"}} {float(value)}' in text
+    for position, value in enumerate((6, 4, 4, 0)):
+        assert (f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",'
+                f'position="{position}"}} {float(value)}') in text
+
+
+def test_stats_count_accepted_tokens_per_position_and_log_the_acceptance(caplog, monkeypatch):
+    from engine.spec_decode import drafts
+
+    stats = drafts.SpecStats(3)
+    stats.count(3, 1)
+    stats.count(3, 3)
+    monkeypatch.setattr(drafts, "LOG_INTERVAL_S", 0.0)
+    with caplog.at_level("INFO", logger=drafts.__name__):
+        taken = stats.take()
+    assert taken["spec_decode_num_accepted_tokens_per_pos"] == [2, 1, 1]
+    assert (taken["spec_decode_num_drafts"], taken["spec_decode_num_draft_tokens"],
+            taken["spec_decode_num_accepted_tokens"]) == (2, 6, 4)
+    assert "draft acceptance rate 66.7%, mean acceptance length 3.00" in caplog.text
+    assert stats.take()["spec_decode_num_accepted_tokens_per_pos"] == [0, 0, 0]
 
 
 def test_drafts_shrink_after_a_rejection_and_pause_longer_after_each_run_of_misses():
