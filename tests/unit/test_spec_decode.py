@@ -106,6 +106,19 @@ def test_rejection_sampling_keeps_every_draft_when_draft_and_target_agree():
         assert rejection_sample(p, p[:3], draft)[:3] == draft
 
 
+def test_a_draft_models_kv_stays_valid_as_far_as_its_drafts_were_accepted():
+    from engine.spec_decode.draft_model import _DraftKV
+
+    kv = _DraftKV()
+    kv.valid = kv.base = 10
+    kv.fed = [5, 6, 7]  # drafts 5 6 7 8 proposed after 10 known tokens; 5 6 accepted, then 9
+    assert kv.rolled_back(list(range(10)) + [5, 6, 9]) == 12
+    assert kv.rolled_back(list(range(10)) + [5, 6, 9, 1]) == 12  # nothing fed since: unchanged
+    kv.valid = kv.base = 13
+    kv.fed = [1, 2]
+    assert kv.rolled_back(list(range(13)) + [1, 2, 3, 4]) == 15  # all accepted (and the last, 3)
+
+
 # ---------------------------------------------------------------- scheduler: drafts and rollback
 def run_step(scheduler, emit: dict[str, list[int]]) -> tuple[SchedulerOutput, list]:
     """One step; a request with drafts emits ``emit[id]`` (as the runner's acceptance would)."""
