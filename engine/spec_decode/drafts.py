@@ -20,7 +20,9 @@ Rules, all here so the scheduler only calls ``add_drafts`` and ``after_step``:
 - No drafts when the running batch has ``disable_by_batch_size`` requests or more.
 - Per request, the draft length follows acceptance: all accepted, one more (up to
   num_speculative_tokens); some rejected, the accepted count plus one; several steps in a row
-  with nothing accepted, no lookups for a pause that doubles each time (up to MAX_PAUSE steps).
+  with nothing accepted, no drafts for a pause that doubles each time (up to MAX_PAUSE steps)
+  and halves with each step that had a draft token accepted (resetting it on any hit let
+  free text, where a lookup hits now and then, draft at a loss: RESULTS.md).
 - A draft never reaches past max_tokens or max_model_len: k + 1 tokens may be emitted.
 - After the step the request's computed length is rolled back to its known tokens but the last
   (the rejected drafts' KV is garbage past it, overwritten later, and never registered in the
@@ -186,8 +188,9 @@ class DraftScheduler:
             state.k = min(self.config.num_speculative_tokens, state.k + 1)
         else:
             state.k = num_accepted + 1
-        if num_accepted:
-            state.misses = state.pause = 0
+        if num_accepted:  # a hit halves the next pause: one lucky hit in many misses keeps the back-off
+            state.misses = 0
+            state.pause //= 2
             return
         state.misses += 1
         if state.misses >= MISSES_BEFORE_PAUSE:

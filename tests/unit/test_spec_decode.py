@@ -289,3 +289,8 @@ def test_drafts_shrink_after_a_rejection_and_pause_longer_after_each_run_of_miss
         sizes.append(sched.num_scheduled_tokens[0])
     # 3 drafted (k=3, then 1 after each miss), paused 1 step; 3 more, paused 2 steps; then again
     assert sizes == [4, 2, 2, 1, 2, 2, 2, 1, 1, 2]
+    # a hit halves the next pause instead of forgetting it
+    assert req.spec_state.pause == 2
+    hit = following[req.all_token_ids[-1]]
+    sched, _ = run_step(s, {"a": [hit, following[hit] + 100]})
+    assert sched.num_scheduled_tokens == [2] and req.output_token_ids[-2] == hit and req.spec_state.pause == 1
