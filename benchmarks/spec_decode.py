@@ -10,8 +10,9 @@ relative to one target step for the break-even arithmetic in RESULTS.md).
 Every engine is built once (its core in this process, so the drafts' counters can be read) and
 called in alternating order each round; only ``generate`` is timed, after a warm-up. Reported:
 output tokens/s (median and spread), the ratio to no drafts, the acceptance rate (accepted /
-drafted tokens), the tokens a verification step emitted on average, and whether the greedy
-texts agreed with no drafts.
+drafted tokens), the tokens a verification step emitted on average, the share of the time spent
+proposing (the draft model's forwards, or the lookups), and whether the greedy texts agreed with
+no drafts.
 
     python -m benchmarks.spec_decode                     # default model, 128 tokens, 3 rounds
     python -m benchmarks.spec_decode --draft --k 3 --deterministic
@@ -80,9 +81,13 @@ def main() -> None:
         spec = llm.llm_engine.engine_core.engine_core.scheduler.spec
         stats = None if spec is None else spec.stats
         counters = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        proposing = [0.0]  # seconds in the proposer (the draft model's forwards, or the lookups)
+        if spec is not None and not hasattr(spec.proposer.propose, "timed"):
+            spec.proposer.propose = timed(spec.proposer.propose, proposing)
 
         def measure() -> dict:
             before = None if stats is None else [getattr(stats, c) for c in counters]
+            proposing[0] = 0.0
             start = time.perf_counter()
             out = llm.generate([WORKLOADS[workload]], params, use_tqdm=False)[0].outputs[0]
             seconds = time.perf_counter() - start
@@ -92,6 +97,7 @@ def main() -> None:
                 drafts, drafted, accepted = (getattr(stats, c) - b for c, b in zip(counters, before))
                 metrics["acceptance"] = accepted / max(1, drafted)
                 metrics["tokens_per_verify"] = (accepted + drafts) / max(1, drafts)
+                metrics["proposing_share"] = proposing[0] / seconds
             return metrics
         return measure
 
@@ -107,13 +113,26 @@ def main() -> None:
         print(bench.table(f"One stream, greedy, {args.max_tokens} tokens, {workload}", [
             Column("tok/s", workload, "tok_s"), Column("vs no drafts", workload, "tok_s", ratio_to=BASE),
             Column("acceptance", workload, "acceptance", fmt="{:.2f}"),
-            Column("tokens per verify step", workload, "tokens_per_verify", fmt="{:.2f}")]))
+            Column("tokens per verify step", workload, "tokens_per_verify", fmt="{:.2f}"),
+            Column("time proposing", workload, "proposing_share", fmt="{:.0%}")]))
         same = [name for name in engines if "alone" not in name and texts[workload, name] == texts[workload, BASE]]
         print(f"\ngreedy text equal to no drafts: {', '.join(same)}\n")
     for path in bench.save():
         print(f"wrote {os.path.relpath(path)}")
     for llm in engines.values():
         llm.shutdown()
+
+
+def timed(propose, seconds: list):
+    """``propose``, adding the time each call takes to ``seconds[0]``."""
+    def call(*args):
+        start = time.perf_counter()
+        try:
+            return propose(*args)
+        finally:
+            seconds[0] += time.perf_counter() - start
+    call.timed = True
+    return call
 
 
 if __name__ == "__main__":
