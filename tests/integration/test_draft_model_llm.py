@@ -1,6 +1,6 @@
 """Speculative decoding with a draft model (``speculative_config`` method "draft_model") through
 LLM, AsyncLLM and the server: greedy output (tokens and logprobs) the same as without drafts;
-max_tokens, stop ids, n, preemption, structured outputs and abort behave as without drafts;
+max_tokens, stop ids and strings, n, preemption, structured outputs and abort behave as without drafts;
 random sampling emits the right count with the emitted tokens' logprobs; a draft equal to the
 target accepts everything; a draft of another vocabulary is refused naming the key."""
 from __future__ import annotations
@@ -157,6 +157,9 @@ def test_the_server_serves_a_draft_model_and_counts_its_drafts(dirs, llms):
         whole = client.completions.create(**kw).choices[0]
         streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
         assert whole.text == streamed == ref.text
+        stop = ref.text[len(ref.text) // 2:len(ref.text) // 2 + 3]
+        cut = client.completions.create(stop=[stop], **kw).choices[0]
+        assert cut.text == ref.text[:ref.text.index(stop)] and cut.finish_reason == "stop"
         status, body, _ = server.get("/metrics")
         assert status == 200
         lines = [line for line in body.decode().splitlines() if line.startswith("vllm:spec_decode_num_")]
