@@ -76,12 +76,13 @@ def main() -> None:
         engines["Q4_1 draft alone"] = LLM(model=default_gguf_path(), **{**kw, "dtype": "auto"})
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     texts: dict[tuple[str, str], str] = {}
+    proposing_s: dict[str, list] = {}  # seconds in each engine's proposer (draft forwards, or lookups)
 
     def case(workload: str, name: str, llm):
         spec = llm.llm_engine.engine_core.engine_core.scheduler.spec
         stats = None if spec is None else spec.stats
         counters = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-        proposing = [0.0]  # seconds in the proposer (the draft model's forwards, or the lookups)
+        proposing = proposing_s.setdefault(name, [0.0])  # one timer per engine, whatever the workload
         if spec is not None and not hasattr(spec.proposer.propose, "timed"):
             spec.proposer.propose = timed(spec.proposer.propose, proposing)
 
