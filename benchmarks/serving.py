@@ -312,6 +312,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             if llm is not None:
                 llm.shutdown()
     baseline = "zmq" if "zmq" in servers and len(bench.methods()) > 1 else None
+    if baseline is None and args.compare and "shm" in servers:  # settings compared with the plain server
+        baseline = "shm"
     for level in args.levels:
         s = f"c={level}"
         columns = [Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
@@ -320,7 +322,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                    Column("TTFT mean ms", s, "ttft_mean_ms", "{:.0f}"),
                    Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
         if baseline:
-            columns.append(Column("tok/s vs zmq", s, "output_tokens_per_s", ratio_to=baseline))
+            columns.append(Column(f"tok/s vs {baseline}", s, "output_tokens_per_s", ratio_to=baseline))
         if args.peer_url:
             columns.append(Column(f"tok/s vs {args.peer_name}", s, "output_tokens_per_s", ratio_to=args.peer_name))
         print(f"\n{bench.table(f'{level} concurrent streams', columns)}")

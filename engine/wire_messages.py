@@ -111,6 +111,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [k]: drafts whose token at position j was accepted
 
     def add_counters(self, earlier: "SchedulerStats") -> None:
         """Fold in an earlier step's counters (this step's gauges are the newer ones)."""
@@ -120,6 +121,15 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
         self.spec_decode_num_drafts += earlier.spec_decode_num_drafts
         self.spec_decode_num_draft_tokens += earlier.spec_decode_num_draft_tokens
         self.spec_decode_num_accepted_tokens += earlier.spec_decode_num_accepted_tokens
+        self.spec_decode_num_accepted_tokens_per_pos = add_lists(self.spec_decode_num_accepted_tokens_per_pos,
+                                                                 earlier.spec_decode_num_accepted_tokens_per_pos)
+
+
+def add_lists(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum, as long as the longer list (a missing entry counts 0)."""
+    if len(a) < len(b):
+        a, b = b, a
+    return [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -61,14 +61,15 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
                                    reasoning)
 
 
-def _draft_scheduler(config: EngineConfig, kv_cache: KVCacheManager) -> Optional[Any]:
+def _draft_scheduler(config: EngineConfig, kv_cache: KVCacheManager, proposer: Optional[Any]) -> Optional[Any]:
     """Speculative decoding's scheduler part (engine/spec_decode/drafts.py), or None without
-    speculative_config (or for a pooling model, which never decodes)."""
+    speculative_config (or for a pooling model, which never decodes). ``proposer``: the worker's
+    draft model, if it has one (else n-gram lookup)."""
     if config.speculative_config is None or config.model_config.runner_type == "pooling":
         return None
     from engine.spec_decode.drafts import DraftScheduler
 
-    return DraftScheduler(config.speculative_config, kv_cache, config.model_config.max_model_len)
+    return DraftScheduler(config.speculative_config, kv_cache, config.model_config.max_model_len, proposer)
 
 
 class EngineCore:
@@ -97,7 +98,7 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
                                    structured_output=_structured_output_manager(config),
-                                   speculative=_draft_scheduler(config, kv_cache))
+                                   speculative=_draft_scheduler(config, kv_cache, self.worker.draft_proposer))
         self.log_stats = not config.disable_log_stats
         # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
         self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)

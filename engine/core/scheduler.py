@@ -479,6 +479,7 @@ class Scheduler:
         self.kv_cache.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_state = None  # a draft model's KV went with the blocks (engine/spec_decode/)
         req.num_preemptions += 1
         self.waiting.add_preempted(req)
         self.finished_req_ids.add(req.request_id)

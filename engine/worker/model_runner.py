@@ -28,12 +28,13 @@ from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput
 from engine.kv_transfer import make_kv_connector
 from engine.models.attention import AttentionMetadata, to_device
 from engine.sampling_params import SamplingType
-from engine.spec_decode.verify import accepted_tokens
+from engine.spec_decode.verify import accepted_tokens, rejection_sample
 from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
 from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
-from engine.worker.sampler import Sampler, SamplingMetadata, gather_logprobs, replay_draws, to_logprobs_lists
+from engine.worker.sampler import (Sampler, SamplingMetadata, gather_logprobs, random_probs, replay_draws,
+                                  to_logprobs_lists)
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +77,21 @@ class ModelRunner:
         self.decode_graphs: Optional[DecodeGraphs] = None  # captured once the KV cache exists (CUDA)
         self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
         self._states: dict[str, _RequestState] = {}
+        # speculative_config's draft model (engine/spec_decode/draft_model.py): loaded and run here,
+        # its KV cache sized with the target's; the scheduler asks it for drafts. None otherwise.
+        self.drafter = None
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model" and mc.runner_type != "pooling":
+            from engine.spec_decode.draft_model import DraftModelProposer
+
+            self.drafter = DraftModelProposer(config, self._sampling_metadata)
 
     # ------------------------------------------------------------------ KV cache
     def kv_cache_block_bytes(self) -> int:
+        """One block's bytes: the target's, plus the draft model's own block of the same id."""
         shape = self.model.kv_cache_shape(1, self.block_size)
-        return math.prod(shape) * self.model.dtype.itemsize
+        draft = self.drafter.kv_cache_block_bytes() if self.drafter is not None else 0
+        return math.prod(shape) * self.model.dtype.itemsize + draft
 
     def initialize_kv_cache(self) -> int:
         """Allocate the paged cache; returns its number of blocks."""
@@ -93,6 +104,8 @@ class ModelRunner:
                              f"({per_block} bytes for {self.block_size} tokens)")
         self.kv_caches = _zeros(self.model.kv_cache_shape(num_blocks, self.block_size), self.model.dtype,
                                 self.device)
+        if self.drafter is not None:
+            self.drafter.allocate(num_blocks, _zeros)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
         self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
@@ -152,6 +165,7 @@ class ModelRunner:
                 from engine.structured_output.bitmask import apply_grammar_bitmask
 
                 apply_grammar_bitmask(logits, so.grammar_bitmask, {r.request_id: j for j, r in enumerate(row_reqs)})
+            drafted = self._draft_distributions(batch.sampled, logits)  # before the sampler changes logits
             result = self.sampler(logits, self._sampling_metadata(row_reqs))
             sampled = result.sampled.tolist()
             out.req_ids = [r.request_id for r in batch.sampled]
@@ -161,6 +175,10 @@ class ModelRunner:
                 out.sampled_token_ids.append(sampled[j])
                 if req.spec_token_ids:
                     emitted = accepted_tokens(sampled[j:j + 1 + len(req.spec_token_ids)], req.spec_token_ids)
+                    if req.request_id in drafted:
+                        emitted = rejection_sample(drafted[req.request_id][0], req.spec_state.draft_probs,
+                                                   req.spec_token_ids)
+                        out.sampled_token_ids[-1] = emitted[0]
                     out.accepted_token_ids[req.request_id] = emitted
                 j += 1 + len(req.spec_token_ids)
             if result.logprobs is not None:  # copied back once for the batch, not per request
@@ -170,6 +188,10 @@ class ModelRunner:
                     if num is not None:
                         end = j + len(out.accepted_token_ids.get(req.request_id, (0,)))
                         out.logprobs[req.request_id] = to_logprobs_lists(ids[j:end], lps[j:end], ranks[j:end], num)
+                        if req.request_id in drafted:  # the emitted tokens are not the sampler's
+                            raw = drafted[req.request_id][1][:end - j]
+                            emitted = torch.tensor(out.accepted_token_ids[req.request_id], device=self.device)
+                            out.logprobs[req.request_id] = to_logprobs_lists(*gather_logprobs(raw, emitted, num), num)
         for req, row, n, last in batch.pooling:
             pooled = self._pool(req, hidden[row:row + n], last)
             if pooled is not None:
@@ -177,6 +199,20 @@ class ModelRunner:
         for req, row, targets in batch.prompt_lp:
             out.prompt_logprobs[req.request_id] = self._prompt_logprobs(hidden, row, targets,
                                                                         req.sampling_params.prompt_logprobs)
+        return out
+
+    def _draft_distributions(self, sampled: list[Request], logits: torch.Tensor) -> dict[str, tuple]:
+        """For each request whose drafts came with a draft model's distributions (random
+        sampling): the target's distributions at its 1 + k rows, for the rejection sampling
+        (spec_decode/verify.py), and the rows' raw logprobs if it asked for logprobs."""
+        out, j = {}, 0
+        for req in sampled:
+            k = len(req.spec_token_ids)
+            if k and req.spec_state.draft_probs is not None:
+                rows = logits[j:j + 1 + k].clone()
+                raw = torch.log_softmax(rows, dim=-1) if req.sampling_params.logprobs is not None else None
+                out[req.request_id] = (random_probs(rows, self._sampling_metadata([req] * (1 + k))), raw)
+            j += 1 + k
         return out
 
     def _pool(self, req: Request, rows: torch.Tensor, last: bool) -> Optional[bytes]:

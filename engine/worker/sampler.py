@@ -88,13 +88,20 @@ class Sampler:
         if md.temperature is None:
             return argmax_rows(logits)
         greedy = argmax_rows(logits) if md.greedy_rows is not None else None
-        logits.div_(md.temperature.unsqueeze(1))
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
-        if md.top_k is not None or md.top_p is not None:
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        sampled = sample_from_cdf(torch.softmax(logits, dim=-1), md.generators)
+        sampled = sample_from_cdf(random_probs(logits, md), md.generators)
         return sampled if greedy is None else torch.where(md.greedy_rows, greedy, sampled)
+
+
+def random_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Stage 4's distribution of each row (meaningful for the random rows): temperature, min_p,
+    top-k, top-p, softmax. Changes ``logits``. Speculative decoding's rejection sampling compares
+    the draft's and the target's rows of it (engine/spec_decode/verify.py)."""
+    logits.div_(md.temperature.unsqueeze(1))
+    if md.min_p is not None:
+        logits = apply_min_p(logits, md.min_p)
+    if md.top_k is not None or md.top_p is not None:
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+    return torch.softmax(logits, dim=-1)
 
 
 def sample_from_cdf(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

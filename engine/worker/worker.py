@@ -76,6 +76,12 @@ class Worker:
         """The KV connector the scheduler consults (engine/kv_transfer/), or None."""
         return getattr(self.model_runner, "kv_connector", None)
 
+    @property
+    def draft_proposer(self) -> Optional[Any]:
+        """speculative_config's draft model, which the scheduler asks for drafts
+        (engine/spec_decode/draft_model.py), or None."""
+        return getattr(self.model_runner, "drafter", None)
+
 
 def resolve_worker_cls(value: Union[str, type]) -> type[Worker]:
     """``worker_cls`` as a class: Worker for "auto", the class a dotted path "module.Class"

@@ -14,29 +14,14 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.helpers.cli_utils import serve_parser
 from tests.helpers.openai_server_utils import RINGLLM
+from tests.helpers.spec_decode_utils import PROMPTS, TINY, assert_same, generate, make_llm, write_untied_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20, num_threads=1,
-            seed=0)
-PROMPTS = [[11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-           [500, 600, 700, 500, 600, 700, 500, 600],
-           [9, 8, 7, 6, 5, 4, 3],
-           list(range(1000, 1040)) + list(range(1000, 1010))]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """Untied, so each token depends on the context and drafts are sometimes rejected (the tied
-    dummy model repeats its last token whatever comes before)."""
-    from engine.models.default_model import write_tiny_model
-
-    return write_tiny_model(str(tmp_path_factory.mktemp("untied")), tie_word_embeddings=False)
-
-
-def make_llm(model, speculative_config=None, in_process=True, **kw) -> LLM:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RINGLLM_ENABLE_MULTIPROCESSING", "0" if in_process else "1")
-        return LLM(model, speculative_config=speculative_config, **kw)
+    return write_untied_model(str(tmp_path_factory.mktemp("untied")))
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +31,6 @@ def llms(model_dir):
     yield base, spec
     base.shutdown()
     spec.shutdown()
-
-
-def generate(llm, prompts, params):
-    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-
-
-def assert_same(base, spec) -> None:
-    for a, b in zip(base, spec, strict=True):
-        assert len(a.outputs) == len(b.outputs)
-        for x, y in zip(a.outputs, b.outputs):
-            assert y.token_ids == x.token_ids and y.text == x.text and y.finish_reason == x.finish_reason
-            if x.logprobs is not None:
-                for lx, ly, t in zip(x.logprobs, y.logprobs, x.token_ids, strict=True):
-                    assert lx.keys() == ly.keys() and ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
 
 
 def test_greedy_output_is_the_same_with_drafts(llms):
@@ -135,7 +106,7 @@ def test_the_default_model_gives_the_same_greedy_text_with_drafts_that_hit():
 
 
 @pytest.mark.parametrize("config, named", [
-    ('{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 3}', "not yet supported"),
+    ('{"method": "eagle", "model": "/models/draft", "num_speculative_tokens": 3}', "'eagle' is not supported"),
     ('{"method": "ngram", "num_speculative_tokens": 3, "acceptance_method": "typical"}', "acceptance_method"),
 ])
 def test_serve_refuses_a_speculative_config_it_does_not_carry_out(model_dir, config, named):

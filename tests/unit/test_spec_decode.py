@@ -11,7 +11,7 @@ from engine.core.request import RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.spec_decode.config import resolve_speculative_config
 from engine.spec_decode.ngram import ngram_draft
-from engine.spec_decode.verify import accepted_tokens
+from engine.spec_decode.verify import accepted_tokens, rejection_sample
 from engine.wire_messages import FinishReason
 from engine.worker.sampler import Sampler, SamplingMetadata
 from tests.helpers.core_utils import EOS, make_request, make_scheduler
@@ -77,6 +77,46 @@ def test_sampled_verification_keeps_the_target_distribution():
         assert chi2 < 18.47, (position, observed, expected)
     accepted_first = sum(1 for e in emitted if len(e) > 1) / trials
     assert abs(accepted_first - float(target[0, 0])) < 0.02  # accepted with probability p(d)
+
+
+def test_rejection_sampling_with_draft_probabilities_keeps_the_target_distribution():
+    """A draft model's drafts drawn from its own q: the emitted token at each position follows the
+    target's p there (chi-square, 4 degrees of freedom, alpha 1e-3: 18.47), given that the drafts
+    before it were accepted, and a draft is kept with probability sum(min(p, q)). Seeded."""
+    torch.manual_seed(0)
+    vocab, trials = 5, 20000
+    p = torch.softmax(torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 1.0, 0.2, 0.1],
+                                    [1.0, 0.0, 1.0, 0.5, 0.3]]), dim=-1)
+    q = torch.softmax(torch.tensor([[0.0, 2.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 2.0, 0.1]]), dim=-1)
+    drafts = torch.multinomial(q, trials, replacement=True).T.tolist()  # [trials, 2], row j from q[j]
+    emitted = [rejection_sample(p, q, d) for d in drafts]
+    for position in range(3):
+        reached = [e[position] for e in emitted if len(e) > position]
+        observed = np.bincount(reached, minlength=vocab)
+        expected = p[position].numpy() * len(reached)
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        assert chi2 < 18.47, (position, observed, expected)
+    kept_first = sum(1 for e in emitted if len(e) > 1) / trials
+    assert abs(kept_first - float(torch.minimum(p[0], q[0]).sum())) < 0.02
+
+
+def test_rejection_sampling_keeps_every_draft_when_draft_and_target_agree():
+    p = torch.softmax(torch.tensor([[1.0, 0.0, 2.0]] * 4), dim=-1)
+    for draft in ([2, 0, 1], [0, 0, 0]):
+        assert rejection_sample(p, p[:3], draft)[:3] == draft
+
+
+def test_a_draft_models_kv_stays_valid_as_far_as_its_drafts_were_accepted():
+    from engine.spec_decode.draft_model import _DraftKV
+
+    kv = _DraftKV()
+    kv.valid = kv.base = 10
+    kv.fed = [5, 6, 7]  # drafts 5 6 7 8 proposed after 10 known tokens; 5 6 accepted, then 9
+    assert kv.rolled_back(list(range(10)) + [5, 6, 9]) == 12
+    assert kv.rolled_back(list(range(10)) + [5, 6, 9, 1]) == 12  # nothing fed since: unchanged
+    kv.valid = kv.base = 13
+    kv.fed = [1, 2]
+    assert kv.rolled_back(list(range(13)) + [1, 2, 3, 4]) == 15  # all accepted (and the last, 3)
 
 
 # ---------------------------------------------------------------- scheduler: drafts and rollback
@@ -165,10 +205,14 @@ def test_drafts_take_only_the_budget_left():
 
 # ---------------------------------------------------------------- config
 @pytest.mark.parametrize("value, named", [
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"model": "/models/draft", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, "not yet supported"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}, "draft_tensor_parallel_size"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "speculative_config.model"),
+    ({"method": "ngram", "model": "/models/draft", "num_speculative_tokens": 3}, "speculative_config.model"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2},
+     "draft_tensor_parallel_size"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
+    ({"model": "/models/draft", "num_speculative_tokens": 3, "quantization": "gguf"}, "quantization"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "'eagle' is not supported"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
     ({"method": "ngram"}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
@@ -181,6 +225,13 @@ def test_speculative_config_refusals_name_the_key(value, named):
         resolve_speculative_config(value)
     with pytest.raises(ValueError, match=named):
         EngineArgs(load_format="dummy", speculative_config=value).create_engine_config()
+
+
+def test_a_model_alone_means_a_draft_model_as_in_vllm():
+    cfg = resolve_speculative_config({"model": "/models/draft", "num_speculative_tokens": 3,
+                                      "draft_tensor_parallel_size": 1})
+    assert (cfg.method, cfg.model, cfg.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
+    assert resolve_speculative_config(cfg) == cfg
 
 
 def test_speculative_config_defaults_follow_vllm():
@@ -199,10 +250,30 @@ def test_metrics_count_drafts_under_vllms_names():
     metrics = ServerMetrics("tiny", 256)
     for _ in range(2):
         metrics.record(SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
-                                      spec_decode_num_accepted_tokens=7), None)
+                                      spec_decode_num_accepted_tokens=7,
+                                      spec_decode_num_accepted_tokens_per_pos=[3, 2, 2, 0]), None)
     text = generate_latest(metrics.registry).decode()
     for name, value in (("drafts", 6), ("draft_tokens", 24), ("accepted_tokens", 14)):
         assert f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="tiny"}} {float(value)}' in text
+    for position, value in enumerate((6, 4, 4, 0)):
+        assert (f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",'
+                f'position="{position}"}} {float(value)}') in text
+
+
+def test_stats_count_accepted_tokens_per_position_and_log_the_acceptance(caplog, monkeypatch):
+    from engine.spec_decode import drafts
+
+    stats = drafts.SpecStats(3)
+    stats.count(3, 1)
+    stats.count(3, 3)
+    monkeypatch.setattr(drafts, "LOG_INTERVAL_S", 0.0)
+    with caplog.at_level("INFO", logger=drafts.__name__):
+        taken = stats.take()
+    assert taken["spec_decode_num_accepted_tokens_per_pos"] == [2, 1, 1]
+    assert (taken["spec_decode_num_drafts"], taken["spec_decode_num_draft_tokens"],
+            taken["spec_decode_num_accepted_tokens"]) == (2, 6, 4)
+    assert "draft acceptance rate 66.7%, mean acceptance length 3.00" in caplog.text
+    assert stats.take()["spec_decode_num_accepted_tokens_per_pos"] == [0, 0, 0]
 
 
 def test_drafts_shrink_after_a_rejection_and_pause_longer_after_each_run_of_misses():
@@ -218,3 +289,8 @@ def test_drafts_shrink_after_a_rejection_and_pause_longer_after_each_run_of_miss
         sizes.append(sched.num_scheduled_tokens[0])
     # 3 drafted (k=3, then 1 after each miss), paused 1 step; 3 more, paused 2 steps; then again
     assert sizes == [4, 2, 2, 1, 2, 2, 2, 1, 1, 2]
+    # a hit halves the next pause instead of forgetting it
+    assert req.spec_state.pause == 2
+    hit = following[req.all_token_ids[-1]]
+    sched, _ = run_step(s, {"a": [hit, following[hit] + 100]})
+    assert sched.num_scheduled_tokens == [2] and req.output_token_ids[-2] == hit and req.spec_state.pause == 1

@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from engine.stat_loggers import IterationStats, StatLoggerBase
-from engine.wire_messages import FinishReason, SchedulerStats
+from engine.wire_messages import FinishReason, SchedulerStats, add_lists
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -135,6 +135,7 @@ class _EngineSeries:
         self.kv_cache_usage = 0.0
         self.prefix_cache_queries = self.prefix_cache_hits = self.preemptions = 0
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted_tokens = 0  # speculative decoding
+        self.spec_accepted_per_pos: list[int] = []
         self.prompt_tokens = self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.histograms = {key: _Histogram(token_buckets if buckets == "tokens" else buckets)
@@ -175,6 +176,12 @@ class _VllmCollector:
                      lambda s: s.spec_draft_tokens)
         yield family(CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                      lambda s: s.spec_accepted_tokens)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=labels + ["position"])
+        for index, series in engines:
+            for position, count in enumerate(series.spec_accepted_per_pos):
+                per_pos.add_metric([model, str(index), str(position)], count)
+        yield per_pos
         yield family(CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill tokens processed.",
                      lambda s: s.prompt_tokens)
         yield family(CounterMetricFamily, "vllm:generation_tokens", "Number of generation tokens processed.",
@@ -225,6 +232,8 @@ class ServerMetrics(StatLoggerBase):
             series.spec_drafts += scheduler_stats.spec_decode_num_drafts
             series.spec_draft_tokens += scheduler_stats.spec_decode_num_draft_tokens
             series.spec_accepted_tokens += scheduler_stats.spec_decode_num_accepted_tokens
+            series.spec_accepted_per_pos = add_lists(series.spec_accepted_per_pos,
+                                                     scheduler_stats.spec_decode_num_accepted_tokens_per_pos)
         if iteration_stats is None:
             return
         it, h = iteration_stats, series.histograms
