@@ -148,6 +148,7 @@ class MultiFrontendCoreProc(EngineCoreProc):
         except BlockingIOError:
             pass
         if timeout == _TRIM_AFTER_IDLE_S and time.monotonic() - started >= timeout:  # idle all along
+            assert _malloc_trim is not None  # the timeout is set only with it
             _malloc_trim(0)
             self._stepped_since_trim = False
 
