@@ -11,7 +11,7 @@ n-gram proposes d with probability 1) this *is* speculative rejection sampling. 
 accepts d with probability min(1, p(d) / q(d)) = p(d) and, on rejection, samples from the
 residual max(0, p - q) renormalised, i.e. p with d removed. With s drawn from p: P(s == d) = p(d),
 and s given s != d is distributed as p without d. So the output has the target's distribution
-(tests/unit/test_spec_decode.py checks it with a chi-square test).
+(the test suite checks it with a chi-square test).
 """
 from __future__ import annotations
 
