@@ -4,7 +4,7 @@ vLLM's shape at nano-vllm's size. A ``Linear`` is a ``LinearMethod`` plus an opt
 ``choose`` picks the method once, at load, from the device, the dtypes and the quantization,
 and the method holds the only copy of the weight (the source tensor is dropped). Nothing
 switches on the weight's type at call time. Each choice below was measured per call on the
-default model's shapes, one thread (benchmarks/RESULTS.md, "Linear methods, per call"):
+default model's shapes, one thread (benchmarks/RESULTS.md, "Kernel choices"):
 
 - ``InputMajorLinear`` (float32 on CPU, ``x @ W`` on ``[in, out]``): MKL's GEMV is faster that
   way for the tall q/k/v and gate/up matrices and no slower at batch 64; the LM head gains at
@@ -198,7 +198,7 @@ class DenseGemvHead(TorchLinear):
     whose rows the tied embedding and the logit refinement read, multiplied by the C GEMV
     (``bf16_gemv.dense_matmul``, exact float32 logits, so no refinement) at decode sizes and by
     ``F.linear`` beyond: at one row it is less than half ``F.linear``'s time on the 49152 x 576
-    head (benchmarks/RESULTS.md, "Linear methods, per call"), close to the packed GEMV layout,
+    head (benchmarks/RESULTS.md, "Kernel choices"), close to the packed GEMV layout,
     whose rows a GEMM cannot read. The kernel is one thread, so it runs only while torch does
     (the default on a 2-core host)."""
 
