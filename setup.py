@@ -10,6 +10,7 @@ setup(
     name="ringllm",
     version="0.1.0",
     description="Colocated LLM serving over a shared-memory SPSC ring",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["engine", "engine.*", "shm_transport", "shm_transport.*",
                                     "benchmarks", "benchmarks.*"]),
@@ -41,7 +42,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema",
-                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6"],
+                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6", "mypy==2.4.1"],
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},

@@ -4,10 +4,9 @@ Why: ``AutoConfig`` imports transformers and, through it, torch: ~2.5 s of CPU i
 frontend, which needs no torch at all, and ~1 s in the EngineCore. Both processes read the
 config at start-up, so this was most of the time to ``LLM()`` and ``ringllm serve`` being
 ready. For the supported model types the config is plain JSON plus the class defaults of the
-fields it may omit and two derived fields, all listed here;
-tests/unit/test_hf_config.py builds the model from this config and from ``AutoConfig`` and
-checks that every structural choice (sizes, rope frequencies, sliding layers) agrees, and
-that the defaults below are transformers' own.
+fields it may omit and two derived fields, all listed here; the test suite builds the model
+from this config and from ``AutoConfig`` and checks that every structural choice (sizes, rope
+frequencies, sliding layers) agrees, and that the defaults below are transformers' own.
 
 Any other config (an unknown ``model_type``, a ``.gguf`` file) goes through transformers,
 which also gives the error message for an unsupported architecture.

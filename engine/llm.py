@@ -31,7 +31,7 @@ from engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput,
                             ScoringOutput, ScoringRequestOutput)
 from engine.frontend.renderer import encode_pair
 from engine.pooling_params import PoolingParams
-from engine.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
+from engine.frontend.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, verified_copy
 from engine.scoring import cosine, score_mode, score_pairs
 

@@ -87,6 +87,7 @@ class Channel(SyncSide, AsyncSide):
         try:
             dups = {fd: os.dup(fd) for fd in a.peer_fds()}
             tok = a._token
+            assert tok is not None  # a created end holds its token until the peer attaches
             remap = lambda s: RingSpec(dups[s.fd], s.capacity, dups[s.data_efd], dups[s.space_efd])  # noqa: E731
             text = PeerToken(tok.creator_pid, tok.max_message_size, remap(tok.tx), remap(tok.rx)).text()
             try:

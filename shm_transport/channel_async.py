@@ -141,6 +141,7 @@ class AsyncSide:
 
     async def _sleep_on(self, slot: str, deadline: Optional[float]) -> None:
         loop = self._loop
+        assert loop is not None  # attached by _loop_for_wait before any wait
         fut = loop.create_future()
         setattr(self, slot, fut)
         timer = None if deadline is None else loop.call_at(deadline, _resolve, fut)
@@ -259,6 +260,7 @@ class AsyncSide:
             if e.life.closed and not uses:
                 e.release()
         deadline = None if timeout is None else loop.time() + timeout
+        assert self._send_lock is not None  # made with the loop, by _loop_for_wait above
         async with self._send_lock:
             try:
                 while True:
@@ -291,6 +293,7 @@ class AsyncSide:
         """Await the end of the Pusher thread (pusher.py) without blocking the loop: it wakes us
         through call_soon_threadsafe; a close or the peer's death wake us as for space."""
         loop = self._loop
+        assert loop is not None  # attached by _loop_for_wait before any wait
         if deadline is not None and loop.time() >= deadline:
             raise TimeoutError(f"send_async timed out after {timeout} s: the peer is not reading")
         if pusher.add_done_callback(lambda: _call_soon(loop, self._on_pusher_done)):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union, cast
 
 import msgspec
 
@@ -33,12 +33,14 @@ _OOB_HEAD = struct.Struct("<BBI")  # real kind, number of out-of-band fields, bo
 _OOB_FIELD = struct.Struct("<BQ")  # slot in the type's oob_fields, payload length
 
 
-def _oob_eligible(t: type) -> tuple[str, ...]:
+def _oob_eligible(t: type[msgspec.Struct]) -> tuple[str, ...]:
     """The fields of ``t`` whose bytes may travel out of band (see the module docstring)."""
     if hasattr(t, "__post_init__"):
         return ()
     names = []
-    for f in msgspec.inspect.type_info(t).fields:
+    info = msgspec.inspect.type_info(t)
+    assert isinstance(info, msgspec.inspect.StructType)  # MsgspecCodec checked it is a Struct
+    for f in info.fields:
         ft = f.type
         options = ft.types if isinstance(ft, msgspec.inspect.UnionType) else (ft,)
         plain = [o for o in options if not isinstance(o, msgspec.inspect.NoneType)]
@@ -153,20 +155,21 @@ class MsgspecCodec:
                 if f.type in _FORBIDDEN:
                     raise TypeError(f"{t.__name__}.{f.name} is {f.type.__name__}: it would alias shared "
                                     "memory after decode; use bytes")
-        self.types = tuple(by_kind.values())
-        self.kind_of = {t: k for k, t in by_kind.items()}  # type -> kind byte
+        structs = cast(dict[int, type[msgspec.Struct]], by_kind)  # as checked just above
+        self.types = tuple(structs.values())
+        self.kind_of = {t: k for k, t in structs.items()}  # type -> kind byte
         kinds = range(OOB_KIND)
         # kind byte -> eligible field names (empty for kinds outside the codec)
-        self.oob_fields = tuple(_oob_eligible(by_kind[k]) if k in by_kind else () for k in kinds)
+        self.oob_fields = tuple(_oob_eligible(structs[k]) if k in structs else () for k in kinds)
         # type -> (kind byte, probe or None): one lookup on the send path; probe(msg) is the
         # value of the type's eligible field (or the largest bytes among several), for a
         # cheap "is anything large enough to go out of band?"
-        self.send_info = {t: (k, _probe(self.oob_fields[k])) for k, t in by_kind.items()}
+        self.send_info = {t: (k, _probe(self.oob_fields[k])) for k, t in structs.items()}
         self.encode_body = msgspec.msgpack.Encoder().encode  # msg -> msgpack body (no kind byte)
-        known = tuple(sorted(by_kind))
-        typed = tuple(msgspec.msgpack.Decoder(by_kind[k]) if k in by_kind else _UnknownKind(k, known)
-                      for k in kinds)
-        frozen = tuple(k in by_kind and by_kind[k].__struct_config__.frozen for k in kinds)
+        known = tuple(sorted(structs))
+        typed: tuple[Any, ...] = tuple(msgspec.msgpack.Decoder(structs[k]) if k in structs
+                                       else _UnknownKind(k, known) for k in kinds)
+        frozen = tuple(k in structs and structs[k].__struct_config__.frozen for k in kinds)
         # kind byte -> decoder, for all 256 values (unknown kinds raise IndexError when used)
         self.decoders = typed + (_OobDecoder(typed, self.oob_fields, frozen),)
 

@@ -204,7 +204,7 @@ class Consumer(_End):
                         lib.ring_release(self.handle)
                 return 1
         vals = ffi.unpack(records, 2 * n)
-        error = None
+        error: Optional[TransportError] = None
         plain = self._frag is None and not self._frag_skip
         try:
             for i in range(0, 2 * n, 2):

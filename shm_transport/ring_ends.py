@@ -137,6 +137,7 @@ class RingEnds:
 
     def flush_pending(self) -> bool:
         """Push on with a half-sent fragmented message; True when none is left."""
+        assert self.pending is not None  # called with a message half-sent
         kind, body, done = self.pending
         done = self.write(kind, body, done)
         if done < 0:

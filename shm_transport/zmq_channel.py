@@ -25,7 +25,7 @@ import asyncio
 import os
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, Awaitable, Optional, cast
 
 import zmq
 import zmq.asyncio
@@ -55,9 +55,9 @@ class _Sockets:
                 sock.close(linger=linger)
         self.ctx.term()
         for fd in (self.pidfd, self.wake_fd):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 os.close(fd)
-        self.pidfd = self.wake_fd = None
+        self.pidfd, self.wake_fd = None, -1  # closed: a second release closes nothing
 
 
 class ZmqChannel:
@@ -125,7 +125,7 @@ class ZmqChannel:
             ch.set_peer(peer_pid)
         return ch
 
-    _remove_dir = None  # the creating side's: removes the socket directory
+    _remove_dir: Optional[weakref.finalize] = None  # the creating side's: removes the socket directory
 
     def peer_token(self) -> str:
         return _TOKEN_PREFIX + self._dir
@@ -205,7 +205,7 @@ class ZmqChannel:
                 continue
             if pidfd is not None and pidfd in ready:
                 raise PeerDied(f"peer process {self._peer_pid} died")
-            if left is not None and time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
 
     def _encode(self, msg: Any) -> bytes:
@@ -274,6 +274,7 @@ class ZmqChannel:
                 self._loop.add_reader(res.pidfd, self._on_peer_exit)
         elif self._loop is not asyncio.get_running_loop():
             raise RuntimeError("ZmqChannel: the asyncio methods were first used on another loop")
+        assert res.atx is not None  # made with arx
         return res.atx, res.arx
 
     def _detach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -287,21 +288,25 @@ class ZmqChannel:
                 if res.pidfd is not None and not self._peer_dead:
                     loop.remove_reader(res.pidfd)
                 for sock, linger in ((res.arx, 0), (res.atx, 100)):
-                    sock.close(linger=linger)  # also fails its pending futures
+                    if sock is not None:  # made when the loop was attached
+                        sock.close(linger=linger)  # also fails its pending futures
             for fut in list(self._waits):
                 fut.cancel()
         finally:
             self._life.leave()
 
     def _on_peer_exit(self) -> None:
+        """Called by the loop, on the pidfd it watches since _async_sockets."""
         self._peer_dead = True
+        assert self._loop is not None and self._res.pidfd is not None
         self._loop.remove_reader(self._res.pidfd)  # readable from now on: stop polling it
         for fut in list(self._waits):
             fut.cancel()
 
-    async def _await(self, fut: asyncio.Future) -> Any:
+    async def _await(self, pending: Awaitable[Any]) -> Any:
         """Await a zmq.asyncio send or recv; PeerDied if the peer exits meanwhile,
         ChannelClosed if this side is closed."""
+        fut = cast(asyncio.Future, pending)  # zmq.asyncio returns futures (its stubs say awaitables)
         if self._peer_dead:
             fut.cancel()
             raise PeerDied(f"peer process {self._peer_pid} died")

@@ -181,7 +181,7 @@ class EngineCore:
             publisher.shutdown()
 
     def shutdown(self) -> None:
-        self.worker = None
+        self.worker = None  # type: ignore[assignment]  # frees the model now: nothing steps after shutdown
         self.stop_publishing()
         if self.scheduler.structured_output is not None:
             self.scheduler.structured_output.shutdown()

@@ -116,6 +116,7 @@ class EngineCoreProc:
 
     # ---- frontends come and go
     def _attach(self) -> None:
+        assert self._attacher is not None  # called only when API servers can attach
         for frontend in self._attacher.take():
             self._frontends.append(frontend)
             logger.info("%s attached (%d API server(s) now)", frontend.name, len(self._frontends) - 1)
@@ -152,6 +153,7 @@ class EngineCoreProc:
             wait_any([f.channel for f in frontends], timeout, [self._attacher.fd])
             clear_eventfd(self._attacher.fd)
         if timeout == _TRIM_AFTER_IDLE_S and time.monotonic() - started >= timeout:  # idle all along
+            assert _malloc_trim is not None  # the timeout is set only with it
             _malloc_trim(0)
             self._stepped_since_trim = False
 

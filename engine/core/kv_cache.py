@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Optional
+from typing import Optional, Sequence
 
 from engine.core import kv_events
 from engine.core.request import Request
@@ -54,21 +54,27 @@ class FreeBlockQueue:
 
     def popleft(self) -> KVCacheBlock:
         block = self._head.next
-        if block is self._tail:
+        if block is self._tail or block is None:  # None: never (a sentinel's link), said for the type checker
             raise RuntimeError("no free KV cache block")
         self.remove(block)
         return block
 
     def remove(self, block: KVCacheBlock) -> None:
-        block.prev.next, block.next.prev = block.next, block.prev
+        before, after = block.prev, block.next
+        assert before is not None and after is not None, f"{block} is not in the free queue"
+        before.next, after.prev = after, before
         block.prev = block.next = None
         self.num_free -= 1
 
     def append(self, block: KVCacheBlock) -> None:
-        self._link(block, self._tail.prev, self._tail)
+        before = self._tail.prev
+        assert before is not None  # the tail sentinel always has a predecessor
+        self._link(block, before, self._tail)
 
     def appendleft(self, block: KVCacheBlock) -> None:
-        self._link(block, self._head, self._head.next)
+        after = self._head.next
+        assert after is not None  # the head sentinel always has a successor
+        self._link(block, self._head, after)
 
     def _link(self, block: KVCacheBlock, before: KVCacheBlock, after: KVCacheBlock) -> None:
         block.prev, block.next = before, after
@@ -151,7 +157,7 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] = ()) -> bool:
+                       new_computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
         """Make room for ``num_new_tokens`` more tokens after the computed ones (plus the cache
         hits in ``new_computed_blocks``, which are appended first). False, changing nothing,
         when the free blocks do not suffice."""
@@ -186,7 +192,7 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request, num_full * self.block_size)
         cached = self.cached
-        run = None if self.events is None else []  # indices of this call's new registrations
+        run: Optional[list[int]] = None if self.events is None else []  # indices of this call's new registrations
         for i in range(start, num_full):
             block = self.blocks[request.block_ids[i]]
             # A concurrent request may have registered the same tokens first: keep that block.
@@ -202,15 +208,16 @@ class KVCacheManager:
     def _stored(self, request: Request, hashes: list[bytes], registered: list[int]) -> None:
         """One BlockStored per run of consecutive newly registered blocks, each chained to the
         block before it (None before the first block)."""
-        bs, tokens = self.block_size, request.all_token_ids
+        bs, tokens, events = self.block_size, request.all_token_ids, self.events
+        assert events is not None  # called only with events on
         begin = 0
         for k in range(1, len(registered) + 1):
             if k == len(registered) or registered[k] != registered[k - 1] + 1:
                 first, last = registered[begin], registered[k - 1]
                 token_ids, salt = ((tokens[first * bs:(last + 1) * bs], request.cache_salt) if self._event_contents
                                    else ([], None))
-                self.events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                                    token_ids, bs, salt))
+                events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
+                                               token_ids, bs, salt))
                 begin = k
 
     def free(self, request: Request) -> None:
@@ -255,11 +262,13 @@ class KVCacheManager:
         return True
 
     def _removed(self, block_hash: bytes) -> None:
-        last = self.events[-1] if self.events else None
+        events = self.events
+        assert events is not None  # called only with events on
+        last = events[-1] if events else None
         if type(last) is kv_events.BlockRemoved:  # evictions in a row: one event
             last.block_hashes.append(block_hash)
         else:
-            self.events.append(kv_events.removed(block_hash))
+            events.append(kv_events.removed(block_hash))
 
     def _pop_free(self) -> KVCacheBlock:
         block = self.free_queue.popleft()

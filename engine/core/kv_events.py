@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import deque
 from itertools import count
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import msgspec
 
@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV cache (its device memory), whatever the device
 FULL_ATTENTION = "full_attention"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # a replay's last message
+_Endpoint = TypeVar("_Endpoint", str, Optional[str])  # an endpoint given stays given
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -98,7 +99,7 @@ def removed(block_hash: bytes) -> BlockRemoved:
     return BlockRemoved([block_hash], MEDIUM_GPU, 0)
 
 
-def offset_endpoint(endpoint: Optional[str], rank: int) -> Optional[str]:
+def offset_endpoint(endpoint: _Endpoint, rank: int) -> _Endpoint:
     """Each data-parallel rank publishes on its own address (vLLM's rule): a tcp port plus the
     rank, an ipc/inproc path with ``_dp<rank>`` appended."""
     if not endpoint or rank == 0:
@@ -262,7 +263,9 @@ class ZmqEventPublisher:
     def _serve_replay(self) -> None:
         """A subscriber sent [identity, b"", start seq as 8 bytes]: every kept batch from there,
         then END_SEQ. Anything else is counted and dropped unanswered (``RareWarning``)."""
-        frames = self._replay.recv_multipart()
+        replay = self._replay
+        assert replay is not None  # polled only when a replay endpoint is open
+        frames = replay.recv_multipart()
         if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
             self._malformed()
             return
@@ -270,8 +273,8 @@ class ZmqEventPublisher:
         first = int.from_bytes(start, "big")
         for n, payload in list(self._buffer):
             if n >= first:
-                self._replay.send_multipart((client, b"", n.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                replay.send_multipart((client, b"", n.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", END_SEQ, b""))
 
 
 def make_publisher(config: Optional[KVEventsConfig], data_parallel_rank: int) -> Optional[ZmqEventPublisher]:

@@ -163,7 +163,7 @@ class Scheduler:
         """The runner took ``seconds`` for ``sched``: what the pacers learn prompt tokens cost (a
         step with prompt-logprob rows teaches only their pacer: they are most of its time; a
         decode's draft tokens are no prompt tokens and teach neither)."""
-        if self.pacer is None:
+        if self.pacer is None or self.logprob_rows_pacer is None:  # both or neither
             return
         prompts = [(r, n) for r, n in zip(sched.requests, sched.num_scheduled_tokens) if n > 1 and not r.spec_token_ids]
         rows = sum(n for r, n in prompts if _wants_prompt_logprobs(r))
@@ -189,6 +189,7 @@ class Scheduler:
         """Nothing ran: sleep until a parked request's grammar is ready (at most ``timeout``), so
         the busy loop does not spin while the compile pool works."""
         if self.waiting_for_grammar:
+            assert self.structured_output is not None  # a request waits for a grammar only with one
             self.structured_output.wait(self.waiting_for_grammar, timeout)
 
     def has_unfinished_requests(self) -> bool:
@@ -354,6 +355,7 @@ class Scheduler:
                 if count < len(new_tokens) and self._check_stop(req, token):
                     break  # a stop before the last: the tokens after it are not emitted
             if req.spec_token_ids:
+                assert self.spec is not None  # drafts come only from a draft scheduler
                 self.spec.after_step(req, len(new_tokens) - 1)
             if caching:
                 self.kv_cache.cache_blocks(req)
@@ -436,7 +438,7 @@ class Scheduler:
             if token == req.eos_token_id and not params.ignore_eos:
                 req.status = RequestStatus.FINISHED_STOPPED
                 return True
-            if token in params.stop_token_ids:
+            if token in (params.stop_token_ids or ()):
                 req.status = RequestStatus.FINISHED_STOPPED
                 req.stop_reason = token
                 return True
@@ -490,11 +492,14 @@ class Scheduler:
         """Parked requests whose grammar is ready join the waiting queue (in arrival order); one
         that failed to compile, or ran past the bound, finishes with the reason (a refusal, not
         an engine failure)."""
+        manager = self.structured_output
+        if manager is None:  # nothing can wait for a grammar without one
+            return
         now = time.monotonic()
         still: list[Request] = []
         for req in self.waiting_for_grammar:
             try:
-                ready = self.structured_output.poll(req, now)
+                ready = manager.poll(req, now)
             except ValueError as e:  # GrammarError
                 self._fail_grammar(req, e)
                 continue

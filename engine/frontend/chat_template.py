@@ -28,7 +28,7 @@ The environment is transformers' chat-template environment (``trim_blocks``,
 ``lstrip_blocks``, ``loopcontrols``, ``{% generation %}`` blocks; the ``tojson`` filter
 without HTML escaping; ``raise_exception``, ``strftime_now``, ``dict`` and a ``namespace`` that
 refuses underscore names), so a template renders here exactly as ``apply_chat_template``
-renders it (tests/integration/test_tokenizer.py compares the two).
+renders it (the suite compares the two).
 """
 from __future__ import annotations
 

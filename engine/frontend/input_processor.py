@@ -29,7 +29,7 @@ from engine.frontend.tokenizer import FastTokenizer, chat_template_source
 from engine.hf_config import ModelConfigError
 from engine.pooling_params import PoolingParams
 from engine.request_check import RequestLimits, check_request
-from engine.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
+from engine.frontend.request_options import check_lora_request, check_tokenization_kwargs, tokenize_with_kwargs
 from engine.sampling_params import RequestOutputKind, SamplingParams, ints_only, verified_copy
 from engine.wire_messages import EngineCoreRequest
 

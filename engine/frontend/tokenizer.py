@@ -6,7 +6,7 @@ A tokenizer directory whose ``tokenizer_config.json`` names the plain fast class
 (``TokenizersBackend``, or ``PreTrainedTokenizerFast`` in transformers 4's files) and sets no
 flag that makes transformers rebuild the post-processor is exactly its ``tokenizer.json``:
 ``FastTokenizer`` reads that, the special tokens and the chat template, and gives the same
-ids, text and prompts (tests/integration/test_tokenizer.py checks each against ``AutoTokenizer``).
+ids, text and prompts (the suite checks each against ``AutoTokenizer``).
 Chat templates are rendered in engine/frontend/chat_template.py's bounded sandbox, the same
 environment as transformers' renderer (whose message helpers it uses: ``chat_template_utils``
 imports no torch), loaded at the first chat request. Every other tokenizer goes through

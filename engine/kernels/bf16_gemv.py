@@ -4,8 +4,8 @@ Why: at batch 1-4 a decode step is bound by reading the weights. On an AVX2-only
 multiplies bf16 weights through a slow path, so the model keeps float32 copies for MKL, which
 doubles the bytes every token reads. ``PackedBF16`` holds the bf16 weights in the kernel's
 blocked layout and multiplies up to ``MAX_ROWS`` rows of activations against them at
-about the machine's read bandwidth (measured 187 us vs MKL fp32's 343 us for a 3072x576
-matrix from DRAM). The result is float32 math on the bf16 values, the same numbers the
+about the machine's read bandwidth, faster than MKL on the float32 copy (benchmarks/RESULTS.md,
+"Kernel choices"). The result is float32 math on the bf16 values, the same numbers the
 float32 copy gives up to summation order. ``dense_matmul`` runs the same kernel on an unpacked
 row-major bf16 weight, for a matrix whose rows are read as rows too (a tied LM head).
 """

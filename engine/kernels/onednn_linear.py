@@ -3,10 +3,9 @@
 Why: ``F.linear`` on a plain bf16 weight makes oneDNN reorder the whole weight into its
 blocked (AMX / AVX-512 BF16) layout on every call, one more pass over the weight's bytes per
 GEMM, and a decode step is mostly reading weights. Packing at load, as inductor's freezing
-pass and oneDNN-based engines do, removes that pass. Measured on a 2-vCPU Xeon with AMX, the
-30 layers of SmolLM2-135M (4 GEMMs each, weights too large for the cache): 38.9 -> 26.7 ms per
-step at 64 rows, 27.3 -> 20.5 ms at 1 row, 116 -> 98 ms at 512 rows, with bit-identical
-results. The packed copy is laid out for ``PACK_ROWS`` rows but serves every row count.
+pass and oneDNN-based engines do, removes that pass: the projections of a step take less time
+at every row count, with bit-identical results (benchmarks/RESULTS.md, "Kernel choices"). The
+packed copy is laid out for ``PACK_ROWS`` rows but serves every row count.
 """
 from __future__ import annotations
 

@@ -10,11 +10,9 @@ gathers the blocks and materialises the scores: a decode step 3x as long, RESULT
 It then became the bottleneck of large decode steps (issue 14), so it reads each K and V row
 once for all the query heads that share it, sums scores several keys at a time, and
 prefetches the scattered rows; an AVX-512 variant runs where CPUID reports it (AVX2 + FMA
-stays the baseline). At batch 64 on the default model (9/3 heads x 64, bf16 cache, caches of
-30 layers cycled so they come from memory as in a step) it is ~2.7-2.9x the first version at
-contexts 140-500 and ~2x at 20 on this Sapphire Rapids host (its AVX2 variant ~2.3-2.4x and
-~2x). There it reads the cache at 6-10 GB/s, about what one core of this VM streams (a plain
-sequential sum: 7-11 GB/s), so more speed would come from more cores, not fewer instructions.
+stays the baseline). It now reads the cache at about the rate one core streams memory
+(benchmarks/RESULTS.md, "Kernel choices"), so more speed would come from more cores, not fewer
+instructions.
 """
 from __future__ import annotations
 

@@ -3,32 +3,29 @@
 vLLM's shape at nano-vllm's size. A ``Linear`` is a ``LinearMethod`` plus an optional bias;
 ``choose`` picks the method once, at load, from the device, the dtypes and the quantization,
 and the method holds the only copy of the weight (the source tensor is dropped). Nothing
-switches on the weight's type at call time. Measured on a Zen4 (AVX-512 BF16/VNNI), one
-thread, the default model's shapes (RESULTS.md has the end-to-end figures):
+switches on the weight's type at call time. Each choice below was measured per call on the
+default model's shapes, one thread (benchmarks/RESULTS.md, "Kernel choices"):
 
-- ``InputMajorLinear`` (float32 on CPU, ``x @ W`` on ``[in, out]``): MKL's GEMV is 1.4-1.6x
-  faster that way for the tall q/k/v and gate/up matrices and no slower at batch 64; for the
-  49152-row LM head 7.2 vs 12.8 ms at 1 row, 13 vs 24 at 2, 26 vs 21 at 4, 81 vs 85 at 64,
-  so the head is held input-major too (one copy: a tied embedding reads its columns).
+- ``InputMajorLinear`` (float32 on CPU, ``x @ W`` on ``[in, out]``): MKL's GEMV is faster that
+  way for the tall q/k/v and gate/up matrices and no slower at batch 64; the LM head gains at
+  1-2 rows and is on par beyond, so it is held input-major too (one copy: a tied embedding
+  reads its columns).
 - ``OneDNNLinear`` (bf16 with native bf16 GEMMs): the weight packed once in oneDNN's layout
   (engine/kernels/onednn_linear.py) spares a reorder of the weight at every call.
   The packed tensor is opaque, so no row of it can be read back, and the LM head's rows are
   needed (the tied embedding's lookup, the bf16 logit refinement of half_logits.py): the head
-  stays dense (alone: 8.8 vs 4.0 ms packed at 1 row, 27 vs 21 at 64; the model held both copies
-  before), and ``DenseGemvHead`` multiplies it at decode sizes with the C GEMV on those dense
-  rows (3.0 vs 6.7 ms for ``F.linear`` at 1 row). Tried, whole decode steps in one process, alternated: the
-  head as a ``BF16GemvLinear`` (rows readable; the kernel at 1-4 rows, exact float32; larger
-  steps unpacking 1024-row slices for a bf16 ``F.linear``): 39.8 vs 42.6 ms at 1 row, 157.8 vs
-  139.8 ms at 64 rows. The batch loss outweighs the single-stream gain, so not taken.
+  stays dense (slower than packed, but the model held both copies before), and
+  ``DenseGemvHead`` multiplies it at decode sizes with the C GEMV on those dense rows, faster
+  than ``F.linear`` there. Tried and not taken: the head as a ``BF16GemvLinear`` (rows
+  readable; the kernel at 1-4 rows): its batch loss outweighed its single-stream gain.
 - ``BF16GemvLinear`` (bf16 on a CPU without native bf16 GEMMs, e.g. AVX2 only): the bf16
   weight in the C GEMV kernel's blocked layout (engine/kernels/bf16_gemv.py), half the bytes
   of a float32 copy (which the model held beside it before). Steps of up to
   ``bf16_gemv.MAX_ROWS`` rows run the kernel. Larger steps run it on groups of that many rows
-  while the weight fits in cache (1536x576 at 64 rows: 2.05 ms, against 2.83 unpacking it to
-  float32 for MKL per call, and 1.69 for MKL on a resident float32 copy), and unpack a
-  1024-row slice at a time for MKL when it does not (the LM head: 65 ms, groups 102, float32
-  copy 75). Measured on the Zen4 with the AVX2 kernel; one copy costs ~1.2-1.5x in the
-  layers' GEMMs at batch 64 on such a CPU, and halves the bytes every decode reads.
+  while the weight fits in cache (cheaper than unpacking it to float32 for MKL per call), and
+  unpack a 1024-row slice at a time for MKL when it does not (the LM head, where the groups
+  cost more). One copy costs some speed in the layers' GEMMs at batch 64 on such a CPU, against
+  a float32 copy beside it, and halves the bytes every decode reads.
 - ``GGUFLinear``: the GGUF file's own blocks (engine/kernels/quant.py, the types in
   ``quant.SUPPORTED_TYPES``: Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K), int8 dot
   products on activations quantized per block; ``QuantizedLinear`` itself takes batches (a
@@ -200,9 +197,10 @@ class DenseGemvHead(TorchLinear):
     """The LM head on a CPU with native bf16 GEMMs: one dense bf16 ``[vocab, hidden]`` matrix,
     whose rows the tied embedding and the logit refinement read, multiplied by the C GEMV
     (``bf16_gemv.dense_matmul``, exact float32 logits, so no refinement) at decode sizes and by
-    ``F.linear`` beyond. Measured on the Zen4, one thread, 49152 x 576: 3.0 ms at 1 row against
-    6.7 for ``F.linear`` (2.5 for the packed GEMV layout, whose rows a GEMM cannot read). The
-    kernel is one thread, so it runs only while torch does (the default on a 2-core host)."""
+    ``F.linear`` beyond: at one row it is less than half ``F.linear``'s time on the 49152 x 576
+    head (benchmarks/RESULTS.md, "Kernel choices"), close to the packed GEMV layout,
+    whose rows a GEMM cannot read. The kernel is one thread, so it runs only while torch does
+    (the default on a 2-core host)."""
 
     def __init__(self, weight: torch.Tensor, device: torch.device) -> None:
         super().__init__(weight, torch.bfloat16, device)
@@ -278,8 +276,8 @@ class FixedRowGroups(LinearMethod):
     """A dense method run on groups of exactly ``ROW_GROUP`` rows, the last padded with zeros
     (``deterministic``). MKL, oneDNN and the C GEMV pick their kernels and blockings by the row
     count, so a row's result changed with the batch it came in; at one fixed shape every row
-    goes through the same arithmetic whatever the other rows hold (checked per method in
-    tests/unit/test_deterministic.py). Costs a padded group for a single-row decode."""
+    goes through the same arithmetic whatever the other rows hold (the suite checks it per
+    method). Costs a padded group for a single-row decode."""
 
     ROW_GROUP = 8
 

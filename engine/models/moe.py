@@ -105,8 +105,7 @@ class SparseMoE:
                    experts: torch.Tensor) -> torch.Tensor:
         """A single token (decode at one stream): its top-k experts in expert order, without the
         grouping's sort, counts and scatter; the same arithmetic in the same order, so the same
-        bits. Measured on the Zen4 (loaded), a whole sparse layer at hidden 64, 4 experts, top-2,
-        alternated: 148 us against 283 us through the grouped path."""
+        bits, in about half the grouped path's time (benchmarks/RESULTS.md, "Kernel choices")."""
         out = None
         for e, j in sorted((e, j) for j, e in enumerate(experts[0].tolist())):
             y = self.down[e](act(self.gate_up[e](x)))

@@ -14,7 +14,7 @@ distributed as p without d: ``accepted_tokens`` *is* speculative rejection sampl
 
 Random, a draft model's drafts drawn from its distribution q: ``rejection_sample`` applies the
 rule with that q (Leviathan et al. 2023; Chen et al. 2023), so the emitted tokens follow the
-target's p whatever q is. tests/unit/test_spec_decode.py checks both with chi-square tests.
+target's p whatever q is. The test suite checks both with chi-square tests.
 """
 from __future__ import annotations
 

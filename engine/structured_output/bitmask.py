@@ -24,9 +24,9 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask, row_of:
     """-inf, in place, on every logit the grammar forbids, in the rows of ``grammar``'s requests
     (``row_of``: request id -> logits row). Columns past the bitmask (none when it was sized
     from the logits' width) are left alone. On CPU, csrc/token_bitmask.c: it skips the words
-    that allow all their 32 tokens, so a row costs what its grammar forbids (64 rows of 49152:
-    0.6 ms where the grammar allows one word, 22 ms for random bits, against xgrammar's kernel's
-    101 and 44 ms in the same run); elsewhere, or unbuilt, xgrammar's kernel."""
+    that allow all their 32 tokens, so a row costs what its grammar forbids, where xgrammar's
+    kernel tests every bit (benchmarks/RESULTS.md, "Kernel choices"); elsewhere, or unbuilt,
+    xgrammar's kernel."""
     rows = [row_of[r] for r in grammar.req_ids]
     kernel = _c_kernel()
     if (kernel is not None and logits.device.type == "cpu" and logits.dtype == torch.float32

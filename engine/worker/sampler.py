@@ -12,8 +12,8 @@ Order, as in vLLM v1's sampler:
    filtered by min_p (relative to the top probability), then top-k and top-p;
 5. random rows draw by inverting their CDF: one uniform number per row, found in the
    float64 cumulative sum of its probabilities (the exponential race ``argmax(p / q)``
-   needs a random number per vocabulary entry: 104 ms per step at 64 x 49152 on this CPU,
-   against ~10 ms here). A seeded request draws its number from its own generator, so its
+   needs a random number per vocabulary entry, ten times the cost on a large vocabulary:
+   benchmarks/RESULTS.md, "Kernel choices"). A seeded request draws its number from its own generator, so its
    tokens do not depend on what else is in the batch.
 
 top-p over a large vocabulary sorts only the candidates that can matter: the top
@@ -119,7 +119,7 @@ def sample_from_cdf(probs: torch.Tensor, generators: dict[int, torch.Generator])
 
 def argmax_rows(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """``x.argmax(-1)`` (first maximum), in two passes: torch's CPU argmax over a long row is
-    ~10x slower than ``amax`` (3.1 ms vs 0.3 ms for 64 x 49152), so find the chunk holding
+    ~10x slower than ``amax`` (benchmarks/RESULTS.md, "Kernel choices"), so find the chunk holding
     the first maximum with ``amax``, then the argmax inside that chunk alone."""
     rows, vocab = x.shape
     if vocab % chunk or vocab <= chunk:

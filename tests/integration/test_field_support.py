@@ -9,9 +9,10 @@ import re
 import pytest
 
 from engine.entrypoints.openai import http_bodies, messages_bodies, pooling_bodies, responses_bodies
-from engine.entrypoints.openai.field_support import PLACEMENT, Implemented, NoOp, Refused
+from engine.entrypoints.openai.field_support import PLACEMENT, NoOp, Refused
 from engine.entrypoints.openai.vllm_fields import VLLM_FIELDS
 from engine.sampling_params import VLLM_NO_OP_FIELDS, VLLM_UNSUPPORTED_FIELDS, SamplingParams
+from tests.helpers.field_evidence import IMPLEMENTED
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 from tests.helpers import ROOT
 
@@ -52,8 +53,15 @@ def _placed(kind):
 def test_every_vllm_field_has_a_place():
     """Fails when vLLM's list (vllm_fields.py) gains a field that ours does not place."""
     for cls, names in VLLM_FIELDS.items():
-        missing = sorted(set(names) - set(PLACEMENT[cls]))
-        assert not missing, f"{cls}: vLLM's fields {missing} have no place in field_support.PLACEMENT"
+        missing = sorted(set(names) - set(PLACEMENT[cls]) - set(IMPLEMENTED[cls]))
+        assert not missing, f"{cls}: vLLM's fields {missing} are neither placed in field_support.PLACEMENT " \
+                            "nor proven implemented in tests/helpers/field_evidence.py"
+
+
+def test_no_field_is_both_implemented_and_refused_or_ignored():
+    for cls, fields in IMPLEMENTED.items():
+        both = sorted(set(fields) & set(PLACEMENT[cls]))
+        assert not both, f"{cls}: {both} are placed as refused or no-op and listed as implemented"
 
 
 def test_each_no_op_says_why():
@@ -70,11 +78,14 @@ def _test_exists(test_id: str) -> bool:
         return re.search(rf"^(async )?def {re.escape(name)}\(", f.read(), re.MULTILINE) is not None
 
 
-@pytest.mark.parametrize("cls,name,place", _placed(Implemented), ids=lambda v: v if isinstance(v, str) else "")
-def test_an_implemented_field_is_declared_and_names_tests_that_exist(cls, name, place):
+_IMPLEMENTED = [(cls, name, tests) for cls, fields in IMPLEMENTED.items() for name, tests in fields.items()]
+
+
+@pytest.mark.parametrize("cls,name,tests", _IMPLEMENTED, ids=[f"{c}.{n}" for c, n, _ in _IMPLEMENTED])
+def test_an_implemented_field_is_declared_and_names_tests_that_exist(cls, name, tests):
     assert name in STRUCTS[cls].__struct_fields__, f"{cls}.{name} is marked implemented but not declared"
-    assert place.tests
-    for test_id in place.tests:
+    assert tests
+    for test_id in tests:
         assert _test_exists(test_id), f"{cls}.{name}: its test {test_id} does not exist"
 
 
@@ -89,9 +100,8 @@ def test_sampling_params_fields_are_implemented_by_the_struct():
     """vLLM's SamplingParams fields placed as implemented are real fields, and each one is
     taken by the constructor and kept; the refused ones are a ValueError naming them, the no-ops
     are accepted, and a name vLLM does not have is a TypeError, as in vLLM."""
-    for name, place in PLACEMENT["SamplingParams"].items():
-        if isinstance(place, Implemented):
-            assert name in SamplingParams.__struct_fields__
+    for name in IMPLEMENTED["SamplingParams"]:
+        assert name in SamplingParams.__struct_fields__
     for name, default in VLLM_UNSUPPORTED_FIELDS.items():
         assert SamplingParams(**{name: default}) == SamplingParams()
         with pytest.raises(ValueError, match=rf"SamplingParams\.{name} is not supported"):

@@ -1,6 +1,6 @@
 """vLLM's extra request fields, each observed doing what it asks: over real ``ringllm serve``
 processes on the tiny model (one generating, one pooling with the priority policy) and through
-``LLM``/``AsyncLLM``. engine/entrypoints/openai/field_support.py names these tests."""
+``LLM``/``AsyncLLM``. tests/helpers/field_evidence.py names these tests."""
 from __future__ import annotations
 
 import asyncio

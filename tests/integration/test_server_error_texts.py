@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.public_errors import public_error, public_message
 from engine.entrypoints.openai.server import error_middleware
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer

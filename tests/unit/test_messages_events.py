@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatStreamChoice, DeltaFunctionCall,
-                                                   DeltaMessage, DeltaToolCall, OpenAIError, UsageInfo)
+                                                   DeltaMessage, DeltaToolCall, UsageInfo)
 from engine.entrypoints.openai.messages_bodies import MessageResponse
 from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageEvents
 

@@ -14,10 +14,11 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 
-from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, OpenAIError, decode_request
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, decode_request
 from engine.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
-from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, canonical, canonical_prefix
+from engine.entrypoints.openai.partial_json import MAX_DEPTH, canonical, canonical_prefix
 from engine.entrypoints.openai.tool_parsers.tool_choice import ToolCallPlan, ToolServing, plan_tool_calls
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 

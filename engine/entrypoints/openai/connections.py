@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 
 logger = logging.getLogger(__name__)
 

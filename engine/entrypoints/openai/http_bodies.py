@@ -20,7 +20,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.field_support import check_undeclared
+from engine.entrypoints.openai.partial_json import MAX_DEPTH, nesting
+from engine.entrypoints.openai.structured_outputs import sampling_extras
 from engine.exceptions import ParameterError
 from engine.outputs import Logprob
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -35,31 +38,6 @@ PositiveInt = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
 NonNegativeInt = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
 TokenIds = list[NonNegativeInt]
 MAX_REQUEST_ID_CHARS = 256  # a request_id (or X-Request-Id) lands in logs and engine ids
-
-
-class OpenAIError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None,
-                 headers: Optional[dict[str, str]] = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> "ErrorResponse":
-        return ErrorResponse(ErrorInfo(self.message, self.type, self.param, self.code))
-
-
-class ErrorInfo(Struct):
-    message: str
-    type: str
-    param: Optional[str]
-    code: Optional[str]
-
-
-class ErrorResponse(Struct):
-    error: ErrorInfo
 
 
 # msgspec.ValidationError carries the JSON path only in its message, always in these two forms
@@ -168,8 +146,6 @@ class _SamplingFields(Struct, kw_only=True):
         if self.stream and self.prompt_logprobs is not None:
             raise OpenAIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs",
                               code="invalid_value")
-        from engine.entrypoints.openai.structured_outputs import sampling_extras
-
         extras = sampling_extras(self)
         chosen = {name: getattr(self, name) for name in MODEL_DEFAULTED if getattr(self, name) is not None}
         fields = {**model_defaults, **chosen}
@@ -372,8 +348,6 @@ def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
     """A call as chat templates take it: ``arguments`` a dict, not JSON text (transformers'
     convention, which vLLM follows); empty arguments are ``{}``. Nested deeper than the parsers
     read arguments is a 400: the template's helpers recurse once per level."""
-    from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
-
     try:
         arguments = json.loads(call.function.arguments) if call.function.arguments else {}
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows

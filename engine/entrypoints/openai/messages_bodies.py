@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.entrypoints.openai.http_bodies import OpenAIError, PositiveInt, Temperature, TopP
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import PositiveInt, Temperature, TopP
 
 Blocks = list[dict[str, Any]]
 

@@ -20,7 +20,8 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-from engine.entrypoints.openai.http_bodies import ChatCompletionChunk, OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import ChatCompletionChunk
 from engine.entrypoints.openai.messages_bodies import (
     AnthropicUsage, ContentBlockDelta, ContentBlockStart, ContentBlockStop, InputJsonDelta, MessageDelta,
     MessageResponse, MessageStart, MessageStop, Ping, StopDelta, TextContent, TextDelta, ToolUseContent,

@@ -12,7 +12,8 @@ from typing import Annotated, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.entrypoints.openai.http_bodies import (EmbeddingRequest, EmbeddingUsage, OpenAIError, PoolingBasicFields,
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import (EmbeddingRequest, EmbeddingUsage, PoolingBasicFields,
                                                    PoolingInputFields)
 
 ScoreTexts = Union[str, list[str]]  # vLLM's ScoreInputs, text only

@@ -13,7 +13,7 @@ import re
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, DecompressSizeError, HttpProcessingError
 
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 
 # A dotted name: "pkg.module.Class.method()" or "engine.x.Y" (our own packages, whose paths no
 # client needs); the last part (what the client may know of: a function or parameter) stays.

@@ -9,7 +9,8 @@ from typing import Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, OpenAIError, PromptLogprobs
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import MAX_REQUEST_ID_CHARS, PromptLogprobs
 from engine.outputs import RequestOutput
 
 REQUEST_ID_HEADER = "X-Request-Id"

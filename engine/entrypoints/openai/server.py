@@ -33,7 +33,7 @@ from aiohttp import web
 from engine.entrypoints.openai import metrics_fanin
 from engine.entrypoints.openai.connections import (LISTEN_BACKLOG, ConnectionGuard, ConnectionLimits, abandon_body,
                                                    default_max_connections, raise_open_file_limit)
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.messages_bodies import anthropic_error
 from engine.entrypoints.openai.metrics import ServerMetrics

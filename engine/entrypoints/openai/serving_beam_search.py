@@ -18,7 +18,7 @@ from typing import Any, Optional
 import msgspec
 
 from engine.beam_search import BeamSearch, BeamSearchOutput
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.outputs import Logprob
 from engine.sampling_params import BeamSearchParams
 

@@ -19,10 +19,11 @@ from typing import AsyncIterator, Optional
 from aiohttp import web
 
 from engine.entrypoints.openai import request_fields, serving_beam_search
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                                    ChatCompletionResponse, ChatLogProb, ChatLogProbs,
                                                    ChatLogProbsContent, ChatResponseMessage, ChatStreamChoice,
-                                                   DeltaMessage, OpenAIError, UsageInfo, decode_request, now)
+                                                   DeltaMessage, UsageInfo, decode_request, now)
 from engine.entrypoints.openai.http_bodies import PromptTokensDetails
 from engine.entrypoints.openai.reasoning_parsers import ReasoningParser, ReasoningStreamer
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response

@@ -21,8 +21,9 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 from aiohttp import web
 
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-                                                   OpenAIError, PoolingBasicFields, decode_request)
+                                                   PoolingBasicFields, decode_request)
 from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import RendererBusyError, encode, encode_pair

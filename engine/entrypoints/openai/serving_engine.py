@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import msgspec
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.public_errors import public_error
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError

@@ -24,10 +24,10 @@ import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest,
-                                                   ChatCompletionToolsParam, ChatMessage, FunctionCall,
-                                                   FunctionDefinition, NamedFunction, NamedToolChoice, OpenAIError,
-                                                   StreamOptions, ToolCall, decode_request)
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionToolsParam,
+                                                   ChatMessage, FunctionCall, FunctionDefinition, NamedFunction,
+                                                   NamedToolChoice, StreamOptions, ToolCall, decode_request)
 from engine.entrypoints.openai.messages_bodies import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
                                                        Blocks, ContextManagement, CountTokensResponse, MessageResponse,
                                                        ConversationFields)

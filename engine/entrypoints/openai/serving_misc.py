@@ -11,9 +11,9 @@ import logging
 
 from aiohttp import web
 
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
-                                                   OpenAIError, TokenizeRequest, TokenizeResponse,
-                                                   decode_request, now)
+                                                   TokenizeRequest, TokenizeResponse, decode_request, now)
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat

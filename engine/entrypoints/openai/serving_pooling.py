@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import OpenAIError, decode_request
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import decode_request
 from engine.entrypoints.openai.pooling_bodies import (ClassificationData, ClassificationRequest,
                                                       ClassificationResponse, PoolingRequest, PoolingResponse,
                                                       PoolingResponseData)

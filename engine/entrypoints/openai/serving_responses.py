@@ -28,10 +28,10 @@ import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest,
-                                                   ChatCompletionToolsParam, ChatMessage,
-                                                   FunctionCall, FunctionDefinition, NamedFunction, NamedToolChoice,
-                                                   OpenAIError, StreamOptions, ToolCall, decode_request, now)
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionToolsParam,
+                                                   ChatMessage, FunctionCall, FunctionDefinition, NamedFunction,
+                                                   NamedToolChoice, StreamOptions, ToolCall, decode_request, now)
 from engine.entrypoints.openai.public_errors import public_error
 from engine.entrypoints.openai.responses_bodies import (FunctionCallItem, NamedFunctionChoice, OutputMessage,
                                                         ReasoningItem, ResponseError, ResponseObject,

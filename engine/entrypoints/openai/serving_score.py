@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import OpenAIError, PoolingBasicFields, decode_request
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import PoolingBasicFields, decode_request
 from engine.entrypoints.openai.pooling_bodies import (RerankDocument, RerankRequest, RerankResponse, RerankResult,
                                                       ScoreRequest, ScoreResponse, ScoreResponseData, ScoreTexts)
 from engine.entrypoints.openai.request_fields import request_id

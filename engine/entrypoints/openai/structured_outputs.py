@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any, Optional
 
-from engine.entrypoints.openai.http_bodies import OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
 from engine.exceptions import ParameterError
 from engine.sampling_params import StructuredOutputsParams
 

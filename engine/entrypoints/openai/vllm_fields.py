@@ -1,8 +1,8 @@
 """Every request field of vLLM's OpenAI server and every SamplingParams field, as read from vLLM's
-source (github.com/vllm-project/vllm). engine/entrypoints/openai/field_support.py places each one
-(implemented, refused or a no-op with its reason), and tests/integration/test_field_support.py fails when a name
-here has no place. To follow a newer vLLM, add its new names here: the test then names each one
-still to be placed.
+source (github.com/vllm-project/vllm). Each one is implemented (the request struct declares it),
+or placed by engine/entrypoints/openai/field_support.py (refused, or a no-op with its reason);
+the test suite fails when a name here is neither. To follow a newer vLLM, add its new names
+here: the test then names each one still to be placed.
 """
 
 # Where each list was read (file and commit).

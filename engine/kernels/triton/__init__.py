@@ -4,7 +4,7 @@ The model asks ``available()`` once (when it is built for a CUDA device) and the
 the ops below; nothing else checks devices. A CPU keeps its C kernels (engine/kernels/*.py)
 and torch: there ``available()`` is False without importing triton at all, and the ops,
 loaded on first use (PEP 562), are never touched. Tests run them on CPU tensors under
-``TRITON_INTERPRET=1``, which must be set before their first use (tests/integration/test_triton_kernels.py).
+``TRITON_INTERPRET=1``, which must be set before their first use.
 
 Ops: ``paged_attention`` (decodes and prefill chunks over the block table),
 ``reshape_and_cache`` (a step's K/V into the cache), ``rms_norm`` (optionally fused with the

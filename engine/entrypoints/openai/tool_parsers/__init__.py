@@ -6,7 +6,7 @@ from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (Extract
 from engine.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from engine.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from engine.entrypoints.openai.tool_parsers.mistral_tool_parser import MistralToolParser
-from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished
+from engine.entrypoints.openai.partial_json import Unfinished
 from engine.entrypoints.openai.tool_parsers.pythonic_tool_parser import PythonicToolParser
 
 __all__ = ["ExtractedToolCalls", "Hermes2ProToolParser", "Llama3JsonToolParser", "MistralToolParser", "ParsedCall",

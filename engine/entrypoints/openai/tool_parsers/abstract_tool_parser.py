@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from engine.entrypoints.openai.http_bodies import FunctionCall, ToolCall, random_id
-from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished
+from engine.entrypoints.openai.partial_json import Unfinished
+from engine.entrypoints.openai.tool_parsers.streaming import ToolCallStreamer
 
 # How a parser refuses a text: ValueError (Unfinished among them); Python's own refusals of deep
 # nesting, from a plugin parser that recurses, count the same.
@@ -114,13 +115,11 @@ class ToolParser:
         except REFUSALS:
             return None
 
-    def streamer(self, max_calls: Optional[int] = None) -> Any:
+    def streamer(self, max_calls: Optional[int] = None) -> ToolCallStreamer:
         """The incremental extractor of one streamed reply: ``feed(delta_text)`` and, at the end,
         ``finish()`` each return a DeltaMessage or None; after ``finish()``, ``final`` is the
         reply's ExtractedToolCalls. ``max_calls``: calls beyond it are not sent
         (parallel_tool_calls=false)."""
-        from engine.entrypoints.openai.tool_parsers.streaming import ToolCallStreamer
-
         return ToolCallStreamer(self, max_calls)
 
     def make_tool_call_id(self) -> str:

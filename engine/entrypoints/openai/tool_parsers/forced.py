@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall, ParsedReply, ToolParser
 from engine.entrypoints.openai.tool_parsers.json_calls import calls_in_array
-from engine.entrypoints.openai.tool_parsers.partial_json import canonical, canonical_prefix, skip_ws
+from engine.entrypoints.openai.partial_json import canonical, canonical_prefix, skip_ws
 
 
 class RequiredToolCallParser(ToolParser):

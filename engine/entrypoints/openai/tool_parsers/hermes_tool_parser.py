@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedReply, ToolParser, ToolParserManager,
                                                                          hold_back)
 from engine.entrypoints.openai.tool_parsers.json_calls import call_from_object
-from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished, skip_ws
+from engine.entrypoints.openai.partial_json import Unfinished, skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
 

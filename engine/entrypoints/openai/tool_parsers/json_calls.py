@@ -6,8 +6,7 @@ import json
 from typing import Optional
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall
-from engine.entrypoints.openai.tool_parsers.partial_json import (Unfinished, canonical, canonical_prefix,
-                                                                 object_members, skip_ws)
+from engine.entrypoints.openai.partial_json import Unfinished, canonical, canonical_prefix, object_members, skip_ws
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedReply, ToolParser, ToolParserManager
 from engine.entrypoints.openai.tool_parsers.json_calls import call_from_object
-from engine.entrypoints.openai.tool_parsers.partial_json import skip_ws
+from engine.entrypoints.openai.partial_json import skip_ws
 
 BOT = "<|python_tag|>"
 

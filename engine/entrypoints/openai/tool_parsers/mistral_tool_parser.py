@@ -14,7 +14,7 @@ from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedR
                                                                          hold_back)
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall
 from engine.entrypoints.openai.tool_parsers.json_calls import calls_in_array
-from engine.entrypoints.openai.tool_parsers.partial_json import Unfinished, canonical_prefix, skip_ws
+from engine.entrypoints.openai.partial_json import Unfinished, canonical_prefix, skip_ws
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedCall, ParsedReply, ToolParser,
                                                                          ToolParserManager)
-from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, Unfinished, skip_ws
+from engine.entrypoints.openai.partial_json import MAX_DEPTH, Unfinished, skip_ws
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _OPEN, _CLOSE = "([{", ")]}"

@@ -26,13 +26,13 @@ from typing import Any, Optional
 
 import msgspec
 
-from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice, \
-    OpenAIError
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.http_bodies import ChatCompletionRequest, ChatCompletionToolsParam, NamedToolChoice
 from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import ReasoningParser
 from engine.entrypoints.openai.structured_outputs import explicit_constraint_field
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ExtractedToolCalls, ToolParser
 from engine.entrypoints.openai.tool_parsers.forced import NamedToolCallParser, RequiredToolCallParser
-from engine.entrypoints.openai.tool_parsers.partial_json import MAX_DEPTH, nesting
+from engine.entrypoints.openai.partial_json import MAX_DEPTH, nesting
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
