@@ -66,3 +66,43 @@ def test_every_kernel_type_runs_every_family_on_its_blocks(name, qtype, tmp_path
         runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
         _, got = chunked_prompt_logprobs(runner, [PROMPTS[0]], chunk)
         moe.assert_tracks(got["0"], want)
+
+
+# llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down (on some layers; here on all) beside Q4_K; here
+# the dense MLP's up too, so that a dense gate/up mixes types as well
+_MORE_BITS = ("attn_v", "ffn_down", "ffn_down_exps", "ffn_up")
+
+
+def _more_bits(pname: str) -> bool:
+    """Whether the transformers parameter is one of _MORE_BITS (stacked experts' down included)."""
+    return pname.removesuffix(".weight").endswith(("v_proj", "down_proj", "mlp.up_proj"))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen3-moe", "mixtral"])
+def test_a_fused_projection_of_two_types_runs_each_part_on_its_blocks(name, tmp_path, monkeypatch):
+    """q/k in Q4_K with v in Q6_K (and Gemma's gate in Q4_K with its up in Q6_K) fuse into one
+    projection of two parts, each on its own blocks, not one dequantized float matrix; experts
+    whose down is Q6_K run it so."""
+    from tests.helpers import hf_families
+
+    def mixed(w, tname, data, qtype_name, f32=False):
+        more = tname.split(".")[2] in _MORE_BITS if tname.startswith("blk.") else False
+        hf_families.add_gguf_tensor(w, tname, data, "Q6_K" if more else qtype_name, f32)
+
+    monkeypatch.setattr(moe if name in moe.FAMILIES else dense, "add_gguf_tensor", mixed)
+    build, write = FAMILIES[name]
+    path = str(tmp_path / f"{name}.mixed.gguf")
+    write(build(), name, path, "Q4_K")
+    router = (lambda pname: pname.endswith("gate.weight")) if name in moe.FAMILIES else (lambda pname: False)
+    hf = as_read_back(build(), "Q4_K", keep=lambda pname: router(pname) or _more_bits(pname))
+    hf = as_read_back(hf, "Q6_K", keep=lambda pname: router(pname) or not _more_bits(pname))
+    want = hf_prompt_logprobs(hf, PROMPTS[0])
+    runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
+    layer = runner.model.layers[0]
+    assert layer.qkv.method.format == "Q4_K+Q6_K"
+    if layer.moe is None:
+        assert (layer.gate_up.method.format, layer.down.method.format) == ("Q4_K+Q6_K", "Q6_K")
+    else:
+        assert (layer.moe.gate_up[0].method.format, layer.moe.down[0].method.format) == ("Q4_K", "Q6_K")
+    _, got = chunked_prompt_logprobs(runner, [PROMPTS[0]], None)
+    moe.assert_tracks(got["0"], want)
