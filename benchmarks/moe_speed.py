@@ -3,9 +3,9 @@ parameters, 0.63 B active) from llama.cpp's own GGUF files, ringllm against ``ll
 run, alternated.
 
 - ringllm: ``LLM`` on the file (its blocks run by the GGUF kernels), one prompt, greedy, end of
-  sequence ignored; decode tok/s is 128 tokens over the time of a 129-token generation minus that of
-  a 1-token one (the prompt's prefill and the first token cancel).
-- llama.cpp: ``llama-bench -m FILE -p 0 -n 128 -t T`` (its tg128: decode only), T = 1 and 2.
+  sequence ignored; decode tok/s is N tokens (``--tokens``, 128) over the time of an N+1-token
+  generation minus that of a 1-token one (the prompt's prefill and the first token cancel).
+- llama.cpp: ``llama-bench -m FILE -p 0 -n N -t T`` (its tgN: decode only), T = 1 and 2.
 
 Besides the speeds, the table gives each file's bytes read per decoded token (the active experts,
 attention, norms and the LM head, at the file's own types) and what that means in GB/s, so a gap
@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import time
 
@@ -29,7 +28,6 @@ from benchmarks.moe_model import CONFIG, NAME, QUANT_TYPES, build, default_cache
 
 log = logging.getLogger("benchmarks.moe_speed")
 PROMPT = "The history of the mixture of experts in language models begins"
-TOKENS = 128
 
 
 def active_bytes(path: str, cfg: dict = CONFIG) -> int:
@@ -47,10 +45,10 @@ def active_bytes(path: str, cfg: dict = CONFIG) -> int:
     return int(total)
 
 
-def ringllm_case(path: str, threads: int):
+def ringllm_case(path: str, threads: int, tokens: int):
     from engine import LLM, SamplingParams
 
-    llm = LLM(model=path, num_threads=threads, max_model_len=1024, kv_cache_memory=64 << 20, seed=0)
+    llm = LLM(model=path, num_threads=threads, max_model_len=512, kv_cache_memory=128 << 20, seed=0)
 
     def generate(n: int) -> float:
         t0 = time.perf_counter()
@@ -61,14 +59,14 @@ def ringllm_case(path: str, threads: int):
     generate(4)  # warm-up
 
     def case() -> dict:
-        return {"tok_s": TOKENS / (generate(TOKENS + 1) - generate(1))}
+        return {"tok_s": tokens / (generate(tokens + 1) - generate(1))}
 
     return llm, case
 
 
-def llama_bench_case(bench_bin: str, path: str, threads: int):
+def llama_bench_case(bench_bin: str, path: str, threads: int, tokens: int):
     def case() -> dict:
-        out = subprocess.run([bench_bin, "-m", path, "-p", "0", "-n", str(TOKENS), "-t", str(threads), "-r", "1",
+        out = subprocess.run([bench_bin, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1",
                               "-o", "json"], check=True, capture_output=True, text=True).stdout
         rows = json.loads(out[out.index("["):])
         return {"tok_s": float(rows[0]["avg_ts"])}
@@ -92,7 +90,7 @@ def profile_step(path: str, steps: int = 32) -> dict:
         finally:
             spent[0] += time.perf_counter() - t0
 
-    llm = LLM(model=path, num_threads=1, max_model_len=1024, kv_cache_memory=64 << 20, seed=0)
+    llm = LLM(model=path, num_threads=1, max_model_len=512, kv_cache_memory=128 << 20, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
     try:
         llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -112,6 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=default_cache_dir())
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--types", nargs="+", default=list(QUANT_TYPES))
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -120,18 +119,19 @@ def main(argv=None) -> int:
     bench = Bench("moe_speed", model=f"{NAME} (random Qwen3-MoE, 2.95 B total, 0.63 B active)")
     llms = []
     for qtype in args.types:
-        llm, case = ringllm_case(files[qtype], threads=1)
+        llm, case = ringllm_case(files[qtype], 1, args.tokens)
         llms.append(llm)
         bench.add(qtype, "ringllm (1 model thread)", case)
         for threads in (1, 2):
-            bench.add(qtype, f"llama-bench -t {threads}", llama_bench_case(bench_bin, files[qtype], threads))
+            case = llama_bench_case(bench_bin, files[qtype], threads, args.tokens)
+            bench.add(qtype, f"llama-bench -t {threads}", case)
     try:
         bench.run(rounds=args.rounds)
     finally:
         for llm in llms:
             llm.shutdown()
     cols = [Column(q, q, "tok_s", fmt="{:.1f}", ratio_to="llama-bench -t 1") for q in args.types]
-    print(bench.table("Single-stream decode, tok/s (tg128)", cols))
+    print(bench.table(f"Single-stream decode, tok/s (tg{args.tokens})", cols))
     extra = {}
     for qtype in args.types:
         nbytes = active_bytes(files[qtype])
