@@ -145,9 +145,10 @@ def _published(final: str, build) -> str:
     return final
 
 
-def build(cache_dir: str, llama_cpp: str | None, python: str = sys.executable) -> dict[str, str]:
-    """{"hf": dir, "BF16": gguf, "Q4_0": gguf, "Q4_K_M": gguf} (the GGUFs where ``llama_cpp``, the
-    llama.cpp source tree with its tools built under build/bin, is given); built once each."""
+def build(cache_dir: str, llama_cpp: str | None, python: str = sys.executable,
+          types: tuple[str, ...] = QUANT_TYPES) -> dict[str, str]:
+    """{"hf": dir, "BF16": gguf, and a GGUF per type of ``types``} (the GGUFs where ``llama_cpp``,
+    the llama.cpp source tree with its tools built under build/bin, is given); built once each."""
     os.makedirs(cache_dir, exist_ok=True)
     out = {"hf": _published(os.path.join(cache_dir, NAME), write_checkpoint)}
     if not llama_cpp:
@@ -161,7 +162,7 @@ def build(cache_dir: str, llama_cpp: str | None, python: str = sys.executable) -
 
     out["BF16"] = _published(os.path.join(cache_dir, f"{NAME}.BF16.gguf"), lambda t: run(
         [python, convert, out["hf"], "--outtype", "bf16", "--outfile", t]))
-    for qtype in QUANT_TYPES:
+    for qtype in types:
         out[qtype] = _published(os.path.join(cache_dir, f"{NAME}.{qtype}.gguf"),
                                 lambda t, q=qtype: run([quantize, out["BF16"], t, q, "2"]))
     return out

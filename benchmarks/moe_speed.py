@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    files = build(args.cache_dir, args.llama_cpp)
+    files = build(args.cache_dir, args.llama_cpp, types=tuple(args.types))
     bench_bin = os.path.join(args.llama_cpp, "build", "bin", "llama-bench")
     bench = Bench("moe_speed", model=f"{NAME} (random Qwen3-MoE, 2.95 B total, 0.63 B active)")
     llms = []
