@@ -168,7 +168,9 @@ def _derive(cfg: dict[str, Any]) -> None:
             else "full_attention" for i in range(cfg["num_hidden_layers"])]
     if kind == "qwen3_moe" and cfg["mlp_only_layers"] is None:
         cfg["mlp_only_layers"] = []
-    if kind == "mixtral":  # MixtralConfig's attribute_map: num_experts reads num_local_experts
+    # The classes' attribute_map: the expert count is num_local_experts where a config has it (Mixtral's,
+    # and Qwen3-MoE's as transformers 5 saves it; released Qwen3-MoE and OLMoE configs say num_experts).
+    if kind == "mixtral" or "num_local_experts" in cfg:
         cfg["num_experts"] = cfg["num_local_experts"]
     if kind in DEFAULT_THETA and not cfg.get("rope_theta") and not (cfg["rope_parameters"] or {}).get("rope_theta"):
         cfg["rope_theta"] = DEFAULT_THETA[kind]
