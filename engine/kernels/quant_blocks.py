@@ -1,4 +1,5 @@
-"""Random, valid GGUF blocks of every type the quantized kernels run, for tests and benchmarks.
+"""GGUF blocks for tests and benchmarks: random, valid blocks of every type the quantized kernels
+run, and K-quant blocks of given float values (``quantize_k``).
 
 Why: the gguf package quantizes Q4_0, Q4_1 and Q8_0 but not the K-quants, and random bytes are
 not valid blocks (their f16 scales can be inf or NaN). A block of any supported type is random
