@@ -140,6 +140,7 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
             raise ValueError(f"model: {path}: {arch}.{key} must be a number, got {value!r}")
         if value is not None and not isinstance(value, ArrayLength):
             cfg[field] = value
+    _required(path, arch, meta, cfg)
     if "vocab_size" not in cfg and isinstance(meta.get("tokenizer.ggml.tokens"), ArrayLength):
         cfg["vocab_size"] = int(meta["tokenizer.ggml.tokens"])
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
@@ -153,6 +154,30 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
     if arch in _MOE_NORM_TOPK:
         _moe_fields(path, arch, cfg, tensors)
     return cfg
+
+
+# Keys llama.cpp's loader requires of these architectures (as one number each): a file without one
+# is refused, never filled from a transformers class default. feed_forward_length may be missing
+# from a Qwen3-MoE file whose every layer is sparse (its dense width is then never used).
+_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count",
+             "attention.layer_norm_rms_epsilon", "feed_forward_length")
+LLAMA_CPP_ROPE_BASE = 10000.0  # llama.cpp's rope base for a file without rope.freq_base
+
+
+def _required(path: str, arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """The keys every file must state, and llama.cpp's rope base where it states none (not the
+    class default of transformers, which is 1e6 for Mixtral and Gemma 3's global layers)."""
+    for key in _REQUIRED:
+        if key == "feed_forward_length" and arch == "qwen3moe":
+            continue  # checked by _moe_fields, which knows the dense layers
+        if not isinstance(meta.get(f"{arch}.{key}"), (int, float)) or isinstance(meta[f"{arch}.{key}"], ArrayLength):
+            raise ValueError(f"model: {path}: {arch}.{key} must be one number in the file, got "
+                             f"{_described(meta.get(f'{arch}.{key}'))}")
+    cfg.setdefault("rope_theta", LLAMA_CPP_ROPE_BASE)
+
+
+def _described(value: Any) -> str:
+    return f"an array of {int(value)} values" if isinstance(value, ArrayLength) else repr(value)
 
 
 def _moe_fields(path: str, arch: str, cfg: dict[str, Any], tensors: list[TensorInfo]) -> None:
@@ -187,6 +212,10 @@ def _moe_fields(path: str, arch: str, cfg: dict[str, Any], tensors: list[TensorI
     routed = {t.name.split(".")[1] for t in tensors if t.name.startswith("blk.") and ".ffn_gate_inp." in t.name}
     cfg["decoder_sparse_step"] = 1
     cfg["mlp_only_layers"] = [i for i in range(int(cfg.get("num_hidden_layers") or 0)) if str(i) not in routed]
+    if cfg["mlp_only_layers"] and "intermediate_size" not in cfg:
+        raise ValueError(f"model: {path}: qwen3moe.feed_forward_length is missing and layers "
+                         f"{cfg['mlp_only_layers'][:8]} are dense")
+    cfg.setdefault("intermediate_size", cfg["moe_intermediate_size"])  # no dense layer: never used
 
 
 def _gemma_fields(arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -> None:

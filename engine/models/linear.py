@@ -98,6 +98,25 @@ class GGUFBlocks:
                           sum(p.out_features for p in parts), parts[0].in_features)
 
 
+class GGUFParts:
+    """One fused projection (q/k/v, gate/up) whose parts the file holds in different GGUF types:
+    llama.cpp's mixes keep some tensors in more bits (Q4_K_M: ``attn_v`` and some ``ffn_down`` in
+    Q6_K beside Q4_K), and one block type cannot hold both. Kept apart, each on its own blocks
+    (``ConcatLinear``); dequantized into one float32 matrix they held 7x the bytes of Q4_K."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[GGUFBlocks]) -> None:
+        self.parts = parts
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.out_features for p in self.parts), self.parts[0].in_features
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
 class LinearMethod:
     """``apply(x)`` is ``x @ W.T``; ``rows(ids)`` the dense rows ``W[ids]`` (embedding lookup)."""
 
@@ -272,6 +291,28 @@ class GGUFLinear(LinearMethod):
         return self.q.nbytes
 
 
+class ConcatLinear(LinearMethod):
+    """A fused projection as its parts' methods side by side (``GGUFParts``): each part's output
+    columns in order, the bias added once."""
+
+    def __init__(self, methods: list[LinearMethod]) -> None:
+        self.methods = methods
+        self.out_features = sum(m.out_features for m in methods)
+        self.in_features = methods[0].in_features
+        self.format = "+".join(dict.fromkeys(m.format for m in methods))
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = torch.cat([m.apply(x) for m in self.methods], dim=1)
+        return y if bias is None else y.add_(bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m.rows(ids) for m in self.methods], dim=1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.methods)
+
+
 class FixedRowGroups(LinearMethod):
     """A dense method run on groups of exactly ``ROW_GROUP`` rows, the last padded with zeros
     (``deterministic``). MKL, oneDNN and the C GEMV pick their kernels and blockings by the row
@@ -335,20 +376,23 @@ class Placement:
         self.dense_only, self.quantization, self.deterministic = dense_only, quantization, deterministic
         self._warned: set[int] = set()
 
-    def choose(self, weight: torch.Tensor | GGUFBlocks, role: str) -> LinearMethod:
+    def choose(self, weight: torch.Tensor | GGUFBlocks | GGUFParts, role: str) -> LinearMethod:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
         if isinstance(weight, GGUFBlocks) and _has_kernel(weight) and not self.dense_only:
             return GGUFLinear(weight, row_invariant=self.deterministic)
+        if isinstance(weight, GGUFParts) and all(map(_has_kernel, weight.parts)) and not self.dense_only:
+            return ConcatLinear([GGUFLinear(p, row_invariant=self.deterministic) for p in weight.parts])
         method = self._choose_dense(weight, role)
         return FixedRowGroups(method) if self.deterministic else method
 
-    def _choose_dense(self, weight: torch.Tensor | GGUFBlocks, role: str) -> LinearMethod:
-        if isinstance(weight, GGUFBlocks):
-            if weight.qtype not in self._warned:
-                self._warned.add(weight.qtype)
-                logger.warning("GGUF %s weights have no quantized kernel here: dequantized once at load",
-                               ggml_type_name(weight.qtype))
+    def _choose_dense(self, weight: torch.Tensor | GGUFBlocks | GGUFParts, role: str) -> LinearMethod:
+        if isinstance(weight, (GGUFBlocks, GGUFParts)):
+            for part in weight.parts if isinstance(weight, GGUFParts) else [weight]:
+                if part.qtype not in self._warned:
+                    self._warned.add(part.qtype)
+                    logger.warning("GGUF %s weights have no quantized kernel here: dequantized once at load",
+                                   ggml_type_name(part.qtype))
             weight = weight.dequantize()
         cpu = self.device.type == "cpu"
         if role == "embed":  # an untied embedding: only rows are read, in the model dtype

@@ -19,10 +19,10 @@ from typing import Callable, Optional
 import torch
 
 from engine.models.layers import Dims
-from engine.models.linear import GGUFBlocks
+from engine.models.linear import GGUFBlocks, GGUFParts
 from engine.models.rope import pair_rotary_rows
 
-Weight = torch.Tensor | GGUFBlocks
+Weight = torch.Tensor | GGUFBlocks | GGUFParts
 
 # HF name (after "model.") -> (our name, per layer)
 _SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head",
@@ -70,8 +70,10 @@ def _pair_fused_qkv(w: Weight, dims: Dims) -> Weight:
 
 
 def _cat(parts: list[Weight]) -> Weight:
-    if all(isinstance(p, GGUFBlocks) for p in parts) and len({p.qtype for p in parts}) == 1:
-        return GGUFBlocks.cat(parts)
+    """The parts of a fused projection as one weight: GGUF blocks of one type stacked, of several
+    types kept apart (``GGUFParts``), anything else as one float tensor."""
+    if all(isinstance(p, GGUFBlocks) for p in parts):
+        return GGUFBlocks.cat(parts) if len({p.qtype for p in parts}) == 1 else GGUFParts(parts)
     return torch.cat([p.dequantize() if isinstance(p, GGUFBlocks) else p.float() for p in parts])
 
 

@@ -86,6 +86,20 @@ def gguf_writer(path: str, arch: str, cfg):
     return w
 
 
+def quantize(data: np.ndarray, qtype_name: str) -> np.ndarray:
+    """``data`` (``[..., in]``) as the blocks of a quantized GGUF type: gguf's quantizer for the
+    32-weight types, engine/kernels/quant_blocks.py's for the K-quants (which gguf lacks)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    if qtype_name not in ("Q4_K", "Q5_K", "Q6_K"):
+        return gguf.quants.quantize(data, qtype)
+    from engine.kernels.quant_blocks import quantize_k
+
+    rows = data.reshape(-1, data.shape[-1])
+    return quantize_k(rows, int(qtype)).reshape(*data.shape[:-1], -1)
+
+
 def add_gguf_tensor(w, name: str, data: np.ndarray, qtype_name: str, f32: bool = False) -> None:
     """``data`` as ``qtype_name`` (F32, F16 or a quantized type); vectors, and ``f32`` tensors, F32."""
     import gguf
@@ -95,9 +109,8 @@ def add_gguf_tensor(w, name: str, data: np.ndarray, qtype_name: str, f32: bool =
     elif qtype_name == "F16":
         w.add_tensor(name, data.astype(np.float16))
     else:
-        qtype = gguf.GGMLQuantizationType[qtype_name]
-        q = gguf.quants.quantize(data, qtype)
-        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+        q = quantize(data, qtype_name)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType[qtype_name])
 
 
 def finish_gguf(w) -> None:
@@ -119,7 +132,7 @@ def as_read_back(hf, qtype_name: str, keep: Callable[[str], bool] = lambda pname
             if p.dim() >= 2 and qtype_name != "F32" and not keep(pname):
                 data = p.numpy()
                 back = (data.astype(np.float16).astype(np.float32) if qtype_name == "F16"
-                        else gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype))
+                        else gguf.quants.dequantize(quantize(data, qtype_name), qtype))
                 p.copy_(torch.from_numpy(back))
     return hf
 

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from engine.hf_config import DEFAULTS, read_hf_config
-from engine.models.llama import LlamaForCausalLM
+from engine.hf_config import DEFAULT_THETA, DEFAULTS, GEMMA3_PATTERN, GEMMA3_THETA, read_hf_config
+from engine.models import get_model_class
 
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
           "vocab_size": 256}
@@ -43,6 +43,47 @@ CASES = {
     "mistral-minimal": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL},
     "mistral-no-window": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], **_SMALL,
                           "sliding_window": None, "num_key_value_heads": 1},
+    # the families beyond Llama's: each minimal (class defaults and derived fields), then as released
+    "gemma2-minimal": {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], **_SMALL, "head_dim": 16,
+                       "query_pre_attn_scalar": 16},
+    "gemma2-released": {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], **_SMALL, "head_dim": 16,
+                        "num_key_value_heads": 2, "query_pre_attn_scalar": 24, "sliding_window": 8,
+                        "attn_logit_softcapping": 40.0, "final_logit_softcapping": 20.0, "rope_theta": 20000.0},
+    "gemma3-minimal": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], **_SMALL,
+                       "head_dim": 16, "query_pre_attn_scalar": 16, "num_hidden_layers": 7},
+    "gemma3-v4-rope": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], **_SMALL,
+                       "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window_pattern": 2, "rope_theta": 1e5,
+                       "rope_local_base_freq": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "gemma3-v5-rope": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], **_SMALL,
+                       "head_dim": 16, "query_pre_attn_scalar": 16,
+                       "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                       "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "phi3-minimal": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], **_SMALL},
+    "phi3-su-rope": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], **_SMALL, "sliding_window": 16,
+                     "original_max_position_embeddings": 32, "max_position_embeddings": 128,
+                     "rope_scaling": {"type": "su", "short_factor": [1.0 + i / 8 for i in range(8)],
+                                      "long_factor": [1.0 + i for i in range(8)]}},
+    "phi4-mini-partial-rotary": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], **_SMALL,
+                                 "partial_rotary_factor": 0.75, "original_max_position_embeddings": 32,
+                                 "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
+                                                  "long_factor": [2.0] * 6}},
+    "qwen3-moe-minimal": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL,
+                          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "qwen3-moe-released": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], **_SMALL,
+                           "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                           "norm_topk_prob": True, "mlp_only_layers": [1], "use_sliding_window": False,
+                           "sliding_window": 64, "rope_theta": 1e6},
+    "qwen3-moe-saved-by-transformers-5": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                                          **_SMALL, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 32},
+    "olmoe-local-experts": {"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"], **_SMALL,
+                            "num_local_experts": 4, "num_experts_per_tok": 2},
+    "mixtral-minimal": {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **_SMALL},
+    "mixtral-released": {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], **_SMALL,
+                         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32, "rope_theta": 1e4},
+    "olmoe-minimal": {"model_type": "olmoe", "architectures": ["OlmoeForCausalLM"], **_SMALL, "num_experts": 4,
+                      "num_experts_per_tok": 2},
 }
 
 
@@ -52,13 +93,12 @@ def _write(tmp_path, data: dict) -> str:
 
 
 def _structure(cfg) -> dict:
-    model = LlamaForCausalLM(cfg, torch.float32, "cpu", max_model_len=128, backend="torch")
-    d = model.dims
-    return {"hidden": d.hidden, "heads": d.num_heads, "kv_heads": d.num_kv_heads,
-            "head_dim": d.head_dim, "intermediate": d.intermediate, "vocab": d.vocab_size,
-            "eps": d.eps, "tied": d.tied, "window": d.sliding_window,
-            "sliding_layers": [layer.sliding for layer in model.layers], "layers": len(model.layers),
-            "qkv_bias": d.qkv_bias, "rope": model.ropes[0].cis, "qk_norm": d.qk_norm}
+    """The model the family's class builds from ``cfg``: its dims (sizes, norms, windows, soft-caps,
+    scales, experts), each layer's window and rope table, and the rope tables' angles."""
+    cls = get_model_class(cfg.architectures[0])
+    model = cls(cfg, torch.float32, "cpu", max_model_len=128, backend="torch")
+    return {"dims": model.dims, "sliding_layers": [layer.sliding for layer in model.layers],
+            "layer_ropes": [layer.rope for layer in model.layers], "ropes": [r.cis for r in model.ropes]}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -69,7 +109,8 @@ def test_the_model_built_from_the_json_config_is_the_one_transformers_config_bui
     ours, theirs = read_hf_config(path), AutoConfig.from_pretrained(path)
     assert ours is not None
     a, b = _structure(ours), _structure(theirs)
-    assert torch.equal(a.pop("rope"), b.pop("rope"))
+    ropes_a, ropes_b = a.pop("ropes"), b.pop("ropes")
+    assert len(ropes_a) == len(ropes_b) and all(torch.equal(x, y) for x, y in zip(ropes_a, ropes_b))
     assert a == b
     for key in ("max_position_embeddings", "vocab_size", "architectures", "model_type", "eos_token_id"):
         assert getattr(ours, key) == getattr(theirs, key), key
@@ -83,7 +124,7 @@ def test_the_default_model_config_reads_as_transformers_reads_it():
     path = default_model_path()
     ours, theirs = read_hf_config(path), AutoConfig.from_pretrained(path)
     a, b = _structure(ours), _structure(theirs)
-    assert torch.equal(a.pop("rope"), b.pop("rope")) and a == b
+    assert all(torch.equal(x, y) for x, y in zip(a.pop("ropes"), b.pop("ropes"))) and a == b
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULTS))
@@ -98,6 +139,20 @@ def test_the_defaults_are_transformers_class_defaults(model_type):
         if value is None:  # derived from other fields (read_hf_config), or unset there too
             continue
         assert declared.get(key, getattr(instance, key, None)) == value, (model_type, key)
+
+
+def test_the_rope_bases_and_gemma3_pattern_are_transformers_defaults():
+    from transformers import AutoConfig
+
+    for model_type in DEFAULTS:
+        theta = type(AutoConfig.for_model(model_type)).default_theta
+        if model_type == "gemma3_text":
+            assert theta == GEMMA3_THETA
+        else:
+            assert theta == DEFAULT_THETA.get(model_type, 10000.0), model_type
+    gemma3 = AutoConfig.for_model("gemma3_text", num_hidden_layers=GEMMA3_PATTERN * 2)
+    assert [i for i, kind in enumerate(gemma3.layer_types) if kind == "full_attention"] == [GEMMA3_PATTERN - 1,
+                                                                                            2 * GEMMA3_PATTERN - 1]
 
 
 def test_other_configs_are_left_to_transformers(tmp_path):

@@ -315,9 +315,8 @@ def make_runner_dims(name: str):
     return get_model_class(FAMILIES[name][1]["architectures"][0]).dims_from_config(hf_moe_model(name).config).moe
 
 
-@pytest.mark.parametrize("name, drop", [("qwen3-moe", "expert_count"), ("olmoe", "expert_used_count")])
-def test_a_gguf_without_its_expert_counts_is_refused_naming_the_key(name, drop, tmp_path):
-    """The expert count and the experts used per token come from the file, never a class default."""
+def _without_key(name: str, drop: str, tmp_path) -> str:
+    """The family's F32 GGUF file written again without the metadata key ``<arch>.<drop>``."""
     import gguf
 
     arch = _GGUF_ARCH[name]
@@ -332,5 +331,28 @@ def test_a_gguf_without_its_expert_counts_is_refused_naming_the_key(name, drop, 
     for t in reader.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(n) for n in t.shape])))
     finish_gguf(w)
-    with pytest.raises(ValueError, match=f"{arch}.{drop} must be a positive integer, got None"):
-        make_runner(str(tmp_path / "bad.gguf"), block_size=4, tokenizer=default_tokenizer_path())
+    return str(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("name, drop, message", [
+    ("qwen3-moe", "expert_count", "qwen3moe.expert_count must be a positive integer, got None"),
+    ("olmoe", "expert_used_count", "olmoe.expert_used_count must be a positive integer, got None"),
+    ("mixtral", "attention.layer_norm_rms_epsilon",
+     "llama.attention.layer_norm_rms_epsilon must be one number in the file, got None"),
+    ("olmoe", "feed_forward_length", "olmoe.feed_forward_length must be one number in the file, got None")])
+def test_a_gguf_without_a_key_llama_cpp_requires_is_refused_naming_it(name, drop, message, tmp_path):
+    """The expert counts, the norms' epsilon and the MLP width come from the file, never from a
+    transformers class default (Mixtral's would be 8 experts of 14336, OLMoE's 64 of 2048)."""
+    with pytest.raises(ValueError, match=message):
+        make_runner(_without_key(name, drop, tmp_path), block_size=4, tokenizer=default_tokenizer_path())
+
+
+def test_a_mixtral_gguf_without_a_rope_base_takes_llama_cpps_not_transformers(tmp_path):
+    """llama.cpp reads a file without rope.freq_base at base 10000; MixtralConfig's default is 1e6."""
+    from engine.gguf_file import LLAMA_CPP_ROPE_BASE, config_dict
+    from engine.hf_config import config_from_dict
+
+    path = _without_key("mixtral", "rope.freq_base", tmp_path)
+    cfg = config_from_dict(config_dict(path), path)
+    assert cfg.rope_theta == LLAMA_CPP_ROPE_BASE == 10000.0
+    assert cfg.num_experts == 4 and cfg.intermediate_size == TINY["intermediate_size"]
