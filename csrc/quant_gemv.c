@@ -141,38 +141,59 @@ static inline AVX2Q __attribute__((always_inline)) float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Block b of a row of W (at blk) against rows r < M of x: acc[r] += a d_x sum(q_w q_x), accc[r] += c s_x. */
+static inline AVX2Q __attribute__((always_inline)) void avx2_block(const int type, const act_t *act, const int M,
+                                                                  const uint8_t *blk, int64_t b, __m256 *acc,
+                                                                  float *accc) {
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+    const float a = half_f16c(blk);
+    float c = 0.0f;
+    __m256i u; /* unsigned weight bytes; for Q8_0 |q_w|, with q_w's sign moved onto x */
+    __m256i sgn = _mm256_setzero_si256();
+    if (type == QUANT_GGML_Q8_0) {
+        sgn = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        u = _mm256_abs_epi8(sgn);
+    } else {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (type == QUANT_GGML_Q4_1 ? 4 : 2)));
+        u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+        c = type == QUANT_GGML_Q4_1 ? half_f16c(blk + 2) : -8.0f * a;
+    }
+    UNROLL_M for (int r = 0; r < M; r++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(act_q(act, r) + b * QUANT_BLOCK));
+        if (type == QUANT_GGML_Q8_0) xv = _mm256_sign_epi8(xv, sgn);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * act_d(act, r)[b]), acc[r]);
+        if (type != QUANT_GGML_Q8_0) accc[r] += c * act_s(act, r)[b];
+    }
+}
+
+/* With one or two rows of x the sums are one dependent chain of FMAs per row, bound by the FMA's
+ * latency rather than by memory: those alternate blocks between two sets of sums (llama.cpp's
+ * GEMV keeps several in flight too). From three rows the rows' own chains overlap, the second set
+ * stays zero and adds nothing, and registers are kept for the rows. */
 static inline AVX2Q __attribute__((always_inline)) void gemv_avx2_m(
     const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y, int64_t ldy) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t bb = (size_t)quant_block_bytes(type);
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
     for (int64_t j = 0; j < n; j++) {
-        __m256 acc[QUANT_GEMV_MAX_M];
-        float accc[QUANT_GEMV_MAX_M];
+        __m256 acc[QUANT_GEMV_MAX_M], acc2[2];
+        float accc[QUANT_GEMV_MAX_M], accc2[2];
         UNROLL_M for (int r = 0; r < M; r++) { acc[r] = _mm256_setzero_ps(); accc[r] = 0.0f; }
+        acc2[0] = acc2[1] = _mm256_setzero_ps();
+        accc2[0] = accc2[1] = 0.0f;
         const uint8_t *blk = w + (size_t)j * (size_t)nb * bb;
-        for (int64_t b = 0; b < nb; b++, blk += bb) {
-            const float a = half_f16c(blk);
-            float c = 0.0f;
-            __m256i u; /* unsigned weight bytes; for Q8_0 |q_w|, with q_w's sign moved onto x */
-            __m256i sgn = _mm256_setzero_si256();
-            if (type == QUANT_GGML_Q8_0) {
-                sgn = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                u = _mm256_abs_epi8(sgn);
-            } else {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (type == QUANT_GGML_Q4_1 ? 4 : 2)));
-                u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-                c = type == QUANT_GGML_Q4_1 ? half_f16c(blk + 2) : -8.0f * a;
-            }
-            UNROLL_M for (int r = 0; r < M; r++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(act_q(act, r) + b * QUANT_BLOCK));
-                if (type == QUANT_GGML_Q8_0) xv = _mm256_sign_epi8(xv, sgn);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * act_d(act, r)[b]), acc[r]);
-                if (type != QUANT_GGML_Q8_0) accc[r] += c * act_s(act, r)[b];
+        int64_t b = 0;
+        if (M <= 2) {
+            for (; b + 1 < nb; b += 2, blk += 2 * bb) {
+                avx2_block(type, act, M, blk, b, acc, accc);
+                avx2_block(type, act, M, blk + bb, b + 1, acc2, accc2);
             }
         }
-        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)ldy + (size_t)j] = hsum8(acc[r]) + accc[r];
+        for (; b < nb; b++, blk += bb) avx2_block(type, act, M, blk, b, acc, accc);
+        UNROLL_M for (int r = 0; r < M; r++) {
+            const __m256 sum = M <= 2 ? _mm256_add_ps(acc[r], acc2[r < 2 ? r : 0]) : acc[r];
+            y[(size_t)r * (size_t)ldy + (size_t)j] = hsum8(sum) + (M <= 2 ? accc[r] + accc2[r < 2 ? r : 0] : accc[r]);
+        }
     }
 }
 
