@@ -121,7 +121,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--prefill-requests", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=49152, help="Prompt ids are drawn below this.")
     parser.add_argument("--llama-threads", type=int, nargs="*", default=[1, 2])
-    parser.add_argument("--ctx", type=int, default=24576, help="llama-server's KV cache, tokens (all slots).")
+    parser.add_argument("--ctx", type=int, default=8192, help="llama-server's KV cache, tokens (all slots).")
+    parser.add_argument("--kv-bytes", type=int, default=2**30, help="ringllm's KV cache, bytes.")
     parser.add_argument("--compare", action="append", default=[], metavar="FLAGS",
                         help="Also run a ringllm server with these extra serve flags (repeatable).")
     parser.add_argument("--seed", type=int, default=0)
@@ -135,14 +136,15 @@ def main(argv: Optional[list[str]] = None) -> None:
                         f"{os.path.getsize(gguf) / 2**20:.0f} MiB")
     bench.notes.append(f"{args.output_tokens} output tokens (greedy, ignore_eos), {args.requests_per_client} requests "
                        f"per client; prefill {args.prefill_requests} x {args.prefill_tokens} random ids; client on "
-                       "the same host; llama-server -np 64 --kv-unified -c " + str(args.ctx))
+                       "the same host; llama-server -np 64 --kv-unified -c " + str(args.ctx) + f"; ringllm KV cache "
+                       f"{args.kv_bytes / 2**30:.2f} GiB, max_model_len 2048")
     loop = asyncio.new_event_loop()
     seeds = itertools.count(args.seed * 1_000_000)
-    servers = {RINGLLM: Server([gguf, "--tokenizer", tokenizer, "--served-model-name", SERVED_NAME],
-                               os.path.join(args.out, f"{bench.name}-ringllm.log"))}
+    serve = [gguf, "--tokenizer", tokenizer, "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+             "--kv-cache-memory-bytes", str(args.kv_bytes)]
+    servers = {RINGLLM: Server(serve, os.path.join(args.out, f"{bench.name}-ringllm.log"))}
     for i, flags in enumerate(args.compare):
-        servers[f"{RINGLLM} {flags}"] = Server([gguf, "--tokenizer", tokenizer, "--served-model-name", SERVED_NAME,
-                                                *shlex.split(flags)],
+        servers[f"{RINGLLM} {flags}"] = Server([*serve, *shlex.split(flags)],
                                                os.path.join(args.out, f"{bench.name}-ringllm-compare{i}.log"))
     llamas: dict = {}
     try:
@@ -165,8 +167,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             server.stop()
         for _, process in llamas.values():
             stop_server(process)
+    paths = bench.save(extra={"peak_rss_mib": rss}, out_dir=args.out)
     print_tables(bench, args, list(llamas), rss)
-    for path in bench.save(extra={"peak_rss_mib": rss}, out_dir=args.out):
+    for path in paths:
         print(f"wrote {os.path.relpath(path)}")
 
 
