@@ -62,12 +62,12 @@ def main() -> int:
     result = {"startup_s": startup, "ready_s": ready}
     for mode in job["mode"].split(","):
         result[f"{mode}_s"], result[f"{mode}_tokens"] = runs[mode]()
-    result["peak_rss_mib"] = sum(_peak_rss_kib(pid) for pid in _tree(os.getpid())) / 1024
+    result["peak_rss_mib"] = sum(peak_rss_kib(pid) for pid in process_tree(os.getpid())) / 1024
     print(MARKER + json.dumps(result), flush=True)
     return 0
 
 
-def _tree(pid: int) -> list:
+def process_tree(pid: int) -> list:
     """``pid`` and its descendants (vLLM's EngineCore runs in a child process)."""
     pids, i = [pid], 0
     while i < len(pids):
@@ -81,7 +81,7 @@ def _tree(pid: int) -> list:
     return pids
 
 
-def _peak_rss_kib(pid: int) -> int:
+def peak_rss_kib(pid: int) -> int:
     """VmHWM, the process's peak resident set, read while it is still alive: rusage would count the
     EngineCore only once it has been reaped, which vLLM's shutdown does not promise."""
     try:

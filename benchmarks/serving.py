@@ -159,20 +159,42 @@ async def run_level(send: Callable[[str], Awaitable[RequestStats]], concurrency:
 
 
 async def run_http_level(url: str, model: str, concurrency: int, requests_per_client: int, max_tokens: int,
-                         seed: int) -> dict:
-    connector = aiohttp.TCPConnector(limit=concurrency)
+                         seed: int, reuse_connections: bool = True) -> dict:
+    """``run_level`` over HTTP; ``reuse_connections=False`` opens a connection per request (for
+    servers that drop idle keep-alive connections, as llama-server does)."""
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=not reuse_connections)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
         return await run_level(lambda prompt: stream_completion(session, url, model, prompt, max_tokens),
                                concurrency, requests_per_client, seed)
+
+
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now (the OS's pick), for a server child to bind."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: str) -> None:
+    """Until ``url``/health answers 200; raises if ``proc`` exits first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"the server did not become healthy in {timeout} s; see {log_path}")
 
 
 class Server:
     """``ringllm serve`` in a child process on a free loopback port, stopped with SIGTERM."""
 
     def __init__(self, serve_args: list[str], log_path: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         with open(log_path, "w") as log_file:
@@ -181,17 +203,7 @@ class Server:
                                          stdin=subprocess.DEVNULL)
 
     def wait_ready(self, timeout: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise TimeoutError(f"the server did not become healthy in {timeout} s; see {self.log_path}")
+        wait_healthy(self.url, self.proc, timeout, self.log_path)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -5,6 +5,7 @@
 #include "activation.h"
 
 #include "cpu_features.h"
+#include "parallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <math.h>
@@ -145,25 +146,30 @@ static AVX512BF16 void rotary_rows_bf16(uint16_t *qkv, int64_t row_stride, int64
 
 int rms_norm_f32(const float *x, float *residual, const float *w, float *y, int64_t rows, int64_t cols, float eps) {
     if (!cpu_kernels_supported() || rows < 0 || cols <= 0 || cols % LANES) return -1;
-    rms_norm_rows(x, residual, w, y, rows, cols, eps);
+    PAR_SLICES((size_t)rows * (size_t)cols * sizeof(float), rows, 1, r0, n,
+               rms_norm_rows(x + r0 * cols, residual ? residual + r0 * cols : NULL, w, y + r0 * cols, n, cols, eps));
     return 0;
 }
 
 int silu_and_mul_f32(const float *x, float *y, int64_t rows, int64_t d) {
     if (!cpu_kernels_supported() || rows < 0 || d <= 0 || d % LANES) return -1;
-    silu_and_mul_rows(x, y, rows, d);
+    PAR_SLICES((size_t)rows * (size_t)d * 3 * sizeof(float), rows, 1, r0, n,
+               silu_and_mul_rows(x + r0 * 2 * d, y + r0 * d, n, d));
     return 0;
 }
 int rms_norm_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *w, uint16_t *y, int64_t rows,
                   int64_t cols, float eps) {
     if (!cpu_avx512_bf16_supported() || rows < 0 || cols <= 0 || cols % LANES16) return -1;
-    rms_norm_rows_bf16(x, residual, w, y, rows, cols, eps);
+    PAR_SLICES((size_t)rows * (size_t)cols * sizeof(uint16_t), rows, 1, r0, n,
+               rms_norm_rows_bf16(x + r0 * cols, residual ? residual + r0 * cols : NULL, w, y + r0 * cols, n, cols,
+                                  eps));
     return 0;
 }
 
 int silu_and_mul_bf16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t d) {
     if (!cpu_avx512_bf16_supported() || rows < 0 || d <= 0 || d % LANES16) return -1;
-    silu_and_mul_rows_bf16(x, y, rows, d);
+    PAR_SLICES((size_t)rows * (size_t)d * 3 * sizeof(uint16_t), rows, 1, r0, n,
+               silu_and_mul_rows_bf16(x + r0 * 2 * d, y + r0 * d, n, d));
     return 0;
 }
 
@@ -175,10 +181,13 @@ int rotary_in_place(void *qkv, int bf16, int64_t row_stride, int64_t rows, const
         return -1;
     for (int64_t r = 0; r < rows; r++)
         if (positions[r] < 0 || positions[r] >= max_positions) return -1;
+    const size_t bytes = (size_t)rows * (size_t)(heads * head_dim) * (bf16 ? sizeof(uint16_t) : sizeof(float));
     if (bf16)
-        rotary_rows_bf16((uint16_t *)qkv, row_stride, rows, positions, cos_sin, heads, head_dim);
+        PAR_SLICES(bytes, rows, 1, r0, n, rotary_rows_bf16((uint16_t *)qkv + r0 * row_stride, row_stride, n,
+                                                           positions + r0, cos_sin, heads, head_dim));
     else
-        rotary_rows_f32((float *)qkv, row_stride, rows, positions, cos_sin, heads, head_dim);
+        PAR_SLICES(bytes, rows, 1, r0, n, rotary_rows_f32((float *)qkv + r0 * row_stride, row_stride, n,
+                                                          positions + r0, cos_sin, heads, head_dim));
     return 0;
 }
 #else

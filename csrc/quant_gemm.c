@@ -23,6 +23,7 @@
  * after quant_gemv checked CPUID. */
 #include "quant_gemv.h"
 
+#include "parallel.h"
 #include "quant_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -38,9 +39,11 @@
 #define RMAX 4                             /* rows of x per micro-kernel call (6 measured no faster) */
 #define UNROLL _Pragma("GCC unroll 8")
 
+/* One repacked tile per thread (par_max_threads: the tiles of W split over the pool), then the
+ * rows' block sums. */
 size_t quant_gemm_work_bytes(int64_t m, int64_t k) {
     const int64_t nb = k / QUANT_BLOCK;
-    return (size_t)nb * TB_BYTES + (size_t)m * (size_t)nb * sizeof(int32_t);
+    return (size_t)par_max_threads() * (size_t)nb * TB_BYTES + (size_t)m * (size_t)nb * sizeof(int32_t);
 }
 
 static const uint8_t zero_block[64];
@@ -162,11 +165,16 @@ void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float 
                        int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t row_bytes = (size_t)nb * (size_t)quant_block_bytes(type);
-    uint8_t *tile = (uint8_t *)work;
-    int32_t *xsum = (int32_t *)(tile + (size_t)nb * TB_BYTES); /* row r's block b: sum of its q_x */
+    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
+    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * (size_t)nb * TB_BYTES); /* row r's block b: sum of its q_x */
     if (type != QUANT_GGML_Q4_1) block_sums(xq, q_stride, m, nb, xsum);
     tile_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile_q4_0 : type == QUANT_GGML_Q4_1 ? tile_q4_1 : tile_q8_0;
-    for (int64_t j0 = 0; j0 < n; j0 += TILE) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+    uint8_t *tile = (uint8_t *)work + (size_t)par_thread() * (size_t)nb * TB_BYTES;
+    int64_t first, count;
+    par_slice(n, TILE, &first, &count);
+    for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_tile(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
         const __mmask16 m0 = lanes_below(cnt), m1 = lanes_below(cnt - 16);
@@ -176,6 +184,7 @@ void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float 
                         xs + (size_t)r0 * s_stride, xsum + (size_t)r0 * (size_t)nb, s_stride,
                         y + (size_t)r0 * (size_t)n + (size_t)j0, (size_t)n, m0, m1);
         }
+    }
     }
 }
 
@@ -331,11 +340,16 @@ void quant_gemm_avx2(int type, const int8_t *xq, size_t q_stride, const float *x
                      int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t row_bytes = (size_t)nb * (size_t)quant_block_bytes(type);
-    uint8_t *tile = (uint8_t *)work;
-    int32_t *xsum = (int32_t *)(tile + (size_t)nb * TB_BYTES);
+    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
+    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * (size_t)nb * TB_BYTES);
     if (type == QUANT_GGML_Q4_0) block_sums(xq, q_stride, m, nb, xsum);
     tile2_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile2_q4_0 : type == QUANT_GGML_Q4_1 ? tile2_q4_1 : tile2_q8_0;
-    for (int64_t j0 = 0; j0 < n; j0 += TILE) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+    uint8_t *tile = (uint8_t *)work + (size_t)par_thread() * (size_t)nb * TB_BYTES;
+    int64_t first, count;
+    par_slice(n, TILE, &first, &count);
+    for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_tile_avx2(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
         for (int h = 0; 16 * h < cnt; h++) {
@@ -346,6 +360,7 @@ void quant_gemm_avx2(int type, const int8_t *xq, size_t q_stride, const float *x
                             y + (size_t)r0 * (size_t)n + (size_t)j0 + 16 * (size_t)h, (size_t)n, cnt - 16 * h);
             }
         }
+    }
     }
 }
 #else

@@ -3,6 +3,7 @@
 #include "quant_gemv.h"
 
 #include "cpu_features.h"
+#include "parallel.h"
 #include "quant_internal.h"
 
 #include <math.h>
@@ -93,7 +94,10 @@ static int8_t weight_q(int type, const uint8_t *blk, int i) {
     return (int8_t)(i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4);
 }
 
-static void gemv_c(int type, const act_t *act, int64_t m, const uint8_t *w, int64_t n, int64_t k, float *y) {
+/* y[r * ldy + j] for j < n, r < m: the GEMVs' output rows of W are independent, so a thread
+ * takes a slice of them (w and y offset to its first row, ldy the full row stride of y). */
+static void gemv_c(int type, const act_t *act, int64_t m, const uint8_t *w, int64_t n, int64_t k, float *y,
+                   int64_t ldy) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t bb = (size_t)quant_block_bytes(type);
     for (int64_t j = 0; j < n; j++) {
@@ -111,7 +115,7 @@ static void gemv_c(int type, const act_t *act, int64_t m, const uint8_t *w, int6
                 acc[r] += a * act_d(act, r)[b] * (float)isum + c * act_s(act, r)[b];
             }
         }
-        for (int64_t r = 0; r < m; r++) y[(size_t)r * (size_t)n + (size_t)j] = acc[r];
+        for (int64_t r = 0; r < m; r++) y[(size_t)r * (size_t)ldy + (size_t)j] = acc[r];
     }
 }
 
@@ -137,38 +141,59 @@ static inline AVX2Q __attribute__((always_inline)) float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Block b of a row of W (at blk) against rows r < M of x: acc[r] += a d_x sum(q_w q_x), accc[r] += c s_x. */
+static inline AVX2Q __attribute__((always_inline)) void avx2_block(const int type, const act_t *act, const int M,
+                                                                  const uint8_t *blk, int64_t b, __m256 *acc,
+                                                                  float *accc) {
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+    const float a = half_f16c(blk);
+    float c = 0.0f;
+    __m256i u; /* unsigned weight bytes; for Q8_0 |q_w|, with q_w's sign moved onto x */
+    __m256i sgn = _mm256_setzero_si256();
+    if (type == QUANT_GGML_Q8_0) {
+        sgn = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        u = _mm256_abs_epi8(sgn);
+    } else {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (type == QUANT_GGML_Q4_1 ? 4 : 2)));
+        u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+        c = type == QUANT_GGML_Q4_1 ? half_f16c(blk + 2) : -8.0f * a;
+    }
+    UNROLL_M for (int r = 0; r < M; r++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(act_q(act, r) + b * QUANT_BLOCK));
+        if (type == QUANT_GGML_Q8_0) xv = _mm256_sign_epi8(xv, sgn);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * act_d(act, r)[b]), acc[r]);
+        if (type != QUANT_GGML_Q8_0) accc[r] += c * act_s(act, r)[b];
+    }
+}
+
+/* With one or two rows of x the sums are one dependent chain of FMAs per row, bound by the FMA's
+ * latency rather than by memory: those alternate blocks between two sets of sums (llama.cpp's
+ * GEMV keeps several in flight too). From three rows the rows' own chains overlap, the second set
+ * stays zero and adds nothing, and registers are kept for the rows. */
 static inline AVX2Q __attribute__((always_inline)) void gemv_avx2_m(
-    const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y) {
+    const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y, int64_t ldy) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t bb = (size_t)quant_block_bytes(type);
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
     for (int64_t j = 0; j < n; j++) {
-        __m256 acc[QUANT_GEMV_MAX_M];
-        float accc[QUANT_GEMV_MAX_M];
+        __m256 acc[QUANT_GEMV_MAX_M], acc2[2];
+        float accc[QUANT_GEMV_MAX_M], accc2[2];
         UNROLL_M for (int r = 0; r < M; r++) { acc[r] = _mm256_setzero_ps(); accc[r] = 0.0f; }
+        acc2[0] = acc2[1] = _mm256_setzero_ps();
+        accc2[0] = accc2[1] = 0.0f;
         const uint8_t *blk = w + (size_t)j * (size_t)nb * bb;
-        for (int64_t b = 0; b < nb; b++, blk += bb) {
-            const float a = half_f16c(blk);
-            float c = 0.0f;
-            __m256i u; /* unsigned weight bytes; for Q8_0 |q_w|, with q_w's sign moved onto x */
-            __m256i sgn = _mm256_setzero_si256();
-            if (type == QUANT_GGML_Q8_0) {
-                sgn = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                u = _mm256_abs_epi8(sgn);
-            } else {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (type == QUANT_GGML_Q4_1 ? 4 : 2)));
-                u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-                c = type == QUANT_GGML_Q4_1 ? half_f16c(blk + 2) : -8.0f * a;
-            }
-            UNROLL_M for (int r = 0; r < M; r++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(act_q(act, r) + b * QUANT_BLOCK));
-                if (type == QUANT_GGML_Q8_0) xv = _mm256_sign_epi8(xv, sgn);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a * act_d(act, r)[b]), acc[r]);
-                if (type != QUANT_GGML_Q8_0) accc[r] += c * act_s(act, r)[b];
+        int64_t b = 0;
+        if (M <= 2) {
+            for (; b + 1 < nb; b += 2, blk += 2 * bb) {
+                avx2_block(type, act, M, blk, b, acc, accc);
+                avx2_block(type, act, M, blk + bb, b + 1, acc2, accc2);
             }
         }
-        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)n + (size_t)j] = hsum8(acc[r]) + accc[r];
+        for (; b < nb; b++, blk += bb) avx2_block(type, act, M, blk, b, acc, accc);
+        UNROLL_M for (int r = 0; r < M; r++) {
+            const __m256 sum = M <= 2 ? _mm256_add_ps(acc[r], acc2[r < 2 ? r : 0]) : acc[r];
+            y[(size_t)r * (size_t)ldy + (size_t)j] = hsum8(sum) + (M <= 2 ? accc[r] + accc2[r < 2 ? r : 0] : accc[r]);
+        }
     }
 }
 
@@ -188,7 +213,7 @@ static const int32_t pair_lanes[8][16] = {
  * offset terms c_b s_xb go into their own accumulator in the same 16 lanes. Per pair of
  * blocks, one vpdpbusd and one permute of coef. */
 static inline AVX512Q __attribute__((always_inline)) void gemv_avx512_m(
-    const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y) {
+    const int type, const act_t *act, const int M, const uint8_t *w, int64_t n, int64_t k, float *y, int64_t ldy) {
     const int64_t nb = k / QUANT_BLOCK;
     const int bb = quant_block_bytes(type);
     const size_t qoff = type == QUANT_GGML_Q4_1 ? 4 : 2;
@@ -240,7 +265,7 @@ static inline AVX512Q __attribute__((always_inline)) void gemv_avx512_m(
             }
         }
         UNROLL_M for (int r = 0; r < M; r++)
-            y[(size_t)r * (size_t)n + (size_t)j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], accc[r]));
+            y[(size_t)r * (size_t)ldy + (size_t)j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], accc[r]));
     }
 }
 
@@ -283,14 +308,15 @@ static AVX2Q void quantize_rows_avx2(const float *x, int64_t x_stride, int64_t m
 }
 
 /* One entry per (type, rows) so type and M are constants inside: registers, no branches. */
+typedef void gemv_fn(const act_t *, const uint8_t *, int64_t, int64_t, float *, int64_t);
 #define INSTANCE(ISA, ATTR, T, TNAME, M) \
-    static ATTR void ISA##_##TNAME##_##M(const act_t *a, const uint8_t *w, int64_t n, int64_t k, float *y) { \
-        gemv_##ISA##_m(T, a, M, w, n, k, y); }
+    static ATTR void ISA##_##TNAME##_##M(const act_t *a, const uint8_t *w, int64_t n, int64_t k, float *y, \
+                                         int64_t ldy) { gemv_##ISA##_m(T, a, M, w, n, k, y, ldy); }
 #define INSTANCES(ISA, ATTR, T, TNAME) \
     INSTANCE(ISA, ATTR, T, TNAME, 1) INSTANCE(ISA, ATTR, T, TNAME, 2) INSTANCE(ISA, ATTR, T, TNAME, 3) \
     INSTANCE(ISA, ATTR, T, TNAME, 4) INSTANCE(ISA, ATTR, T, TNAME, 5) INSTANCE(ISA, ATTR, T, TNAME, 6) \
     INSTANCE(ISA, ATTR, T, TNAME, 7) INSTANCE(ISA, ATTR, T, TNAME, 8) \
-    static void (*const ISA##_##TNAME[QUANT_GEMV_MAX_M])(const act_t *, const uint8_t *, int64_t, int64_t, float *) = { \
+    static gemv_fn *const ISA##_##TNAME[QUANT_GEMV_MAX_M] = { \
         ISA##_##TNAME##_1, ISA##_##TNAME##_2, ISA##_##TNAME##_3, ISA##_##TNAME##_4, \
         ISA##_##TNAME##_5, ISA##_##TNAME##_6, ISA##_##TNAME##_7, ISA##_##TNAME##_8};
 
@@ -307,29 +333,30 @@ int quant_best_isa(void) {
     return QUANT_ISA_C;
 }
 
-static int gemv_simd(int type, int isa, const float *x, int64_t x_stride, const act_t *act, int64_t m,
-                     const uint8_t *w, int64_t n, int64_t k, float *y) {
+/* The SIMD kernel of m rows of this type and variant; NULL for the plain C one. */
+static gemv_fn *gemv_kernel(int type, int isa, int64_t m) {
     const int t = type == QUANT_GGML_Q4_0 ? 0 : type == QUANT_GGML_Q4_1 ? 1 : 2;
-    if (isa >= QUANT_ISA_AVX2) quantize_rows_avx2(x, x_stride, m, k, act);
-    if (isa == QUANT_ISA_AVX512_VNNI) {
-        const void *fns[3] = {avx512_q4_0, avx512_q4_1, avx512_q8_0};
-        ((void (*const *)(const act_t *, const uint8_t *, int64_t, int64_t, float *))fns[t])[m - 1](act, w, n, k, y);
-        return 1;
-    }
-    if (isa == QUANT_ISA_AVX2) {
-        const void *fns[3] = {avx2_q4_0, avx2_q4_1, avx2_q8_0};
-        ((void (*const *)(const act_t *, const uint8_t *, int64_t, int64_t, float *))fns[t])[m - 1](act, w, n, k, y);
-        return 1;
-    }
-    return 0;
+    gemv_fn *const *avx512[3] = {avx512_q4_0, avx512_q4_1, avx512_q8_0}, *const *avx2[3] = {avx2_q4_0, avx2_q4_1, avx2_q8_0};
+    return isa == QUANT_ISA_AVX512_VNNI ? avx512[t][m - 1] : isa == QUANT_ISA_AVX2 ? avx2[t][m - 1] : NULL;
+}
+
+static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, int64_t k, const act_t *a) {
+    if (isa >= QUANT_ISA_AVX2) quantize_rows_avx2(x, x_stride, m, k, a);
+    else quantize_rows_c(x, x_stride, m, k, a);
 }
 #else
+typedef void gemv_fn(const act_t *, const uint8_t *, int64_t, int64_t, float *, int64_t);
+
 int quant_best_isa(void) { return QUANT_ISA_C; }
 
-static int gemv_simd(int type, int isa, const float *x, int64_t x_stride, const act_t *act, int64_t m,
-                     const uint8_t *w, int64_t n, int64_t k, float *y) {
-    (void)type; (void)isa; (void)x; (void)x_stride; (void)act; (void)m; (void)w; (void)n; (void)k; (void)y;
-    return 0;
+static gemv_fn *gemv_kernel(int type, int isa, int64_t m) {
+    (void)type; (void)isa; (void)m;
+    return NULL;
+}
+
+static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, int64_t k, const act_t *a) {
+    (void)isa;
+    quantize_rows_c(x, x_stride, m, k, a);
 }
 #endif
 
@@ -346,9 +373,16 @@ static int gemv_pass(int type, int isa, const float *x, int64_t x_stride, int64_
     act.d = (float *)mem;
     act.s = (float *)(mem + scbytes);
     act.q = (int8_t *)(mem + 2 * scbytes);
-    if (!gemv_simd(type, isa, x, x_stride, &act, m, w, n, k, y)) {
-        quantize_rows_c(x, x_stride, m, k, &act);
-        gemv_c(type, &act, m, w, n, k, y);
+    quantize_rows(isa, x, x_stride, m, k, &act);
+    gemv_fn *const kernel = gemv_kernel(type, isa, m);
+    const size_t row_bytes = (size_t)(k / QUANT_BLOCK) * (size_t)quant_block_bytes(type);
+    const int threads = par_threads((size_t)n * row_bytes, n);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t j0, cnt;
+        par_slice(n, 16, &j0, &cnt);
+        if (cnt && kernel) kernel(&act, w + (size_t)j0 * row_bytes, cnt, k, y + j0, n);
+        else if (cnt) gemv_c(type, &act, m, w + (size_t)j0 * row_bytes, cnt, k, y + j0, n);
     }
     return 0;
 }

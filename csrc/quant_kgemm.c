@@ -23,6 +23,7 @@
  *
  * Compiled for the baseline target; the functions carry their target attributes and run only
  * after quant_gemv checked CPUID. */
+#include "parallel.h"
 #include "quant_internal.h"
 #include "quant_kblock.h"
 
@@ -45,7 +46,8 @@ typedef struct {
     float mm[TILE];           /* M */
 } __attribute__((aligned(64))) ktile_t;
 
-size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)(k / QK) * sizeof(ktile_t); }
+/* One repacked tile per thread: the tiles of W split over the pool (parallel.h). */
+size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)par_max_threads() * (size_t)(k / QK) * sizeof(ktile_t); }
 
 /* Row j's super-block blk (NULL: a row past W's end, all zeros) into tile column j < TILE: all but u. */
 static inline AVX512KG __attribute__((always_inline)) void repack_scales(const int type, const uint8_t *blk,
@@ -190,8 +192,13 @@ static inline __mmask16 lanes_below(int c) { return c >= 16 ? (__mmask16)0xFFFF 
 void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y) {
     const size_t row_bytes = (size_t)a->nsb * (size_t)quant_block_bytes(type);
     ktile_fn *const *fns = type == QUANT_GGML_Q4_K ? ktile_q4_k : type == QUANT_GGML_Q5_K ? ktile_q5_k : ktile_q6_k;
-    ktile_t *tile = (ktile_t *)work;
-    for (int64_t j0 = 0; j0 < n; j0 += TILE) {
+    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+    ktile_t *tile = (ktile_t *)work + (size_t)par_thread() * (size_t)a->nsb;
+    int64_t first, count;
+    par_slice(n, TILE, &first, &count);
+    for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, tile);
         const __mmask16 m0 = lanes_below(cnt), m1 = lanes_below(cnt - 16);
@@ -199,6 +206,7 @@ void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, 
             const int rr = m - r0 < RMAX ? (int)(m - r0) : RMAX;
             fns[rr - 1](tile, a, r0, y + (size_t)r0 * (size_t)n + (size_t)j0, (size_t)n, m0, m1);
         }
+    }
     }
 }
 

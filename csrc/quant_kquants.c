@@ -20,6 +20,7 @@
  * weighted by S_g in int16 madds: all integer until one float per row and super-block. */
 #include "quant_gemv.h"
 
+#include "parallel.h"
 #include "quant_internal.h"
 #include "quant_kblock.h"
 
@@ -83,7 +84,8 @@ static void decode_c(int type, const uint8_t *b, kblock_t *o) {
     o->m = quant_half_to_float(b + 2);
 }
 
-static void gemv_c(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, float *y) {
+/* y[r * ldy + j] for j < n: a thread takes a slice of W's rows (quant_gemv.c's gemv_c). */
+static void gemv_c(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, float *y, int64_t ldy) {
     const size_t bb = (size_t)quant_block_bytes(type);
     kblock_t blk;
     for (int64_t j = 0; j < n; j++) {
@@ -103,9 +105,12 @@ static void gemv_c(int type, const actk_t *a, int64_t m, const uint8_t *w, int64
                 acc[r] += a->d[at] * (blk.d * (float)isum - blk.m * (float)nsum);
             }
         }
-        for (int64_t r = 0; r < m; r++) y[(size_t)r * (size_t)n + (size_t)j] = acc[r];
+        for (int64_t r = 0; r < m; r++) y[(size_t)r * (size_t)ldy + (size_t)j] = acc[r];
     }
 }
+
+/* A SIMD kernel of M rows: y[r * ldy + j] for W's n rows from w. */
+typedef void (*kfn_t)(const actk_t *, const uint8_t *, int64_t, float *, int64_t);
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -188,7 +193,7 @@ static INLINE AVX2K __m256i chunk_avx2(const int type, const uint8_t *blk, const
 }
 
 static INLINE AVX2K void gemv_avx2_m(const int type, const actk_t *a, const int M, const uint8_t *w, int64_t n,
-                                     float *y) {
+                                     float *y, int64_t ldy) {
     const size_t bb = (size_t)quant_block_bytes(type);
     for (int64_t j = 0; j < n; j++) {
         __m256 acc[QUANT_GEMV_MAX_M];
@@ -228,7 +233,7 @@ static INLINE AVX2K void gemv_avx2_m(const int type, const actk_t *a, const int 
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nb), _mm256_set1_ps(-dm * a->d[at]), acc[r]);
             }
         }
-        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)n + (size_t)j] = hsum8(acc[r]);
+        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)ldy + (size_t)j] = hsum8(acc[r]);
     }
 }
 
@@ -277,7 +282,7 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
 }
 
 static INLINE AVX512K void gemv_avx512_m(const int type, const actk_t *a, const int M, const uint8_t *w, int64_t n,
-                                         float *y) {
+                                         float *y, int64_t ldy) {
     const size_t bb = (size_t)quant_block_bytes(type);
     for (int64_t j = 0; j < n; j++) {
         __m512 acc[QUANT_GEMV_MAX_M];
@@ -301,16 +306,14 @@ static INLINE AVX512K void gemv_avx512_m(const int type, const actk_t *a, const 
                                          acc[r]);
             }
         }
-        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)n + (size_t)j] = _mm512_reduce_add_ps(acc[r]);
+        UNROLL_M for (int r = 0; r < M; r++) y[(size_t)r * (size_t)ldy + (size_t)j] = _mm512_reduce_add_ps(acc[r]);
     }
 }
 
-typedef void (*kfn_t)(const actk_t *, const uint8_t *, int64_t, float *);
-
 /* One entry per (type, rows) so type and M are constants inside: registers, no branches. */
 #define INSTANCE(ISA, ATTR, T, TNAME, M) \
-    static ATTR void ISA##_##TNAME##_##M(const actk_t *a, const uint8_t *w, int64_t n, float *y) { \
-        gemv_##ISA##_m(T, a, M, w, n, y); }
+    static ATTR void ISA##_##TNAME##_##M(const actk_t *a, const uint8_t *w, int64_t n, float *y, int64_t ldy) { \
+        gemv_##ISA##_m(T, a, M, w, n, y, ldy); }
 #define INSTANCES(ISA, ATTR, T, TNAME) \
     INSTANCE(ISA, ATTR, T, TNAME, 1) INSTANCE(ISA, ATTR, T, TNAME, 2) INSTANCE(ISA, ATTR, T, TNAME, 3) \
     INSTANCE(ISA, ATTR, T, TNAME, 4) INSTANCE(ISA, ATTR, T, TNAME, 5) INSTANCE(ISA, ATTR, T, TNAME, 6) \
@@ -326,21 +329,28 @@ INSTANCES(avx512, AVX512K, QUANT_GGML_Q4_K, q4_k)
 INSTANCES(avx512, AVX512K, QUANT_GGML_Q5_K, q5_k)
 INSTANCES(avx512, AVX512K, QUANT_GGML_Q6_K, q6_k)
 
-static int run_simd(int type, int isa, const float *x, int64_t x_stride, int64_t m, const actk_t *a,
-                    const uint8_t *w, int64_t n, float *y) {
-    if (isa < QUANT_ISA_AVX2) return 0;
-    quantize_rows_avx2(x, x_stride, m, a);
+/* The SIMD kernel of m rows of this type and variant; NULL for the plain C one. */
+static kfn_t kernel_for(int type, int isa, int64_t m) {
+    if (isa < QUANT_ISA_AVX2) return NULL;
     const int t = type == QUANT_GGML_Q4_K ? 0 : type == QUANT_GGML_Q5_K ? 1 : 2;
     const kfn_t *const *fns = isa == QUANT_ISA_AVX512_VNNI ? (const kfn_t *const[3]){avx512_q4_k, avx512_q5_k, avx512_q6_k}
                                                            : (const kfn_t *const[3]){avx2_q4_k, avx2_q5_k, avx2_q6_k};
-    fns[t][m - 1](a, w, n, y);
-    return 1;
+    return fns[t][m - 1];
+}
+
+static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, const actk_t *a) {
+    if (isa >= QUANT_ISA_AVX2) quantize_rows_avx2(x, x_stride, m, a);
+    else quantize_rows_c(x, x_stride, m, a);
 }
 #else
-static int run_simd(int type, int isa, const float *x, int64_t x_stride, int64_t m, const actk_t *a,
-                    const uint8_t *w, int64_t n, float *y) {
-    (void)type; (void)isa; (void)x; (void)x_stride; (void)m; (void)a; (void)w; (void)n; (void)y;
-    return 0;
+static kfn_t kernel_for(int type, int isa, int64_t m) {
+    (void)type; (void)isa; (void)m;
+    return NULL;
+}
+
+static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, const actk_t *a) {
+    (void)isa;
+    quantize_rows_c(x, x_stride, m, a);
 }
 #endif
 
@@ -362,9 +372,16 @@ int quant_k_gemv(int type, const float *x, int64_t x_stride, int64_t m, const ui
                  int isa, float *y) {
     actk_t a;
     if (!act_scratch(m, k, 0, &a)) return -2;
-    if (!run_simd(type, isa, x, x_stride, m, &a, w, n, y)) {
-        quantize_rows_c(x, x_stride, m, &a);
-        gemv_c(type, &a, m, w, n, y);
+    quantize_rows(isa, x, x_stride, m, &a);
+    const kfn_t kernel = kernel_for(type, isa, m);
+    const size_t row_bytes = (size_t)a.nsb * (size_t)quant_block_bytes(type);
+    const int threads = par_threads((size_t)n * row_bytes, n);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t j0, cnt;
+        par_slice(n, 16, &j0, &cnt);
+        if (cnt && kernel) kernel(&a, w + (size_t)j0 * row_bytes, cnt, y + j0, n);
+        else if (cnt) gemv_c(type, &a, m, w + (size_t)j0 * row_bytes, cnt, y + j0, n);
     }
     return 0;
 }

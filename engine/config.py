@@ -22,6 +22,7 @@ from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it im
 from engine.pooler_config import PoolerConfig, classifier_labels, is_classifier, resolve_runner
 from engine.spec_decode.config import SpeculativeConfig, resolve_speculative_config
 from engine.structured_output.config import StructuredOutputsConfig, resolve_structured_outputs_config
+from engine.thread_policy import default_num_threads
 
 logger = logging.getLogger(__name__)
 
@@ -527,14 +528,6 @@ def _check_single_device(args: EngineArgs) -> None:
         raise _bad("shutdown_timeout", "a finite number of seconds >= 0", args.shutdown_timeout)
 
 
-def default_num_threads() -> int:
-    """torch threads for the model: one core is left to the frontend (docs/ARCHITECTURE.md,
-    "Threads on a small CPU")."""
-    from engine import envs
-
-    return envs.RINGLLM_NUM_THREADS or max(1, (os.cpu_count() or 2) - 1)
-
-
 class _CheckedArgs(NamedTuple):
     block_size: int
     compilation: CompilationConfig
@@ -575,7 +568,7 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     resolve_kv_events_config(args.kv_events_config)
     resolve_structured_outputs_config(args.structured_outputs_config)
     resolve_speculative_config(args.speculative_config)
-    num_threads = args.num_threads if args.num_threads is not None else default_num_threads()
+    num_threads = args.num_threads if args.num_threads is not None else default_num_threads(args.model)
     _positive_int("num_threads", num_threads, 1, 1024)
     parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
                               data_parallel_external_lb=args.data_parallel_external_lb)

@@ -36,6 +36,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     # The API key of `ringllm serve` (vLLM's name), read when neither --api-key nor
     # --api-key-file is given; serve removes it from the environment its EngineCore inherits.
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
+    # A llama.cpp source tree with llama-server, llama-bench and llama-quantize built under build/bin
+    # (the benchmarks' llama.cpp peer); unset: found or built under RINGLLM_CACHE/peers.
+    "RINGLLM_LLAMA_CPP_DIR": lambda: os.environ.get("RINGLLM_LLAMA_CPP_DIR") or None,
     # Logging level of the ``engine`` and ``shm_transport`` loggers.
     "RINGLLM_LOGGING_LEVEL": lambda: os.environ.get("RINGLLM_LOGGING_LEVEL", "INFO").upper(),
 }

@@ -30,6 +30,8 @@ BENCH_SCENARIOS = {
                                               "(no model), for --api-server-count 1 and 2"),
     "kv-transfer": ("benchmarks.kv_transfer", "time to first token of a long prompt, computed vs loaded "
                                               "through the SharedStorageConnector"),
+    "realistic": ("benchmarks.realistic", "a 1.56B Llama (Q4_0 or Q4_K_M GGUF, built once): ringllm vs "
+                                          "llama-server at -t 1 and -t 2, one stream, prefill, 16/64 clients, RSS"),
     "perplexity": ("benchmarks.perplexity", "perplexity of each weight format (bf16, int8, GGUF blocks) on a fixed "
                                             "public-domain text, against transformers on the same weights"),
 }

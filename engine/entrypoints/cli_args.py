@@ -58,7 +58,8 @@ ENGINE_ARG_HELP = {
                                    "(prompt_logprobs + 1) x n (echo with logprobs asks for them too; -1 counts "
                                    "the vocabulary): they are computed for every prompt position and answered in "
                                    "one body, ~70 bytes each in JSON. Beyond it, a 400.",
-    "num_threads": "torch threads in the EngineCore process (default: all cores but one).",
+    "num_threads": "torch (and kernel) threads in the EngineCore process (default: every core for a model "
+                   "of 600 MiB of weights or more, else all cores but one; engine/thread_policy.py).",
     "enforce_eager": "Never run the model through torch.compile.",
     "compilation_config": "torch.compile mode as an int (0 = eager) or a JSON object.",
     "data_parallel_size": "Number of EngineCore processes, requests balanced over them.",

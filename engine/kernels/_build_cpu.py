@@ -12,8 +12,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h", "quant_kblock.h",
-                     "quant_tile.h")
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "parallel.h", "quant_internal.h",
+                     "quant_kblock.h", "quant_tile.h")
 _INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
                      "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
 
@@ -47,7 +47,11 @@ ffibuilder.set_source(
     include_dirs=[_rel(_CSRC)],
     depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in _INTERNAL_HEADERS]],
     libraries=["m"],
-    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
+    # OpenMP (csrc/parallel.h): libgomp.so.1, the soname of torch's own libgomp, so the process
+    # holds one OpenMP runtime and the kernels share torch's thread pool (engine/kernels/cpu.py
+    # imports torch first, so torch's copy is the one loaded).
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fopenmp"],
+    extra_link_args=["-fopenmp"],
 )
 
 if __name__ == "__main__":

@@ -8,15 +8,13 @@ three ops took ~30% of a 2048-token bf16 step. The fused add also saves the sepa
 residual add and a pass over the hidden state at any batch size. The bf16 kernels round
 where transformers' bf16 modules do, so outputs stay transformers' own.
 
-Each C call runs on one thread. With more torch threads (``num_threads`` > 1) a large call is
-split by rows over a small thread pool (cffi releases the GIL during the call), so the
-kernels never become the serial part of a step that torch's GEMMs run in parallel.
+A large call splits its rows over torch's own OpenMP pool inside C (csrc/parallel.h: one
+runtime, sized by ``num_threads``), so the kernels never become the serial part of a step that
+torch's GEMMs run in parallel, and no second pool competes with torch's for the cores.
 """
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -35,41 +33,6 @@ def supports(device: torch.device, dtype: torch.dtype, *widths: int) -> bool:
     if dtype == torch.float32:
         return all(w % 8 == 0 for w in widths)
     return dtype == torch.bfloat16 and _BF16 and all(w % 16 == 0 for w in widths)
-
-
-# Below this many elements one thread finishes before a hand-off to the pool would (~20-50 us).
-PARALLEL_MIN_ELEMENTS = 1 << 17
-_pool: Optional[ThreadPoolExecutor] = None
-_pool_threads = 0
-_pool_lock = threading.Lock()
-
-
-def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    global _pool, _pool_threads
-    with _pool_lock:
-        if _pool_threads != threads:  # first use, or torch's thread count changed
-            old, _pool, _pool_threads = _pool, ThreadPoolExecutor(threads, thread_name_prefix="ringllm-act"), threads
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
-
-
-def _split_threads(rows: int, row_elements: int) -> int:
-    """How many threads a call over these rows is split across (1: not split)."""
-    threads = min(torch.get_num_threads(), rows)
-    return 1 if rows * row_elements < PARALLEL_MIN_ELEMENTS else max(1, threads)
-
-
-def _over_rows(rows: int, row_elements: int, run: Callable[[int, int], int]) -> int:
-    """``run(first_row, count)`` over all rows: in one call, or split over torch's thread count
-    when the call is large. Returns 0, or the first non-zero return code."""
-    threads = _split_threads(rows, row_elements)
-    if threads == 1:
-        return run(0, rows)
-    per = -(-rows // threads)
-    futures = [_thread_pool(threads).submit(run, first, min(per, rows - first)) for first in range(0, rows, per)]
-    codes = [f.result() for f in futures]
-    return next((c for c in codes if c != 0), 0)
 
 
 def _ptr(t: Optional[torch.Tensor], kind: str):
@@ -99,9 +62,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     fn = lib.rms_norm_f32 if x.dtype == torch.float32 else lib.rms_norm_bf16
     rows, cols = x.shape
     xp, hp, wp, op = _ptr(x, kind), _ptr(residual, kind), _ptr(weight.contiguous(), kind), _ptr(out, kind)
-    rc = _over_rows(rows, cols, lambda first, n: fn(xp + first * cols, hp if residual is None else hp + first * cols,
-                                                     wp, op + first * cols, n, cols, eps))
-    if rc != 0:
+    if fn(xp, hp, wp, op, rows, cols, eps) != 0:
         raise ValueError(f"rms_norm rejected a {tuple(x.shape)} input")
     return out
 
@@ -114,7 +75,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(x.shape[0], d)
     fn = lib.silu_and_mul_f32 if x.dtype == torch.float32 else lib.silu_and_mul_bf16
     xp, op = _ptr(x, kind), _ptr(out, kind)
-    if _over_rows(x.shape[0], 3 * d, lambda first, n: fn(xp + first * 2 * d, op + first * d, n, d)) != 0:
+    if fn(xp, op, x.shape[0], d) != 0:
         raise ValueError(f"silu_and_mul rejected a {tuple(x.shape)} input")
     return out
 
@@ -131,15 +92,9 @@ def rotary_(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, h
     if cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous() or cos_sin.shape[1:] != (head_dim // 2, 2):
         raise ValueError(f"rotary_: cos_sin must be contiguous float32 [positions, {head_dim // 2}, 2]")
     positions = positions.to(torch.int64).contiguous()
-    if _split_threads(qkv.shape[0], heads * head_dim) > 1 and len(positions) and not (
-            int(positions.min()) >= 0 and int(positions.max()) < cos_sin.shape[0]):
-        raise ValueError(f"rotary_: a position outside [0, {cos_sin.shape[0]})")  # before any slice writes
     bf16, stride = int(qkv.dtype == torch.bfloat16), qkv.stride(0)
     base, pos, table = ffi.cast("char *", qkv.data_ptr()), _ptr(positions, "int64_t *"), _ptr(cos_sin, "float *")
-    rc = _over_rows(qkv.shape[0], heads * head_dim, lambda first, n: lib.rotary_in_place(
-        base + first * stride * qkv.element_size(), bf16, stride, n, pos + first, table, cos_sin.shape[0], heads,
-        head_dim))
-    if rc != 0:
+    if lib.rotary_in_place(base, bf16, stride, qkv.shape[0], pos, table, cos_sin.shape[0], heads, head_dim) != 0:
         raise ValueError(f"rotary_ rejected {tuple(qkv.shape)} rows of {heads} x {head_dim} "
                          f"(or a position outside [0, {cos_sin.shape[0]}))")
     return qkv

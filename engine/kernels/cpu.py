@@ -2,6 +2,8 @@
 whether this CPU can run them; callers fall back to torch where it cannot."""
 from __future__ import annotations
 
+import torch  # noqa: F401  (first: its libgomp is the OpenMP runtime the kernels then share)
+
 try:
     from engine.kernels._cpu import ffi, lib
 except ImportError:  # pragma: no cover - the extension is built by setup.py

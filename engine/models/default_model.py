@@ -44,13 +44,13 @@ def default_gguf_path() -> str:
 
 def default_model_path() -> str:
     """Local HF directory of the default model (float32 safetensors, tokenizer, config)."""
-    return _cached_dir(_MODEL_DIR, _convert_model)
+    return cached_dir(_MODEL_DIR, _convert_model)
 
 
 def default_tokenizer_path() -> str:
     """Tokenizer-only directory: cheaper than the full conversion when only tokens are needed."""
     full = os.path.join(envs.RINGLLM_CACHE, _MODEL_DIR)
-    return full if os.path.isdir(full) else _cached_dir(_TOKENIZER_DIR, _convert_tokenizer)
+    return full if os.path.isdir(full) else cached_dir(_TOKENIZER_DIR, _convert_tokenizer)
 
 
 def write_tiny_model(dst: str, **overrides) -> str:
@@ -76,7 +76,9 @@ def write_tiny_model(dst: str, **overrides) -> str:
     return dst
 
 
-def _cached_dir(name: str, build: Callable[[str], None]) -> str:
+def cached_dir(name: str, build: Callable[[str], None]) -> str:
+    """``RINGLLM_CACHE/name``, built once by ``build(tmp)`` into a temp directory and renamed into
+    place (the concurrency rules of this module's docstring); also used by the benchmarks' models."""
     cache = envs.RINGLLM_CACHE
     final = os.path.join(cache, name)
     if os.path.isdir(final):

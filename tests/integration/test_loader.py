@@ -27,7 +27,7 @@ def test_tiny_model_dir_has_config_and_tokenizer(tiny_model_dir):
 
 _RACER = """
 import os, sys, time
-from engine.models.default_model import _cached_dir
+from engine.models.default_model import cached_dir
 
 def build(dst):
     with open(os.path.join(sys.argv[1], "builds"), "a") as f:
@@ -35,7 +35,7 @@ def build(dst):
     time.sleep(1.0)  # a slow conversion, so the other process arrives mid-way
     open(os.path.join(dst, "weights"), "w").write("complete")
 
-print(_cached_dir("model", build))
+print(cached_dir("model", build))
 """
 
 def test_racing_processes_convert_once_and_agree(tmp_path):

@@ -1,0 +1,52 @@
+"""The model's default thread count (engine/thread_policy.py): every core for a model whose
+weights make a decode step long, all but one otherwise; explicit settings win. Weight files are
+sparse (their size without their bytes)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine import EngineArgs
+from engine.config import core_launch
+from engine.thread_policy import LONG_STEP_WEIGHT_BYTES, default_num_threads, model_weight_bytes
+
+CORES = os.cpu_count() or 2
+
+
+def _sparse(path, size: int) -> str:
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_override(monkeypatch):
+    monkeypatch.delenv("RINGLLM_NUM_THREADS", raising=False)
+
+
+def test_a_large_gguf_gets_every_core_and_a_small_one_leaves_one(tmp_path):
+    large = _sparse(tmp_path / "large.gguf", LONG_STEP_WEIGHT_BYTES)
+    small = _sparse(tmp_path / "small.gguf", LONG_STEP_WEIGHT_BYTES - 1)
+    assert core_launch(EngineArgs(model=large)).num_threads == CORES
+    assert core_launch(EngineArgs(model=small)).num_threads == max(1, CORES - 1)
+
+
+def test_an_hf_directory_counts_its_weight_files(tmp_path):
+    for i in range(2):
+        _sparse(tmp_path / f"model-0000{i}.safetensors", LONG_STEP_WEIGHT_BYTES // 2)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert model_weight_bytes(str(tmp_path)) == LONG_STEP_WEIGHT_BYTES // 2 * 2
+    assert default_num_threads(str(tmp_path)) == CORES
+
+
+def test_the_default_model_and_unknown_paths_leave_a_core_to_the_frontend(tmp_path):
+    assert default_num_threads(None) == default_num_threads("HuggingFaceTB/SmolLM2-135M-Instruct") == max(1, CORES - 1)
+    assert model_weight_bytes(str(tmp_path / "missing.gguf")) == 0
+
+
+def test_explicit_settings_win_over_the_model_size(tmp_path, monkeypatch):
+    large = _sparse(tmp_path / "large.gguf", LONG_STEP_WEIGHT_BYTES)
+    assert core_launch(EngineArgs(model=large, num_threads=1)).num_threads == 1
+    monkeypatch.setenv("RINGLLM_NUM_THREADS", "3")
+    assert core_launch(EngineArgs(model=large)).num_threads == 3
