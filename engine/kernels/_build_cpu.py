@@ -1,4 +1,4 @@
-"""cffi (API mode) build of the CPU kernels in csrc/ as ``engine.kernels._cpu``; run by setup.py.
+"""cffi (API mode) build of the CPU kernels in csrc/cpu/ as ``engine.kernels._cpu``; run by setup.py.
 
 The cdef is the headers' declarations, read from the headers themselves so the two never
 drift. Calls release the GIL (cffi's default): the kernels touch no Python object.
@@ -9,7 +9,7 @@ import re
 from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
+_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
 _INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h", "quant_kblock.h",

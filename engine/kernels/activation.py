@@ -1,5 +1,5 @@
 """RMSNorm (optionally fused with the residual add), SiLU-and-multiply and RoPE in one C call
-each (csrc/activation.c), for float32 and bf16 on CPUs.
+each (csrc/cpu/activation.c), for float32 and bf16 on CPUs.
 
 Why: a decode step at small batch touches a few KiB per op and spends its time in torch's
 dispatch; RMSNorm alone is 5-6 ATen ops, called twice per layer. At prefill sizes in bf16

@@ -1,4 +1,4 @@
-"""Small-batch matmuls on bf16 weights for CPUs without native bf16 GEMMs (csrc/gemv_bf16.c).
+"""Small-batch matmuls on bf16 weights for CPUs without native bf16 GEMMs (csrc/cpu/gemv_bf16.c).
 
 Why: at batch 1-4 a decode step is bound by reading the weights. On an AVX2-only CPU torch
 multiplies bf16 weights through a slow path, so the model keeps float32 copies for MKL, which

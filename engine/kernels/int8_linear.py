@@ -1,4 +1,4 @@
-"""Dynamic W8A8 linear layers (``quantization="int8"``): csrc/int8_gemv.c for decode, torch's
+"""Dynamic W8A8 linear layers (``quantization="int8"``): csrc/cpu/int8_gemv.c for decode, torch's
 int8 GEMM for larger batches.
 
 Why: int8 weights are half of bf16's bytes and a quarter of float32's, and int8 dot products

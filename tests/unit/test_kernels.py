@@ -1,6 +1,6 @@
-"""The CPU kernels against plain math: the bf16 GEMV (csrc/gemv_bf16.c) against float32 on the
-same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention,
-RMSNorm, SiLU-and-mul and RoPE (csrc/activation.c) against torch and float64."""
+"""The CPU kernels against plain math: the bf16 GEMV (csrc/cpu/gemv_bf16.c) against float32 on the
+same bf16 values, paged decode attention (csrc/cpu/paged_attention.c) against dense attention,
+RMSNorm, SiLU-and-mul and RoPE (csrc/cpu/activation.c) against torch and float64."""
 from __future__ import annotations
 
 import pytest
