@@ -10,11 +10,12 @@ from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
-_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv", "int8_gemv")
+_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_types", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_internal.h", "quant_kblock.h",
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "quant_half.h", "quant_scratch.h",
+                     "quant_kquants.h", "quant_gemm.h", "quant_gemv_ordered.h", "quant_kgemm.h", "quant_kblock.h",
                      "quant_tile.h")
-_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
+_INTERNAL_SOURCES = ("quant_scratch.c", "quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
                      "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
 
 
