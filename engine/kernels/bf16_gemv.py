@@ -43,6 +43,17 @@ class PackedBF16:
                            self.out_features, self.in_features)
         self._ptr = ffi.cast("uint16_t *", self.data.data_ptr())
 
+    @classmethod
+    def from_packed(cls, data: torch.Tensor) -> "PackedBF16":
+        """The ``PackedBF16`` whose ``data`` is ``data``, already in the kernel's layout (the
+        bf16 GEMV op is handed the packed tensor alone)."""
+        if data.dim() != 2 or data.dtype != torch.bfloat16 or not data.is_contiguous() or not fits(*data.shape):
+            raise ValueError(f"expected a packed contiguous bf16 weight, got {data.dtype} {tuple(data.shape)}")
+        packed = cls.__new__(cls)
+        packed.out_features, packed.in_features = data.shape
+        packed.data, packed._ptr = data, ffi.cast("uint16_t *", data.data_ptr())
+        return packed
+
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()

@@ -6,13 +6,15 @@ Three backends, one chosen at load (``LlamaForCausalLM``):
   bf16 each of torch's decomposed ops is a widening pass over memory; they took ~30% of a
   2048-token prefill step.
 - ``TorchForward``: the same steps in torch ops, RoPE as a complex multiply.
-- ``CompiledForward`` (compilation mode >= 1): the dense blocks around attention
-  through torch.compile. Attention stays eager: its Python loop over prefill chunks and its
-  per-step metadata would make a whole-forward graph recompile on every new batch. The two
-  blocks take the layer's projections as arguments, so one graph serves all layers, and
+- ``CompiledForward`` (compilation mode >= 1): the blocks around attention through
+  torch.compile. Attention stays eager: its Python loop over prefill chunks and its per-step
+  metadata would make a whole-forward graph recompile on every new batch. The two blocks take
+  the layer as an argument; dynamo reads its tensors (norms, weights, GGUF blocks) as graph
+  inputs and guards only on their shapes and dtypes, so one graph serves all layers, and
   ``dynamic=True`` keeps one graph for every token count (plus one for a single token). Its
-  projections are dense (``TorchLinear``/``InputMajorLinear``, chosen at load for it), passed
-  as tensors: a layer object as an argument would be guarded on, one graph per layer.
+  projections are the methods an eager model would have (``Placement(compiled=True)``): a
+  C-kernel method (GGUF blocks, int8, the bf16 GEMV) runs in the graph as its torch op
+  (engine/kernels/ops.py), the norms and SiLU as torch ops inductor fuses.
 
 All three attend through engine/models/attention.py (the C decode kernel or SDPA), with
 ``TorchAttentionBuilder``'s metadata. The torch and C-kernel forwards also run what other
@@ -151,12 +153,6 @@ class CKernelForward(TorchForward):
         return activation.silu_and_mul(gate_up) if self.dims.act == "silu" else super()._act(gate_up)
 
 
-def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
-    if not in_major:
-        return F.linear(x, w, b)
-    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
-
-
 class CompiledForward(TorchForward):
     name = "torch-compiled"
     compiled = True
@@ -171,29 +167,26 @@ class CompiledForward(TorchForward):
         ropes = [self._rope(table, positions) for table in model.ropes]
         h = model.embed(input_ids)
         for i, layer in enumerate(model.layers):
-            qkv = self._block_in(h, layer.input_norm, *layer.qkv.method.dense_args(), layer.qkv.bias,
-                                 ropes[layer.rope], layer.q_norm, layer.k_norm)
+            qkv = self._block_in(h, layer, ropes[layer.rope])
             attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
                                    layer.sliding)
-            h = self._block_out(h, attn, *layer.o_proj.method.dense_args(), layer.post_norm,
-                                *layer.gate_up.method.dense_args(), *layer.down.method.dense_args())
+            h = self._block_out(h, attn, layer)
         return h
 
-    def _block_in(self, h, norm, w, in_major: bool, bias, rope, q_norm, k_norm):
+    def _block_in(self, h: torch.Tensor, layer: DecoderLayer, rope: torch.Tensor) -> torch.Tensor:
         d = self.dims
         num_tokens, cols = h.shape[0], d.q_size + d.kv_size
-        qkv = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), w, bias, in_major)
-        if q_norm is not None:
-            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
+        qkv = layer.qkv(F.rms_norm(h, (d.hidden,), layer.input_norm, d.eps))
+        if layer.q_norm is not None:
+            qkv = qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
         pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
         c, s = rope[..., 0], rope[..., 1]
         re, im = pairs[..., 0], pairs[..., 1]
         rotated = torch.stack([re * c - im * s, im * c + re * s], -1).view(num_tokens, cols)
         return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1)
 
-    def _block_out(self, h, attn, o_w, o_in_major: bool, norm, gu_w, gu_in_major: bool, down_w,
-                   down_in_major: bool):
+    def _block_out(self, h: torch.Tensor, attn: torch.Tensor, layer: DecoderLayer) -> torch.Tensor:
         d = self.dims
-        h = h + _dense(attn, o_w, None, o_in_major)
-        gu = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), gu_w, None, gu_in_major)
-        return h + _dense(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:], down_w, None, down_in_major)
+        h = h + layer.o_proj(attn)
+        gu = layer.gate_up(F.rms_norm(h, (d.hidden,), layer.post_norm, d.eps))
+        return h + layer.down(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:])

@@ -102,8 +102,8 @@ class LlamaForCausalLM:
             self.forward_impl = CKernelForward(dims)
         else:
             self.forward_impl = TorchForward(dims)
-        dense_only = triton or compiled
-        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
+        self.placement = Placement(device, dtype, self.act_dtype, triton, quantization, deterministic,
+                                   compiled=compiled and not triton)
         self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
         moe = dims.moe
         self.layers = [DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)
