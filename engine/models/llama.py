@@ -97,9 +97,9 @@ class LlamaForCausalLM:
 
             self.forward_impl = TritonForward(dims)
         elif compiled:
-            self.forward_impl = CompiledForward(dims)
+            self.forward_impl = CompiledForward(dims, device, CKernelForward.supports(device, self.act_dtype, dims))
         elif CKernelForward.supports(device, self.act_dtype, dims):
-            self.forward_impl = CKernelForward(dims)
+            self.forward_impl = CKernelForward(dims, device)
         else:
             self.forward_impl = TorchForward(dims)
         self.placement = Placement(device, dtype, self.act_dtype, triton, quantization, deterministic,
