@@ -8,10 +8,11 @@ inputs' (no data is read), and at run time the node calls the same Python wrappe
 path calls (activation.py, quant.py, ...), so both paths run one kernel and one argument check.
 
 Registered with ``torch.library.Library.define``/``impl`` rather than the ``custom_op``
-decorator: side by side on this 2-core host, a ``custom_op`` call cost ~70 us over the raw
-call and a ``Library`` op ~10 us (benchmarks/kernel_ops.py). Even that is a few hundred calls a
-decode step, so the eager forwards keep the raw calls and only a compiled forward goes
-through these ops (``engine.models.custom_op.CustomOp`` picks one per instance, once).
+decorator, whose Python wrapper costs several times more per call (benchmarks/kernel_ops.py;
+RESULTS.md, "Kernels as torch ops"). Even a ``Library`` op adds torch's dispatcher to each of
+a decode step's few hundred kernel calls, which measured beyond noise per step, so the eager
+forwards keep the raw calls and only a compiled forward goes through these ops
+(``engine.models.custom_op.CustomOp`` picks one per instance, once).
 """
 from __future__ import annotations
 
