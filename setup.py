@@ -1,8 +1,9 @@
 """Build and install ringllm.
 
-The shared-memory ring is C (csrc/) compiled as a cffi extension in API mode, so the
+The shared-memory ring is C (csrc/ring/) compiled as a cffi extension in API mode, so the
 hot path is a direct C call with the GIL released around every blocking wait. The CPU
-kernels (bf16 GEMV for small decode steps, paged decode attention) are a second one.
+kernels (csrc/cpu/: GEMVs on bf16, GGUF and int8 weights, activations, paged decode
+attention) are a second one, registered as torch ops by engine/kernels/ops.py.
 """
 from setuptools import find_packages, setup
 

@@ -51,8 +51,8 @@ def _quantize_experts(runner: ModelRunner, qtype_name: str) -> None:
     for layer in runner.model.layers:
         for linears in (layer.moe.gate_up, layer.moe.down):
             for e, linear in enumerate(linears):
-                weight, input_major = linear.method.dense_args()
-                w = (weight.t() if input_major else weight).contiguous().numpy()  # [out, in]
+                method = linear.method
+                w = method.rows(torch.arange(method.out_features)).float().contiguous().numpy()  # [out, in]
                 blocks = torch.from_numpy(gguf.quants.quantize(w, qtype))
                 linears[e] = Linear(GGUFLinear(GGUFBlocks(blocks, int(qtype), *w.shape)))
 

@@ -2,7 +2,7 @@
 one when it is a few milliseconds.
 
 The model's thread count sizes torch's OpenMP pool, which the quantized and activation kernels
-share (csrc/parallel.h). A decode step reads every weight once, so its length follows the bytes
+share (csrc/cpu/parallel.h). A decode step reads every weight once, so its length follows the bytes
 of weights: one core streams ~10 GB/s of them here (benchmarks/RESULTS.md, "1.56B Llama").
 
 - The default model (98 MiB as Q4_1, 517 MiB as float32) steps in a few ms to tens of ms, and

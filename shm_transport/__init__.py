@@ -1,6 +1,6 @@
 """shm_transport: typed messages between two processes over shared-memory SPSC rings.
 
-Knows nothing of LLMs. See channel.py for the contract and csrc/ring.h for the shared layout.
+Knows nothing of LLMs. See channel.py for the contract and csrc/ring/ring.h for the shared layout.
 
     codec = MsgspecCodec({0: Ping, 1: Pong})
     ch = Channel.create(codec)

@@ -1,4 +1,4 @@
-"""cffi (API mode) build of the C ring in csrc/ as the extension module ``shm_transport._ring``.
+"""cffi (API mode) build of the C ring in csrc/ring/ as the extension module ``shm_transport._ring``.
 
 Run by setuptools through ``cffi_modules`` in setup.py. API mode compiles a real extension, so
 every call is a direct C call, and cffi releases the GIL around each one (the default, kept on
@@ -10,7 +10,7 @@ import re
 from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CSRC = os.path.join(os.path.dirname(_HERE), "csrc")
+_CSRC = os.path.join(os.path.dirname(_HERE), "csrc", "ring")
 
 
 def _rel(path):

@@ -1,6 +1,6 @@
 """Wake-up plumbing outside the ring itself: eventfds, peer liveness (pidfd), parent-death signal.
 
-The futex half of waking lives in C (csrc/wake.c); this module owns the file descriptors.
+The futex half of waking lives in C (csrc/ring/wake.c); this module owns the file descriptors.
 """
 from __future__ import annotations
 

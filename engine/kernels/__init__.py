@@ -1,1 +1,2 @@
-"""Hand-written CPU kernels for the few places torch has no fast path here (C in csrc/)."""
+"""Hand-written CPU kernels for the few places torch has no fast path here (C in csrc/cpu/), and
+their torch ops (ops.py)."""

@@ -1,4 +1,4 @@
-"""cffi (API mode) build of the CPU kernels in csrc/ as ``engine.kernels._cpu``; run by setup.py.
+"""cffi (API mode) build of the CPU kernels in csrc/cpu/ as ``engine.kernels._cpu``; run by setup.py.
 
 The cdef is the headers' declarations, read from the headers themselves so the two never
 drift. Calls release the GIL (cffi's default): the kernels touch no Python object.
@@ -9,12 +9,13 @@ import re
 from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
-_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_gemv", "int8_gemv")
+_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
+_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_types", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "parallel.h", "quant_internal.h",
+_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "parallel.h", "quant_half.h",
+                     "quant_scratch.h", "quant_kquants.h", "quant_gemm.h", "quant_gemv_ordered.h", "quant_kgemm.h",
                      "quant_kblock.h", "quant_tile.h")
-_INTERNAL_SOURCES = ("quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
+_INTERNAL_SOURCES = ("quant_scratch.c", "quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
                      "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
 
 
@@ -47,7 +48,7 @@ ffibuilder.set_source(
     include_dirs=[_rel(_CSRC)],
     depends=[_rel(h) for h in _HEADERS + [os.path.join(_CSRC, f) for f in _INTERNAL_HEADERS]],
     libraries=["m"],
-    # OpenMP (csrc/parallel.h): libgomp.so.1, the soname of torch's own libgomp, so the process
+    # OpenMP (csrc/cpu/parallel.h): libgomp.so.1, the soname of torch's own libgomp, so the process
     # holds one OpenMP runtime and the kernels share torch's thread pool (engine/kernels/cpu.py
     # imports torch first, so torch's copy is the one loaded).
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-fopenmp"],

@@ -1,5 +1,5 @@
 """RMSNorm (optionally fused with the residual add), SiLU-and-multiply and RoPE in one C call
-each (csrc/activation.c), for float32 and bf16 on CPUs.
+each (csrc/cpu/activation.c), for float32 and bf16 on CPUs.
 
 Why: a decode step at small batch touches a few KiB per op and spends its time in torch's
 dispatch; RMSNorm alone is 5-6 ATen ops, called twice per layer. At prefill sizes in bf16
@@ -8,7 +8,7 @@ three ops took ~30% of a 2048-token bf16 step. The fused add also saves the sepa
 residual add and a pass over the hidden state at any batch size. The bf16 kernels round
 where transformers' bf16 modules do, so outputs stay transformers' own.
 
-A large call splits its rows over torch's own OpenMP pool inside C (csrc/parallel.h: one
+A large call splits its rows over torch's own OpenMP pool inside C (csrc/cpu/parallel.h: one
 runtime, sized by ``num_threads``), so the kernels never become the serial part of a step that
 torch's GEMMs run in parallel, and no second pool competes with torch's for the cores.
 """

@@ -1,4 +1,4 @@
-"""Small-batch matmuls on bf16 weights for CPUs without native bf16 GEMMs (csrc/gemv_bf16.c).
+"""Small-batch matmuls on bf16 weights for CPUs without native bf16 GEMMs (csrc/cpu/gemv_bf16.c).
 
 Why: at batch 1-4 a decode step is bound by reading the weights. On an AVX2-only CPU torch
 multiplies bf16 weights through a slow path, so the model keeps float32 copies for MKL, which
@@ -42,6 +42,17 @@ class PackedBF16:
         lib.gemv_bf16_pack(ffi.cast("uint16_t *", src.data_ptr()), ffi.cast("uint16_t *", self.data.data_ptr()),
                            self.out_features, self.in_features)
         self._ptr = ffi.cast("uint16_t *", self.data.data_ptr())
+
+    @classmethod
+    def from_packed(cls, data: torch.Tensor) -> "PackedBF16":
+        """The ``PackedBF16`` whose ``data`` is ``data``, already in the kernel's layout (the
+        bf16 GEMV op is handed the packed tensor alone)."""
+        if data.dim() != 2 or data.dtype != torch.bfloat16 or not data.is_contiguous() or not fits(*data.shape):
+            raise ValueError(f"expected a packed contiguous bf16 weight, got {data.dtype} {tuple(data.shape)}")
+        packed = cls.__new__(cls)
+        packed.out_features, packed.in_features = data.shape
+        packed.data, packed._ptr = data, ffi.cast("uint16_t *", data.data_ptr())
+        return packed
 
     @property
     def nbytes(self) -> int:

@@ -1,4 +1,4 @@
-"""Dynamic W8A8 linear layers (``quantization="int8"``): csrc/int8_gemv.c for decode, torch's
+"""Dynamic W8A8 linear layers (``quantization="int8"``): csrc/cpu/int8_gemv.c for decode, torch's
 int8 GEMM for larger batches.
 
 Why: int8 weights are half of bf16's bytes and a quarter of float32's, and int8 dot products
@@ -35,7 +35,9 @@ class Int8Linear:
 
     __slots__ = ("out_features", "in_features", "qweight", "scale", "wsum", "_ptrs")
 
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor) -> None:
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, wsum: Optional[torch.Tensor] = None) -> None:
+        """``wsum``: the per-channel sums of ``qweight`` when already known (the int8 op is handed
+        them with the weight), else summed here."""
         if lib is None:
             raise RuntimeError("the int8 kernels are not built (run scripts/setup.sh)")
         if qweight.dim() != 2 or qweight.dtype != torch.int8 or qweight.numel() == 0:
@@ -46,7 +48,7 @@ class Int8Linear:
         self.qweight = qweight.contiguous()
         self.scale = scale.to(torch.float32).contiguous()
         # sum of each channel's int8 values: the VNNI kernel's correction for its unsigned x
-        self.wsum = self.qweight.sum(dim=1, dtype=torch.int32)
+        self.wsum = self.qweight.sum(dim=1, dtype=torch.int32) if wsum is None else wsum.contiguous()
         self._ptrs = (ffi.cast("const int8_t *", self.qweight.data_ptr()),
                       ffi.cast("const float *", self.scale.data_ptr()),
                       ffi.cast("const int32_t *", self.wsum.data_ptr()))

@@ -1,4 +1,4 @@
-"""Decode attention read straight from the paged KV cache (csrc/paged_attention.c).
+"""Decode attention read straight from the paged KV cache (csrc/cpu/paged_attention.c).
 
 Why: torch's route gathers every decode's blocks into a padded dense copy per layer (and
 converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding; at

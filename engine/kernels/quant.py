@@ -1,4 +1,4 @@
-"""Matmuls straight on GGUF block-quantized weights (csrc/quant_gemv.c, csrc/quant_kquants.c):
+"""Matmuls straight on GGUF block-quantized weights (csrc/cpu/quant_gemv.c, csrc/cpu/quant_kquants.c):
 Q4_0, Q4_1, Q8_0 (blocks of 32 weights) and the K-quants Q4_K, Q5_K, Q6_K (super-blocks of 256).
 
 Why: a decode step at a few rows is bound by reading the weights; the default model's Q4_1
@@ -8,8 +8,8 @@ file's own blocks (a uint8 tensor, ``[out, in / block_weights * block_bytes]``) 
 llama.cpp does), larger batches up to ``GEMV_ROWS`` run it again per ``MAX_ROWS`` rows, and
 beyond that dequantize into a per-call float32 buffer and run a GEMM, so nothing dense stays
 resident. On AVX-512 VNNI and AVX2, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`` rows run a
-tiled int8 GEMM instead (csrc/quant_gemm.c), at every row count (prefill included): it beat both;
-so do the K-quants on AVX-512 VNNI (csrc/quant_kgemm.c).
+tiled int8 GEMM instead (csrc/cpu/quant_gemm.c), at every row count (prefill included): it beat both;
+so do the K-quants on AVX-512 VNNI (csrc/cpu/quant_kgemm.c).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ class QuantizedLinear:
         call (``deterministic``): ``matmul`` picks the GEMV or the tiled GEMM by the row count,
         and they sum a row's blocks in different orders; this runs the tiled GEMM at every row
         count where one runs this type here (a 1-row decode included), one GEMV pass per row
-        elsewhere (csrc/quant_gemv.h ``quant_gemv_row_invariant``)."""
+        elsewhere (csrc/cpu/quant_gemv.h ``quant_gemv_row_invariant``)."""
         x, rows, stride = activations(x, self.in_features)
         y = output(None, rows, self.out_features)
         rc = lib.quant_gemv_row_invariant(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows,

@@ -4,8 +4,8 @@ run, and K-quant blocks of given float values (``quantize_k``).
 Why: the gguf package quantizes Q4_0, Q4_1 and Q8_0 but not the K-quants, and random bytes are
 not valid blocks (their f16 scales can be inf or NaN). A block of any supported type is random
 bytes with its f16 scale fields overwritten by finite values; where those fields lie is the one
-piece of each layout this module knows (the full layouts are in csrc/quant_gemv.c and
-csrc/quant_kquants.c).
+piece of each layout this module knows (the full layouts are in csrc/cpu/quant_gemv.c and
+csrc/cpu/quant_kquants.c).
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ class EntryHeader(ctypes.LittleEndianStructure):
 
 
 HEADER_SIZE = ctypes.sizeof(EntryHeader)
-# The offsets of the diagram above, checked as csrc/ring.h checks its own with _Static_assert.
+# The offsets of the diagram above, checked as csrc/ring/ring.h checks its own with _Static_assert.
 assert HEADER_SIZE == 128
 assert (EntryHeader.block_hash.offset, EntryHeader.dtype.offset, EntryHeader.block_size.offset,
         EntryHeader.payload_size.offset, EntryHeader.mac.offset) == (16, 48, 60, 80, 96)

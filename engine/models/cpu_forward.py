@@ -2,22 +2,27 @@
 
 Three backends, one chosen at load (``LlamaForCausalLM``):
 - ``CKernelForward`` (CPU, float32 on AVX2, bf16 on AVX-512 BF16): RMSNorm fused with the
-  residual add, SiLU-and-mul and RoPE are one C call each (engine/kernels/activation.py). In
-  bf16 each of torch's decomposed ops is a widening pass over memory; they took ~30% of a
-  2048-token prefill step.
+  residual add, SiLU-and-mul and RoPE are one C call each (engine/models/activation_ops.py over
+  engine/kernels/activation.py). In bf16 each of torch's decomposed ops is a widening pass over
+  memory; they took ~30% of a 2048-token prefill step.
 - ``TorchForward``: the same steps in torch ops, RoPE as a complex multiply.
-- ``CompiledForward`` (compilation mode >= 1): the dense blocks around attention
-  through torch.compile. Attention stays eager: its Python loop over prefill chunks and its
-  per-step metadata would make a whole-forward graph recompile on every new batch. The two
-  blocks take the layer's projections as arguments, so one graph serves all layers, and
-  ``dynamic=True`` keeps one graph for every token count (plus one for a single token). Its
-  projections are dense (``TorchLinear``/``InputMajorLinear``, chosen at load for it), passed
-  as tensors: a layer object as an argument would be guarded on, one graph per layer.
+- ``CompiledForward`` (compilation mode >= 1): the C-kernel forward with its two blocks
+  around attention through torch.compile. Attention stays eager: its Python loop over prefill
+  chunks and its per-step metadata would make a whole-forward graph recompile on every new
+  batch. The blocks take the layer's tensors and ``Linear``s as arguments; dynamo reads their
+  tensors (norms, weights, GGUF blocks) as graph inputs and guards only on their shapes and
+  dtypes, so one graph serves all layers, and ``dynamic=True`` keeps one graph for every token
+  count (plus one for a single token). Its projections are the methods an eager model would
+  have (``Placement(compiled=True)``), and every C kernel (GGUF, int8 and bf16 GEMVs, RMSNorm,
+  SiLU-and-mul, RoPE) runs in the graphs as its torch op (engine/kernels/ops.py), so a
+  compiled step computes what an eager step does; where the kernels do not run the model's
+  rows, the activations are torch ops that inductor fuses.
 
 All three attend through engine/models/attention.py (the C decode kernel or SDPA), with
 ``TorchAttentionBuilder``'s metadata. The torch and C-kernel forwards also run what other
 families add to Llama's layer (``Dims``: Gemma's norms of the attention and MLP outputs, its
-gelu-tanh MLP, soft-capped scores, per-layer rope tables); the compiled one runs Llama's only.
+gelu-tanh MLP, soft-capped scores, per-layer rope tables); the compiled one is run for Llama's
+only (``LlamaForCausalLM``).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import activation
+from engine.models.activation_ops import RMSNorm, Rotary, SiluAndMul
 from engine.models.attention import AttentionMetadata, TorchAttentionBuilder, paged_attention
 from engine.models.layers import DecoderLayer, Dims
 from engine.models.linear import Linear
@@ -41,8 +47,6 @@ class TorchForward:
     name = "torch"
     attention_builder = TorchAttentionBuilder
     cuda_graphs = False
-
-    compiled = False
 
     def __init__(self, dims: Dims) -> None:
         self.dims = dims
@@ -65,8 +69,7 @@ class TorchForward:
         return F.rms_norm(rows, (self.dims.hidden,), model.norm, self.dims.eps)
 
     def _rope(self, table: RopeTables, positions: torch.Tensor) -> Optional[torch.Tensor]:
-        rope = table.cis.index_select(0, positions).unsqueeze(1)
-        return torch.view_as_real(rope) if self.compiled else rope  # inductor makes no code for complex ops
+        return table.cis.index_select(0, positions).unsqueeze(1)
 
     def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, qkv_proj: Linear, positions: torch.Tensor,
                  rope: Optional[torch.Tensor], q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
@@ -113,10 +116,18 @@ class TorchForward:
 
 
 class CKernelForward(TorchForward):
-    name = "cpu-kernels"
+    """The C kernels' forward: RMSNorm (fused with the residual add), SiLU-and-mul and RoPE are
+    ``activation_ops`` CustomOps, which run the raw kernel calls here (``IN_GRAPH`` False)."""
 
-    def __init__(self, dims: Dims) -> None:
+    name = "cpu-kernels"
+    IN_GRAPH = False
+
+    def __init__(self, dims: Dims, device: torch.device = torch.device("cpu"), kernel: bool = True) -> None:
+        """``kernel``: the C kernels run this model's rows (``supports``); else torch ops."""
         super().__init__(dims)
+        self.rms_norm = RMSNorm(device, kernel, self.IN_GRAPH)
+        self.silu_and_mul = SiluAndMul(device, kernel, self.IN_GRAPH)
+        self.rotary = Rotary(device, kernel, self.IN_GRAPH)
 
     @staticmethod
     def supports(device: torch.device, act_dtype: torch.dtype, dims: Dims) -> bool:
@@ -124,76 +135,41 @@ class CKernelForward(TorchForward):
         return activation.supports(device, act_dtype, *widths)
 
     def final_norm(self, model: "LlamaForCausalLM", rows: torch.Tensor) -> torch.Tensor:
-        return activation.rms_norm(rows, model.norm, self.dims.eps)
+        return self.rms_norm(rows, model.norm, self.dims.eps)
 
     def _rope(self, table: RopeTables, positions: torch.Tensor) -> None:
         return None  # the C kernel rotates from the positions and the table
 
     def _attn_in(self, h, norm, qkv_proj, positions, rope, q_norm, k_norm, cos_sin):
         d = self.dims
-        qkv = qkv_proj(activation.rms_norm(h, norm, d.eps))
+        qkv = qkv_proj(self.rms_norm(h, norm, d.eps))
         if q_norm is not None:
             qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps, d.qk_norm_whole)
-        return activation.rotary_(qkv, positions, cos_sin, (d.q_size + d.kv_size) // d.head_dim, d.head_dim)
+        return self.rotary(qkv, positions, cos_sin, (d.q_size + d.kv_size) // d.head_dim, d.head_dim)
 
     def _attn_out_mlp(self, h, attn, layer):
         eps = self.dims.eps
         out = layer.o_proj(attn)
         if layer.attn_out_norm is not None:
-            out = activation.rms_norm(out, layer.attn_out_norm, eps)
-        x = activation.rms_norm(out, layer.post_norm, eps, residual=h)  # h += out
+            out = self.rms_norm(out, layer.attn_out_norm, eps)
+        x = self.rms_norm(out, layer.post_norm, eps, residual=h)  # h += out
         out = self._mlp(layer, x)
         if layer.mlp_out_norm is not None:
-            out = activation.rms_norm(out, layer.mlp_out_norm, eps)
+            out = self.rms_norm(out, layer.mlp_out_norm, eps)
         return h + out
 
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return activation.silu_and_mul(gate_up) if self.dims.act == "silu" else super()._act(gate_up)
+        return self.silu_and_mul(gate_up) if self.dims.act == "silu" else super()._act(gate_up)
 
 
-def _dense(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], in_major: bool) -> torch.Tensor:
-    if not in_major:
-        return F.linear(x, w, b)
-    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+class CompiledForward(CKernelForward):
+    """The C-kernel forward with the blocks around attention (``_attn_in``, ``_attn_out_mlp``)
+    through torch.compile; its CustomOps and C-kernel projections run as torch ops in the graphs."""
 
-
-class CompiledForward(TorchForward):
     name = "torch-compiled"
-    compiled = True
+    IN_GRAPH = True
 
-    def __init__(self, dims: Dims) -> None:
-        super().__init__(dims)
-        self._block_in = torch.compile(self._block_in, dynamic=True)
-        self._block_out = torch.compile(self._block_out, dynamic=True)
-
-    def __call__(self, model, input_ids, positions, kv_caches, md):
-        d = self.dims
-        ropes = [self._rope(table, positions) for table in model.ropes]
-        h = model.embed(input_ids)
-        for i, layer in enumerate(model.layers):
-            qkv = self._block_in(h, layer.input_norm, *layer.qkv.method.dense_args(), layer.qkv.bias,
-                                 ropes[layer.rope], layer.q_norm, layer.k_norm)
-            attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
-                                   layer.sliding)
-            h = self._block_out(h, attn, *layer.o_proj.method.dense_args(), layer.post_norm,
-                                *layer.gate_up.method.dense_args(), *layer.down.method.dense_args())
-        return h
-
-    def _block_in(self, h, norm, w, in_major: bool, bias, rope, q_norm, k_norm):
-        d = self.dims
-        num_tokens, cols = h.shape[0], d.q_size + d.kv_size
-        qkv = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), w, bias, in_major)
-        if q_norm is not None:
-            qkv = qk_rms_norm_(qkv, q_norm, k_norm, d.num_heads, d.num_kv_heads, d.head_dim, d.eps)
-        pairs = qkv[:, :cols].float().view(num_tokens, -1, d.head_dim // 2, 2)
-        c, s = rope[..., 0], rope[..., 1]
-        re, im = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack([re * c - im * s, im * c + re * s], -1).view(num_tokens, cols)
-        return torch.cat([rotated.to(qkv.dtype), qkv[:, cols:]], dim=1)
-
-    def _block_out(self, h, attn, o_w, o_in_major: bool, norm, gu_w, gu_in_major: bool, down_w,
-                   down_in_major: bool):
-        d = self.dims
-        h = h + _dense(attn, o_w, None, o_in_major)
-        gu = _dense(F.rms_norm(h, (d.hidden,), norm, d.eps), gu_w, None, gu_in_major)
-        return h + _dense(F.silu(gu[:, :d.intermediate]) * gu[:, d.intermediate:], down_w, None, down_in_major)
+    def __init__(self, dims: Dims, device: torch.device = torch.device("cpu"), kernel: bool = True) -> None:
+        super().__init__(dims, device, kernel)
+        self._attn_in = torch.compile(self._attn_in, dynamic=True)
+        self._attn_out_mlp = torch.compile(self._attn_out_mlp, dynamic=True)

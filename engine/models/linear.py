@@ -35,7 +35,12 @@ default model's shapes, one thread (benchmarks/RESULTS.md, "Kernel choices"):
   projections quantized once at load per output channel; the embedding and LM head stay in
   the model dtype.
 - ``TorchLinear``: ``F.linear`` on a dense ``[out, in]`` weight: CUDA (cuBLAS's layout, the
-  Triton backend), the compiled forward, and every other case.
+  Triton backend) and every other case.
+
+The methods whose weight only a C kernel multiplies (``GGUFLinear``, ``Int8Method``,
+``BF16GemvLinear``) are ``CustomOp``s (engine/models/custom_op.py): eagerly they call the kernel
+raw; a projection inside the compiled forward's graphs calls it as its registered torch op
+(engine/kernels/ops.py), so a compiled model keeps the same methods, GGUF blocks included.
 """
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import bf16_gemv, onednn_linear, quant, quant_recode
+from engine.kernels import bf16_gemv, onednn_linear, ops, quant, quant_recode
+from engine.models.custom_op import CustomOp
 
 logger = logging.getLogger(__name__)
 
@@ -135,10 +141,6 @@ class LinearMethod:
     def nbytes(self) -> int:
         raise NotImplementedError
 
-    def dense_args(self) -> tuple[torch.Tensor, bool]:
-        """(weight, input-major) of a dense method, for the compiled forward's graphs."""
-        raise NotImplementedError(f"{type(self).__name__} is not a dense method")
-
 
 def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -160,9 +162,6 @@ class TorchLinear(LinearMethod):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
 
-    def dense_args(self) -> tuple[torch.Tensor, bool]:
-        return self.weight, False
-
     @property
     def nbytes(self) -> int:
         return _tensor_bytes(self.weight)
@@ -179,9 +178,6 @@ class InputMajorLinear(LinearMethod):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight_t.index_select(1, ids).t().contiguous()
-
-    def dense_args(self) -> tuple[torch.Tensor, bool]:
-        return self.weight_t, True
 
     @property
     def nbytes(self) -> int:
@@ -232,22 +228,46 @@ class DenseGemvHead(TorchLinear):
         return F.linear(x, self.weight, bias)
 
 
-class BF16GemvLinear(LinearMethod):
-    def __init__(self, weight: torch.Tensor) -> None:
+class KernelLinear(CustomOp, LinearMethod):
+    """A method whose weight only a C kernel multiplies: ``forward_cpu(x, bias)`` calls it raw,
+    ``forward_op(x, bias)`` through its torch op (inside a compiled graph, ``in_graph``)."""
+
+    OP_IN_GRAPH = True
+
+    def __init__(self, in_graph: bool) -> None:
+        super().__init__(torch.device("cpu"), in_graph)
+
+    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._forward_method(x, bias)
+
+
+def _add_bias(y: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return y if bias is None else y.add_(bias)  # float32 output: nothing is rounded before the add
+
+
+class BF16GemvLinear(KernelLinear):
+    def __init__(self, weight: torch.Tensor, in_graph: bool = False) -> None:
+        super().__init__(in_graph)
         self.packed = bf16_gemv.PackedBF16(weight)
         self.out_features, self.in_features = self.packed.out_features, self.packed.in_features
         self.format = "bf16 (GEMV layout)"
         self._rb, self._cb = bf16_gemv._ROW_BLOCK, bf16_gemv._COL_BLOCK
 
-    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self._apply(x)
-        return y if bias is None else y.add_(bias)  # float32 output: nothing is rounded before the add
+    def forward_cpu(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _add_bias(self._apply(x, self.packed.matmul), bias)
 
-    def _apply(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_op(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _add_bias(self._apply(x, self._gemv_op), bias)
+
+    def _gemv_op(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.bf16_gemv_packed(x, self.packed.data)
+
+    def _apply(self, x: torch.Tensor, gemv) -> torch.Tensor:
+        """``gemv``: the kernel on up to ``bf16_gemv.MAX_ROWS`` rows (raw or as the op)."""
         if x.shape[0] <= bf16_gemv.MAX_ROWS:
-            return self.packed.matmul(x)
+            return gemv(x)
         if self.nbytes <= _IN_CACHE_BYTES:  # re-read from cache by each group of rows
-            return _in_row_groups(x, bf16_gemv.MAX_ROWS, self.packed.matmul)
+            return _in_row_groups(x, bf16_gemv.MAX_ROWS, gemv)
         x = x.float()
         out = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, _UNPACK_ROWS):  # a cache-sized slice at a time
@@ -268,19 +288,24 @@ class BF16GemvLinear(LinearMethod):
         return self.packed.nbytes
 
 
-class GGUFLinear(LinearMethod):
+class GGUFLinear(KernelLinear):
     """``row_invariant`` (``deterministic``): one kernel path at every row count, so a row's
     result never depends on the batch (``QuantizedLinear.matmul_row_invariant``)."""
 
-    def __init__(self, blocks: GGUFBlocks, row_invariant: bool = False) -> None:
+    def __init__(self, blocks: GGUFBlocks, row_invariant: bool = False, in_graph: bool = False) -> None:
+        super().__init__(in_graph)
         self.q = quant.QuantizedLinear(blocks.data, blocks.qtype, blocks.out_features, blocks.in_features)
         self.out_features, self.in_features = blocks.out_features, blocks.in_features
         self.format = ggml_type_name(blocks.qtype)
+        self.row_invariant = row_invariant
         self._matmul = self.q.matmul_row_invariant if row_invariant else self.q.matmul
 
-    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self._matmul(x)
-        return y if bias is None else y.add_(bias)
+    def forward_cpu(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _add_bias(self._matmul(x), bias)
+
+    def forward_op(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q = self.q
+        return _add_bias(ops.quant_matmul(x, q.data, q.qtype, q.in_features, self.row_invariant), bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         picked = self.q.data.index_select(0, ids)
@@ -366,27 +391,34 @@ class Linear:
 
 class Placement:
     """What ``choose`` decides from, fixed for the model at load: the device, the model dtype,
-    the dtype the activations run in, whether the forward is compiled or Triton's, the
-    quantization (None, "gguf" or "int8"), and ``deterministic`` (each row's result
-    independent of the batch: ``GGUFLinear``'s row-invariant path, ``FixedRowGroups``)."""
+    the dtype the activations run in, whether the forward is Triton's (``dense_only``: its
+    kernels take dense weights) or compiled (``compiled``: the layers' projections run inside
+    torch.compile graphs, their kernels as torch ops), the quantization (None, "gguf" or
+    "int8"), and ``deterministic`` (each row's result independent of the batch:
+    ``GGUFLinear``'s row-invariant path, ``FixedRowGroups``)."""
+
+    _IN_GRAPH_ROLES = ("tall", "wide")  # the compiled blocks' projections; the head and embedding run eager
 
     def __init__(self, device: torch.device, dtype: torch.dtype, act_dtype: torch.dtype, dense_only: bool,
-                 quantization: Optional[str], deterministic: bool = False) -> None:
+                 quantization: Optional[str], deterministic: bool = False, compiled: bool = False) -> None:
         self.device, self.dtype, self.act_dtype = device, dtype, act_dtype
         self.dense_only, self.quantization, self.deterministic = dense_only, quantization, deterministic
+        self.compiled = compiled
         self._warned: set[int] = set()
 
     def choose(self, weight: torch.Tensor | GGUFBlocks | GGUFParts, role: str) -> LinearMethod:
         """``role``: "tall" (q/k/v, gate/up), "wide" (o_proj, down), "head" (the LM head, whose
         rows a tied embedding reads) or "embed" (an untied embedding)."""
+        in_graph = self.compiled and role in self._IN_GRAPH_ROLES
         if isinstance(weight, GGUFBlocks) and _has_kernel(weight) and not self.dense_only:
-            return GGUFLinear(weight, row_invariant=self.deterministic)
+            return GGUFLinear(weight, row_invariant=self.deterministic, in_graph=in_graph)
         if isinstance(weight, GGUFParts) and all(map(_has_kernel, weight.parts)) and not self.dense_only:
-            return ConcatLinear([GGUFLinear(p, row_invariant=self.deterministic) for p in weight.parts])
-        method = self._choose_dense(weight, role)
+            return ConcatLinear([GGUFLinear(p, row_invariant=self.deterministic, in_graph=in_graph)
+                                 for p in weight.parts])
+        method = self._choose_dense(weight, role, in_graph)
         return FixedRowGroups(method) if self.deterministic else method
 
-    def _choose_dense(self, weight: torch.Tensor | GGUFBlocks | GGUFParts, role: str) -> LinearMethod:
+    def _choose_dense(self, weight: torch.Tensor | GGUFBlocks | GGUFParts, role: str, in_graph: bool) -> LinearMethod:
         if isinstance(weight, (GGUFBlocks, GGUFParts)):
             for part in weight.parts if isinstance(weight, GGUFParts) else [weight]:
                 if part.qtype not in self._warned:
@@ -398,12 +430,12 @@ class Placement:
         if role == "embed":  # an untied embedding: only rows are read, in the model dtype
             return TorchLinear(weight, self.dtype if cpu else self.act_dtype, self.device)
         if self.quantization == "int8" and cpu and role != "head":
-            return Int8Method(weight)
+            return Int8Method(weight, in_graph)
         if not cpu or self.dense_only:
             return TorchLinear(weight, self.act_dtype, self.device)
         if self.act_dtype == torch.float32 and self.dtype == torch.bfloat16 and bf16_gemv.available() \
                 and bf16_gemv.fits(*weight.shape):
-            return BF16GemvLinear(weight)
+            return BF16GemvLinear(weight, in_graph)
         if self.act_dtype == torch.float32 and (role in ("tall", "head")):
             return InputMajorLinear(weight.to(self.dtype), self.act_dtype)
         if role != "head" and onednn_linear.supports(self.device, self.act_dtype):
@@ -414,20 +446,24 @@ class Placement:
         return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
 
 
-class Int8Method(LinearMethod):
+class Int8Method(KernelLinear):
     """Dynamic W8A8 (engine/kernels/int8_linear.py): per-channel weight scales, per-token
     activation scales, quantized once at load from the checkpoint's float weight."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, in_graph: bool = False) -> None:
         from engine.kernels.int8_linear import Int8Linear
 
+        super().__init__(in_graph)
         self.q = Int8Linear.from_float(weight)
         self.out_features, self.in_features = weight.shape
         self.format = "int8 (W8A8)"
 
-    def apply(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self.q.matmul(x)
-        return y if bias is None else y.add_(bias)
+    def forward_cpu(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _add_bias(self.q.matmul(x), bias)
+
+    def forward_op(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q = self.q
+        return _add_bias(ops.int8_matmul(x, q.qweight, q.scale, q.wsum), bias)
 
     @property
     def nbytes(self) -> int:

@@ -97,13 +97,13 @@ class LlamaForCausalLM:
 
             self.forward_impl = TritonForward(dims)
         elif compiled:
-            self.forward_impl = CompiledForward(dims)
+            self.forward_impl = CompiledForward(dims, device, CKernelForward.supports(device, self.act_dtype, dims))
         elif CKernelForward.supports(device, self.act_dtype, dims):
-            self.forward_impl = CKernelForward(dims)
+            self.forward_impl = CKernelForward(dims, device)
         else:
             self.forward_impl = TorchForward(dims)
-        dense_only = triton or compiled
-        self.placement = Placement(device, dtype, self.act_dtype, dense_only, quantization, deterministic)
+        self.placement = Placement(device, dtype, self.act_dtype, triton, quantization, deterministic,
+                                   compiled=compiled and not triton)
         self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
         moe = dims.moe
         self.layers = [DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)

@@ -1,4 +1,4 @@
-"""cffi (API mode) build of csrc/token_bitmask.c as ``engine.structured_output._bitmask``; run by
+"""cffi (API mode) build of csrc/cpu/token_bitmask.c as ``engine.structured_output._bitmask``; run by
 setup.py (or ``python engine/structured_output/_build_bitmask.py`` from the repository root).
 A module of its own, so building it never replaces the kernels a running engine has loaded."""
 import os
@@ -6,7 +6,7 @@ import os
 from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc")
+_CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
 
 
 def _rel(path):

@@ -23,7 +23,7 @@ def bitmask_words(vocab_size: int) -> int:
 def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask, row_of: dict[str, int]) -> None:
     """-inf, in place, on every logit the grammar forbids, in the rows of ``grammar``'s requests
     (``row_of``: request id -> logits row). Columns past the bitmask (none when it was sized
-    from the logits' width) are left alone. On CPU, csrc/token_bitmask.c: it skips the words
+    from the logits' width) are left alone. On CPU, csrc/cpu/token_bitmask.c: it skips the words
     that allow all their 32 tokens, so a row costs what its grammar forbids, where xgrammar's
     kernel tests every bit (benchmarks/RESULTS.md, "Kernel choices"); elsewhere, or unbuilt,
     xgrammar's kernel."""

@@ -14,7 +14,8 @@ from tests.helpers import ROOT
 
 def test_dummy_weights_are_deterministic_per_seed(tiny_model_dir):
     a, b, c = (make_runner(tiny_model_dir, load_format="dummy", seed=s) for s in (0, 0, 1))
-    wa, wb, wc = (r.model.layers[0].qkv.method.dense_args()[0] for r in (a, b, c))
+    ids = torch.arange(8)
+    wa, wb, wc = (r.model.layers[0].qkv.method.rows(ids) for r in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
 
 def test_tiny_model_dir_has_config_and_tokenizer(tiny_model_dir):

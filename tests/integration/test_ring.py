@@ -406,7 +406,7 @@ def test_too_small_dev_shm_is_a_clear_error(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
 def test_c_sources_compile_without_warnings():
-    srcs = [os.path.join(ROOT, "csrc", n) for n in ("ring.c", "producer.c", "consumer.c", "wake.c")]
+    srcs = [os.path.join(ROOT, "csrc", "ring", n) for n in ("ring.c", "producer.c", "consumer.c", "wake.c")]
     res = subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *srcs],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -1,4 +1,4 @@
-"""Dynamic W8A8 (engine/kernels/int8_linear.py, csrc/int8_gemv.c) on every CPU variant and on the
+"""Dynamic W8A8 (engine/kernels/int8_linear.py, csrc/cpu/int8_gemv.c) on every CPU variant and on the
 batched torch._int_mm path, against float64 math.
 
 (1) Against float64 on the int8 values themselves (x and W quantized per row as the kernels do,

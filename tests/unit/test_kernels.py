@@ -1,6 +1,6 @@
-"""The CPU kernels against plain math: the bf16 GEMV (csrc/gemv_bf16.c) against float32 on the
-same bf16 values, paged decode attention (csrc/paged_attention.c) against dense attention,
-RMSNorm, SiLU-and-mul and RoPE (csrc/activation.c) against torch and float64."""
+"""The CPU kernels against plain math: the bf16 GEMV (csrc/cpu/gemv_bf16.c) against float32 on the
+same bf16 values, paged decode attention (csrc/cpu/paged_attention.c) against dense attention,
+RMSNorm, SiLU-and-mul and RoPE (csrc/cpu/activation.c) against torch and float64."""
 from __future__ import annotations
 
 import pytest
@@ -327,7 +327,7 @@ def test_large_calls_split_over_threads_give_the_single_thread_result(dtype):
     if not activation.supports(torch.device("cpu"), dtype, 16):
         pytest.skip(f"no {dtype} activation kernels on this CPU")
     gen = torch.Generator().manual_seed(5)
-    rows, cols, d = 701, 576, 1536  # every call over csrc/parallel.h's PAR_MIN_BYTES, bf16 included
+    rows, cols, d = 701, 576, 1536  # every call over csrc/cpu/parallel.h's PAR_MIN_BYTES, bf16 included
     x, h = torch.randn(rows, cols, generator=gen).to(dtype), torch.randn(rows, cols, generator=gen).to(dtype)
     w, gu = torch.randn(cols, generator=gen).to(dtype), torch.randn(rows, 2 * d, generator=gen).to(dtype)
     angles = torch.rand(600, 32, generator=gen) * 6.3

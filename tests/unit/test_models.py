@@ -120,7 +120,7 @@ def test_half_precision_tracks_float32(family, dtype):
 
 
 def test_bf16_packed_linear_methods_match_plain_gemms(family, monkeypatch):
-    """bf16 projections run on a packed weight: the bf16 GEMV kernel's layout (csrc/gemv_bf16.c)
+    """bf16 projections run on a packed weight: the bf16 GEMV kernel's layout (csrc/cpu/gemv_bf16.c)
     where the CPU lacks native bf16 GEMMs, oneDNN's (engine/kernels/onednn_linear.py) where it
     has them. They must give what plain GEMMs over the same bf16-rounded weights give, differing
     at most in summation order, at decode sizes and in the batched steps of 3 prompts."""
@@ -147,7 +147,7 @@ def test_bf16_packed_linear_methods_match_plain_gemms(family, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_attention_kernel_matches_torch_attention(family, dtype):
-    """Decodes read the paged cache in C (csrc/paged_attention.c) on this CPU; torch's
+    """Decodes read the paged cache in C (csrc/cpu/paged_attention.c) on this CPU; torch's
     gather + masked SDPA, kept for other devices, must give the same tokens and logprobs."""
     path, _ = family
     results = []
@@ -258,7 +258,7 @@ def test_default_model_bf16_greedy_starts_like_transformers_bf16():
     regression: "The" leads "L" by only 0.08 in float32, bf16 rounding of the LM head's output
     made both 25.25, and argmax took the lower id, "L'Étoile ..." (engine/models/half_logits.py).
     Measured on such a CPU: agreement for the first 19, 24 and 24 of 24 tokens (19, 23 and 24
-    before RMSNorm and SiLU rounded where transformers does, csrc/activation.c)."""
+    before RMSNorm and SiLU rounded where transformers does, csrc/cpu/activation.c)."""
     path, n, first = default_model_path(), 16, 12
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     runner = make_runner(path, dtype="bfloat16", max_model_len=512, kv_cache_memory=32 << 20)

@@ -1,4 +1,4 @@
-"""The GGUF block kernels (csrc/quant_gemv.c) against float64 math from the block definitions.
+"""The GGUF block kernels (csrc/cpu/quant_gemv.c) against float64 math from the block definitions.
 
 Weights are made with gguf.quants.quantize and checked against gguf.quants.dequantize; the
 kernel's result is compared (1) with a float64 reference that quantizes x to int8 blocks the

@@ -1,4 +1,4 @@
-"""The K-quant kernels (csrc/quant_kquants.c: Q4_K, Q5_K, Q6_K) on every CPU variant, against
+"""The K-quant kernels (csrc/cpu/quant_kquants.c: Q4_K, Q5_K, Q6_K) on every CPU variant, against
 float64 math on gguf.quants.dequantize's weights.
 
 The gguf package cannot quantize to K-quants, so the weights are random valid super-blocks
@@ -42,7 +42,7 @@ def _linear(qtype, n, k, seed):
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 512), (33, 1536)])
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 14, 19, 66])
 def test_matches_float64_reference(qtype, isa, n, k, rows):
-    """From QUANT_KGEMM_MIN_M (9) rows AVX-512 VNNI runs the tiled GEMM (csrc/quant_kgemm.c:
+    """From QUANT_KGEMM_MIN_M (9) rows AVX-512 VNNI runs the tiled GEMM (csrc/cpu/quant_kgemm.c:
     micro-kernel tails of 1-3 rows, 32-row tiles of W cut short); AVX2 and plain C run the GEMV's
     passes up to GEMV_ROWS and dequantize past them."""
     lin, dense = _linear(qtype, n, k, seed=n * 1000 + k + rows)

@@ -1,4 +1,4 @@
-"""The token-bitmask kernel (csrc/token_bitmask.c) against the bits unpacked in torch: -inf exactly
+"""The token-bitmask kernel (csrc/cpu/token_bitmask.c) against the bits unpacked in torch: -inf exactly
 where a row's bit is clear, on a subset of rows, for vocabularies that are not a multiple of 32
 (xgrammar's own CPU kernel, the fallback, writes the last partial word of a row into the next row
 at such sizes, so it is checked only at multiples of 32)."""

@@ -24,8 +24,10 @@
  * Compiled for the baseline target; the functions carry their target attributes and run only
  * after quant_gemv checked CPUID. */
 #include "parallel.h"
-#include "quant_internal.h"
+#include "quant_kgemm.h"
+
 #include "quant_kblock.h"
+#include "quant_types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

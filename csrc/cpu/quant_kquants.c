@@ -18,11 +18,14 @@
  *   sum_i w_i x_i = dx (D sum_g S_g sum_{i in g} u_i q_xi - M sum_g N_g b_g),
  * whose inner sums are int8 products (u_i * q_xi fits a pmaddubsw pair: 2 * 63 * 127 < 2^15)
  * weighted by S_g in int16 madds: all integer until one float per row and super-block. */
-#include "quant_gemv.h"
+#include "quant_kquants.h"
 
 #include "parallel.h"
-#include "quant_internal.h"
+#include "quant_gemv.h"
+#include "quant_half.h"
 #include "quant_kblock.h"
+#include "quant_kgemm.h"
+#include "quant_scratch.h"
 
 #include <math.h>
 

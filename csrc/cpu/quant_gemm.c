@@ -21,10 +21,12 @@
  *
  * Compiled for the baseline target; the functions carry their target attributes and run only
  * after quant_gemv checked CPUID. */
-#include "quant_gemv.h"
+#include "quant_gemm.h"
 
 #include "parallel.h"
-#include "quant_internal.h"
+#include "quant_types.h"
+
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 /* Reading GGUF K-quant super-blocks (Q4_K, Q5_K, Q6_K; the layout is in quant_kquants.c's header
- * comment), shared by the GEMV (quant_kquants.c) and the tiled GEMM (quant_kgemm.c); not part of
- * the cffi interface. */
+ * comment), shared by the GEMV (quant_kquants.c) and the tiled GEMM (quant_kgemm.c): the weights'
+ * side only (the activations' is quant_kgemm.h); not part of the cffi interface. */
 #ifndef RINGLLM_QUANT_KBLOCK_H
 #define RINGLLM_QUANT_KBLOCK_H
 
@@ -8,22 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quant_gemv.h"
-
-/* Activation scratch of one call, x quantized as llama.cpp's Q8_K: row r's super-block b has its
- * int8 values at q[(r nsb + b) 256], its 16 group sums at bs[(r nsb + b) 16] and its dx at
- * d[r nsb + b]. */
-typedef struct {
-    int8_t *q;
-    int16_t *bs;
-    float *d;
-    int64_t nsb;
-} actk_t;
-
-/* quant_kgemm.c, the batched path on AVX-512 VNNI (the CPU checked by the caller): y [m, n] from x
- * already quantized into a. work is 64-byte aligned scratch of quant_kgemm_work_bytes(k) bytes. */
-size_t quant_kgemm_work_bytes(int64_t k);
-void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y);
+#include "quant_types.h"
 
 /* The 8 six-bit scales and mins of Q4_K/Q5_K's 12 scale bytes s: for j < 4, sc[j] = s[j] & 63,
  * mn[j] = s[j + 4] & 63, sc[j + 4] = s[j + 8] & 15 | s[j] >> 6 << 4, mn[j + 4] = s[j + 8] >> 4 |

@@ -4,7 +4,11 @@
 
 #include "cpu_features.h"
 #include "parallel.h"
-#include "quant_internal.h"
+#include "quant_gemm.h"
+#include "quant_gemv_ordered.h"
+#include "quant_half.h"
+#include "quant_kquants.h"
+#include "quant_scratch.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -24,36 +28,6 @@ typedef struct {
 static inline const int8_t *act_q(const act_t *a, int64_t r) { return a->q + (size_t)r * (size_t)a->nbp * QUANT_BLOCK; }
 static inline const float *act_d(const act_t *a, int64_t r) { return a->d + (size_t)r * (size_t)a->nbs; }
 static inline const float *act_s(const act_t *a, int64_t r) { return a->s + (size_t)r * (size_t)a->nbs; }
-
-int quant_block_bytes(int type) {
-    switch (type) {
-    case QUANT_GGML_Q4_0: return 2 + QUANT_BLOCK / 2;
-    case QUANT_GGML_Q4_1: return 4 + QUANT_BLOCK / 2;
-    case QUANT_GGML_Q8_0: return 2 + QUANT_BLOCK;
-    case QUANT_GGML_Q4_K: return 4 + 12 + QUANT_KBLOCK / 2;
-    case QUANT_GGML_Q5_K: return 4 + 12 + QUANT_KBLOCK / 8 + QUANT_KBLOCK / 2;
-    case QUANT_GGML_Q6_K: return QUANT_KBLOCK / 2 + QUANT_KBLOCK / 4 + QUANT_KBLOCK / 16 + 2;
-    default: return 0;
-    }
-}
-
-int quant_block_weights(int type) {
-    if (type == QUANT_GGML_Q4_K || type == QUANT_GGML_Q5_K || type == QUANT_GGML_Q6_K) return QUANT_KBLOCK;
-    return quant_block_bytes(type) ? QUANT_BLOCK : 0;
-}
-
-void *quant_scratch(size_t bytes) {
-    static __thread void *buf;
-    static __thread size_t cap;
-    if (bytes <= cap) return buf;
-    const size_t want = (bytes + 4095) / 4096 * 4096;
-    void *p = aligned_alloc(64, want);
-    if (!p) return NULL;
-    free(buf);
-    buf = p;
-    cap = want;
-    return buf;
-}
 
 /* Per block of weights: dot = a * d_x * sum(q_w q_x) + c * s_x (see the header). */
 static inline void block_coeffs_c(int type, const uint8_t *blk, float *a, float *c) {

@@ -27,15 +27,8 @@
 
 #include <stdint.h>
 
-/* GGML type ids, as gguf.GGMLQuantizationType numbers them. */
-#define QUANT_GGML_Q4_0 2
-#define QUANT_GGML_Q4_1 3
-#define QUANT_GGML_Q8_0 8
-#define QUANT_GGML_Q4_K 12
-#define QUANT_GGML_Q5_K 13
-#define QUANT_GGML_Q6_K 14
-#define QUANT_BLOCK 32
-#define QUANT_KBLOCK 256
+#include "quant_types.h"
+
 #define QUANT_GEMV_MAX_M 8
 /* From this many rows, Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI or AVX2 (the K-quants on AVX-512 VNNI)
  * run the tiled GEMM (quant_gemm.c, quant_kgemm.c),
@@ -51,16 +44,6 @@
 #define QUANT_KGEMM_MIN_M 9 /* QUANT_GEMV_MAX_M + 1 (cffi reads literal #defines only) */
 #define QUANT_GEMM_MIN_M_LARGE 16
 #define QUANT_GEMM_LARGE_BYTES 4194304 /* 4 MiB */
-/* max_isa values: the most a call may use. */
-#define QUANT_ISA_C 0
-#define QUANT_ISA_AVX2 1
-#define QUANT_ISA_AVX512_VNNI 2
-
-/* Bytes of one block of this type, or 0 for a type the kernels lack. */
-int quant_block_bytes(int type);
-
-/* Weights in one block of this type: QUANT_BLOCK, QUANT_KBLOCK for the K-quants, 0 if unknown. */
-int quant_block_weights(int type);
 
 /* The best variant this CPU runs (a QUANT_ISA_* value). */
 int quant_best_isa(void);

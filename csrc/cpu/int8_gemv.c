@@ -3,7 +3,7 @@
 #include "int8_gemv.h"
 
 #include "quant_gemv.h"
-#include "quant_internal.h"
+#include "quant_scratch.h"
 
 #include <math.h>
 

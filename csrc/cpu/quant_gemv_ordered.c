@@ -14,9 +14,9 @@
  *
  * Compiled for the baseline target; the functions carry their target attributes and run only
  * after the caller checked CPUID. */
-#include "quant_gemv.h"
+#include "quant_gemv_ordered.h"
 
-#include "quant_internal.h"
+#include "quant_types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -1,0 +1,24 @@
+/* quant_kgemm.c's tiled K-quant GEMM and the Q8_K activation layout it shares with the K-quant
+ * GEMV (quant_kquants.c); not part of the cffi interface. */
+#ifndef RINGLLM_QUANT_KGEMM_H
+#define RINGLLM_QUANT_KGEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Activation scratch of one call, x quantized as llama.cpp's Q8_K: row r's super-block b has its
+ * int8 values at q[(r nsb + b) 256], its 16 group sums at bs[(r nsb + b) 16] and its dx at
+ * d[r nsb + b]. */
+typedef struct {
+    int8_t *q;
+    int16_t *bs;
+    float *d;
+    int64_t nsb;
+} actk_t;
+
+/* quant_kgemm.c, the batched path on AVX-512 VNNI (the CPU checked by the caller): y [m, n] from x
+ * already quantized into a. work is 64-byte aligned scratch of quant_kgemm_work_bytes(k) bytes. */
+size_t quant_kgemm_work_bytes(int64_t k);
+void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y);
+
+#endif
