@@ -22,6 +22,7 @@ from engine.lora.adapter import LoRAAdapter
 from engine.lora.config import LoRAConfig
 from engine.lora.layer import LoRABatch, LoRAWeights
 from engine.lora.request import LoRARequest
+from engine.models.weights import pair_rows
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def load_adapter(req: LoRARequest, num_heads: int, num_kv_heads: int) -> LoRAAda
 class LoRAManager:
     def __init__(self, model: Any, config: LoRAConfig) -> None:
         self.config = config
-        d = model.dims
+        self._dims = d = model.dims
         self._heads = (d.num_heads, d.num_kv_heads)
         self._num_layers = d.num_layers
         self._sparse = {i for i, layer in enumerate(model.layers) if layer.moe is not None}
@@ -80,6 +81,7 @@ class LoRAManager:
             return False
         adapter = load_adapter(req, *self._heads)
         adapter.check_fits(self._shapes, self._num_layers, self._sparse, self.config.max_lora_rank)
+        self._pair_rotary_rows(adapter)
         if known is not None:  # the same id for another adapter: the old one leaves its slot
             self._drop_from_slots(req.lora_int_id)
         self._loaded[req.lora_int_id] = (req, adapter)
@@ -90,6 +92,15 @@ class LoRAManager:
         logger.info("LoRA adapter %r (id %d) loaded: rank %d, %d pairs, %.1f MiB", req.lora_name, req.lora_int_id,
                     adapter.rank, len(adapter.pairs), adapter.nbytes / 2**20)
         return True
+
+    def _pair_rotary_rows(self, adapter: LoRAAdapter) -> None:
+        """q and k output rows (B's rows) in the order the model holds them: adjacent rotary pairs,
+        as engine/models/weights.py reorders the base q/k rows."""
+        d = self._dims
+        for (layer, module), (a, b) in adapter.pairs.items():
+            if module in ("q_proj", "k_proj"):
+                heads = d.num_heads if module == "q_proj" else d.num_kv_heads
+                adapter.pairs[(layer, module)] = (a, pair_rows(b, heads, d.head_dim, d.rotary_dim))
 
     def remove_lora(self, lora_int_id: int) -> bool:
         if self._loaded.pop(lora_int_id, None) is None:

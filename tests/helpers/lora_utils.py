@@ -1,0 +1,52 @@
+"""Random LoRA adapters made with ``peft`` on a tiny random Llama, and their references: the
+adapter merged into the transformers model (float32), generating greedily."""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from transformers import LlamaConfig
+
+from tests.helpers.hf_families import random_hf_model
+
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# the tiny Llama of the LoRA tests: the default tokenizer's vocabulary, so text prompts work
+TINY_LLAMA = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.2, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=2, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+
+
+def tiny_llama(path: str):
+    """The tiny random Llama saved to ``path`` with the default tokenizer; returns the HF model."""
+    from engine.models.default_model import write_tiny_model
+
+    hf = random_hf_model(LlamaConfig, TINY_LLAMA, lambda name, p: None)
+    write_tiny_model(path, **TINY_LLAMA)  # config and tokenizer files
+    hf.save_pretrained(path)
+    return hf
+
+
+def make_adapter(hf, path: str, seed: int, r: int = 8, alpha: int = 16, targets=ALL_TARGETS, **extra):
+    """A random PEFT LoRA adapter of ``hf`` saved to ``path`` (B not zero, so it changes the
+    output); returns the base model with the adapter merged into it, float32."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(copy.deepcopy(hf), LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
+                                                          init_lora_weights=False, **extra))
+    with torch.no_grad():  # peft's random init of B is small: make the adapter change greedy tokens
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    model.save_pretrained(path)
+    assert os.path.isfile(os.path.join(path, "adapter_model.safetensors"))
+    return model.merge_and_unload().eval()
+
+
+def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                          do_sample=False, pad_token_id=2)
+    return out[0, len(prompt):].tolist()
