@@ -36,6 +36,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     # The API key of `ringllm serve` (vLLM's name), read when neither --api-key nor
     # --api-key-file is given; serve removes it from the environment its EngineCore inherits.
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
+    # vLLM's: /v1/load_lora_adapter and /v1/unload_lora_adapter exist only when true.
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _bool("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0"),
     # Logging level of the ``engine`` and ``shm_transport`` loggers.
     "RINGLLM_LOGGING_LEVEL": lambda: os.environ.get("RINGLLM_LOGGING_LEVEL", "INFO").upper(),
 }
