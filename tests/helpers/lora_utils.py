@@ -18,12 +18,14 @@ TINY_LLAMA = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_h
                   pad_token_id=2, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
 
 
-def tiny_llama(path: str):
-    """The tiny random Llama saved to ``path`` with the default tokenizer; returns the HF model."""
+def tiny_llama(path: str, **overrides):
+    """The tiny random Llama (``overrides``: other config fields) saved to ``path`` with the
+    default tokenizer; returns the HF model."""
     from engine.models.default_model import write_tiny_model
 
-    hf = random_hf_model(LlamaConfig, TINY_LLAMA, lambda name, p: None)
-    write_tiny_model(path, **TINY_LLAMA)  # config and tokenizer files
+    config = {**TINY_LLAMA, **overrides}
+    hf = random_hf_model(LlamaConfig, config, lambda name, p: None)
+    write_tiny_model(path, **config)  # config and tokenizer files
     hf.save_pretrained(path)
     return hf
 
@@ -50,3 +52,30 @@ def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
                           do_sample=False, pad_token_id=2)
     return out[0, len(prompt):].tolist()
+
+
+_GGUF_MODULES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+                 "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def write_gguf_adapter(adapter_dir: str, path: str, cfg, alpha: float) -> None:
+    """A PEFT adapter as llama.cpp's ``convert_lora_to_gguf.py`` writes it for a "llama" file:
+    ``blk.N.<proj>.weight.lora_a/_b``, q/k rows of ``lora_b`` permuted as the base weights are."""
+    import re
+
+    import gguf
+    from safetensors.torch import load_file
+
+    from tests.helpers.hf_families import finish_gguf, llama_permute
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for key, tensor in sorted(load_file(os.path.join(adapter_dir, "adapter_model.safetensors")).items()):
+        layer, module, half = re.search(r"layers\.(\d+)\.\w+\.(\w+)\.lora_([AB])\.weight$", key).groups()
+        data = tensor.float().numpy()
+        if half == "B" and module in ("q_proj", "k_proj"):
+            data = llama_permute(data, cfg.num_attention_heads if module == "q_proj" else cfg.num_key_value_heads)
+        w.add_tensor(f"blk.{layer}.{_GGUF_MODULES[module]}.weight.lora_{half.lower()}", data)
+    finish_gguf(w)
