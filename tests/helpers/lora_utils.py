@@ -79,3 +79,16 @@ def write_gguf_adapter(adapter_dir: str, path: str, cfg, alpha: float) -> None:
             data = llama_permute(data, cfg.num_attention_heads if module == "q_proj" else cfg.num_key_value_heads)
         w.add_tensor(f"blk.{layer}.{_GGUF_MODULES[module]}.weight.lora_{half.lower()}", data)
     finish_gguf(w)
+
+
+def base_and_adapters(d: str):
+    """The LoRA tests' models under ``d``: (base dir, base HF model, {name: (adapter dir, merged
+    HF model)}) for three adapters: every target at rank 8; q/v only at rank 4 with rsLoRA; the
+    MLP's gate/down at rank 16."""
+    hf = tiny_llama(os.path.join(d, "base"))
+    specs = {"all": dict(seed=1),
+             "qv-rslora": dict(seed=2, r=4, alpha=8, targets=["q_proj", "v_proj"], use_rslora=True),
+             "mlp": dict(seed=3, r=16, alpha=8, targets=["gate_proj", "down_proj"])}
+    adapters = {name: (os.path.join(d, name), make_adapter(hf, os.path.join(d, name), **spec))
+                for name, spec in specs.items()}
+    return os.path.join(d, "base"), hf, adapters

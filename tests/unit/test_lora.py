@@ -19,7 +19,7 @@ from engine.lora.request import LoRARequest
 from engine.models.linear import Linear
 from tests.helpers.core_utils import make_request as make_core_request
 from tests.helpers.core_utils import make_scheduler, step
-from tests.helpers.lora_utils import hf_greedy, make_adapter, tiny_llama, write_gguf_adapter
+from tests.helpers.lora_utils import base_and_adapters, hf_greedy, make_adapter, tiny_llama, write_gguf_adapter
 from tests.helpers.runner_utils import generate, make_request, make_runner
 
 PROMPTS = [[5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99], [44, 45, 46], [200, 201]]
@@ -30,15 +30,8 @@ NUM_TOKENS = 10
 def models(tmp_path_factory):
     """(dir, base HF model, {adapter name: (LoRARequest, merged HF model)})."""
     d = str(tmp_path_factory.mktemp("lora"))
-    hf = tiny_llama(os.path.join(d, "base"))
-    adapters = {
-        "all": make_adapter(hf, os.path.join(d, "all"), seed=1),
-        "qv-rslora": make_adapter(hf, os.path.join(d, "qv-rslora"), seed=2, r=4, alpha=8,
-                                  targets=["q_proj", "v_proj"], use_rslora=True),
-        "mlp": make_adapter(hf, os.path.join(d, "mlp"), seed=3, r=16, alpha=8, targets=["gate_proj", "down_proj"]),
-    }
-    loras = {name: (LoRARequest(name, i, os.path.join(d, name)), merged)
-             for i, (name, merged) in enumerate(adapters.items(), 1)}
+    _, hf, adapters = base_and_adapters(d)
+    loras = {name: (LoRARequest(name, i, path), merged) for i, (name, (path, merged)) in enumerate(adapters.items(), 1)}
     return d, hf, loras
 
 

@@ -418,7 +418,9 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
         raise TypeError(f"the server needs an engine.server_interface.EngineClient, got {type(engine).__name__}")
     model_config = engine.model_config
     names = [model_config.served_model_name]
-    metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices)
+    lora_config = engine.config.lora_config
+    metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices,
+                            max_loras=lora_config.max_loras if lora_config is not None else 0)
     engine.add_stat_logger(metrics)  # fed by the output handler, once per outputs message
     limits = ServingLimits.for_engine(engine.config, settings.max_waiting_requests, settings.request_timeout_s,
                                       settings.retry_after_s)
