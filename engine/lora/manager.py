@@ -2,8 +2,9 @@
 
 - ``add_lora`` reads an adapter (PEFT directory or GGUF file) and checks it against the model;
   what does not fit is a ValueError naming the adapter, raised before any request runs with it.
-  At most ``max_cpu_loras`` stay loaded, the least recently used dropped first (a dropped
-  adapter is read again from its ``lora_path`` when a request needs it).
+  At most ``max_cpu_loras`` stay loaded, the least recently used dropped first, never one
+  that holds a slot (a dropped adapter is read again from its ``lora_path`` when a request
+  needs it).
 - ``set_batch`` (each step, before the forward) puts every adapter of the step into a slot,
   replacing the least recently used adapter that the step does not need, and tells the
   projections which rows each slot has. The scheduler never runs more than ``max_loras``
@@ -86,9 +87,12 @@ class LoRAManager:
             self._drop_from_slots(req.lora_int_id)
         self._loaded[req.lora_int_id] = (req, adapter)
         self._loaded.move_to_end(req.lora_int_id)
-        while len(self._loaded) > self.config.max_cpu_loras:
-            old, _ = self._loaded.popitem(last=False)
-            self._drop_from_slots(old)
+        # Beyond max_cpu_loras the least recently used go, never one in a slot (a step may be
+        # running it: the slots hold at most max_loras <= max_cpu_loras adapters).
+        for old in [lid for lid in self._loaded if lid not in self._slots and lid != req.lora_int_id]:
+            if len(self._loaded) <= self.config.max_cpu_loras:
+                break
+            del self._loaded[old]
         logger.info("LoRA adapter %r (id %d) loaded: rank %d, %d pairs, %.1f MiB", req.lora_name, req.lora_int_id,
                     adapter.rank, len(adapter.pairs), adapter.nbytes / 2**20)
         return True
@@ -152,6 +156,7 @@ class LoRAManager:
         return slot
 
     def _install(self, slot: int, req: LoRARequest) -> None:
+        self._slots[slot] = None  # its adapter leaves it (and may leave memory for this one)
         self.add_lora(req)  # a no-op when loaded; read again when it was dropped from memory
         _, adapter = self._loaded[req.lora_int_id]
         for layer, fused, w in self._weights:
