@@ -41,7 +41,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema",
-                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6"],
+                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6", "peft"],
         "bench": ["matplotlib"],
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},
