@@ -7,8 +7,9 @@ rank-``--rank`` adapters on every projection (q/k/v/o, gate/up/down; PEFT files 
 model's shapes, seeded), all given with ``--lora-modules``. Methods, alternated within each round
 (harness.Bench): the base model alone (``model=default``), and the clients spread round-robin
 over 1, 4 and 16 adapters (``model=<adapter>``): every step then runs the base projections once
-and each adapter's low-rank update on its own rows (engine/lora/layer.py). A second server
-without ``--enable-lora`` gives the base's figure with no LoRA machinery at all. The load
+and each adapter's low-rank update on its own rows (engine/lora/layer.py). ``--plain-server``
+adds a second server without ``--enable-lora``: the base's figure with no LoRA machinery at all
+(it holds a second copy of the model: leave it out where memory is short). The load
 generator and the client are those of benchmarks/serving.py (closed loop, streamed greedy
 completions with ignore_eos, fresh seeded prompts per run so prefix caching flatters nothing).
 """
@@ -74,6 +75,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=384 << 20)
+    parser.add_argument("--plain-server", action="store_true", help=f"Also measure '{NO_LORA}'.")
     parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON, PNG and server logs.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -96,16 +99,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         lora_flags = ["--enable-lora", "--max-loras", str(max(ADAPTER_COUNTS)), "--max-lora-rank", str(args.rank),
                       "--max-cpu-loras", str(max(ADAPTER_COUNTS)), "--lora-modules",
                       *(f"{name}={os.path.join(tmp, name)}" for name in names)]
-        servers = {"lora": Server(["--served-model-name", "default", *lora_flags],
-                                  os.path.join(args.out, "lora-serving-server.log")),
-                   "plain": Server(["--served-model-name", "default"],
-                                   os.path.join(args.out, "lora-serving-server-plain.log"))}
+        common = ["--served-model-name", "default", "--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+        servers = {"lora": Server([*common, *lora_flags], os.path.join(args.out, "lora-serving-server.log"))}
+        if args.plain_server:
+            servers["plain"] = Server(common, os.path.join(args.out, "lora-serving-server-plain.log"))
         try:
             for server in servers.values():
                 server.wait_ready()
-            lora_url, plain_url = servers["lora"].url, servers["plain"].url
-            senders = {NO_LORA: lambda: _run(plain_url, ["default"], args.clients, args.output_tokens, next(seeds)),
-                       BASE: lambda: _run(lora_url, ["default"], args.clients, args.output_tokens, next(seeds))}
+            lora_url = servers["lora"].url
+            senders = {BASE: lambda: _run(lora_url, ["default"], args.clients, args.output_tokens, next(seeds))}
+            if args.plain_server:
+                plain_url = servers["plain"].url
+                senders[NO_LORA] = lambda: _run(plain_url, ["default"], args.clients, args.output_tokens, next(seeds))
             for k in ADAPTER_COUNTS:
                 senders[f"{k} adapter{'s' if k > 1 else ''}"] = lambda k=k: _run(
                     lora_url, names[:k], args.clients, args.output_tokens, next(seeds))
@@ -119,7 +124,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 server.stop()
     columns = [Column("output tok/s", "streams", "output_tokens_per_s", "{:.0f}", higher_is_better=True),
                Column("vs base", "streams", "output_tokens_per_s", ratio_to=BASE),
-               Column("vs no --enable-lora", "streams", "output_tokens_per_s", ratio_to=NO_LORA),
+               *([Column("vs no --enable-lora", "streams", "output_tokens_per_s", ratio_to=NO_LORA)]
+                 if args.plain_server else []),
                Column("TTFT p50 ms", "streams", "ttft_p50_ms", "{:.0f}"),
                Column("ITL p50 ms", "streams", "itl_p50_ms", "{:.1f}"),
                Column("ITL p99 ms", "streams", "itl_p99_ms", "{:.1f}")]

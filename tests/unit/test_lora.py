@@ -190,3 +190,16 @@ def test_prefix_cache_blocks_of_one_adapter_never_serve_another_or_the_base():
     again = make_core_request("again", prompt)
     again.lora_request = LoRARequest("a", 1, "/a")
     assert tuple(kv.block_hashes(again, len(prompt))) == digests[1]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(max_loras=0), "max_loras must be an int >= 1"),
+    (dict(max_lora_rank=12), r"max_lora_rank \(12\) must be one of"),
+    (dict(max_loras=4, max_cpu_loras=2), r"max_cpu_loras \(2\) must be an int >= max_loras \(4\)"),
+    (dict(compilation_config=1), "enable_lora: the compiled forward"),
+])
+def test_lora_limits_are_checked_by_name(tiny_model_dir, fields, message):
+    from engine.config import EngineArgs
+
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=tiny_model_dir, load_format="dummy", enable_lora=True, **fields).create_engine_config()
