@@ -114,8 +114,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             for k in ADAPTER_COUNTS:
                 senders[f"{k} adapter{'s' if k > 1 else ''}"] = lambda k=k: _run(
                     lora_url, names[:k], args.clients, args.output_tokens, next(seeds))
-            for send in senders.values():  # warm-up: first-request costs, every adapter into memory
-                loop.run_until_complete(send())
+            # warm-up: first-request costs, every adapter into memory (one short request each)
+            loop.run_until_complete(_run(lora_url, ["default", *names], 1 + len(names), 2, next(seeds)))
+            if args.plain_server:
+                loop.run_until_complete(_run(servers["plain"].url, ["default"], 1, 2, next(seeds)))
             for method, send in senders.items():
                 bench.add("streams", method, lambda send=send: loop.run_until_complete(send()))
             bench.run(rounds=args.rounds)
