@@ -43,7 +43,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "pytest-asyncio", "jsonschema",
-                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6", "mypy==2.4.1"],
+                 "openai-agents", "vllm-router", "anthropic", "ruff==0.17.6", "mypy==2.4.1",
+                 "peft"],
         "bench": ["matplotlib", "sentencepiece"],  # sentencepiece: llama.cpp's convert_hf_to_gguf.py imports it
     },
     entry_points={"console_scripts": ["ringllm=engine.entrypoints.cli:main"]},

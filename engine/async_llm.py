@@ -41,8 +41,10 @@ from engine.frontend.renderer import Renderer
 from engine.frontend.tokenizer import user_tokenizer
 from engine.llm_engine import rpc_args
 from engine.logging_setup import configure_logging
+from engine.lora.request import LoRARequest
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
+from engine.frontend.request_options import check_lora_request
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.server_interface import EngineClient
 from engine.stat_loggers import IterationStats, StatLoggerBase, StatLoggerFactory
@@ -257,6 +259,7 @@ class AsyncLLM(EngineClient):
             self.input_processor = InputProcessor(config, self.tokenizer)
             self.output_processor = OutputProcessor(self.tokenizer)
         self._requests: dict[str, RequestOutputCollector] = {}  # by the caller's request id
+        self._loras: dict[int, LoRARequest] = {}  # adapters every core has loaded and checked, by lora_int_id
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         # (rank or None for every rank, logger): fed by the output handler once per message
         self._stat_loggers: list[tuple[Optional[int], StatLoggerBase]] = []
@@ -378,6 +381,27 @@ class AsyncLLM(EngineClient):
         return [result for rank in self.config.parallel_config.frontend_engine_indices
                 for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)]
 
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load and check an adapter in every data-parallel rank's core; ValueError naming what
+        is wrong (vLLM's ``add_lora``)."""
+        check_lora_request(lora_request, self.input_processor.lora_enabled)
+        for rank in self.config.parallel_config.frontend_engine_indices:
+            error = await self.engine_core.call_utility_async("add_lora", lora_request, engine_index=rank)
+            if error is not None:
+                raise ValueError(error)
+        self._loras[lora_request.lora_int_id] = lora_request
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self._loras.pop(lora_id, None)
+        results = [await self.engine_core.call_utility_async("remove_lora", lora_id, engine_index=rank)
+                   for rank in self.config.parallel_config.frontend_engine_indices]
+        return any(results)
+
+    async def list_loras(self) -> set[int]:
+        rank = self.config.parallel_config.frontend_engine_indices[0]
+        return set(await self.engine_core.call_utility_async("list_loras", engine_index=rank))
+
     # -- requests --------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                           arrival_time: Optional[float] = None, priority: int = 0, *, lora_request: Any = None,
@@ -405,6 +429,8 @@ class AsyncLLM(EngineClient):
                                       tokenization_kwargs=tokenization_kwargs)
             admission = await self.renderer.run(processor.offload_size(prompt, params), admit, internal_id, prompt,
                                                 params, arrival_time, priority)
+            if lora_request is not None and self._loras.get(lora_request.lora_int_id) != lora_request:
+                await self.add_lora(lora_request)  # a bad adapter: ValueError before anything is sent
             self.output_processor.add_admitted(admission, output_id=request_id, queue=collector)
             for request, _, _ in admission.children:
                 await self.engine_core.add_request_async(request, data_parallel_rank)

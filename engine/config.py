@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 from engine.hf_config import check_config_values, config_from_dict, read_hf_config
 from engine.kv_events_config import KVEventsConfig, resolve_kv_events_config
 from engine.kv_transfer.config import KVTransferConfig, resolve_kv_transfer_config
+from engine.lora.config import LoRAConfig, resolve_lora_config
 from engine.models import SUPPORTED_ARCHITECTURES  # the registry's names (it imports nothing)
 from engine.pooler_config import PoolerConfig, classifier_labels, is_classifier, resolve_runner
 from engine.spec_decode.config import SpeculativeConfig, resolve_speculative_config
@@ -126,6 +127,12 @@ class EngineArgs:
     # vLLM's speculative decoding (engine/spec_decode/): a dict, e.g. {"method": "ngram",
     # "num_speculative_tokens": 4, "prompt_lookup_max": 5}, or a SpeculativeConfig.
     speculative_config: Optional[SpeculativeConfig | dict] = None
+    # vLLM's LoRA serving (engine/lora/): requests may name an adapter (lora_request); at most
+    # max_loras adapters run in one step, each of rank <= max_lora_rank; max_cpu_loras stay loaded.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
 
     def create_engine_config(self) -> "EngineConfig":
         return create_engine_config(self)
@@ -247,6 +254,7 @@ class EngineConfig:
     kv_transfer_config: Optional[KVTransferConfig] = None  # validated; None: no KV connector
     kv_events_config: Optional[KVEventsConfig] = None  # validated; None: no KV events published
     speculative_config: Optional[SpeculativeConfig] = None  # validated; None: no speculative decoding
+    lora_config: Optional[LoRAConfig] = None  # validated; None: no LoRA adapters (enable_lora=False)
 
     @property
     def core_launch(self) -> CoreLaunch:
@@ -568,6 +576,9 @@ def _check_args(args: EngineArgs) -> _CheckedArgs:
     resolve_kv_events_config(args.kv_events_config)
     resolve_structured_outputs_config(args.structured_outputs_config)
     resolve_speculative_config(args.speculative_config)
+    if resolve_lora_config(args) is not None and compilation.mode != 0:
+        raise ValueError("enable_lora: the compiled graphs do not carry the adapters' per-row updates; drop "
+                         "compilation_config or set its mode to 0")
     num_threads = args.num_threads if args.num_threads is not None else default_num_threads(args.model)
     _positive_int("num_threads", num_threads, 1, 1024)
     parallel = ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
@@ -658,6 +669,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         disable_log_stats=args.disable_log_stats, engine_args=args, worker_cls=launch.worker_cls,
         kv_transfer_config=kv_transfer, kv_events_config=resolve_kv_events_config(args.kv_events_config),
         speculative_config=resolve_speculative_config(args.speculative_config),
+        lora_config=resolve_lora_config(args),
     )
 
 

@@ -39,6 +39,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     # A llama.cpp source tree with llama-server, llama-bench and llama-quantize built under build/bin
     # (the benchmarks' llama.cpp peer); unset: found or built under RINGLLM_CACHE/peers.
     "RINGLLM_LLAMA_CPP_DIR": lambda: os.environ.get("RINGLLM_LLAMA_CPP_DIR") or None,
+    # vLLM's: /v1/load_lora_adapter and /v1/unload_lora_adapter exist only when true.
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _bool("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0"),
     # Logging level of the ``engine`` and ``shm_transport`` loggers.
     "RINGLLM_LOGGING_LEVEL": lambda: os.environ.get("RINGLLM_LOGGING_LEVEL", "INFO").upper(),
 }

@@ -27,11 +27,12 @@ from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchSequence 
 from engine.config import DEFAULT_MODEL, CompilationConfig, EngineArgs, non_default_args
 from engine.frontend.input_processor import ChatMessage, PromptType
 from engine.llm_engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput,
                             ScoringOutput, ScoringRequestOutput)
 from engine.frontend.renderer import encode_pair
 from engine.pooling_params import PoolingParams
-from engine.frontend.request_options import check_lora_request, check_tokenization_kwargs, load_chat_template
+from engine.frontend.request_options import check_tokenization_kwargs, load_chat_template, lora_requests_per_prompt
 from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, verified_copy
 from engine.scoring import cosine, score_mode, score_pairs
 
@@ -122,11 +123,12 @@ class LLM:
         """Queue prompts without running them (vLLM's queued offline API); returns their
         request ids. ``wait_for_completion()`` runs the engine and returns their outputs."""
         self._check_runner("generate", "LLM.enqueue()")
-        check_lora_request(lora_request)
         check_tokenization_kwargs(tokenization_kwargs)
         prompt_list = self._as_list(prompts)
+        loras = lora_requests_per_prompt(lora_request, len(prompt_list), self._lora_enabled)
         return self._add(prompt_list, self._params_list(sampling_params, len(prompt_list)), priority,
-                         add_special_tokens=True, queue=_queue, tokenization_kwargs=tokenization_kwargs)
+                         add_special_tokens=True, queue=_queue, tokenization_kwargs=tokenization_kwargs,
+                         loras=loras)
 
     @_serialised
     def enqueue_chat(self, messages: Union[list[ChatMessage], list[list[ChatMessage]]],
@@ -137,17 +139,17 @@ class LLM:
                      _queue: bool = True) -> list[str]:
         """``enqueue`` for conversations, rendered as ``chat()`` renders them."""
         self._check_runner("generate", "LLM.enqueue_chat()")
-        check_lora_request(lora_request)
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of messages or of conversations")
         conversations = [messages] if isinstance(messages[0], dict) else messages
+        loras = lora_requests_per_prompt(lora_request, len(conversations), self._lora_enabled)
         template = load_chat_template(chat_template) or self.chat_template
         render = self.llm_engine.input_processor.render_chat
         prompts = [render(conv, template, add_generation_prompt, continue_final_message, tools,
                           chat_template_kwargs) for conv in conversations]
         # The template already wrote any special tokens (a BOS) the model expects.
         return self._add(prompts, self._params_list(sampling_params, len(prompts)), None, add_special_tokens=False,
-                         queue=_queue)
+                         queue=_queue, loras=loras)
 
     @_serialised
     def wait_for_completion(self, use_tqdm: bool = True) -> list[RequestOutput]:
@@ -274,6 +276,23 @@ class LLM:
         raise ValueError(f"{call} is only supported for {kind} models. Try passing `--runner {runner}` "
                          f"(LLM(runner={runner!r})) to use the model as a {kind} model.")
 
+    @property
+    def _lora_enabled(self) -> bool:
+        return self.llm_engine.config.lora_config is not None
+
+    @_serialised
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load and check an adapter ahead of its first request (ValueError naming what is wrong)."""
+        return self.llm_engine.add_lora(lora_request)
+
+    @_serialised
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_id)
+
+    @_serialised
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
+
     @_serialised
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
@@ -326,7 +345,8 @@ class LLM:
                 verified_copy(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
 
     def _add(self, prompts: list, params: list, priority: Optional[list[int]], add_special_tokens: bool,
-             queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[str]:
+             queue: bool, tokenization_kwargs: Optional[dict[str, Any]] = None,
+             loras: Optional[list] = None) -> list[str]:
         """Add every prompt or none (``params``: one SamplingParams or PoolingParams each): a bad
         one (or Ctrl-C) aborts those already added. With ``queue`` the ids wait for
         ``wait_for_completion``; else the caller waits for them."""
@@ -339,7 +359,8 @@ class LLM:
                 request_id = str(next(self._counter))
                 request_ids.append(request_id)  # first: Ctrl-C inside add_request must abort it too
                 engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
-                                   add_special_tokens=add_special_tokens, tokenization_kwargs=tokenization_kwargs)
+                                   add_special_tokens=add_special_tokens, tokenization_kwargs=tokenization_kwargs,
+                                   lora_request=loras[i] if loras else None)
         except BaseException:  # a bad prompt, Ctrl-C: leave nothing queued
             engine.abort_request(request_ids)
             raise

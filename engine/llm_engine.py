@@ -27,7 +27,9 @@ from engine.frontend.input_processor import InputProcessor, PromptType, get_toke
 from engine.frontend.output_processor import OutputProcessor
 from engine.frontend.tokenizer import user_tokenizer
 from engine.logging_setup import configure_logging
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput
+from engine.frontend.request_options import check_lora_request
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class LLMEngine:
             self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = make_client(multiprocess_mode, False, config, _started)
         self._internal_ids: dict[str, str] = {}  # the caller's request id -> the core's
+        self._loras: dict[int, Any] = {}  # adapters the core has loaded and checked, by lora_int_id
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
@@ -60,10 +63,13 @@ class LLMEngine:
                     tokenization_kwargs: Optional[dict[str, Any]] = None) -> str:
         """Queue a request; a bad prompt or bad params raise ValueError/TypeError here and
         nothing is queued. With ``params.n > 1`` the core runs n child requests.
-        ``lora_request`` must be None; ``tokenization_kwargs`` truncates a text prompt."""
+        ``lora_request``: the adapter (with ``enable_lora``; loaded and checked here the first
+        time, so a bad one is a ValueError); ``tokenization_kwargs`` truncates a text prompt."""
         internal_id = self.input_processor.internal_id(request_id, self._internal_ids)
         admission = self.input_processor.admit(internal_id, prompt, params, arrival_time, priority, add_special_tokens,
                                                lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
+        if lora_request is not None and self._loras.get(lora_request.lora_int_id) != lora_request:
+            self.add_lora(lora_request)
         self._internal_ids[request_id] = internal_id
         self.output_processor.add_admitted(admission, output_id=request_id)
         for request, _, _ in admission.children:
@@ -97,6 +103,22 @@ class LLMEngine:
         """A transformers tokenizer, as vLLM's (built on first call when the engine reads the
         tokenizer without transformers: engine/frontend/tokenizer.py)."""
         return user_tokenizer(self.tokenizer)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's: load and check an adapter in the core; ValueError naming what is wrong."""
+        check_lora_request(lora_request, self.input_processor.lora_enabled)
+        error = self.engine_core.call_utility("add_lora", lora_request)
+        if error is not None:
+            raise ValueError(error)
+        self._loras[lora_request.lora_int_id] = lora_request
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        self._loras.pop(lora_id, None)
+        return self.engine_core.call_utility("remove_lora", lora_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self.engine_core.call_utility("list_loras"))
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.call_utility("reset_prefix_cache")

@@ -77,6 +77,13 @@ class EngineClient(ABC):
     async def reset_prefix_cache(self) -> bool: ...
 
     @abstractmethod
+    async def add_lora(self, lora_request: Any) -> bool:
+        """Load and check a LoRA adapter (engine/lora/); ValueError naming what is wrong."""
+
+    @abstractmethod
+    async def remove_lora(self, lora_id: int) -> bool: ...
+
+    @abstractmethod
     async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
                              kwargs: Optional[dict] = None) -> list: ...
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import msgspec
 
+from engine.lora.request import LoRARequest
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
@@ -42,6 +43,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     # Enters the digest of the first prefix-cache block: requests with different salts share no
     # cached KV (vLLM's cache_salt, for tenants who must not read each other's prefixes).
     cache_salt: Optional[str] = None
+    # vLLM's LoRARequest (engine/lora/request.py): the adapter this request runs with; None: the base.
+    lora_request: Optional[LoRARequest] = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -112,6 +115,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = []  # [k]: drafts whose token at position j was accepted
+    # With LoRA (gauges, vLLM's): adapter name -> its running / waiting requests.
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
     def add_counters(self, earlier: "SchedulerStats") -> None:
         """Fold in an earlier step's counters (this step's gauges are the newer ones)."""

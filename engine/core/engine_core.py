@@ -26,6 +26,7 @@ from engine.core.kv_events import KVEventBatch, make_publisher
 from engine.core.request import Request, RequestStatus
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from engine.core.scheduler import Scheduler
+from engine.lora.request import LoRARequest
 from engine.request_check import RequestLimits, check_request
 from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from engine.worker.worker import rpc_callable
@@ -41,6 +42,11 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 # Longest sleep of a step that ran nothing while grammars compile: a new request waits no longer.
 _GRAMMAR_WAIT_S = 0.002
+
+
+def _lora_request(value: Any) -> LoRARequest:
+    """A LoRARequest from a utility call's argument (the ring carries it as its fields)."""
+    return value if isinstance(value, LoRARequest) else msgspec.convert(value, LoRARequest)
 
 
 def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
@@ -98,7 +104,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
                                    kv_connector=self.worker.kv_connector,
                                    structured_output=_structured_output_manager(config),
-                                   speculative=_draft_scheduler(config, kv_cache, self.worker.draft_proposer))
+                                   speculative=_draft_scheduler(config, kv_cache, self.worker.draft_proposer),
+                                   max_loras=config.lora_config.max_loras if config.lora_config is not None else 0)
         self.log_stats = not config.disable_log_stats
         # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
         self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)
@@ -163,6 +170,30 @@ class EngineCore:
                 "kv_cache_usage": s.kv_cache.usage, "num_kv_blocks": self.num_kv_blocks,
                 "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
                 "num_preemptions": s.total_preemptions, "num_abort_batches": self._abort_batches}
+
+    def add_lora(self, lora_request: Any) -> Optional[str]:
+        """Load and check an adapter before requests use it: None, or why it cannot be used
+        (a bad adapter is the caller's error, answered here; the core goes on)."""
+        try:
+            request = _lora_request(lora_request)
+        except ValueError as e:
+            return f"lora_request: {e}"
+        try:
+            self.worker.add_lora(request)
+        except ValueError as e:
+            return str(e)
+        except Exception as e:  # an unreadable file in a way the readers did not foresee
+            logger.exception("LoRA adapter %r could not be loaded", request.lora_name)
+            return f"LoRA adapter {request.lora_name!r} cannot be loaded ({type(e).__name__}; see the server log)"
+        return None
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (requests already running with it keep it until they finish: it is
+        read again from its path if a slot needs it)."""
+        return self.worker.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self.worker.list_loras()
 
     def collective_rpc(self, method: str, args: list, kwargs: dict) -> list:
         """``method(*args)`` on the worker (vLLM's collective_rpc over its one worker): a list
@@ -234,4 +265,6 @@ class EngineCore:
             return f"SamplingParams.n must be 1 inside the core (the frontend fans out n={params.n})"
         if params.structured_outputs is not None and self.scheduler.structured_output is None:
             return "structured_outputs needs the model's tokenizer (the engine was built with skip_tokenizer_init=True)"
+        if request.lora_request is not None:
+            return self.add_lora(request.lora_request)  # loaded now unless it still is
         return None

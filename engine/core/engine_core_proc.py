@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc"})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc", "add_lora", "remove_lora",
+                             "list_loras"})
 
 # After this long with nothing to do, an EngineCore that has stepped hands its free heap back to the
 # OS (glibc's malloc_trim): a burst of varied batch shapes leaves hundreds of MB of freed but mapped

@@ -14,7 +14,9 @@ when it is handed out again (eviction, least recently freed first).
 The digest is blake2b, not Python's ``hash``: a crafted prompt must not be able to collide with
 another user's prefix and read its KV. A request's ``cache_salt`` (vLLM's) is the parent of its
 first block, so every digest of a salted request depends on the salt: requests with different
-salts (or one salted, one not) never share a block.
+salts (or one salted, one not) never share a block. A request's LoRA adapter enters the same
+parent digest (its id, name and path): blocks computed with one adapter never serve another
+adapter or the base model.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Optional, Sequence
 
 from engine.core import kv_events
 from engine.core.request import Request
+from engine.lora.request import LoRARequest
 
 
 class KVCacheBlock:
@@ -92,12 +95,15 @@ def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
-def salt_digest(cache_salt: Optional[str]) -> bytes:
-    """The parent of a request's first block: empty without a salt, else a digest of it in a
-    domain of its own (it can equal no block digest but by a 128-bit collision)."""
-    if cache_salt is None:
+def salt_digest(cache_salt: Optional[str], lora: Optional[LoRARequest] = None) -> bytes:
+    """The parent of a request's first block: empty without a salt or an adapter, else a digest
+    of them in a domain of its own (it can equal no block digest but by a 128-bit collision)."""
+    if cache_salt is None and lora is None:
         return b""
-    return hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=16).digest()
+    key = b"" if cache_salt is None else b"cache_salt\0" + cache_salt.encode()
+    if lora is not None:
+        key += b"\0lora\0" + f"{lora.lora_int_id}\0{lora.lora_name}\0{lora.lora_path}".encode()
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 class KVCacheManager:
@@ -217,7 +223,7 @@ class KVCacheManager:
                 token_ids, salt = ((tokens[first * bs:(last + 1) * bs], request.cache_salt) if self._event_contents
                                    else ([], None))
                 events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                               token_ids, bs, salt))
+                                               token_ids, bs, salt, request.lora_request))
                 begin = k
 
     def free(self, request: Request) -> None:
@@ -286,6 +292,6 @@ class KVCacheManager:
         bs = self.block_size
         tokens = request.all_token_ids
         for i in range(len(hashes), num_tokens // bs):
-            parent = hashes[-1] if hashes else salt_digest(request.cache_salt)
+            parent = hashes[-1] if hashes else salt_digest(request.cache_salt, request.lora_request)
             hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
         return hashes

@@ -88,11 +88,14 @@ class KVEventBatch(EventBatch):
 
 
 def stored(block_hashes: list[bytes], parent: Optional[bytes], token_ids: list[int], block_size: int,
-           cache_salt: Optional[str]) -> BlockStored:
+           cache_salt: Optional[str], lora: Optional[Any] = None) -> BlockStored:
+    """``lora``: the request's LoRARequest (its id and name go into vLLM's lora_id and lora_name)."""
     extra = None
     if cache_salt is not None and parent is None:  # the salt is the first block's parent digest
         extra = [(cache_salt,)] + [None] * (len(block_hashes) - 1)
-    return BlockStored(block_hashes, parent, token_ids, block_size, None, MEDIUM_GPU, None, extra, 0, FULL_ATTENTION)
+    lora_id, lora_name = (lora.lora_int_id, lora.lora_name) if lora is not None else (None, None)
+    return BlockStored(block_hashes, parent, token_ids, block_size, lora_id, MEDIUM_GPU, lora_name, extra, 0,
+                       FULL_ATTENTION)
 
 
 def removed(block_hash: bytes) -> BlockRemoved:

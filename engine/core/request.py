@@ -10,6 +10,7 @@ import enum
 import time
 from typing import Optional
 
+from engine.lora.request import LoRARequest
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.wire_messages import EngineCoreRequest, FinishReason
@@ -46,12 +47,13 @@ class Request:
                  "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
                  "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
                  "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt",
-                 "events", "spec_token_ids", "spec_state")
+                 "events", "spec_token_ids", "spec_state", "lora_request")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
                  priority: int = 0, max_model_len: Optional[int] = None,
-                 pooling_params: Optional[PoolingParams] = None, cache_salt: Optional[str] = None) -> None:
+                 pooling_params: Optional[PoolingParams] = None, cache_salt: Optional[str] = None,
+                 lora_request: Optional[LoRARequest] = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -87,6 +89,7 @@ class Request:
         # GrammarState), set by the scheduler when the request is added.
         self.structured_output = None
         self.cache_salt = cache_salt  # mixed into the first block's digest (kv_cache.block_hashes)
+        self.lora_request = lora_request  # its adapter (also in the first block's digest); None: the base
         # EngineCoreEvents not yet sent (the scheduler records them; its next output carries them).
         self.events: Optional[list] = None
         # Speculative decoding (engine/spec_decode/): the draft tokens scheduled this step after the
@@ -98,7 +101,8 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params, req.cache_salt)
+                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params, req.cache_salt,
+                   req.lora_request)
 
     @property
     def num_prompt_tokens(self) -> int:

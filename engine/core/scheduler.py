@@ -29,6 +29,11 @@ priority) is preempted: its blocks are freed and it goes back to the front of th
 queue to be recomputed later (with prefix caching most of its blocks are usually still there).
 Waiting requests are admitted only in steps that preempted nothing.
 
+With LoRA (``max_loras``), the running requests use at most ``max_loras`` distinct adapters: a
+waiting request whose adapter is not among them while they are that many is passed over (it
+keeps its place) for requests behind it, as vLLM does, and runs once an adapter's last request
+ends. The runner then always has a slot for every adapter of a step (engine/lora/manager.py).
+
 A request with a grammar (structured outputs) is parked apart until its grammar has compiled
 (``structured_output``, engine/structured_output/manager.py): it never blocks the waiting
 queue, and it joins the queue's end when ready. Each step's constrained rows get their token
@@ -114,7 +119,7 @@ class PriorityQueue:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None,
-                 speculative: Optional[Any] = None) -> None:
+                 speculative: Optional[Any] = None, max_loras: int = 0) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
@@ -127,6 +132,7 @@ class Scheduler:
                                                MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS * 4
                                                ) if config.prefill_step_target_s > 0 else None
         self.chunked_prefill = config.enable_chunked_prefill
+        self.max_loras = max_loras  # distinct adapters the running requests may use (0: LoRA off)
         self.priority = config.policy == "priority"
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
@@ -249,9 +255,15 @@ class Scheduler:
         #    allow. Without chunked prefill a prompt runs whole: over the cap only as the step's
         #    first prompt (so one longer than the cap still runs, alone).
         first_prompt = prefill_left == self.max_num_prefill_tokens
+        loras = _lora_ids(self.running)
+        passed_over: list[Request] = []  # their adapter has no slot this step; back in their places below
         while (self.waiting and budget > 0 and prefill_left > 0 and not self._step_preempted
                and len(self.running) < self.max_num_seqs):
             req = self.waiting.peek()
+            lora_id = req.lora_request.lora_int_id if req.lora_request is not None else 0
+            if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
+                passed_over.append(self.waiting.pop())
+                continue
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(req)
             # Blocks the connector can load after the local hits: allocated here, not computed.
             num_external = 0
@@ -283,6 +295,8 @@ class Scheduler:
             self._step_hits += num_hit_tokens
             req.status = RequestStatus.RUNNING
             _record(req, EngineCoreEventType.SCHEDULED)
+            if lora_id:
+                loras.add(lora_id)
             self.running.append(req)
             batch.append(req)
             num_tokens.append(n)
@@ -290,6 +304,8 @@ class Scheduler:
             prefill_left = max(0, prefill_left - n)
             rows_left -= n if _wants_prompt_logprobs(req) else 0
             first_prompt = False
+        for req in reversed(passed_over):
+            self.waiting.add_preempted(req)  # FCFS: back to the front, in order; priority: its own place
 
         # 3) Draft tokens for this step's decodes, from the budget and KV blocks left (spec_decode/)
         if self.spec is not None and batch:
@@ -419,11 +435,15 @@ class Scheduler:
         return failed
 
     def make_stats(self) -> SchedulerStats:
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
             kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
             prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
             **(self.spec.stats.take() if self.spec is not None else {}))
+        if self.max_loras:
+            stats.running_lora_adapters = _lora_counts(self.running)
+            stats.waiting_lora_adapters = _lora_counts(itertools.chain(self.waiting, self.waiting_for_grammar))
+        return stats
 
     def _check_stop(self, req: Request, token: int) -> bool:
         """Stop tokens (once min_tokens are out), the end of the request's grammar, then length.
@@ -525,6 +545,19 @@ class Scheduler:
             self.kv_connector.request_finished(req)
         del self.requests[req.request_id]
         self.finished_req_ids.add(req.request_id)
+
+
+def _lora_ids(reqs: Iterable[Request]) -> set[int]:
+    return {r.lora_request.lora_int_id for r in reqs if r.lora_request is not None}
+
+
+def _lora_counts(reqs: Iterable[Request]) -> dict[str, int]:
+    """Adapter name -> requests using it (vLLM's running/waiting_lora_adapters)."""
+    counts: dict[str, int] = {}
+    for r in reqs:
+        if r.lora_request is not None:
+            counts[r.lora_request.lora_name] = counts.get(r.lora_request.lora_name, 0) + 1
+    return counts
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:

@@ -20,6 +20,7 @@ from engine import envs
 from engine.config import DEFAULT_MODEL, AsyncEngineArgs, EngineArgs
 from engine.entrypoints.openai.responses_store import StoreLimits
 from engine.entrypoints.openai.server import ServerSettings
+from engine.entrypoints.openai.serving_lora import parse_lora_module
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,12 @@ ENGINE_ARG_HELP = {
                           "prompt lookup; also disable_by_batch_size). Greedy output is unchanged; a draft model "
                           "is not yet supported.",
     "enable_log_requests": "Log every request as it is added and aborted.",
+    "enable_lora": "Serve LoRA adapters (PEFT directories or llama.cpp GGUF adapters): lora_request in Python, "
+                   "--lora-modules and model=<adapter> over HTTP.",
+    "max_loras": "Most LoRA adapters running in one step (requests of further adapters wait for one to finish).",
+    "max_lora_rank": "Largest LoRA rank served (1, 8, 16, 32, 64, 128, 256, 320 or 512).",
+    "max_cpu_loras": "LoRA adapters kept loaded in memory, least recently used dropped first (default: "
+                     "--max-loras).",
 }
 
 
@@ -235,6 +242,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                             "can take longer (default: %(default)s).")
     group.add_argument("--health-idle-timeout", type=float, default=d.health_idle_timeout_s, metavar="SECONDS",
                        help="The same bound while no request is in flight (default: %(default)s).")
+    group.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                       help="LoRA adapters served from the start (with --enable-lora), each as name=path or a JSON "
+                            'object {"name": ..., "path": ..., "base_model_name": ...}; a request selects one with '
+                            "model=<name>.")
     store = d.responses_store
     group.add_argument("--responses-store-max-entries", type=int, default=store.max_entries,
                        help="/v1/responses keeps at most this many responses (store=true, the default) for "
@@ -290,7 +301,8 @@ def server_settings_from(args: argparse.Namespace) -> ServerSettings:
                           health_idle_timeout_s=args.health_idle_timeout,
                           enable_request_id_headers=args.enable_request_id_headers,
                           responses_store=StoreLimits(args.responses_store_max_entries, args.responses_store_max_bytes,
-                                                      args.responses_store_max_age))
+                                                      args.responses_store_max_age),
+                          lora_modules=tuple(parse_lora_module(m) for m in getattr(args, "lora_modules", None) or ()))
 
 
 

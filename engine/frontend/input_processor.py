@@ -150,6 +150,7 @@ class InputProcessor:
         self._sequence = itertools.count()  # numbers the core's request ids
         self.max_n = config.max_seqs_per_request
         self.priority_scheduling = config.scheduler_config.policy == "priority"
+        self.lora_enabled = config.lora_config is not None
         self.runner_type = model_config.runner_type  # "generate": SamplingParams only; "pooling": PoolingParams only
         self.pooling_task = model_config.pooling_task  # the one task a pooling model serves
         eos = tokenizer.eos_token_id if tokenizer is not None else getattr(model_config.hf_config, "eos_token_id", None)
@@ -190,10 +191,11 @@ class InputProcessor:
         truncate it) and validated, the params verified and finished, and the request fanned out
         into its n children. CPU work only: AsyncLLM runs it on the renderer pool when
         ``offload_size`` says the prompt is worth a thread."""
-        check_lora_request(lora_request)
+        lora = check_lora_request(lora_request, self.lora_enabled)
         check_tokenization_kwargs(tokenization_kwargs)
         prompt = tokenize_with_kwargs(self.tokenizer, prompt, tokenization_kwargs, add_special_tokens)
         request, text = self.process(internal_id, prompt, params, arrival_time, priority, add_special_tokens)
+        request.lora_request = lora
         return Admission(request, text, fan_out(request))
 
     def process(self, request_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],

@@ -1,5 +1,5 @@
 """vLLM's per-request keywords that ``LLM``, ``LLMEngine`` and ``AsyncLLM`` share, each with
-vLLM's meaning: ``lora_request`` (no adapters here: only None), ``tokenization_kwargs``
+vLLM's meaning: ``lora_request`` (a LoRARequest, only with ``enable_lora``), ``tokenization_kwargs``
 (truncation of a text prompt, done as the Hugging Face tokenizer does it) and
 ``chat_template`` (a template string or the path of a file holding one, by vLLM's rule).
 """
@@ -10,15 +10,32 @@ from typing import Any, Optional
 
 from engine.frontend.chat_template import compile_template
 from engine.frontend.renderer import encode
+from engine.lora.request import LoRARequest
 
 # What tokenization_kwargs may hold: the tokenizer's own truncation arguments.
 TOKENIZATION_KWARGS = ("truncation", "max_length", "add_special_tokens")
 
 
-def check_lora_request(lora_request: Any) -> None:
-    if lora_request is not None:
-        raise ValueError("lora_request is not supported: ringllm serves the base model only, with no LoRA "
-                         "adapters (pass lora_request=None)")
+def check_lora_request(lora_request: Any, enabled: bool) -> Optional[LoRARequest]:
+    """``lora_request`` as given (None: the base model); refused by name without ``enable_lora``."""
+    if lora_request is None:
+        return None
+    if not enabled:
+        raise ValueError("lora_request: LoRA adapters are not enabled; start the engine with enable_lora=True "
+                         "(ringllm serve --enable-lora) or pass lora_request=None")
+    if not isinstance(lora_request, LoRARequest):
+        raise TypeError(f"lora_request must be an engine.lora.request.LoRARequest, got {type(lora_request).__name__}")
+    return lora_request
+
+
+def lora_requests_per_prompt(lora_request: Any, num_prompts: int, enabled: bool) -> list[Optional[LoRARequest]]:
+    """vLLM's ``LLM.generate(lora_request=...)``: one LoRARequest for all prompts, or a list of
+    one per prompt."""
+    if isinstance(lora_request, (list, tuple)):
+        if len(lora_request) != num_prompts:
+            raise ValueError(f"lora_request must have one entry per prompt ({num_prompts}), got {len(lora_request)}")
+        return [check_lora_request(r, enabled) for r in lora_request]
+    return [check_lora_request(lora_request, enabled)] * num_prompts
 
 
 def check_tokenization_kwargs(kwargs: Optional[dict[str, Any]]) -> None:

@@ -374,15 +374,19 @@ def _has_kernel(blocks: GGUFBlocks) -> bool:
 
 
 class Linear:
-    """One projection: its method and, for Qwen2's q/k/v, a bias added after it."""
+    """One projection: its method and, for Qwen2's q/k/v, a bias added after it; with LoRA
+    (``enable_lora``), the adapters' low-rank updates added to its output, whatever the method
+    (engine/lora/layer.py ``LoRAWeights``, set by engine/lora/manager.py)."""
 
-    __slots__ = ("method", "bias")
+    __slots__ = ("method", "bias", "lora")
 
     def __init__(self, method: LinearMethod, bias: Optional[torch.Tensor] = None) -> None:
         self.method, self.bias = method, bias
+        self.lora = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(x, self.bias)
+        y = self.method.apply(x, self.bias)
+        return y if self.lora is None else self.lora.add_(x, y)
 
     @property
     def nbytes(self) -> int:

@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput, SchedulerOutput
 from engine.kv_transfer import make_kv_connector
+from engine.lora.manager import LoRAManager
 from engine.models.attention import AttentionMetadata, to_device
 from engine.sampling_params import SamplingType
 from engine.spec_decode.verify import accepted_tokens, rejection_sample
@@ -76,6 +77,8 @@ class ModelRunner:
         self.kv_caches: Optional[torch.Tensor] = None
         self.decode_graphs: Optional[DecodeGraphs] = None  # captured once the KV cache exists (CUDA)
         self.kv_connector = make_kv_connector(config, self.model)  # None without kv_transfer_config
+        # With enable_lora: the adapters and their slots in the projections (engine/lora/manager.py)
+        self.lora = LoRAManager(self.model, config.lora_config) if config.lora_config is not None else None
         self._states: dict[str, _RequestState] = {}
         # speculative_config's draft model (engine/spec_decode/draft_model.py): loaded and run here,
         # its KV cache sized with the target's; the scheduler asks it for drafts. None otherwise.
@@ -108,7 +111,8 @@ class ModelRunner:
             self.drafter.allocate(num_blocks, _zeros)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
                     num_blocks * per_block / 2**20)
-        self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
+        if self.lora is None:  # a graph would freeze one step's rows of each adapter
+            self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
         return num_blocks
 
     def _cuda_kv_budget(self) -> int:
@@ -255,6 +259,8 @@ class ModelRunner:
         reqs, counts = so.requests, so.num_scheduled_tokens
         step_rows = self.attn_builder.build(reqs, counts)
         first_row, md = step_rows.first_row, step_rows.md
+        if self.lora is not None:
+            self.lora.set_batch(reqs, counts, first_row)
 
         sampled, rows, prompt_lp, pooling = [], [], [], []
         mean_pooling = getattr(self.config.model_config.pooler_config, "pooling_type", None) == "MEAN"

@@ -71,6 +71,22 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
 
+    def add_lora(self, lora_request: Any) -> bool:
+        """Load and check an adapter (engine/lora/manager.py); ValueError naming what is wrong."""
+        return self._lora().add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self._lora().remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self._lora().list_loras()
+
+    def _lora(self) -> Any:
+        lora = getattr(self.model_runner, "lora", None)
+        if lora is None:
+            raise ValueError("lora_request: LoRA adapters are not enabled; start the engine with enable_lora=True")
+        return lora
+
     @property
     def kv_connector(self) -> Optional[Any]:
         """The KV connector the scheduler consults (engine/kv_transfer/), or None."""

@@ -113,6 +113,11 @@ def add_gguf_tensor(w, name: str, data: np.ndarray, qtype_name: str, f32: bool =
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType[qtype_name])
 
 
+def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row order for a "llama" file (its ``LlamaModel.permute``)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def finish_gguf(w) -> None:
     """Header, metadata and tensors written; the file closed."""
     w.write_header_to_file()

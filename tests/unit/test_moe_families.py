@@ -19,7 +19,8 @@ from transformers import MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
 from tests.helpers.hf_families import (add_gguf_tensor, as_read_back, chunked_prompt_logprobs, finish_gguf,
-                                       generate_prompts, gguf_writer, random_hf_model, saved_family, use_torch_ops)
+                                       generate_prompts, gguf_writer, llama_permute, random_hf_model, saved_family,
+                                       use_torch_ops)
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 from tests.unit.test_models import PROMPTS, hf_greedy, hf_prompt_logprobs
 
@@ -205,11 +206,6 @@ _LAYER_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
                "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp"}
 
 
-def _llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter's q/k row order for a "llama" file (its ``LlamaModel.permute``)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _gguf_tensors(hf, arch: str) -> dict[str, np.ndarray]:
     """``hf``'s weights under llama.cpp's names, experts stacked ``[experts, rows, in]`` (transformers
     holds them stacked too, gate and up fused: ``mlp.experts.gate_up_proj`` / ``down_proj``)."""
@@ -229,7 +225,7 @@ def _gguf_tensors(hf, arch: str) -> dict[str, np.ndarray]:
             out[f"blk.{idx}.ffn_down_exps.weight"] = data
             continue
         if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):
-            data = _llama_permute(data, cfg.num_attention_heads if "q_proj" in part else cfg.num_key_value_heads)
+            data = llama_permute(data, cfg.num_attention_heads if "q_proj" in part else cfg.num_key_value_heads)
         out[f"blk.{idx}.{_LAYER_GGUF[part]}.weight"] = data
     return out
 

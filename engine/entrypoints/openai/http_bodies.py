@@ -538,6 +538,7 @@ class ModelCard(Struct):
     object: str = "model"
     owned_by: str = "ringllm"
     root: Optional[str] = None
+    parent: Optional[str] = None  # a LoRA adapter's base model (vLLM's)
 
 
 class ModelList(Struct):

@@ -18,6 +18,7 @@ this server's metrics, and a second app in one process gets no duplicate-metric 
 """
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from typing import Iterable, Optional
 
@@ -136,6 +137,9 @@ class _EngineSeries:
         self.prefix_cache_queries = self.prefix_cache_hits = self.preemptions = 0
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted_tokens = 0  # speculative decoding
         self.spec_accepted_per_pos: list[int] = []
+        self.running_loras: dict[str, int] = {}  # LoRA adapter name -> its running / waiting requests
+        self.waiting_loras: dict[str, int] = {}
+        self.loras_updated = 0.0  # when the core last reported them (time.time())
         self.prompt_tokens = self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.histograms = {key: _Histogram(token_buckets if buckets == "tokens" else buckets)
@@ -192,6 +196,8 @@ class _VllmCollector:
             for reason, count in series.success.items():
                 success.add_metric([model, str(index), reason], count)
         yield success
+        if self._metrics.max_loras:
+            yield self._lora_info(engines)
         for key, name, doc, _ in _HISTOGRAMS:
             histogram = HistogramMetricFamily(name, doc, labels=labels)
             for index, series in engines:
@@ -200,10 +206,25 @@ class _VllmCollector:
             yield histogram
 
 
+    def _lora_info(self, engines: list[tuple[int, _EngineSeries]]) -> GaugeMetricFamily:
+        """vLLM's ``vllm:lora_requests_info``: the adapters in use as labels (names joined by
+        commas, over every rank), its value the time they were last reported."""
+        running = sorted({name for _, s in engines for name in s.running_loras})
+        waiting = sorted({name for _, s in engines for name in s.waiting_loras})
+        info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                 labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        info.add_metric([str(self._metrics.max_loras), ",".join(waiting), ",".join(running)],
+                        max((s.loras_updated for _, s in engines), default=0.0))
+        return info
+
+
 class ServerMetrics(StatLoggerBase):
-    def __init__(self, model_name: str, max_model_len: int, engine_indexes: Iterable[int] = (0,)) -> None:
+    def __init__(self, model_name: str, max_model_len: int, engine_indexes: Iterable[int] = (0,),
+                 max_loras: int = 0) -> None:
+        """``max_loras``: with LoRA (enable_lora), vllm:lora_requests_info is exposed too."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
+        self.max_loras = max_loras
         self._token_buckets = build_1_2_5_buckets(max_model_len)
         self.engines: dict[int, _EngineSeries] = {i: _EngineSeries(self._token_buckets) for i in engine_indexes}
         reg = self.registry
@@ -234,6 +255,10 @@ class ServerMetrics(StatLoggerBase):
             series.spec_accepted_tokens += scheduler_stats.spec_decode_num_accepted_tokens
             series.spec_accepted_per_pos = add_lists(series.spec_accepted_per_pos,
                                                      scheduler_stats.spec_decode_num_accepted_tokens_per_pos)
+            if self.max_loras:
+                series.running_loras = scheduler_stats.running_lora_adapters
+                series.waiting_loras = scheduler_stats.waiting_lora_adapters
+                series.loras_updated = time.time()
         if iteration_stats is None:
             return
         it, h = iteration_stats, series.histograms

@@ -46,6 +46,7 @@ from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding
 from engine.entrypoints.openai.serving_engine import Deadlines, ServingLimits, json_response, to_openai_error
+from engine.entrypoints.openai.serving_lora import LoRAModulePath, ServedLoRAs
 from engine.entrypoints.openai.serving_messages import AnthropicServingMessages
 from engine.entrypoints.openai.serving_misc import OpenAIServingMisc
 from engine.entrypoints.openai.serving_pooling import OpenAIServingPooling
@@ -84,6 +85,8 @@ class ServerSettings:
     metrics_fanin_dir: Optional[str] = None
     # /v1/responses: the stored responses (previous_response_id, GET, background), in memory
     responses_store: StoreLimits = StoreLimits()
+    # --lora-modules: adapters served from the start, each under its name (serving_lora.py)
+    lora_modules: tuple[LoRAModulePath, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
@@ -124,6 +127,7 @@ class Serving:
     scoring: Optional[OpenAIServingScore] = None
     responses: Optional[OpenAIServingResponses] = None
     messages: Optional[AnthropicServingMessages] = None
+    loras: Optional[ServedLoRAs] = None  # the adapters served as models (serving_lora.py)
 
     def check_runner(self, runner: str, api: str) -> None:
         """A route of the other runner is a 400, as vLLM answers it ("does not support ...")."""
@@ -246,6 +250,14 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return await request.app[SERVING].misc.reset_prefix_cache(request)
 
 
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    return await request.app[SERVING].loras.load_route(request)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    return await request.app[SERVING].loras.unload_route(request)
+
+
 async def show_server_info(request: web.Request) -> web.Response:
     return json_response(server_info(request.app[SERVING].misc.engine.config, request.app[SETTINGS]))
 
@@ -279,6 +291,8 @@ ROUTES = [
     web.get("/ping", health),  # vLLM's (SageMaker's) liveness probe: /health's answer
     web.post("/ping", health),
     web.post("/reset_prefix_cache", reset_prefix_cache),
+    web.post("/v1/load_lora_adapter", load_lora_adapter),  # 404 unless VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    web.post("/v1/unload_lora_adapter", unload_lora_adapter),
     web.get("/server_info", show_server_info),
     web.get("/openapi.json", show_openapi),
 ]
@@ -404,13 +418,21 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
         raise TypeError(f"the server needs an engine.server_interface.EngineClient, got {type(engine).__name__}")
     model_config = engine.model_config
     names = [model_config.served_model_name]
-    metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices)
+    lora_config = engine.config.lora_config
+    metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices,
+                            max_loras=lora_config.max_loras if lora_config is not None else 0)
     engine.add_stat_logger(metrics)  # fed by the output handler, once per outputs message
     limits = ServingLimits.for_engine(engine.config, settings.max_waiting_requests, settings.request_timeout_s,
                                       settings.retry_after_s)
     deadlines = Deadlines()
     tokenizer = engine.input_processor.tokenizer  # the engine's own (get_tokenizer() builds a transformers one)
-    shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines)
+    loras = ServedLoRAs(engine, names[0])
+    for module in settings.lora_modules:  # before the port opens: a bad adapter stops the start
+        try:
+            await loras.load(module)
+        except OpenAIError as exc:
+            raise ValueError(f"--lora-modules {module.name}: {exc.message}") from None
+    shared = (engine, tokenizer, names, model_config.max_model_len, limits, metrics, deadlines, loras)
     chat = OpenAIServingChat(*shared)
     chat.tool_serving = settings.tool_serving
     pooling = model_config.runner_type == "pooling"
@@ -419,7 +441,7 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
                    OpenAIServingEmbedding(*shared) if pooling else None,
                    OpenAIServingPooling(*shared) if pooling else None,
-                   OpenAIServingScore(*shared) if pooling else None, responses, messages)
+                   OpenAIServingScore(*shared) if pooling else None, responses, messages, loras)
 
 
 # After the drain, how long the requests still running get to write their ending (an error

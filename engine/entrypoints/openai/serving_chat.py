@@ -105,10 +105,12 @@ class OpenAIServingChat(OpenAIServing):
                                                 add_special_tokens=body.add_special_tokens,
                                                 size=len(await request.read()))  # read already: cached
             if body.use_beam_search:
+                self.check_no_adapter(model, "use_beam_search")
                 return await self._beam_search(body, model, token_ids, request_id, created, started,
                                                request_fields.engine_request_id(request_id, request))
             stream = self.generate(body.prompt_dict(token_ids, text), params,
-                                   request_fields.engine_request_id(request_id, request), started, body.priority)
+                                   request_fields.engine_request_id(request_id, request), started, body.priority,
+                                   model)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, request_id, created, stream,
                                                                      tool_plan, text))
@@ -150,7 +152,8 @@ class OpenAIServingChat(OpenAIServing):
         with self.admit(1, params.n) as started:
             text, token_ids = await self.render(body.messages, body.add_generation_prompt, body.template_kwargs(),
                                                 tools=tool_plan.tools, size=size)
-            stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority)
+            stream = self.generate(body.prompt_dict(token_ids, text), params, request_id, started, body.priority,
+                                   model)
             cached = PromptTokensDetails()  # the stream's own usage chunk leaves the details out
             chunks = self._chunks(body, model, request_id, now(), _noting_cached(stream, cached), tool_plan,
                                   prompt_text=text)

@@ -34,11 +34,13 @@ class OpenAIServingCompletion(OpenAIServing):
         body, model, params, prompts = await self.parse(request, self._parse)
         response_id, created = request_id("cmpl", request, body.request_id), now()
         if body.use_beam_search:
+            self.check_no_adapter(model, "use_beam_search")
             return await self._beam_search(body, model, prompts, response_id, created,
                                            engine_request_id(response_id, request))
         with self.admit(len(prompts), params.n) as started:
             outputs = self.generate_all(await self._engine_prompts(body, prompts), params,
-                                        engine_request_id(response_id, request), started, priority=body.priority)
+                                        engine_request_id(response_id, request), started, priority=body.priority,
+                                        model=model)
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, response_id, created, outputs))
             finals: dict[int, RequestOutput] = {}

@@ -62,7 +62,7 @@ class OpenAIServingEmbedding(OpenAIServing):
     def _parse(self, raw: bytes) -> tuple[EmbeddingRequest, str, list[Prompt], PoolingParams]:
         """The request, the model it names, its batch of inputs and its pooling params."""
         body = decode_request(raw, EmbeddingRequest)
-        model = self.check_model(body.model)
+        model = self.check_model(body.model, adapters=False)
         if body.dimensions is not None:
             raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
                               "representation (changing output dimensions)", param="dimensions",

@@ -26,7 +26,9 @@ from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.public_errors import public_error
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineStepError, ParameterError
+from engine.entrypoints.openai.serving_lora import ServedLoRAs
 from engine.frontend.renderer import RendererBusyError
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.server_interface import EngineClient
@@ -150,8 +152,10 @@ def _log_engine_death(exc: EngineDeadError) -> None:
 
 class OpenAIServing:
     def __init__(self, engine: EngineClient, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
-                 limits: ServingLimits, metrics: ServerMetrics, deadlines: Deadlines) -> None:
+                 limits: ServingLimits, metrics: ServerMetrics, deadlines: Deadlines,
+                 loras: Optional[ServedLoRAs] = None) -> None:
         self.engine = engine
+        self.loras = loras  # LoRA adapters served under their own names (serving_lora.py)
         self.tokenizer = tokenizer
         self.model_names = tuple(model_names)
         self.max_model_len = max_model_len
@@ -163,14 +167,29 @@ class OpenAIServing:
         # Sequences (prompts x n) accepted but without a first output yet (queued or in prefill).
         self.num_waiting = 0
 
-    def check_model(self, model: Optional[str]) -> str:
-        """The name to answer with; an unknown model is a 404, as OpenAI answers it."""
+    def check_model(self, model: Optional[str], adapters: bool = True) -> str:
+        """The name to answer with (a served name or, where ``adapters``, a LoRA adapter's); an
+        unknown model is a 404, as OpenAI answers it; an adapter where none runs, a 400."""
         if model is None:
             return self.model_names[0]
-        if model not in self.model_names:
+        if not adapters and self.lora_request(model) is not None:
+            raise OpenAIError(400, f"the model {model!r} is a LoRA adapter, which this endpoint does not run; "
+                              f"use {self.model_names[0]!r}", param="model", code="invalid_value")
+        if model not in self.model_names and self.lora_request(model) is None:
             raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
-                              f"{', '.join(self.model_names)}", param="model", code="model_not_found")
+                              f"{', '.join(self.model_names)} and its LoRA adapters", param="model",
+                              code="model_not_found")
         return model
+
+    def lora_request(self, model: Optional[str]) -> Optional[LoRARequest]:
+        """The adapter a request's ``model`` names, or None (the base model)."""
+        return self.loras.request_for(model) if self.loras is not None else None
+
+    def check_no_adapter(self, model: str, field_name: str) -> None:
+        """A feature that runs the base model only (beam search) refuses an adapter by name."""
+        if self.lora_request(model) is not None:
+            raise OpenAIError(400, f"{field_name} is not supported with a LoRA adapter (model {model!r})",
+                              param=field_name, code="invalid_value")
 
     def overloaded(self, message: str) -> OpenAIError:
         self.metrics.rejected.labels(self.model_names[0]).inc()
@@ -226,13 +245,15 @@ class OpenAIServing:
         return await self.offload(len(raw), parse, raw)
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
-                       started: Callable[[], None], priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one admitted request. Closing this stream early (cancel,
-        timeout, error) aborts the request in the core; a request refused by the core raises."""
+                       started: Callable[[], None], priority: int = 0,
+                       model: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one admitted request (with the LoRA adapter ``model`` names, if
+        any). Closing this stream early (cancel, timeout, error) aborts the request in the core; a
+        request refused by the core raises."""
         first = True
         try:
-            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id,
-                                                                priority=priority)) as outputs:
+            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id, priority=priority,
+                                                                lora_request=self.lora_request(model))) as outputs:
                 async for output in outputs:
                     if first:
                         first = False
@@ -242,11 +263,12 @@ class OpenAIServing:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
     def generate_all(self, prompts: Sequence[Any], params: SamplingParams, request_id: str,
-                     started: Callable[[], None], priority: int = 0) -> AsyncIterator[tuple[int, RequestOutput]]:
+                     started: Callable[[], None], priority: int = 0,
+                     model: Optional[str] = None) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every prompt's outputs as ``(prompt index, output)``; leaving early aborts the
         requests still running with one message to the core, not one per prompt."""
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        return merge_streams([self.generate(p, params, i, started, priority) for p, i in zip(prompts, ids)],
+        return merge_streams([self.generate(p, params, i, started, priority, model) for p, i in zip(prompts, ids)],
                              abort=lambda: self.engine.abort(ids))
 
     def deadline(self) -> Optional[float]:

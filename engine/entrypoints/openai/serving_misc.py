@@ -39,10 +39,13 @@ class OpenAIServingMisc:
         self.created = now()
 
     async def show_models(self, request: web.Request) -> web.Response:
-        """Each served name, with the first as ``root`` (never the local path the model came from)."""
+        """Each served name, with the first as ``root`` (never the local path the model came from),
+        then each LoRA adapter with the base model as its ``parent``."""
         root = self.chat.model_names[0]
-        return json_response(ModelList([ModelCard(name, self.created, self.chat.max_model_len, root=root)
-                                        for name in self.chat.model_names]))
+        cards = [ModelCard(name, self.created, self.chat.max_model_len, root=root) for name in self.chat.model_names]
+        if self.chat.loras is not None:
+            cards += self.chat.loras.cards(self.created, self.chat.max_model_len)
+        return json_response(ModelList(cards))
 
     async def health(self, request: web.Request) -> web.Response:
         """200 while the engine can serve; 503 once it is dead, or while it leaves liveness probes

@@ -46,7 +46,7 @@ class OpenAIServingPooling(OpenAIServingEmbedding):
     def _parse_pooling(self, raw: bytes) -> tuple[PoolingRequest, str, list[Prompt], PoolingParams]:
         """The /pooling request, the model it names, its batch of inputs and its pooling params."""
         body = decode_request(raw, PoolingRequest)
-        model = self.check_model(body.model)
+        model = self.check_model(body.model, adapters=False)
         task = self.engine.model_config.pooling_task
         if body.task is not None and body.task != task:
             raise OpenAIError(400, f"task={body.task!r} is not supported by this model, which serves {task!r}",
@@ -63,7 +63,7 @@ class OpenAIServingPooling(OpenAIServingEmbedding):
     def _parse_classify(self, raw: bytes) -> tuple[ClassificationRequest, str, list[Prompt], PoolingParams]:
         """The /classify request, the model it names, its batch of inputs and its pooling params."""
         body = decode_request(raw, ClassificationRequest)
-        model = self.check_model(body.model)
+        model = self.check_model(body.model, adapters=False)
         params = PoolingParams(task="classify", use_activation=body.use_activation,
                                truncate_prompt_tokens=body.truncate_prompt_tokens,
                                truncation_side=body.truncation_side)

@@ -47,14 +47,14 @@ class OpenAIServingScore(OpenAIServingEmbedding):
     def _parse_score(self, raw: bytes) -> tuple[ScoreRequest, str, "_Scoring"]:
         """The /score request, the model it names and what to score (see ``parse``)."""
         body = decode_request(raw, ScoreRequest)
-        model = self.check_model(body.model)
+        model = self.check_model(body.model, adapters=False)
         first, second, names = body.sides()
         return body, model, self._scoring(body, first, second, names)
 
     def _parse_rerank(self, raw: bytes) -> tuple[RerankRequest, str, "_Scoring"]:
         """The /rerank request, the model it names and what to score (see ``parse``)."""
         body = decode_request(raw, RerankRequest)
-        model = self.check_model(body.model)
+        model = self.check_model(body.model, adapters=False)
         return body, model, self._scoring(body, body.query, body.documents, ("query", "documents"))
 
     def _scoring(self, body: PoolingBasicFields, first: ScoreTexts, second: ScoreTexts,
