@@ -196,7 +196,7 @@ def test_prefix_cache_blocks_of_one_adapter_never_serve_another_or_the_base():
     (dict(max_loras=0), "max_loras must be an int >= 1"),
     (dict(max_lora_rank=12), r"max_lora_rank \(12\) must be one of"),
     (dict(max_loras=4, max_cpu_loras=2), r"max_cpu_loras \(2\) must be an int >= max_loras \(4\)"),
-    (dict(compilation_config=1), "enable_lora: the compiled forward"),
+    (dict(compilation_config=1), "enable_lora: the compiled graphs"),
 ])
 def test_lora_limits_are_checked_by_name(tiny_model_dir, fields, message):
     from engine.config import EngineArgs
