@@ -27,8 +27,9 @@ import time
 from collections import deque
 from typing import Any, Optional
 
+from engine.config.wire import config_digest
 from engine.core.engine_core_proc import _HELD_RETRY_S, _TRIM_AFTER_IDLE_S, EngineCoreProc, _malloc_trim, _send_dead
-from engine.core.launch import channel_class, make_codec, ready_fields
+from engine.core.launch import channel_class, make_codec
 from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineReady, SchedulerStats,
                                   UtilityCall, merge_outputs)
 from shm_transport import TransportError
@@ -88,7 +89,8 @@ class MultiFrontendCoreProc(EngineCoreProc):
         while self._arrivals:
             frontend = self._arrivals.popleft()
             frontend.outbox.append(EngineReady(engine_index=self.engine_index, pid=os.getpid(),
-                                               num_kv_blocks=self.core.num_kv_blocks, **ready_fields(self._config)))
+                                               num_kv_blocks=self.core.num_kv_blocks,
+                                               config_digest=config_digest(self._config)))
             self._frontends.append(frontend)
             logger.info("API server pid %d attached (%d now)", frontend.pid, len(self._frontends))
 

@@ -1,0 +1,70 @@
+"""An EngineConfig on its way to the EngineCore: its canonical encoding, the digest that names it,
+and the decoding back (pickle-free: JSON through msgspec).
+
+Canonical: fields and keys sorted (``order="sorted"``), so one config has one encoding and one
+digest on both sides. The core decodes what the frontend derived, encodes it again and refuses to
+start unless the digest matches the one sent: a core whose code reads the config differently (a
+field it does not know, a value that does not survive the trip) stops at launch, naming both
+digests, instead of running another config. READY then carries the digest back, so a frontend
+attaching to a core it did not start (``--api-server-count``) checks it too.
+
+Two fields are objects rather than data. The model's ``hf_config`` travels as its ``to_dict()``
+and is rebuilt in its class (ringllm's HFConfig, or transformers' class for its model type).
+A ``worker_cls`` given as a class is encoded as its name here (it is part of the digest) and
+travels by value as a cloudpickle beside the config (engine/client/core_launcher.py), as before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Optional
+
+import msgspec
+
+from engine.config.engine import EngineConfig
+from engine.hf_config import HFConfig
+
+_HF_KIND_RINGLLM = "ringllm"  # engine.hf_config.HFConfig
+_HF_KIND_TRANSFORMERS = "transformers"  # a transformers PretrainedConfig, rebuilt for its model_type
+
+
+def encode_config(config: EngineConfig) -> bytes:
+    """The canonical JSON of ``config``: fields and keys sorted."""
+    return msgspec.json.encode(config, enc_hook=_enc_hook, order="sorted")
+
+
+def config_digest(config: EngineConfig) -> str:
+    return digest_of(encode_config(config))
+
+
+def digest_of(encoded: bytes) -> str:
+    """The name of an encoded config: SHA-256 of its canonical JSON, as hex."""
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def decode_config(encoded: bytes | str, worker_cls: Optional[type] = None) -> EngineConfig:
+    """``encode_config``'s output back as an EngineConfig; ``worker_cls``: the class that travelled
+    beside it (None when the config names its worker by a string)."""
+    config = msgspec.json.decode(encoded, type=EngineConfig)
+    model = dataclasses.replace(config.model_config, hf_config=_hf_config_from(config.model_config.hf_config))
+    return dataclasses.replace(config, model_config=model,
+                               worker_cls=config.worker_cls if worker_cls is None else worker_cls)
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, type):  # worker_cls as a class: named here, sent by value beside the config
+        return f"{obj.__module__}.{obj.__qualname__}"
+    if isinstance(obj, HFConfig):
+        return {"kind": _HF_KIND_RINGLLM, "values": obj.to_dict()}
+    if type(obj).__module__.split(".")[0] == "transformers" and hasattr(obj, "to_dict"):
+        return {"kind": _HF_KIND_TRANSFORMERS, "values": obj.to_dict()}
+    raise NotImplementedError(f"an EngineConfig cannot carry a {type(obj).__name__} ({obj!r})")
+
+
+def _hf_config_from(wire: Any) -> Any:
+    kind, values = wire["kind"], wire["values"]
+    if kind == _HF_KIND_RINGLLM:
+        return HFConfig(**values)
+    from transformers import AutoConfig  # deferred: only models outside engine/hf_config.py need it
+
+    return AutoConfig.for_model(**values)
