@@ -30,7 +30,8 @@ _HF_KIND_TRANSFORMERS = "transformers"  # a transformers PretrainedConfig, rebui
 
 def encode_config(config: EngineConfig) -> bytes:
     """The canonical JSON of ``config``: fields and keys sorted."""
-    return msgspec.json.encode(config, enc_hook=_enc_hook, order="sorted")
+    model = dataclasses.replace(config.model_config, hf_config=_hf_config_wire(config.model_config.hf_config))
+    return msgspec.json.encode(dataclasses.replace(config, model_config=model), enc_hook=_enc_hook, order="sorted")
 
 
 def config_digest(config: EngineConfig) -> str:
@@ -54,11 +55,16 @@ def decode_config(encoded: bytes | str, worker_cls: Optional[type] = None) -> En
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, type):  # worker_cls as a class: named here, sent by value beside the config
         return f"{obj.__module__}.{obj.__qualname__}"
-    if isinstance(obj, HFConfig):
-        return {"kind": _HF_KIND_RINGLLM, "values": obj.to_dict()}
-    if type(obj).__module__.split(".")[0] == "transformers" and hasattr(obj, "to_dict"):
-        return {"kind": _HF_KIND_TRANSFORMERS, "values": obj.to_dict()}
     raise NotImplementedError(f"an EngineConfig cannot carry a {type(obj).__name__} ({obj!r})")
+
+
+def _hf_config_wire(hf_config: Any) -> dict[str, Any]:
+    """The model's config as its class's kind and its ``to_dict()``, every key a string as JSON
+    has them (``id2label``'s are ints in transformers' to_dict, and come back as ints from its
+    class). Explicit, not an enc_hook: transformers 5's configs are dataclasses, which msgspec
+    would encode field by field."""
+    kind = _HF_KIND_RINGLLM if isinstance(hf_config, HFConfig) else _HF_KIND_TRANSFORMERS
+    return {"kind": kind, "values": msgspec.to_builtins(hf_config.to_dict(), str_keys=True, enc_hook=_enc_hook)}
 
 
 def _hf_config_from(wire: Any) -> Any:
