@@ -68,7 +68,7 @@ class EngineArgs:
     # Seconds AsyncLLM.shutdown() gives the EngineCore(s) to exit before killing them.
     shutdown_timeout: float = 5.0
     # The EngineCore's worker: "auto" (engine.worker.Worker), a dotted path "module.Class" or
-    # a Worker subclass, cloudpickled to the EngineCore process at launch (see _worker_cls).
+    # a Worker subclass, cloudpickled to the EngineCore process at launch (engine/client/core_launcher.py).
     worker_cls: Union[str, type] = "auto"
     # vLLM's KV connector config (engine/kv_transfer/): a dict or a KVTransferConfig.
     kv_transfer_config: Optional[KVTransferConfig | dict] = None
