@@ -33,7 +33,7 @@ from engine import envs
 from engine.client import make_client
 from engine.client.core_launcher import CoreProcess
 from engine.client.factory import config_and_cores, stopped_on_error
-from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig
+from engine.config import AsyncEngineArgs, EngineArgs, EngineConfig, FrontendConfig
 from engine.exceptions import EngineDeadError, EngineGenerateError, EngineShutdownError, EngineStepError
 from engine.frontend.input_processor import InputProcessor, PromptType, get_tokenizer
 from engine.frontend.output_processor import OutputProcessor
@@ -263,8 +263,7 @@ class AsyncLLM(EngineClient):
         self._transport_latencies: deque[float] = deque(maxlen=100_000)
         # (rank or None for every rank, logger): fed by the output handler once per message
         self._stat_loggers: list[tuple[Optional[int], StatLoggerBase]] = []
-        workers = config.engine_args.renderer_num_workers if config.engine_args is not None else 1
-        self.renderer = Renderer(workers)
+        self.renderer = Renderer(config.frontend_config.renderer_num_workers)
         self.output_handler: Optional[asyncio.Task] = None
         self.engine_core = make_client(True, True, config, _started)
         for factory in stat_loggers or ():
@@ -501,8 +500,8 @@ class AsyncLLM(EngineClient):
         cores get ``timeout`` seconds (default: the ``shutdown_timeout`` setting) to exit
         before they are killed."""
         if timeout is None:
-            engine_args = getattr(getattr(self, "config", None), "engine_args", None)
-            timeout = engine_args.shutdown_timeout if engine_args is not None else EngineArgs.shutdown_timeout
+            config = getattr(self, "config", None)  # None: __init__ failed before setting it
+            timeout = config.frontend_config.shutdown_timeout if config is not None else FrontendConfig.shutdown_timeout
         handler = getattr(self, "output_handler", None)
         if handler is not None and not handler.done():
             loop = handler.get_loop()

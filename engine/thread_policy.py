@@ -49,3 +49,8 @@ def default_num_threads(model: Optional[str] = None) -> int:
         return envs.RINGLLM_NUM_THREADS
     cores = os.cpu_count() or 2
     return cores if model_weight_bytes(model) >= LONG_STEP_WEIGHT_BYTES else max(1, cores - 1)
+
+
+def model_threads(num_threads: Optional[int], model: Optional[str]) -> int:
+    """``num_threads`` as given (EngineArgs), else the default for ``model``."""
+    return num_threads if num_threads is not None else default_num_threads(model)

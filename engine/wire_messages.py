@@ -177,13 +177,8 @@ class EngineReady(msgspec.Struct, array_like=True, omit_defaults=True):
     engine_index: int
     pid: int
     num_kv_blocks: int
-    # the core's own derivation of the config, checked by the frontend (engine/core/launch.py)
-    block_size: int
-    max_model_len: int
-    vocab_size: int
-    dtype: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    # the digest of the EngineConfig the core runs, checked by the frontend (engine/core/launch.py)
+    config_digest: str
 
 
 class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True):

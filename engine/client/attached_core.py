@@ -16,7 +16,7 @@ import socket
 from typing import Optional
 
 from engine.client.core_launcher import CoreProcess
-from engine.config import CoreLaunch
+from engine.config import EngineConfig
 from engine.core.launch import channel_class, make_codec
 from engine.wire_messages import EngineReady
 from shm_transport.handoff import send_peer_end
@@ -45,16 +45,16 @@ class _PeerProcess:
 class AttachedCore(CoreProcess):
     """The core behind this API server (see the module docstring)."""
 
-    def __init__(self, launch: CoreLaunch, core_pid: int, launcher: socket.socket, engine_index: int = 0) -> None:
+    def __init__(self, config: EngineConfig, core_pid: int, launcher: socket.socket, engine_index: int = 0) -> None:
         """Create our channel to the core (pid ``core_pid``) and send its other end to the
         launcher over ``launcher``, which hands it to the core; READY then comes as usual."""
-        if launch.transport != "shm":
+        if config.transport != "shm":
             raise ValueError("--api-server-count > 1 needs --transport shm (channel ends are handed over as fds)")
         self.engine_index = engine_index
         self.ready: Optional[EngineReady] = None
         self.pidfd: Optional[int] = os.pidfd_open(core_pid)
         self.proc = _PeerProcess(core_pid, self.pidfd)
-        self.channel = channel_class(launch.transport).create(make_codec(), capacity=launch.ring_capacity)
+        self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
         try:
             self.channel.set_peer(core_pid)
             send_peer_end(launcher, self.channel, json.dumps({"pid": os.getpid()}).encode())

@@ -9,29 +9,22 @@ arrive through ``pass_fds``. Nothing here imports torch.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from engine import envs
-from engine.config import CoreLaunch, EngineArgs, EngineConfig
+from engine.config import EngineConfig
+from engine.config.wire import config_digest, encode_config
 from engine.core.launch import CoreLaunchSpec, channel_class, check_ready, command_line, make_codec
 from engine.exceptions import EngineStartupError
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import EngineDead, EngineReady, Shutdown
 from shm_transport import TransportError
-
-
-def engine_args_dict(args: EngineArgs) -> dict[str, Any]:
-    """The EngineArgs fields of ``args`` as JSON-able values (an AsyncEngineArgs carries
-    frontend-only extras; a CompilationConfig travels as its dict)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)}
-    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in values.items()}
 
 
 def pickle_class(cls: type) -> str:
@@ -60,7 +53,7 @@ class CoreProcess:
     after the launch, ``close`` leaves no child, fd or segment behind.
     """
 
-    def __init__(self, config: CoreLaunch, engine_index: int = 0, frontends_fd: Optional[int] = None) -> None:
+    def __init__(self, config: EngineConfig, engine_index: int = 0, frontends_fd: Optional[int] = None) -> None:
         """``frontends_fd``: a Unix socket the core receives API servers' channels on
         (``--api-server-count``, engine/core/frontends.py); it is passed to the core as is."""
         self.engine_index = engine_index
@@ -69,16 +62,13 @@ class CoreProcess:
         self.pidfd: Optional[int] = None
         self.channel = channel_class(config.transport).create(make_codec(), capacity=config.ring_capacity)
         try:
-            args = engine_args_dict(config.engine_args)
-            worker_pickle = None
-            if isinstance(config.worker_cls, type):  # cloudpickled (by value when not importable)
-                args["worker_cls"], worker_pickle = "auto", pickle_class(config.worker_cls)
-            if config.parallel_config.data_parallel_size > 1:
-                args["data_parallel_rank"] = engine_index
+            # a class as worker_cls travels cloudpickled (by value when the core could not import it)
+            worker_pickle = pickle_class(config.worker_cls) if isinstance(config.worker_cls, type) else None
             spec = CoreLaunchSpec(
                 transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
                 parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                engine_args=args, sys_path=[os.path.abspath(p) for p in sys.path],
+                config=encode_config(config).decode(), config_digest=config_digest(config),
+                sys_path=[os.path.abspath(p) for p in sys.path],
                 worker_cls_pickle=worker_pickle, frontends_fd=frontends_fd)
             # The thread count and OpenMP's wait policy go in the environment, so they hold even if
             # something imports torch before the core's own start-up code runs.
@@ -148,13 +138,13 @@ class CoreProcess:
             self.pidfd = None
 
 
-def start_cores(launch: CoreLaunch, engine_indices: list[int]) -> list[CoreProcess]:
+def start_cores(config: EngineConfig, engine_indices: list[int]) -> list[CoreProcess]:
     """Start the cores together (each imports torch and loads the model) without waiting: the
-    frontend reads the model's config and tokenizer meanwhile (config.CoreLaunch)."""
+    frontend reads the model's tokenizer meanwhile."""
     cores: list[CoreProcess] = []
     try:
         for i in engine_indices:
-            cores.append(CoreProcess(launch, i))
+            cores.append(CoreProcess(config, i))
         return cores
     except BaseException:
         close_cores(cores, timeout=0)
@@ -162,11 +152,12 @@ def start_cores(launch: CoreLaunch, engine_indices: list[int]) -> list[CoreProce
 
 
 def wait_cores(cores: list[CoreProcess], config: EngineConfig) -> list[CoreProcess]:
-    """Wait until every core is READY with the config this frontend derived
-    (engine/core/launch.py); on any failure all of them are stopped."""
+    """Wait until every core is READY with the config this frontend derived (by its digest,
+    engine/core/launch.py); on any failure all of them are stopped."""
+    digest = config_digest(config)
     try:
         for core in cores:
-            check_ready(core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S), config, core.name)
+            check_ready(core.wait_ready(envs.RINGLLM_ENGINE_READY_TIMEOUT_S), digest, core.name)
         return cores
     except BaseException:
         close_cores(cores, timeout=0)

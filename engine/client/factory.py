@@ -12,7 +12,7 @@ from engine.client.core_client import AsyncEngineCoreClient, EngineCoreClient, I
 from engine.client.core_launcher import CoreProcess, close_cores, start_cores
 from engine.client.dp_client import DPLBAsyncMPClient
 from engine.client.mp_client import AsyncMPClient, SyncMPClient
-from engine.config import EngineArgs, EngineConfig, core_launch
+from engine.config import EngineArgs, EngineConfig
 from engine.logging_setup import configure_logging
 
 
@@ -36,19 +36,14 @@ def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfi
 
 def config_and_cores(engine_args: EngineArgs, multiprocess_mode: bool
                      ) -> tuple[EngineConfig, Optional[list[CoreProcess]]]:
-    """The EngineConfig, with the core processes already started when there are to be any: they
-    import torch and load the model while this process reads the model's config (the core derives
-    its own from the same arguments). If the config turns out bad, they are stopped at once."""
+    """The EngineConfig, derived here once, with the core processes already started on it when
+    there are to be any: they import torch and load the model while this process reads the
+    tokenizer (the frontend's caller builds it under ``stopped_on_error``)."""
     configure_logging()
+    config = engine_args.create_engine_config()
     if not multiprocess_mode:
-        return engine_args.create_engine_config(), None
-    launch = core_launch(engine_args)
-    cores = start_cores(launch, launch.parallel_config.frontend_engine_indices)
-    try:
-        return engine_args.create_engine_config(), cores
-    except BaseException:
-        close_cores(cores, timeout=0)
-        raise
+        return config, None
+    return config, start_cores(config, config.parallel_config.frontend_engine_indices)
 
 
 @contextlib.contextmanager

@@ -40,9 +40,9 @@ class SyncMPClient(EngineCoreClient):
     checks; ``begin_shutdown`` alone may come from another thread (it wakes the wait)."""
 
     def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
-        """``started``: the core, already launched from ``config.core_launch`` (it loads while the
-        frontend reads the model's config); else it is launched here."""
-        self._cores = wait_cores(started or start_cores(config.core_launch, [0]), config)
+        """``started``: the core, already launched on ``config`` (it loads while the frontend
+        reads the tokenizer); else it is launched here."""
+        self._cores = wait_cores(started or start_cores(config, [0]), config)
         self._core = self._cores[0]
         self._finalizer = weakref.finalize(self, close_cores, self._cores)
         self._outputs: deque[EngineCoreOutputs] = deque()
@@ -148,8 +148,8 @@ class AsyncMPClient(AsyncEngineCoreClient):
     """
 
     def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
-        self._cores = wait_cores(started or start_cores(
-            config.core_launch, config.parallel_config.frontend_engine_indices), config)
+        self._cores = wait_cores(started or start_cores(config, config.parallel_config.frontend_engine_indices),
+                                 config)
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._outputs: deque[EngineCoreOutputs] = deque()

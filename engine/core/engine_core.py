@@ -55,12 +55,10 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
     mc = config.model_config
     if mc.skip_tokenizer_init or mc.runner_type == "pooling":
         return None
-    from engine.structured_output.config import resolve_structured_outputs_config
     from engine.structured_output.manager import StructuredOutputManager
     from engine.structured_output.reasoning import ReasoningMarkers
 
-    args = config.engine_args
-    so_config = resolve_structured_outputs_config(getattr(args, "structured_outputs_config", None))
+    so_config = config.structured_outputs_config
     reasoning = ReasoningMarkers.load(mc.tokenizer, so_config.reasoning_start, so_config.reasoning_end) \
         if so_config.reasoning_end else None
     return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs,

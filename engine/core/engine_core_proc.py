@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from engine import envs
 from engine.core.frontends import Frontend, FrontendAttacher, share_stats
-from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, ready_fields
+from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, receive_config
 from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead, EngineReady,
@@ -304,17 +304,17 @@ def _configure_logging(engine_index: int) -> None:
 
 
 def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
-    from engine.config import EngineArgs, create_engine_config
+    """The frontend's config, as sent (engine/core/launch.py), and the core built on it."""
     from engine.core.engine_core import EngineCore
 
-    args = dict(spec.engine_args)
+    worker_cls = None
     if spec.worker_cls_pickle is not None:
         import base64
 
         import cloudpickle
 
-        args["worker_cls"] = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
-    config = create_engine_config(EngineArgs(**args))
+        worker_cls = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
+    config = receive_config(spec, worker_cls)
     return config, EngineCore(config, spec.engine_index)
 
 
@@ -360,7 +360,7 @@ def main(argv: list[str]) -> int:
         gc.collect()  # the model and libraries stay for good: keep them out of every collection
         gc.freeze()
         ready = EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
-                            **ready_fields(config))
+                            config_digest=spec.config_digest)
         channel.send(ready, timeout=10.0)
         proc = EngineCoreProc(core, channel, spec.engine_index, _attacher(spec, ready))
         try:

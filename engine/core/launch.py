@@ -5,21 +5,21 @@ The frontend (``engine.client.core_launcher``) starts ``python -m engine.core TO
 ``SPEC`` is a JSON ``CoreLaunchSpec``; both ends build their channel and codec here, so the two
 cannot disagree on the transport or the message kinds. Nothing here imports torch.
 
-The READY handshake closes the launch. Both processes derive their ``EngineConfig`` with the
-same function (``create_engine_config``) from the same arguments; the core does so on its own
-so that it can load the model while the frontend reads the tokenizer. The two derivations can
-still part (a file changed between the reads, an environment variable that only one side sees,
-a bug): the frontend would then tokenize, bound and schedule for a model the core does not run.
-The core reports what it derived (``ready_fields``), and the frontend refuses to start on any
-difference, naming the field (``check_ready``).
+The config travels whole: the frontend derives the ``EngineConfig`` once (``create_engine_config``)
+and sends its canonical encoding with its digest (engine/config/wire.py); the core decodes it,
+derives nothing, and refuses to start unless its own encoding of what it decoded has the same
+digest (``receive_config``). READY closes the launch by stating that digest, and the frontend
+refuses a core that states another (``check_ready``): a core started for another config, or one
+this frontend only attached to, cannot serve it by mistake.
 """
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import msgspec
 
+from engine.config.wire import config_digest, decode_config
 from engine.exceptions import EngineStartupError
 from engine.wire_messages import MESSAGE_TYPES
 
@@ -36,11 +36,12 @@ class CoreLaunchSpec(msgspec.Struct):
     # SIGKILL on parent death; only when launched from the main thread, because the
     # signal follows the launching *thread*, which may end long before the frontend.
     pdeathsig: bool
-    engine_args: dict[str, Any]  # EngineArgs fields; the core derives its own config
+    config: str  # the EngineConfig's canonical JSON (engine/config/wire.py): the core derives nothing
+    config_digest: str  # its digest, checked by the core (receive_config) and stated in READY
     # The frontend's import path, appended to the core's own, so a worker_cls the frontend
     # imports by name imports in the core too (as multiprocessing's spawn passes sys.path).
     sys_path: list[str] = []
-    # A worker_cls given as a class: its cloudpickle, base64 (engine_args holds "auto" then).
+    # A worker_cls given as a class: its cloudpickle, base64 (the config names the class).
     # It travels only here, at launch; the request rings carry no pickle.
     worker_cls_pickle: Optional[str] = None
     # --api-server-count N: the fd of a Unix socket over which the launcher hands over one channel
@@ -74,17 +75,19 @@ def channel_class(transport: str):
     return Channel
 
 
-def ready_fields(config: EngineConfig) -> dict[str, Any]:
-    """The config fields a READY carries (the core sends them, the frontend expects them)."""
-    return {"block_size": config.cache_config.block_size, "max_model_len": config.model_config.max_model_len,
-            "vocab_size": config.model_config.vocab_size, "dtype": config.model_config.dtype,
-            "max_num_seqs": config.scheduler_config.max_num_seqs,
-            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
+def receive_config(spec: CoreLaunchSpec, worker_cls: Optional[type] = None) -> EngineConfig:
+    """The spec's config, decoded; ValueError unless it encodes back to the digest the frontend
+    sent (this core's code would run another config than the frontend derived)."""
+    config = decode_config(spec.config, worker_cls)
+    ours = config_digest(config)
+    if ours != spec.config_digest:
+        raise ValueError(f"this EngineCore reads the frontend's config as another one (digest {ours[:12]}, "
+                         f"frontend {spec.config_digest[:12]}): are both running the same ringllm?")
+    return config
 
 
-def check_ready(ready: EngineReady, config: EngineConfig, core_name: str) -> None:
-    """EngineStartupError unless ``ready`` states the config this frontend derived."""
-    differ = [f"{name}: core {getattr(ready, name)!r}, frontend {value!r}"
-              for name, value in ready_fields(config).items() if getattr(ready, name) != value]
-    if differ:
-        raise EngineStartupError(f"{core_name} derived another config than this frontend ({'; '.join(differ)})")
+def check_ready(ready: EngineReady, digest: str, core_name: str) -> None:
+    """EngineStartupError unless ``ready`` states the config (by its digest) this frontend derived."""
+    if ready.config_digest != digest:
+        raise EngineStartupError(f"{core_name} runs another config than this frontend "
+                                 f"(digest {ready.config_digest[:12]}, frontend {digest[:12]})")

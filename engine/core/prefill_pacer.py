@@ -12,7 +12,7 @@ Model: a step's time is a base (the decodes and per-step work) plus a cost per p
 The base is tracked from steps without prompt tokens; the cost from steps with at least
 ``MIN_SAMPLE_TOKENS`` of them, both as moving averages. Before any sample the cap is
 ``initial`` (a safe value for the slowest CPU measured; "auto"'s target and initial cap are
-``engine.config.PACED_STEP_TARGET_S`` and ``PACED_INITIAL_TOKENS``).
+``engine.config.scheduler.PACED_STEP_TARGET_S`` and ``PACED_INITIAL_TOKENS``).
 """
 from __future__ import annotations
 

@@ -162,9 +162,7 @@ class InputProcessor:
         self.extra_eos_ids = [i for i in eos_ids if i != self.eos_token_id]
         self.default_params = {param: generation[key] for key, param in _GENERATION_DEFAULTS.items()
                                if generation.get(key) is not None}
-        so_config = getattr(config.engine_args, "structured_outputs_config", None)
-        self.structured_outputs_backend = (so_config.get("backend", "auto") if isinstance(so_config, dict)
-                                           else getattr(so_config, "backend", "auto"))
+        self.structured_outputs_backend = config.structured_outputs_config.backend
         # Longer prompt text cannot fit the context whatever its tokens: refused before tokenizing.
         self.max_prompt_bytes = None if tokenizer is None else self.max_model_len * max_token_bytes(tokenizer)
 

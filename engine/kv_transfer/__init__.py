@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The package imports none of its modules at its top: engine/config.py imports config.py, and
+# The package imports none of its modules at its top: engine/config/ imports config.py, and
 # a package that imported its own submodules back would sit in an import circle with them.
 __all__ = ["make_kv_connector"]
 

@@ -150,7 +150,7 @@ def model_identity(config: Any) -> str:
     """What makes two engines' KV interchangeable beyond the block geometry: the weights (path
     and load format; dummy weights also depend on the seed) and any config overrides."""
     mc = config.model_config
-    overrides = getattr(config.engine_args, "hf_overrides", None) or {}
+    overrides = mc.hf_overrides or {}
     seed = f"|seed={mc.seed}" if mc.load_format == "dummy" else ""
     return (f"{os.path.realpath(mc.model_path)}|{mc.load_format}{seed}|"
             f"{json.dumps(overrides, sort_keys=True, default=str)}")

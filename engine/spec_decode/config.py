@@ -11,8 +11,8 @@ Two methods run: vLLM's n-gram prompt lookup and a draft model (``method: "draft
 ``model``, or a ``model`` alone, vLLM's other spelling of it; engine/spec_decode/draft_model.py).
 Any key vLLM has that ringllm does not carry out is refused by name (EAGLE, MTP, the draft's own
 quantization, revision or tokenizer, a tensor-parallel draft): a setting is done as asked or refused.
-The draft model's files are read in the EngineCore (a vocabulary that differs from the target's is
-a ValueError naming ``speculative_config.model`` at start-up, draft_model.py ``draft_engine_config``).
+The draft model's files are read in the frontend with the target's (a vocabulary that differs from
+the target's is a ValueError naming ``speculative_config.model``, engine/config/speculative.py).
 It imports nothing of the engine (config.py reads it at module level).
 """
 from __future__ import annotations

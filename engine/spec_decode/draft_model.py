@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from engine.config import EngineConfig, create_engine_config
+from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.models.attention import to_device
 from engine.sampling_params import SamplingType
@@ -38,26 +38,11 @@ from engine.worker.sampler import SamplingMetadata, argmax_rows, random_probs, s
 
 
 def draft_engine_config(config: EngineConfig) -> EngineConfig:
-    """The draft model's EngineConfig: the target's arguments with the draft's model, its own
-    files' format and quantization, and the target's max_model_len. ValueError naming
-    ``speculative_config.model`` when the draft cannot be read, cannot take max_model_len, or its
-    vocabulary differs from the target's (verification compares token ids)."""
-    spec, args = config.speculative_config, config.engine_args
-    target = config.model_config
-    draft_args = dataclasses.replace(
-        args, model=spec.model, tokenizer=None, served_model_name=None, quantization=None, hf_overrides=None,
-        load_format="dummy" if args.load_format == "dummy" else "auto", max_model_len=target.max_model_len,
-        runner="auto", convert="auto", pooler_config=None, kv_transfer_config=None, kv_events_config=None,
-        speculative_config=None)
-    try:
-        draft = create_engine_config(draft_args)
-    except ValueError as e:
-        raise ValueError(f"speculative_config.model: {spec.model!r}: {e}") from None
-    if draft.model_config.vocab_size != target.vocab_size:
-        raise ValueError(f"speculative_config.model: {spec.model!r} has a vocabulary of "
-                         f"{draft.model_config.vocab_size} tokens, the target {target.model!r} one of "
-                         f"{target.vocab_size}; a draft model must share the target's tokenizer")
-    return draft
+    """The config the draft model loads with: the target's, with the draft's ModelConfig (derived
+    in the frontend, engine/config/speculative.py) and nothing of speculation or adapters."""
+    assert config.draft_model_config is not None  # set by create_engine_config for method "draft_model"
+    return dataclasses.replace(config, model_config=config.draft_model_config, speculative_config=None,
+                               draft_model_config=None, lora_config=None)
 
 
 class _DraftKV:

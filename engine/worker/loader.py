@@ -13,15 +13,17 @@ import glob
 import logging
 import os
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from engine.config import EngineConfig
 from engine.hf_config import ModelConfigError
 from engine.models import get_model_class
 from engine.models.llama import LlamaForCausalLM
 from engine.worker.gguf_weights import gguf_weights
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig  # annotations only: the config does not import the worker back
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,10 @@ import logging
 import math
 import mmap
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.core.sched_output import MAX_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput, SchedulerOutput
 from engine.kv_transfer import make_kv_connector
@@ -36,6 +35,9 @@ from engine.worker.loader import load_model
 from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
 from engine.worker.sampler import (Sampler, SamplingMetadata, gather_logprobs, random_probs, replay_draws,
                                   to_logprobs_lists)
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig  # annotations only: the config does not import the worker back
 
 logger = logging.getLogger(__name__)
 

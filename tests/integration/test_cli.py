@@ -95,7 +95,7 @@ def test_serve_on_cpu_caps_prompt_tokens_per_step_unless_told_otherwise(monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cap() == SERVE_CPU_MAX_NUM_PREFILL_TOKENS
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr("engine.config._torch_built_for_gpu", lambda: True)  # as a CUDA build of torch
+    monkeypatch.setattr("engine.config.device_config.torch_built_for_gpu", lambda: True)  # as a CUDA build of torch
     assert cap() is None
 
 

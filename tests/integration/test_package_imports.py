@@ -141,9 +141,6 @@ def test_find_cycle_sees_a_circle_and_a_clean_graph():
 ALLOWED_DEFERRED = {
     ("engine.worker.worker", "engine.worker.model_runner"):
         "delays torch: the frontend imports engine.worker to check a worker_cls, and must not load torch",
-    ("engine.config", "engine.worker"):
-        "being removed by issue 37 (config): the config checks worker_cls through engine.worker, which "
-        "imports the config back",
 }
 
 

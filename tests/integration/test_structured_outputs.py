@@ -180,7 +180,7 @@ def test_outputs_stay_valid_and_equal_under_chunked_prefill_and_preemption(tiny_
     prompts = [f"Person number {i} " * 20 for i in range(8)]
     params = [random_params(so, seed=i) for i in range(8)]
     reference = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
-    other = make_llm(tiny_model_dir, llm.llm_engine.config.engine_args.structured_outputs_config["backend"],
+    other = make_llm(tiny_model_dir, llm.llm_engine.config.structured_outputs_config.backend,
                      **engine_kwargs)
     try:
         texts = [o.outputs[0].text for o in other.generate(prompts, params, use_tqdm=False)]
@@ -329,7 +329,7 @@ def test_structural_tag_on_xgrammar_and_refused_on_guidance(llm):
     tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
                                                 "content": {"type": "json_schema", "json_schema": schema}}}
     so = StructuredOutputsParams(structural_tag=json.dumps(tag), disable_any_whitespace=True)
-    if llm.llm_engine.config.engine_args.structured_outputs_config["backend"] == "guidance":
+    if llm.llm_engine.config.structured_outputs_config.backend == "guidance":
         with pytest.raises(ValueError, match="structural_tag is supported by the xgrammar backend only"):
             llm.generate("x", random_params(so), use_tqdm=False)
         return

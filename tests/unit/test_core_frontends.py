@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 from engine.core.engine_core_proc import EngineCoreProc
 from engine.core.frontends import FrontendAttacher
-from engine.core.launch import make_codec, ready_fields
+from engine.config.wire import config_digest
+from engine.core.launch import make_codec
 from engine.sampling_params import SamplingParams
 from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
                                   SchedulerStats, Shutdown)
@@ -24,7 +25,7 @@ from shm_transport.handoff import send_peer_end
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=16),
                          model_config=SimpleNamespace(max_model_len=64, vocab_size=100, dtype="float32"),
                          scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64))
-READY = EngineReady(engine_index=0, pid=os.getpid(), num_kv_blocks=8, **ready_fields(CONFIG))
+READY = EngineReady(engine_index=0, pid=os.getpid(), num_kv_blocks=8, config_digest=config_digest(CONFIG))
 
 
 class StubCore:

@@ -100,9 +100,9 @@ def test_quantization_values_that_cannot_run_are_refused(tiny_model_dir, kwargs,
 
 
 def test_int8_needs_the_cpu(tiny_model_dir, monkeypatch):
-    from engine import config
+    import engine.config.device_config as device_config
 
-    monkeypatch.setattr(config, "resolve_device", lambda device: "cuda")  # as on a GPU host
+    monkeypatch.setattr(device_config, "resolve_device", lambda device: "cuda")  # as on a GPU host
     with pytest.raises(ValueError, match="quantization='int8' runs only on the CPU .* but device is 'cuda'"):
         EngineArgs(model=tiny_model_dir, load_format="dummy", quantization="int8").create_engine_config()
 

@@ -7,9 +7,7 @@ import os
 
 import pytest
 
-from engine import EngineArgs
-from engine.config import core_launch
-from engine.thread_policy import LONG_STEP_WEIGHT_BYTES, default_num_threads, model_weight_bytes
+from engine.thread_policy import LONG_STEP_WEIGHT_BYTES, default_num_threads, model_threads, model_weight_bytes
 
 CORES = os.cpu_count() or 2
 
@@ -28,8 +26,8 @@ def _no_thread_override(monkeypatch):
 def test_a_large_gguf_gets_every_core_and_a_small_one_leaves_one(tmp_path):
     large = _sparse(tmp_path / "large.gguf", LONG_STEP_WEIGHT_BYTES)
     small = _sparse(tmp_path / "small.gguf", LONG_STEP_WEIGHT_BYTES - 1)
-    assert core_launch(EngineArgs(model=large)).num_threads == CORES
-    assert core_launch(EngineArgs(model=small)).num_threads == max(1, CORES - 1)
+    assert model_threads(None, large) == CORES
+    assert model_threads(None, small) == max(1, CORES - 1)
 
 
 def test_an_hf_directory_counts_its_weight_files(tmp_path):
@@ -47,6 +45,6 @@ def test_the_default_model_and_unknown_paths_leave_a_core_to_the_frontend(tmp_pa
 
 def test_explicit_settings_win_over_the_model_size(tmp_path, monkeypatch):
     large = _sparse(tmp_path / "large.gguf", LONG_STEP_WEIGHT_BYTES)
-    assert core_launch(EngineArgs(model=large, num_threads=1)).num_threads == 1
+    assert model_threads(1, large) == 1
     monkeypatch.setenv("RINGLLM_NUM_THREADS", "3")
-    assert core_launch(EngineArgs(model=large)).num_threads == 3
+    assert model_threads(None, large) == 3

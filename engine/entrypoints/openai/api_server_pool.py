@@ -44,7 +44,7 @@ from collections import deque
 from typing import Optional
 
 from engine.client.core_launcher import CoreProcess, close_cores, describe_exit, wait_cores
-from engine.config import AsyncEngineArgs, core_launch
+from engine.config import AsyncEngineArgs, EngineConfig
 from engine.entrypoints.openai.api_server_proc import ApiServerSpec
 from engine.entrypoints.openai.server import END_GRACE_S, ServerSettings
 from shm_transport.handoff import close_token_fds, recv_token, send_token
@@ -97,6 +97,7 @@ class ApiServerPool:
             raise ValueError("--api-server-count > 1 needs a --port other than 0 (each API server would bind "
                              "a different free port)")
         self.engine_args, self.tool_args, self.count = engine_args, tool_args, count
+        self.config: Optional[EngineConfig] = None  # derived at start, sent to the cores and API servers
         self.settings = settings
         self.shares = admission_shares(settings.max_waiting_requests, count)
         self.slots = [_Slot(i) for i in range(count)]
@@ -122,15 +123,14 @@ class ApiServerPool:
             os.close(wake_w)
 
     def _start(self) -> None:
-        launch = core_launch(self.engine_args)
-        for rank in launch.parallel_config.frontend_engine_indices:
+        config = self.config = self.engine_args.create_engine_config()  # a bad one ends here, before any process
+        for rank in config.parallel_config.frontend_engine_indices:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._to_cores.append(ours)
             try:
-                self.cores.append(CoreProcess(launch, rank, frontends_fd=theirs.fileno()))
+                self.cores.append(CoreProcess(config, rank, frontends_fd=theirs.fileno()))
             finally:
                 theirs.close()
-        config = self.engine_args.create_engine_config()  # a bad config ends here, before any API server
         self._metrics_dir = tempfile.mkdtemp(prefix="ringllm-metrics-")  # 0700: this user's only
         for slot in self.slots:  # they import and read the tokenizer while the cores load the model
             self._launch(slot)
@@ -143,8 +143,8 @@ class ApiServerPool:
         try:
             settings = dataclasses.replace(self.settings, max_waiting_requests=self.shares[slot.index],
                                            reuse_port=True, metrics_fanin_dir=self._metrics_dir)
-            spec = ApiServerSpec(slot.index, self.engine_args, settings, self.tool_args,
-                                 [core.proc.pid for core in self.cores], os.getpid(), theirs.fileno())
+            spec = ApiServerSpec(slot.index, self.config, self.engine_args.enable_log_requests, settings,
+                                 self.tool_args, [core.proc.pid for core in self.cores], os.getpid(), theirs.fileno())
             slot.proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.openai.api_server_proc"],
                                          stdin=subprocess.PIPE, pass_fds=[theirs.fileno()])
             slot.pidfd = os.pidfd_open(slot.proc.pid)

@@ -23,7 +23,7 @@ from typing import AsyncGenerator
 from engine.async_llm import AsyncLLM
 from engine.client.attached_core import AttachedCore
 from engine.client.factory import stopped_on_error
-from engine.config import AsyncEngineArgs, core_launch
+from engine.config import EngineConfig
 from engine.entrypoints.openai.server import ServerSettings, run_server
 from engine.exceptions import EngineStartupError
 from engine.logging_setup import configure_logging
@@ -35,7 +35,8 @@ class ApiServerSpec:
     """What the launcher tells one API server."""
 
     index: int  # its slot, 0..N-1 (a restarted server takes the slot of the one it replaces)
-    engine_args: AsyncEngineArgs
+    config: EngineConfig  # the launcher's, the one its cores run (READY states its digest)
+    log_requests: bool
     settings: ServerSettings  # its share of the admission limit, reuse_port, the metrics directory
     tool_args: argparse.Namespace  # the tool flags: the plugin file runs in each process
     core_pids: list[int]  # by data-parallel rank
@@ -47,20 +48,17 @@ class ApiServerSpec:
 async def attached_engine(spec: ApiServerSpec, launcher: socket.socket) -> AsyncGenerator[AsyncLLM, None]:
     """The AsyncLLM of this API server over the launcher's cores, shut down however the server
     ends (which closes only this server's channels: the cores serve the others on)."""
-    launch = core_launch(spec.engine_args)
+    config = spec.config
     cores: list[AttachedCore] = []
     try:
         with stopped_on_error(cores):
-            for rank, pid in zip(launch.parallel_config.frontend_engine_indices, spec.core_pids):
-                cores.append(AttachedCore(launch, pid, launcher, engine_index=rank))
+            for rank, pid in zip(config.parallel_config.frontend_engine_indices, spec.core_pids):
+                cores.append(AttachedCore(config, pid, launcher, engine_index=rank))
     finally:
         launcher.close()
     engine = None
     try:
-        with stopped_on_error(cores):
-            config = spec.engine_args.create_engine_config()
-        engine = AsyncLLM(config, log_requests=getattr(spec.engine_args, "enable_log_requests", False),
-                          _started=cores)
+        engine = AsyncLLM(config, log_requests=spec.log_requests, _started=cores)
         engine.internal_id_suffix = f".{os.getpid()}"  # unique among the core's API servers, restarts too
         yield engine
     finally:
