@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from engine import envs
 
 _KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 

@@ -3,16 +3,15 @@ the frontend derived, one config has one digest, and any field that differs chan
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import pytest
 
-from engine.config import EngineArgs, EngineConfig
+from engine.config import EngineConfig
 from engine.config.wire import config_digest, decode_config, encode_config
 from engine.core.launch import check_ready
 from engine.exceptions import EngineStartupError
 from engine.wire_messages import EngineReady
-from tests.helpers.engine_utils import TINY, tiny_config
+from tests.helpers.engine_utils import tiny_config
 
 EVERY_SUB_CONFIG = dict(hf_overrides={"rope_theta": 5000.0}, worker_cls="engine.worker.Worker",
                         structured_outputs_config={"backend": "guidance", "reasoning_start": "<think>",
@@ -38,20 +37,20 @@ def test_a_config_decodes_to_itself_with_every_sub_config(tiny_model_dir):
     assert_round_trip(config)
 
 
-def test_a_transformers_config_is_rebuilt_in_its_class(tiny_model_dir, tmp_path):
-    """A model type engine/hf_config.py does not read travels as its to_dict() and comes back as
-    transformers' class for that type (Gemma 3 derives its layer types and rope parameters)."""
+def test_a_transformers_config_is_rebuilt_in_its_class(tiny_model_dir):
+    """A config engine/hf_config.py did not read (remote code, a model type outside its table)
+    travels as its to_dict() and comes back as transformers' class for that type, with the fields
+    that class derives (Gemma 3's layer types)."""
     from transformers import Gemma3TextConfig
 
-    model = shutil.copytree(tiny_model_dir, tmp_path / "gemma3")
-    Gemma3TextConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                     architectures=["Gemma3ForCausalLM"]).save_pretrained(model)
-    config = EngineArgs(model=str(model), **TINY).create_engine_config()
-    assert type(config.model_config.hf_config).__name__ == "Gemma3TextConfig"
-    assert_round_trip(config)
+    config = tiny_config(tiny_model_dir)
+    hf = Gemma3TextConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    config = dataclasses.replace(config, model_config=dataclasses.replace(config.model_config, hf_config=hf))
     back = decode_config(encode_config(config))
-    assert type(back.model_config.hf_config) is type(config.model_config.hf_config)
+    assert config_digest(back) == config_digest(config)  # what the core checks
+    assert type(back.model_config.hf_config) is Gemma3TextConfig
+    assert back.model_config.hf_config.layer_types == hf.layer_types
 
 
 def test_a_worker_class_is_named_in_the_digest_and_travels_beside_it(tiny_model_dir):

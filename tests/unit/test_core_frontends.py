@@ -10,11 +10,9 @@ import json
 import os
 import socket
 import threading
-from types import SimpleNamespace
 
 from engine.core.engine_core_proc import EngineCoreProc
 from engine.core.frontends import FrontendAttacher
-from engine.config.wire import config_digest
 from engine.core.launch import make_codec
 from engine.sampling_params import SamplingParams
 from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
@@ -22,10 +20,7 @@ from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCor
 from shm_transport import Channel
 from shm_transport.handoff import send_peer_end
 
-CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=16),
-                         model_config=SimpleNamespace(max_model_len=64, vocab_size=100, dtype="float32"),
-                         scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64))
-READY = EngineReady(engine_index=0, pid=os.getpid(), num_kv_blocks=8, config_digest=config_digest(CONFIG))
+READY = EngineReady(engine_index=0, pid=os.getpid(), num_kv_blocks=8, config_digest="0" * 64)
 
 
 class StubCore:
