@@ -18,6 +18,7 @@ servers' CPU time (user + system, all their threads, from /proc) per streamed to
 SSE event (a core faster than the frontend hands it several tokens per request per message), and
 the core's and the client's CPU per token for context.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,13 +68,36 @@ class MockServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.count = count
-        argv = [sys.executable, "-c", "import sys; from engine.entrypoints.cli import main; sys.exit(main())",
-                "serve", model_dir, "--served-model-name", "mock", "--load-format", "dummy", "--dtype", "float32",
-                "--num-threads", "1", "--worker-cls", "benchmarks.mock_core.MockWorker",
-                "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", str(max(8192, 4 * max_seqs)),
-                "--max-connections", str(4 * max_seqs), "--port", str(self.port), "--api-server-count", str(count)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from engine.entrypoints.cli import main; sys.exit(main())",
+            "serve",
+            model_dir,
+            "--served-model-name",
+            "mock",
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "float32",
+            "--num-threads",
+            "1",
+            "--worker-cls",
+            "benchmarks.mock_core.MockWorker",
+            "--max-num-seqs",
+            str(max_seqs),
+            "--max-num-batched-tokens",
+            str(max(8192, 4 * max_seqs)),
+            "--max-connections",
+            str(4 * max_seqs),
+            "--port",
+            str(self.port),
+            "--api-server-count",
+            str(count),
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -110,8 +134,10 @@ async def _stream(port: int, body: bytes) -> tuple[int, int]:
     """One streaming completion over a connection of its own: (completion tokens, SSE events)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         events, tail = 0, b""
         while chunk := await reader.read(1 << 16):
             events += chunk.count(b"data: ")
@@ -125,8 +151,16 @@ async def _stream(port: int, body: bytes) -> tuple[int, int]:
 
 
 async def _load(port: int, streams: int, duration: float, max_tokens: int) -> dict:
-    body = json.dumps({"model": "mock", "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "mock",
+            "prompt": "Hello",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     deadline = time.monotonic() + duration
     totals = [0, 0, 0]  # tokens, events, requests
 
@@ -149,11 +183,15 @@ def measure(server: MockServer, streams: int, duration: float, max_tokens: int) 
     api_cpu, core_cpu = sum(map(_cpu_s, pids)) - api0, _cpu_s(core) - core0
     client_cpu = time.process_time() - me0
     rate = r["tokens"] / r["wall_s"]
-    return {"tok_s": rate, "tok_s_per_api": rate / server.count, "api_cpu_us_per_tok": 1e6 * api_cpu / r["tokens"],
-            "core_cpu_us_per_tok": 1e6 * core_cpu / r["tokens"],
-            "client_cpu_us_per_tok": 1e6 * client_cpu / r["tokens"],
-            "tok_per_event": r["tokens"] / max(1, r["events"] - r["requests"] * 2),  # minus usage and [DONE]
-            "requests": r["requests"]}
+    return {
+        "tok_s": rate,
+        "tok_s_per_api": rate / server.count,
+        "api_cpu_us_per_tok": 1e6 * api_cpu / r["tokens"],
+        "core_cpu_us_per_tok": 1e6 * core_cpu / r["tokens"],
+        "client_cpu_us_per_tok": 1e6 * client_cpu / r["tokens"],
+        "tok_per_event": r["tokens"] / max(1, r["events"] - r["requests"] * 2),  # minus usage and [DONE]
+        "requests": r["requests"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,21 +216,29 @@ def main(argv: list[str] | None = None) -> int:
                 servers.append(MockServer(model_dir, n, max(a.streams)))
             for s in a.streams:
                 for server in servers:
-                    bench.add(f"{s} streams", f"N={server.count}",
-                              lambda server=server, s=s: measure(server, s, a.duration, a.max_tokens))
+                    bench.add(
+                        f"{s} streams",
+                        f"N={server.count}",
+                        lambda server=server, s=s: measure(server, s, a.duration, a.max_tokens),
+                    )
             bench.run(rounds=a.rounds)
         finally:
             for server in servers:
                 server.stop()
-    bench.notes.append(f"{a.max_tokens} tokens per request, re-issued for {a.duration} s per case; client: raw "
-                       "asyncio in the benchmark process")
+    bench.notes.append(
+        f"{a.max_tokens} tokens per request, re-issued for {a.duration} s per case; client: raw "
+        "asyncio in the benchmark process"
+    )
     for s in a.streams:
         sc = f"{s} streams"
-        cols = [Column("tok/s", sc, "tok_s", "{:.0f}"), Column("tok/s per API server", sc, "tok_s_per_api", "{:.0f}"),
-                Column("API-server CPU us/tok", sc, "api_cpu_us_per_tok", "{:.2f}"),
-                Column("core CPU us/tok", sc, "core_cpu_us_per_tok", "{:.2f}"),
-                Column("client CPU us/tok", sc, "client_cpu_us_per_tok", "{:.2f}"),
-                Column("tok/SSE event", sc, "tok_per_event", "{:.2f}")]
+        cols = [
+            Column("tok/s", sc, "tok_s", "{:.0f}"),
+            Column("tok/s per API server", sc, "tok_s_per_api", "{:.0f}"),
+            Column("API-server CPU us/tok", sc, "api_cpu_us_per_tok", "{:.2f}"),
+            Column("core CPU us/tok", sc, "core_cpu_us_per_tok", "{:.2f}"),
+            Column("client CPU us/tok", sc, "client_cpu_us_per_tok", "{:.2f}"),
+            Column("tok/SSE event", sc, "tok_per_event", "{:.2f}"),
+        ]
         print(bench.table(f"Streaming against a mock core, {s} concurrent streams", cols) + "\n")
     print("\n".join(bench.notes))
     kw = {} if a.out is None else {"out_dir": a.out}

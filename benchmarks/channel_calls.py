@@ -9,6 +9,7 @@ To compare two trees, run this file from one with ``PYTHONPATH`` set to each in 
 ``PYTHONPATH=/work/before python benchmarks/channel_calls.py`` (the script imports only
 ``shm_transport``; an older tree's ``MsgspecCodec`` takes a list of types instead of a dict).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,10 @@ def main() -> None:
     a, b = Channel.pair(_codec())
     b.async_spin_us = 0  # a message is always there: the asyncio fast path never spins anyway
     try:
-        best = {mode: min(_cpu_ns_per_call(a, b, args.loops, mode) for _ in range(args.repeats))
-                for mode in ("send", "send+recv", "send+recv_async")}
+        best = {
+            mode: min(_cpu_ns_per_call(a, b, args.loops, mode) for _ in range(args.repeats))
+            for mode in ("send", "send+recv", "send+recv_async")
+        }
     finally:
         a.close()
         b.close()

@@ -29,6 +29,7 @@ Offline: the offline scenario's workload (benchmarks.offline: 64 prompts x 128 t
 model, bf16, greedy) through ``LLM`` with the EngineCore in-process and in its own process,
 each in a fresh worker process, interleaved over rounds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,16 @@ TINY_VOCAB = 2048
 def tiny_engine_args(model_dir: str, transport: str):
     from engine import AsyncEngineArgs
 
-    return AsyncEngineArgs(model=model_dir, transport=transport, load_format="dummy", dtype="float32",
-                           max_model_len=256, max_num_seqs=256, kv_cache_memory=64 << 20, seed=0)
+    return AsyncEngineArgs(
+        model=model_dir,
+        transport=transport,
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=256,
+        kv_cache_memory=64 << 20,
+        seed=0,
+    )
 
 
 class SimulatedCore:
@@ -70,8 +79,7 @@ class SimulatedCore:
         self._waiter = None
 
     async def add_request_async(self, request, data_parallel_rank=None) -> None:
-        self.requests[request.request_id] = [request.sampling_params.max_tokens,
-                                             request.prompt_token_ids[-1]]
+        self.requests[request.request_id] = [request.sampling_params.max_tokens, request.prompt_token_ids[-1]]
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -133,6 +141,7 @@ def count_output_processing(llm) -> list[float]:
             return process(processor, *args, **kwargs)
         finally:
             cell[0] += time.thread_time() - start
+
     processor.process_outputs = timed
     return cell
 
@@ -142,8 +151,9 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
     from engine import SamplingParams
     from engine.sampling_params import RequestOutputKind
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
     latencies: list[float] = []
     tokens = 0
     deadline = time.monotonic() + duration
@@ -174,13 +184,15 @@ async def run_streams(llm, streams: int, duration: float, max_tokens: int, ids) 
         cpu -= simulated.cpu - sim0
     latencies.sort()
     transport = sorted(llm.take_transport_latencies())
-    return {"tokens_per_message": tokens / max(1, len(transport)),
-            "tokens_per_s": tokens / elapsed,
-            "p50_us": latencies[len(latencies) // 2] * 1e6,
-            "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
-            "cpu_us_per_token": cpu / tokens * 1e6,
-            "processing_us_per_token": processing[0] / tokens * 1e6,
-            "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0}
+    return {
+        "tokens_per_message": tokens / max(1, len(transport)),
+        "tokens_per_s": tokens / elapsed,
+        "p50_us": latencies[len(latencies) // 2] * 1e6,
+        "p99_us": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e6,
+        "cpu_us_per_token": cpu / tokens * 1e6,
+        "processing_us_per_token": processing[0] / tokens * 1e6,
+        "transport_p50_us": transport[len(transport) // 2] * 1e6 if transport else 0.0,
+    }
 
 
 async def admit_us_per_request(llm, ids, requests: int = 500) -> float:
@@ -197,8 +209,9 @@ async def admit_us_per_request(llm, ids, requests: int = 500) -> float:
         batch = [f"admit{next(ids)}" for _ in range(requests)]
         start = time.thread_time()
         for i, request_id in enumerate(batch):
-            await llm.add_request(request_id, {"prompt_token_ids": [(7 * i + j) % TINY_VOCAB for j in range(1, 17)]},
-                                  params)
+            await llm.add_request(
+                request_id, {"prompt_token_ids": [(7 * i + j) % TINY_VOCAB for j in range(1, 17)]}, params
+            )
         best = min(best, (time.thread_time() - start) / requests)
         await llm.abort(batch)
     return best * 1e6
@@ -211,8 +224,12 @@ def decode_us_per_output(outputs: int = 256) -> float:
     from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
     codec = make_codec()
-    message = EngineCoreOutputs(0, [EngineCoreOutput(f"r{i}-{i}", [300 + i]) for i in range(outputs)],
-                                time.monotonic(), SchedulerStats(outputs, 0, 0.1, 0, 0, 0))
+    message = EngineCoreOutputs(
+        0,
+        [EngineCoreOutput(f"r{i}-{i}", [300 + i]) for i in range(outputs)],
+        time.monotonic(),
+        SchedulerStats(outputs, 0, 0.1, 0, 0, 0),
+    )
     frame = codec.encode(message)
     best = float("inf")
     for _ in range(5):
@@ -239,9 +256,20 @@ def offline_case(inproc: bool, a: argparse.Namespace):
     """The offline scenario's batch workload in a fresh benchmarks.offline worker: tok/s, start-up, peak RSS."""
     from benchmarks import offline
 
-    measure = offline.case("ringllm", "batch", 1, argparse.Namespace(
-        model=a.offline_model, dtype="bfloat16", num_prompts=64, output_tokens=128,
-        kv_cache_memory=1 << 30, max_model_len=2048, inproc=inproc))
+    measure = offline.case(
+        "ringllm",
+        "batch",
+        1,
+        argparse.Namespace(
+            model=a.offline_model,
+            dtype="bfloat16",
+            num_prompts=64,
+            output_tokens=128,
+            kv_cache_memory=1 << 30,
+            max_model_len=2048,
+            inproc=inproc,
+        ),
+    )
 
     def run() -> dict:  # the worker inherits our CPU set: give it every CPU
         pinned = os.sched_getaffinity(0)
@@ -250,21 +278,27 @@ def offline_case(inproc: bool, a: argparse.Namespace):
             return measure()
         finally:
             pin(os.getpid(), pinned)
+
     return run
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="ringllm bench engine-overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ringllm bench engine-overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per streams run")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--streams", default=",".join(map(str, STREAMS)))
-    p.add_argument("--asyncio-loop", action="store_true",
-                   help="run the frontends on asyncio's default loop instead of uvloop (the server's loop)")
+    p.add_argument(
+        "--asyncio-loop",
+        action="store_true",
+        help="run the frontends on asyncio's default loop instead of uvloop (the server's loop)",
+    )
     p.add_argument("--no-offline", action="store_true", help="skip the offline LLM comparison")
-    p.add_argument("--no-pin", action="store_true",
-                   help="do not pin this process to CPU 0 and the EngineCore processes to CPU 1")
+    p.add_argument(
+        "--no-pin", action="store_true", help="do not pin this process to CPU 0 and the EngineCore processes to CPU 1"
+    )
     p.add_argument("--offline-model", default=None, help="HF directory (default: the embedded model)")
     p.add_argument("--quick", action="store_true", help="1 round, 1 s runs, no offline")
     a = p.parse_args(argv)
@@ -287,21 +321,30 @@ def main(argv=None) -> None:
     ids = itertools.count()
     streams = [int(s) for s in a.streams.split(",")]
     bench = Bench("engine_overhead", model=f"tiny Llama, dummy weights (2 layers, hidden 64, vocab {TINY_VOCAB})")
-    bench.notes.append(f"decoding an OUTPUTS message costs {decode_us_per_output():.2f} us of CPU per output "
-                       "(256 one-token outputs, the engine's codec; both transports decode the same bytes)")
-    bench.notes.append(f"{a.duration} s per run, DELTA greedy requests of {a.max_tokens} tokens, "
-                       f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}, "
-                       f"{'frontend on CPU 0, EngineCores on CPU 1' if pinned else 'not pinned'}")
+    bench.notes.append(
+        f"decoding an OUTPUTS message costs {decode_us_per_output():.2f} us of CPU per output "
+        "(256 one-token outputs, the engine's codec; both transports decode the same bytes)"
+    )
+    bench.notes.append(
+        f"{a.duration} s per run, DELTA greedy requests of {a.max_tokens} tokens, "
+        f"{'asyncio default loop' if a.asyncio_loop else 'uvloop (as ringllm serve)'}, "
+        f"{'frontend on CPU 0, EngineCores on CPU 1' if pinned else 'not pinned'}"
+    )
     try:
         for t, llm in engines.items():  # warm both paths before anything is timed
             loop.run_until_complete(run_streams(llm, 4, 0.3, a.max_tokens, ids))
-        bench.notes.append("admitting a request costs "
-                           f"{loop.run_until_complete(admit_us_per_request(engines['none'], ids)):.1f}"
-                           " us of CPU (AsyncLLM.add_request of 16 prompt ids, on the simulated core)")
+        bench.notes.append(
+            "admitting a request costs "
+            f"{loop.run_until_complete(admit_us_per_request(engines['none'], ids)):.1f}"
+            " us of CPU (AsyncLLM.add_request of 16 prompt ids, on the simulated core)"
+        )
         for n in streams:
             for t, llm in engines.items():
-                bench.add(f"{n} streams", t, lambda llm=llm, n=n: loop.run_until_complete(
-                    run_streams(llm, n, a.duration, a.max_tokens, ids)))
+                bench.add(
+                    f"{n} streams",
+                    t,
+                    lambda llm=llm, n=n: loop.run_until_complete(run_streams(llm, n, a.duration, a.max_tokens, ids)),
+                )
         if not a.no_offline:
             bench.add("offline", "in-process", offline_case(True, a))
             bench.add("offline", "multi-process", offline_case(False, a))
@@ -316,50 +359,84 @@ def report(bench: Bench, streams: list[int], offline: bool) -> None:
     cols = []
     for n in streams:
         s = f"{n} streams"
-        cols += [Column(f"{n}: tok/s", s, "tokens_per_s", "{:.0f}", higher_is_better=True),
-                 Column(f"{n}: p50 us", s, "p50_us", "{:.0f}"),
-                 Column(f"{n}: p99 us", s, "p99_us", "{:.0f}"),
-                 Column(f"{n}: CPU us/tok", s, "cpu_us_per_token", "{:.1f}"),
-                 Column(f"{n}: processing us/tok", s, "processing_us_per_token", "{:.1f}"),
-                 Column(f"{n}: transport p50 us", s, "transport_p50_us", "{:.0f}"),
-                 Column(f"{n}: tok/msg", s, "tokens_per_message", "{:.0f}")]
+        cols += [
+            Column(f"{n}: tok/s", s, "tokens_per_s", "{:.0f}", higher_is_better=True),
+            Column(f"{n}: p50 us", s, "p50_us", "{:.0f}"),
+            Column(f"{n}: p99 us", s, "p99_us", "{:.0f}"),
+            Column(f"{n}: CPU us/tok", s, "cpu_us_per_token", "{:.1f}"),
+            Column(f"{n}: processing us/tok", s, "processing_us_per_token", "{:.1f}"),
+            Column(f"{n}: transport p50 us", s, "transport_p50_us", "{:.0f}"),
+            Column(f"{n}: tok/msg", s, "tokens_per_message", "{:.0f}"),
+        ]
     print()
     for n in streams:
-        print(bench.table(f"{n} concurrent AsyncLLM streams", [c for c in cols if c.scenario == f"{n} streams"],
-                          methods=list(METHODS)))
+        print(
+            bench.table(
+                f"{n} concurrent AsyncLLM streams",
+                [c for c in cols if c.scenario == f"{n} streams"],
+                methods=list(METHODS),
+            )
+        )
         print()
-    print("**What the transport adds (medians): method minus `none`**\n\n"
-          "| streams | CPU us/tok shm | CPU us/tok zmq | p50 us shm | p50 us zmq |\n|---|---|---|---|---|")
+    print(
+        "**What the transport adds (medians): method minus `none`**\n\n"
+        "| streams | CPU us/tok shm | CPU us/tok zmq | p50 us shm | p50 us zmq |\n|---|---|---|---|---|"
+    )
     for n in streams:
         s = f"{n} streams"
-        d = [bench.stat(s, m, metric).median - bench.stat(s, "none", metric).median
-             for metric in ("cpu_us_per_token", "p50_us") for m in TRANSPORTS]
+        d = [
+            bench.stat(s, m, metric).median - bench.stat(s, "none", metric).median
+            for metric in ("cpu_us_per_token", "p50_us")
+            for m in TRANSPORTS
+        ]
         print(f"| {n} | {d[0]:+.1f} | {d[1]:+.1f} | {d[2]:+.0f} | {d[3]:+.0f} |")
     print()
     if 1 in streams:  # one output per message: what the transport costs per message
-        per_message = {m: bench.stat("1 streams", m, "cpu_us_per_token").median
-                       - bench.stat("1 streams", "none", "cpu_us_per_token").median for m in TRANSPORTS}
-        print("Transport CPU per message (1 stream, method minus `none`): "
-              + ", ".join(f"{m} {v:.0f} us" for m, v in per_message.items()) + "; spread over the tokens of "
-              "a message at N streams: " + "; ".join(
-                  f"{n}: " + ", ".join(
-                      f"{m} {per_message[m] / bench.stat(f'{n} streams', m, 'tokens_per_message').median:.1f}"
-                      for m in TRANSPORTS) for n in streams) + " us/token")
+        per_message = {
+            m: bench.stat("1 streams", m, "cpu_us_per_token").median
+            - bench.stat("1 streams", "none", "cpu_us_per_token").median
+            for m in TRANSPORTS
+        }
+        print(
+            "Transport CPU per message (1 stream, method minus `none`): "
+            + ", ".join(f"{m} {v:.0f} us" for m, v in per_message.items())
+            + "; spread over the tokens of "
+            "a message at N streams: "
+            + "; ".join(
+                f"{n}: "
+                + ", ".join(
+                    f"{m} {per_message[m] / bench.stat(f'{n} streams', m, 'tokens_per_message').median:.1f}"
+                    for m in TRANSPORTS
+                )
+                for n in streams
+            )
+            + " us/token"
+        )
         print()
-    print("**Ring / zmq (medians)**\n\n| streams | tok/s | p50 latency | p99 latency | frontend CPU/token |\n"
-          "|---|---|---|---|---|")
+    print(
+        "**Ring / zmq (medians)**\n\n| streams | tok/s | p50 latency | p99 latency | frontend CPU/token |\n"
+        "|---|---|---|---|---|"
+    )
     for n in streams:
-        r = [bench.ratio(f"{n} streams", m, "shm", "zmq")
-             for m in ("tokens_per_s", "p50_us", "p99_us", "cpu_us_per_token")]
+        r = [
+            bench.ratio(f"{n} streams", m, "shm", "zmq")
+            for m in ("tokens_per_s", "p50_us", "p99_us", "cpu_us_per_token")
+        ]
         print(f"| {n} | " + " | ".join(f"{x:.2f}x" for x in r) + " |")
     if offline:
         print()
-        print(bench.table("Offline, 64 prompts x 128 tokens (default model, bf16, greedy)",
-                          [Column("tok/s", "offline", "tok_s", "{:.1f}", higher_is_better=True),
-                           Column("vs in-process", "offline", "tok_s", ratio_to="in-process"),
-                           Column("start-up s", "offline", "startup_s", "{:.1f}"),
-                           Column("peak RSS MiB", "offline", "peak_rss_mib", "{:.0f}")],
-                          methods=["in-process", "multi-process"]))
+        print(
+            bench.table(
+                "Offline, 64 prompts x 128 tokens (default model, bf16, greedy)",
+                [
+                    Column("tok/s", "offline", "tok_s", "{:.1f}", higher_is_better=True),
+                    Column("vs in-process", "offline", "tok_s", ratio_to="in-process"),
+                    Column("start-up s", "offline", "startup_s", "{:.1f}"),
+                    Column("peak RSS MiB", "offline", "peak_rss_mib", "{:.0f}"),
+                ],
+                methods=["in-process", "multi-process"],
+            )
+        )
     print()
     for note in bench.notes:
         print(f"- {note}")

@@ -12,6 +12,7 @@ summary is the median over rounds with the min-max spread. Tables name the machi
     print(bench.table("Round trip", [Column("p50 us", "pingpong", "p50_us", ratio_to="zmq")]))
     bench.save()
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ def describe_machine() -> str:
                     break
     except OSError:
         pass
-    return (f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release().split('-')[0]}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release().split('-')[0]}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def load_average() -> float:
@@ -68,6 +71,7 @@ class Stat:
 @dataclass
 class Column:
     """One table column: ``metric`` of ``scenario``, optionally as a ratio to a baseline method."""
+
     header: str
     scenario: str
     metric: str
@@ -97,9 +101,10 @@ class Bench:
                 t0 = time.perf_counter()
                 metrics = fn()
                 self.rows.append({"round": r, "scenario": scenario, "method": method, **metrics})
-                progress(f"round {r + 1}/{rounds} {scenario:>10} {method:<18} "
-                         f"{time.perf_counter() - t0:6.2f} s  " +
-                         " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+                progress(
+                    f"round {r + 1}/{rounds} {scenario:>10} {method:<18} "
+                    f"{time.perf_counter() - t0:6.2f} s  " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+                )
         self.notes.append(f"load average (1 min) before {load_before:.2f}, after {load_average():.2f}")
 
     def methods(self) -> list[str]:
@@ -109,8 +114,11 @@ class Bench:
         return list(seen)
 
     def stat(self, scenario: str, method: str, metric: str) -> Stat:
-        vals = [row[metric] for row in self.rows
-                if row["scenario"] == scenario and row["method"] == method and metric in row]
+        vals = [
+            row[metric]
+            for row in self.rows
+            if row["scenario"] == scenario and row["method"] == method and metric in row
+        ]
         if not vals:
             return Stat(float("nan"), float("nan"), float("nan"), 0)
         return Stat(statistics.median(vals), min(vals), max(vals), len(vals))
@@ -122,8 +130,12 @@ class Bench:
         """A Markdown table: one row per method; cells are 'median [min-max]' over rounds."""
         methods = methods or self.methods()
         header = ["method"] + [c.header for c in columns]
-        lines = [f"**{title}** ({self.name}; machine: {self.machine}; model: {self.model})", "",
-                 "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines = [
+            f"**{title}** ({self.name}; machine: {self.machine}; model: {self.model})",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
         for m in methods:
             cells = [m]
             for c in columns:
@@ -137,8 +149,9 @@ class Bench:
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
-    def save(self, extra: Optional[dict] = None, plots: Optional[list[Column]] = None,
-             out_dir: str = OUT_DIR) -> list[str]:
+    def save(
+        self, extra: Optional[dict] = None, plots: Optional[list[Column]] = None, out_dir: str = OUT_DIR
+    ) -> list[str]:
         """Write <name>-<time>.json (every row, the summary and ``extra``) and a PNG of
         ``plots`` (one panel per column: median bars with min-max whiskers per method)."""
         os.makedirs(out_dir, exist_ok=True)
@@ -146,15 +159,35 @@ class Bench:
         base = os.path.join(out_dir, f"{self.name}-{stamp}")
         summary = {}
         for scenario, method, _ in self.cases:
-            metrics = {k for row in self.rows if row["scenario"] == scenario and row["method"] == method
-                       for k in row if k not in ("round", "scenario", "method")}
+            metrics = {
+                k
+                for row in self.rows
+                if row["scenario"] == scenario and row["method"] == method
+                for k in row
+                if k not in ("round", "scenario", "method")
+            }
             for k in sorted(metrics):
                 s = self.stat(scenario, method, k)
                 summary.setdefault(scenario, {}).setdefault(method, {})[k] = {
-                    "median": s.median, "min": s.lo, "max": s.hi, "rounds": s.n}
+                    "median": s.median,
+                    "min": s.lo,
+                    "max": s.hi,
+                    "rounds": s.n,
+                }
         with open(base + ".json", "w") as f:
-            json.dump({"name": self.name, "machine": self.machine, "model": self.model, "notes": self.notes,
-                       "summary": summary, "rows": self.rows, **(extra or {})}, f, indent=1)
+            json.dump(
+                {
+                    "name": self.name,
+                    "machine": self.machine,
+                    "model": self.model,
+                    "notes": self.notes,
+                    "summary": summary,
+                    "rows": self.rows,
+                    **(extra or {}),
+                },
+                f,
+                indent=1,
+            )
         paths = [base + ".json"]
         if plots:
             try:
@@ -166,6 +199,7 @@ class Bench:
     def _plot(self, columns: list[Column], path: str) -> str:
         import matplotlib
         import matplotlib.ticker
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

@@ -12,6 +12,7 @@ Two scenarios, one torch thread as the engine runs:
 
     python -m benchmarks.kernel_ops --rounds 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,12 +67,19 @@ def _custom_ops(runner: ModelRunner) -> list[CustomOp]:
 
 
 def _add_decode_cases(bench: Bench, prompt: int, steps: int) -> None:
-    runner = ModelRunner(EngineArgs(model=default_gguf_path(), device="cpu", num_threads=1, max_model_len=1024,
-                                    kv_cache_memory=64 << 20).create_engine_config())
+    runner = ModelRunner(
+        EngineArgs(
+            model=default_gguf_path(), device="cpu", num_threads=1, max_model_len=1024, kv_cache_memory=64 << 20
+        ).create_engine_config()
+    )
     runner.num_blocks = runner.initialize_kv_cache()
     runner.next_block = 1
-    req = Request("0", [(7 * j) % 40000 + 3 for j in range(prompt)], SamplingParams(temperature=0.0, max_tokens=10_000),
-                  eos_token_id=None)
+    req = Request(
+        "0",
+        [(7 * j) % 40000 + 3 for j in range(prompt)],
+        SamplingParams(temperature=0.0, max_tokens=10_000),
+        eos_token_id=None,
+    )
     _step(runner, [req])
     custom = _custom_ops(runner)
     eager = {id(op): op.dispatch_forward(torch.device("cpu"), False) for op in custom}
@@ -102,13 +110,24 @@ def main(argv=None) -> None:
     _add_call_cases(bench, args.calls)
     _add_decode_cases(bench, args.prompt, args.steps)
     bench.run(rounds=args.rounds)
-    print(bench.table("Per call, us", [Column("rms_norm us", "rms_norm", "us", fmt="{:.1f}"),
-                                       Column("vs raw", "rms_norm", "us", ratio_to="raw"),
-                                       Column("Q4_1 GEMV us", "quant_gemv", "us", fmt="{:.1f}"),
-                                       Column("vs raw", "quant_gemv", "us", ratio_to="raw")]))
-    print(bench.table(f"Decode step, 1 sequence at context ~{args.prompt}",
-                      [Column("step ms", "decode", "ms", fmt="{:.2f}"),
-                       Column("vs raw", "decode", "ms", ratio_to="raw")], methods=["raw", "op"]))
+    print(
+        bench.table(
+            "Per call, us",
+            [
+                Column("rms_norm us", "rms_norm", "us", fmt="{:.1f}"),
+                Column("vs raw", "rms_norm", "us", ratio_to="raw"),
+                Column("Q4_1 GEMV us", "quant_gemv", "us", fmt="{:.1f}"),
+                Column("vs raw", "quant_gemv", "us", ratio_to="raw"),
+            ],
+        )
+    )
+    print(
+        bench.table(
+            f"Decode step, 1 sequence at context ~{args.prompt}",
+            [Column("step ms", "decode", "ms", fmt="{:.2f}"), Column("vs raw", "decode", "ms", ratio_to="raw")],
+            methods=["raw", "op"],
+        )
+    )
     for note in bench.notes:
         print(f"- {note}")
     bench.save()

@@ -15,6 +15,7 @@ The store is a fresh directory on /dev/shm (shared memory), removed at the end.
     ringllm bench kv-transfer                          # ~2,000-token prompts, float32, 3 rounds
     ringllm bench kv-transfer --prompt-tokens 1000 --rounds 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,16 @@ import time
 
 from benchmarks.harness import Bench, Column
 
-_TEXT = ("The harbor master counted the ships that came in with the tide, wrote each name in a ledger, "
-         "and noted the cargo, the crew and the weather of the crossing. ")
+_TEXT = (
+    "The harbor master counted the ships that came in with the tide, wrote each name in a ledger, "
+    "and noted the cargo, the crew and the weather of the crossing. "
+)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="ringllm bench kv-transfer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ringllm bench kv-transfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="HF directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt-tokens", type=int, default=2000)
@@ -53,8 +57,13 @@ def main(argv=None) -> int:
         engine_kw["model"] = a.model
 
     def connector(role: str) -> dict:
-        return {"kv_transfer_config": {"kv_connector": "SharedStorageConnector", "kv_role": role,
-                                       "kv_connector_extra_config": {"shared_storage_path": store}}}
+        return {
+            "kv_transfer_config": {
+                "kv_connector": "SharedStorageConnector",
+                "kv_role": role,
+                "kv_connector_extra_config": {"shared_storage_path": store},
+            }
+        }
 
     engines = {}
     try:
@@ -69,7 +78,7 @@ def main(argv=None) -> int:
 
         def fresh_prompt() -> dict:
             head = tokenizer.encode(f"Ledger {next(counter)} of the port:")
-            return {"prompt_token_ids": (head + filler)[:a.prompt_tokens]}
+            return {"prompt_token_ids": (head + filler)[: a.prompt_tokens]}
 
         def ttft(engine: str, prompt: dict) -> dict:
             t0 = time.perf_counter()
@@ -91,17 +100,21 @@ def main(argv=None) -> int:
         bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.kv_transfer").info)
         entries = [os.path.join(store, n) for n in os.listdir(store) if n.endswith(".kv")]
         entry_bytes = os.path.getsize(entries[0]) if entries else 0
-        bench.notes.append(f"{a.prompt_tokens}-token prompts, {a.dtype}, 1 output token; store on "
-                           f"{parent or 'the temp folder'}: {entry_bytes / 2**10:.0f} KiB per block of 16 tokens "
-                           f"({entry_bytes * (a.prompt_tokens // 16) / 2**20:.0f} MiB per prompt)")
+        bench.notes.append(
+            f"{a.prompt_tokens}-token prompts, {a.dtype}, 1 output token; store on "
+            f"{parent or 'the temp folder'}: {entry_bytes / 2**10:.0f} KiB per block of 16 tokens "
+            f"({entry_bytes * (a.prompt_tokens // 16) / 2**20:.0f} MiB per prompt)"
+        )
     finally:
         for llm in engines.values():
             llm.shutdown()
         shutil.rmtree(store, ignore_errors=True)
 
-    columns = [Column("TTFT s", "ttft", "ttft_s", "{:.3f}"),
-               Column("TTFT / cold", "ttft", "ttft_s", ratio_to="cold"),
-               Column("cached tokens", "ttft", "cached_tokens", "{:.0f}")]
+    columns = [
+        Column("TTFT s", "ttft", "ttft_s", "{:.3f}"),
+        Column("TTFT / cold", "ttft", "ttft_s", ratio_to="cold"),
+        Column("cached tokens", "ttft", "cached_tokens", "{:.0f}"),
+    ]
     print(bench.table(f"Time to first token, {a.prompt_tokens}-token prompt", columns) + "\n")
     speedup = 1 / bench.ratio("ttft", "ttft_s", "loaded (consumer)", "cold")
     print(f"loaded from the connector: {speedup:.1f}x faster than cold (target >= 5x)")

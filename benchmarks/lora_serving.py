@@ -13,6 +13,7 @@ adds a second server without ``--enable-lora``: the base's figure with no LoRA m
 generator and the client are those of benchmarks/serving.py (closed loop, streamed greedy
 completions with ignore_eos, fresh seeded prompts per run so prefix caching flatters nothing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,15 @@ def write_random_adapter(path: str, cfg: dict, rank: int, seed: int) -> None:
     head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
     inter = cfg["intermediate_size"]
-    shapes = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
-              "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    shapes = {
+        "q_proj": (q, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, q),
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for i in range(layers):
@@ -56,16 +64,18 @@ def write_random_adapter(path: str, cfg: dict, rank: int, seed: int) -> None:
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
     with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS),
-                   "bias": "none"}, f)
+        json.dump(
+            {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS), "bias": "none"}, f
+        )
 
 
 async def _run(url: str, models: list[str], clients: int, output_tokens: int, seed: int) -> dict:
     names = itertools.cycle(models)
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
-        return await run_level(lambda prompt: stream_completion(session, url, next(names), prompt, output_tokens),
-                               clients, 1, seed)
+        return await run_level(
+            lambda prompt: stream_completion(session, url, next(names), prompt, output_tokens), clients, 1, seed
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -87,18 +97,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     bench = Bench("lora-serving", model="SmolLM2-135M-Instruct (embedded default, dtype auto)")
-    bench.notes.append(f"{args.clients} clients, one streamed request each per run, {args.output_tokens} output "
-                       f"tokens (ignore_eos, greedy); random rank-{args.rank} adapters on q/k/v/o/gate/up/down; "
-                       "load generator on the same machine")
+    bench.notes.append(
+        f"{args.clients} clients, one streamed request each per run, {args.output_tokens} output "
+        f"tokens (ignore_eos, greedy); random rank-{args.rank} adapters on q/k/v/o/gate/up/down; "
+        "load generator on the same machine"
+    )
     seeds = itertools.count(args.seed * 1_000_000)
     loop = asyncio.new_event_loop()
     with tempfile.TemporaryDirectory(prefix="ringllm-lora-bench-") as tmp:
         names = [f"lora{i}" for i in range(max(ADAPTER_COUNTS))]
         for i, name in enumerate(names):
             write_random_adapter(os.path.join(tmp, name), cfg, args.rank, args.seed * 100 + i)
-        lora_flags = ["--enable-lora", "--max-loras", str(max(ADAPTER_COUNTS)), "--max-lora-rank", str(args.rank),
-                      "--max-cpu-loras", str(max(ADAPTER_COUNTS)), "--lora-modules",
-                      *(f"{name}={os.path.join(tmp, name)}" for name in names)]
+        lora_flags = [
+            "--enable-lora",
+            "--max-loras",
+            str(max(ADAPTER_COUNTS)),
+            "--max-lora-rank",
+            str(args.rank),
+            "--max-cpu-loras",
+            str(max(ADAPTER_COUNTS)),
+            "--lora-modules",
+            *(f"{name}={os.path.join(tmp, name)}" for name in names),
+        ]
         common = ["--served-model-name", "default", "--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
         servers = {"lora": Server([*common, *lora_flags], os.path.join(args.out, "lora-serving-server.log"))}
         if args.plain_server:
@@ -113,7 +133,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 senders[NO_LORA] = lambda: _run(plain_url, ["default"], args.clients, args.output_tokens, next(seeds))
             for k in ADAPTER_COUNTS:
                 senders[f"{k} adapter{'s' if k > 1 else ''}"] = lambda k=k: _run(
-                    lora_url, names[:k], args.clients, args.output_tokens, next(seeds))
+                    lora_url, names[:k], args.clients, args.output_tokens, next(seeds)
+                )
             # warm-up: first-request costs, every adapter into memory (one short request each)
             loop.run_until_complete(_run(lora_url, ["default", *names], 1 + len(names), 2, next(seeds)))
             if args.plain_server:
@@ -124,13 +145,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         finally:
             for server in servers.values():
                 server.stop()
-    columns = [Column("output tok/s", "streams", "output_tokens_per_s", "{:.0f}", higher_is_better=True),
-               Column("vs base", "streams", "output_tokens_per_s", ratio_to=BASE),
-               *([Column("vs no --enable-lora", "streams", "output_tokens_per_s", ratio_to=NO_LORA)]
-                 if args.plain_server else []),
-               Column("TTFT p50 ms", "streams", "ttft_p50_ms", "{:.0f}"),
-               Column("ITL p50 ms", "streams", "itl_p50_ms", "{:.1f}"),
-               Column("ITL p99 ms", "streams", "itl_p99_ms", "{:.1f}")]
+    columns = [
+        Column("output tok/s", "streams", "output_tokens_per_s", "{:.0f}", higher_is_better=True),
+        Column("vs base", "streams", "output_tokens_per_s", ratio_to=BASE),
+        *(
+            [Column("vs no --enable-lora", "streams", "output_tokens_per_s", ratio_to=NO_LORA)]
+            if args.plain_server
+            else []
+        ),
+        Column("TTFT p50 ms", "streams", "ttft_p50_ms", "{:.0f}"),
+        Column("ITL p50 ms", "streams", "itl_p50_ms", "{:.1f}"),
+        Column("ITL p99 ms", "streams", "itl_p99_ms", "{:.1f}"),
+    ]
     print(f"\n{bench.table(f'{args.clients} streams over LoRA adapters', columns)}\n")
     for note in bench.notes:
         print(f"- {note}")

@@ -7,6 +7,7 @@ else is the real thing: the EngineCore process, its scheduler and busy loop, the
 servers. So what a benchmark of it measures is the serving path around a model: HTTP, input and
 output processing, detokenizing, SSE, the transport, and the core's own bookkeeping.
 """
+
 from __future__ import annotations
 
 from engine.core.sched_output import ModelRunnerOutput

@@ -12,6 +12,7 @@ GGUF type and runs it on its blocks (``GGUFLinear``), as a GGUF file's experts r
 
     python -m benchmarks.moe_decode --rounds 3 [--qtype Q8_0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ def _per_token(self: SparseMoE, x: torch.Tensor, act) -> torch.Tensor:
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for j, e in enumerate(experts[t].tolist()):
-            out[t] += weights[t, j] * self.down[e](act(self.gate_up[e](x[t:t + 1])))[0]
+            out[t] += weights[t, j] * self.down[e](act(self.gate_up[e](x[t : t + 1])))[0]
     return out
 
 
@@ -61,18 +62,44 @@ def _runner(seqs: int, prompt: int, qtype: str | None) -> tuple[ModelRunner, lis
     from transformers import MixtralConfig
 
     path = tempfile.mkdtemp(prefix="moe-bench-")
-    MixtralConfig(vocab_size=4096, hidden_size=768, intermediate_size=2048, num_hidden_layers=4,
-                  num_attention_heads=12, num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2,
-                  architectures=["MixtralForCausalLM"]).save_pretrained(path)
-    runner = ModelRunner(EngineArgs(model=path, load_format="dummy", dtype="float32", device="cpu", num_threads=1,
-                                    block_size=16, max_model_len=1024, kv_cache_memory=64 << 20,
-                                    max_num_batched_tokens=8192, max_num_seqs=64).create_engine_config())
+    MixtralConfig(
+        vocab_size=4096,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"],
+    ).save_pretrained(path)
+    runner = ModelRunner(
+        EngineArgs(
+            model=path,
+            load_format="dummy",
+            dtype="float32",
+            device="cpu",
+            num_threads=1,
+            block_size=16,
+            max_model_len=1024,
+            kv_cache_memory=64 << 20,
+            max_num_batched_tokens=8192,
+            max_num_seqs=64,
+        ).create_engine_config()
+    )
     runner.num_blocks = runner.initialize_kv_cache()
     runner.next_block = 1
     if qtype:
         _quantize_experts(runner, qtype)
-    reqs = [Request(str(i), [(i * 7 + j) % 4000 + 3 for j in range(prompt)],
-                    SamplingParams(temperature=0.0, max_tokens=10_000), eos_token_id=None) for i in range(seqs)]
+    reqs = [
+        Request(
+            str(i),
+            [(i * 7 + j) % 4000 + 3 for j in range(prompt)],
+            SamplingParams(temperature=0.0, max_tokens=10_000),
+            eos_token_id=None,
+        )
+        for i in range(seqs)
+    ]
     _step(runner, reqs)
     return runner, reqs
 
@@ -92,6 +119,7 @@ def main(argv=None) -> None:
     for seqs in args.seqs:
         runner, reqs = _runner(seqs, args.prompt, args.qtype)
         for name, impl in (("grouped by expert", _GROUPED), ("per-token loop", _per_token)):
+
             def case(runner=runner, reqs=reqs, impl=impl) -> dict:
                 SparseMoE.__call__ = impl
                 try:

@@ -20,6 +20,7 @@ directory, so an interrupted build is redone, never used half-written.
 
 prints the paths: the HF directory, and the Q4_0 and Q4_K_M files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,32 @@ from engine.models.default_model import default_tokenizer_path
 log = logging.getLogger("benchmarks.moe_model")
 
 NAME = "qwen3moe-3b-a0.6b-random"
-CONFIG = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=49152, hidden_size=1024,
-              intermediate_size=3072, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
-              head_dim=128, num_experts=48, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
-              decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=4096, rms_norm_eps=1e-6,
-              rope_theta=1e6, hidden_act="silu", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-              torch_dtype="bfloat16", attention_bias=False)
+CONFIG = dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    vocab_size=49152,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=48,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="bfloat16",
+    attention_bias=False,
+)
 QUANT_TYPES = ("Q4_0", "Q4_K_M")
 _SHARD_BYTES = 2 << 30
 _STD = 0.02  # transformers' initializer_range
@@ -120,14 +141,22 @@ def write_checkpoint(path: str, cfg: dict = CONFIG, seed: int = 0) -> None:
     if shard:
         flush()
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": sum(2 * s[0] * (s[1] if len(s) > 1 else 1)
-                                                  for _, s in _tensors(cfg))}, "weight_map": index}, f)
+        json.dump(
+            {
+                "metadata": {"total_size": sum(2 * s[0] * (s[1] if len(s) > 1 else 1) for _, s in _tensors(cfg))},
+                "weight_map": index,
+            },
+            f,
+        )
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     tok = default_tokenizer_path()
     for fname in os.listdir(tok):
-        if fname.startswith("tokenizer") or fname in ("special_tokens_map.json", "generation_config.json",
-                                                     "chat_template.jinja"):
+        if fname.startswith("tokenizer") or fname in (
+            "special_tokens_map.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ):
             shutil.copy(os.path.join(tok, fname), path)
 
 
@@ -145,8 +174,9 @@ def _published(final: str, build) -> str:
     return final
 
 
-def build(cache_dir: str, llama_cpp: str | None, python: str = sys.executable,
-          types: tuple[str, ...] = QUANT_TYPES) -> dict[str, str]:
+def build(
+    cache_dir: str, llama_cpp: str | None, python: str = sys.executable, types: tuple[str, ...] = QUANT_TYPES
+) -> dict[str, str]:
     """{"hf": dir, "BF16": gguf, and a GGUF per type of ``types``} (the GGUFs where ``llama_cpp``,
     the llama.cpp source tree with its tools built under build/bin, is given); built once each."""
     os.makedirs(cache_dir, exist_ok=True)
@@ -160,11 +190,14 @@ def build(cache_dir: str, llama_cpp: str | None, python: str = sys.executable,
         log.info("%s", " ".join(cmd))
         subprocess.run(cmd, check=True)
 
-    out["BF16"] = _published(os.path.join(cache_dir, f"{NAME}.BF16.gguf"), lambda t: run(
-        [python, convert, out["hf"], "--outtype", "bf16", "--outfile", t]))
+    out["BF16"] = _published(
+        os.path.join(cache_dir, f"{NAME}.BF16.gguf"),
+        lambda t: run([python, convert, out["hf"], "--outtype", "bf16", "--outfile", t]),
+    )
     for qtype in types:
-        out[qtype] = _published(os.path.join(cache_dir, f"{NAME}.{qtype}.gguf"),
-                                lambda t, q=qtype: run([quantize, out["BF16"], t, q, "2"]))
+        out[qtype] = _published(
+            os.path.join(cache_dir, f"{NAME}.{qtype}.gguf"), lambda t, q=qtype: run([quantize, out["BF16"], t, q, "2"])
+        )
     return out
 
 

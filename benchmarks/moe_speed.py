@@ -14,6 +14,7 @@ part of it spent in the sparse MLPs (router, expert GEMVs, sums).
 
     python -m benchmarks.moe_speed --llama-cpp /path/to/llama.cpp [--rounds 3] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,9 +67,13 @@ def ringllm_case(path: str, threads: int, tokens: int):
 
 def llama_bench_case(bench_bin: str, path: str, threads: int, tokens: int):
     def case() -> dict:
-        out = subprocess.run([bench_bin, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1",
-                              "-o", "json"], check=True, capture_output=True, text=True).stdout
-        rows = json.loads(out[out.index("["):])
+        out = subprocess.run(
+            [bench_bin, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1", "-o", "json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        rows = json.loads(out[out.index("[") :])
         return {"tok_s": float(rows[0]["avg_ts"])}
 
     return case
@@ -137,14 +142,21 @@ def main(argv=None) -> int:
         nbytes = active_bytes(files[qtype])
         size = os.path.getsize(files[qtype])
         rates = {m: bench.stat(qtype, m, "tok_s").median for m in bench.methods()}
-        extra[qtype] = {"file_bytes": size, "active_bytes_per_token": nbytes,
-                        "GB_s": {m: r * nbytes / 1e9 for m, r in rates.items()}}
-        print(f"- {qtype}: file {size / 1e9:.2f} GB, {nbytes / 1e6:.0f} MB read per token; "
-              + ", ".join(f"{m} {r * nbytes / 1e9:.1f} GB/s" for m, r in rates.items()))
+        extra[qtype] = {
+            "file_bytes": size,
+            "active_bytes_per_token": nbytes,
+            "GB_s": {m: r * nbytes / 1e9 for m, r in rates.items()},
+        }
+        print(
+            f"- {qtype}: file {size / 1e9:.2f} GB, {nbytes / 1e6:.0f} MB read per token; "
+            + ", ".join(f"{m} {r * nbytes / 1e9:.1f} GB/s" for m, r in rates.items())
+        )
         if args.profile:
             extra[qtype]["profile"] = prof = profile_step(files[qtype])
-            print(f"  ringllm in-process decode step {prof['step_ms']:.1f} ms, sparse MLPs "
-                  f"{prof['moe_ms']:.1f} ms ({prof['moe_ms'] / prof['step_ms']:.0%})")
+            print(
+                f"  ringllm in-process decode step {prof['step_ms']:.1f} ms, sparse MLPs "
+                f"{prof['moe_ms']:.1f} ms ({prof['moe_ms'] / prof['step_ms']:.0%})"
+            )
     for note in bench.notes:
         print(f"- {note}")
     bench.save(extra=extra)

@@ -52,6 +52,7 @@ and ``ringllm bench serving --peer-url``):
       /path/llamacpp-venv/bin/pip install llama-cpp-python          # builds llama.cpp, ~4-8 min
     ringllm bench offline --scenarios single,prefill --llamacpp-python /path/llamacpp-venv/bin/python
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,17 +71,18 @@ from benchmarks.harness import Bench, Column
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_WORDS = ("river mountain engine quiet yellow garden window silver market rocket planet story "
-          "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
-          "harbor meadow pencil lantern violin orchard glacier compass").split()
+_WORDS = (
+    "river mountain engine quiet yellow garden window silver market rocket planet story "
+    "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
+    "harbor meadow pencil lantern violin orchard glacier compass"
+).split()
 
 
 def make_prompts(count: int, seed: int = 0, words: tuple[int, int] = (12, 36)) -> list[str]:
     """Seeded prompts of 12 to 36 words (about 15 to 45 tokens) by default, none sharing a prefix
     block (each starts with its own number)."""
     rng = random.Random(seed)
-    return [f"Story {i}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(*words)))
-            for i in range(count)]
+    return [f"Story {i}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(*words))) for i in range(count)]
 
 
 def make_long_prompts(count: int, tokens: int) -> list[str]:
@@ -92,6 +94,7 @@ def make_long_prompts(count: int, tokens: int) -> list[str]:
 
 
 # ---------------------------------------------------------------- workers (one per process)
+
 
 def _peak_rss_mib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -105,8 +108,16 @@ def worker_ringllm(a: argparse.Namespace) -> dict:
     from engine import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=a.model, dtype=a.dtype, num_threads=a.threads, kv_cache_memory=a.kv_cache_memory,
-              max_model_len=a.max_model_len, seed=0, quantization=a.quantization, deterministic=a.deterministic)
+    llm = LLM(
+        model=a.model,
+        dtype=a.dtype,
+        num_threads=a.threads,
+        kv_cache_memory=a.kv_cache_memory,
+        max_model_len=a.max_model_len,
+        seed=0,
+        quantization=a.quantization,
+        deterministic=a.deterministic,
+    )
     startup, ready = time.perf_counter() - start, time.time() - a.spawn_time
     params = SamplingParams(temperature=0.0, max_tokens=a.output_tokens, ignore_eos=True)
     prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
@@ -142,8 +153,9 @@ def worker_transformers(a: argparse.Namespace) -> dict:
     def run(batch: list[str], n: int) -> int:
         enc = tok(batch, return_tensors="pt", padding=True)
         with torch.inference_mode():
-            out = model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                **enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id
+            )
         assert out.shape[1] - enc["input_ids"].shape[1] == n
         return len(batch) * n
 
@@ -155,8 +167,14 @@ def worker_transformers(a: argparse.Namespace) -> dict:
 
     prompts, long_prompts = make_prompts(a.num_prompts), make_long_prompts(a.num_prompts, a.prefill_tokens)
     run(prompts[:2], 4)
-    result = _measure(a, {"batch": lambda: run(prompts, a.output_tokens),
-                          "single": lambda: run(prompts[:1], a.output_tokens), "prefill": prefill})
+    result = _measure(
+        a,
+        {
+            "batch": lambda: run(prompts, a.output_tokens),
+            "single": lambda: run(prompts[:1], a.output_tokens),
+            "prefill": prefill,
+        },
+    )
     return {"startup_s": startup, "ready_s": ready, **result}
 
 
@@ -182,6 +200,7 @@ def _default_model_dir() -> str:
 
 # ---------------------------------------------------------------- driver
 
+
 def run_worker(engine: str, a: argparse.Namespace) -> dict:
     """Run one worker process; ``a`` carries the scenario fields (``mode``: batch, single, prefill
     or a comma-separated list of them)."""
@@ -197,13 +216,35 @@ def run_worker(engine: str, a: argparse.Namespace) -> dict:
     quantization = "int8" if engine == "ringllm-int8" else None
     if engine == "ringllm-int8":  # the float checkpoint's projections as W8A8 (quantization="int8")
         engine = "ringllm"
-    cmd = [sys.executable, "-m", "benchmarks.offline", "--worker", engine, "--mode", a.mode,
-           "--dtype", a.dtype, "--threads", str(a.threads), "--num-prompts", str(a.num_prompts),
-           "--output-tokens", str(a.output_tokens), "--prefill-tokens", str(a.prefill_tokens),
-           "--repeats", str(a.repeats), *(["--quantization", quantization] if quantization else []),
-           *(["--deterministic"] if deterministic else []),
-           "--kv-cache-memory", str(a.kv_cache_memory), "--max-model-len", str(a.max_model_len),
-           "--spawn-time", repr(time.time())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.offline",
+        "--worker",
+        engine,
+        "--mode",
+        a.mode,
+        "--dtype",
+        a.dtype,
+        "--threads",
+        str(a.threads),
+        "--num-prompts",
+        str(a.num_prompts),
+        "--output-tokens",
+        str(a.output_tokens),
+        "--prefill-tokens",
+        str(a.prefill_tokens),
+        "--repeats",
+        str(a.repeats),
+        *(["--quantization", quantization] if quantization else []),
+        *(["--deterministic"] if deterministic else []),
+        "--kv-cache-memory",
+        str(a.kv_cache_memory),
+        "--max-model-len",
+        str(a.max_model_len),
+        "--spawn-time",
+        repr(time.time()),
+    ]
     cmd += (["--model", model] if model else []) + (["--inproc"] if a.inproc else [])
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(a.threads))
     return _json_result(engine, subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=_ROOT))
@@ -214,23 +255,36 @@ PEER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE
 
 def _run_peer_vllm(a: argparse.Namespace, eager: bool) -> dict:
     """benchmarks/peer_vllm.py under ``--peer-python``, compiled unless ``eager``."""
-    job = {"model": a.model or _default_model_dir(), "dtype": a.peer_dtype or a.dtype,
-           "enforce_eager": eager, "max_model_len": a.max_model_len,
-           "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
-           "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens),
-           "mode": a.mode, "spawn_time": time.time()}
-    return _run_peer_script("vllm", a.peer_python, "peer_vllm.py", job, {**PEER_ENV, **os.environ},
-                            peer_vllm.MARKER)
+    job = {
+        "model": a.model or _default_model_dir(),
+        "dtype": a.peer_dtype or a.dtype,
+        "enforce_eager": eager,
+        "max_model_len": a.max_model_len,
+        "prompts": make_prompts(a.num_prompts),
+        "output_tokens": a.output_tokens,
+        "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens),
+        "mode": a.mode,
+        "spawn_time": time.time(),
+    }
+    return _run_peer_script("vllm", a.peer_python, "peer_vllm.py", job, {**PEER_ENV, **os.environ}, peer_vllm.MARKER)
 
 
 def _run_peer_llamacpp(a: argparse.Namespace) -> dict:
     """benchmarks/peer_llamacpp.py under ``--llamacpp-python``, one thread, on ``--gguf``."""
-    job = {"gguf": a.gguf or _default_gguf(), "threads": 1, "n_batch": a.llamacpp_n_batch,
-           "n_ctx": a.max_model_len, "prompts": make_prompts(a.num_prompts), "output_tokens": a.output_tokens,
-           "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens), "mode": a.mode,
-           "spawn_time": time.time()}
-    return _run_peer_script("llama.cpp", a.llamacpp_python, "peer_llamacpp.py", job, dict(os.environ),
-                            peer_llamacpp.MARKER)
+    job = {
+        "gguf": a.gguf or _default_gguf(),
+        "threads": 1,
+        "n_batch": a.llamacpp_n_batch,
+        "n_ctx": a.max_model_len,
+        "prompts": make_prompts(a.num_prompts),
+        "output_tokens": a.output_tokens,
+        "long_prompts": make_long_prompts(a.num_prompts, a.prefill_tokens),
+        "mode": a.mode,
+        "spawn_time": time.time(),
+    }
+    return _run_peer_script(
+        "llama.cpp", a.llamacpp_python, "peer_llamacpp.py", job, dict(os.environ), peer_llamacpp.MARKER
+    )
 
 
 def _run_peer_script(engine: str, python: str, script: str, job: dict, env: dict, marker: str) -> dict:
@@ -238,8 +292,14 @@ def _run_peer_script(engine: str, python: str, script: str, job: dict, env: dict
     ringllm's is importable there), with the job as JSON on stdin."""
     env.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory(prefix="ringllm-peer-") as scratch:
-        proc = subprocess.run([python, os.path.join(_ROOT, "benchmarks", script)],
-                              input=json.dumps(job), env=env, capture_output=True, text=True, cwd=scratch)
+        proc = subprocess.run(
+            [python, os.path.join(_ROOT, "benchmarks", script)],
+            input=json.dumps(job),
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=scratch,
+        )
     return _json_result(engine, proc, marker=marker)
 
 
@@ -254,7 +314,7 @@ def _json_result(engine: str, proc: subprocess.CompletedProcess, marker: str = "
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} worker failed:\n{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(marker)][-1]
-    return json.loads(line[len(marker):])
+    return json.loads(line[len(marker) :])
 
 
 def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
@@ -262,14 +322,21 @@ def case(engine: str, mode: str, threads: int, a: argparse.Namespace):
 
     def run() -> dict:
         r = run_worker(engine, wa)
-        return {"tok_s": r[f"{mode}_tokens"] / r[f"{mode}_s"][0], "tokens": r[f"{mode}_tokens"],
-                "startup_s": r["startup_s"], "ready_s": r["ready_s"], "peak_rss_mib": r["peak_rss_mib"]}
+        return {
+            "tok_s": r[f"{mode}_tokens"] / r[f"{mode}_s"][0],
+            "tokens": r[f"{mode}_tokens"],
+            "startup_s": r["startup_s"],
+            "ready_s": r["ready_s"],
+            "peak_rss_mib": r["peak_rss_mib"],
+        }
+
     return run
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="ringllm bench offline", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ringllm bench offline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="HF directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--threads", default="1", help="comma-separated torch thread counts to sweep")
@@ -278,25 +345,41 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", type=int, default=500, help="prompt length of the prefill scenario")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians and spread)")
     p.add_argument("--scenarios", default="batch,single", help="any of batch, single, prefill")
-    p.add_argument("--engines", default="ringllm,transformers",
-                   help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks), "
-                        "ringllm-int8 (quantization='int8'); any ringllm one with -deterministic appended "
-                        "(deterministic=True)")
+    p.add_argument(
+        "--engines",
+        default="ringllm,transformers",
+        help="any of ringllm, transformers, ringllm-gguf (ringllm on --gguf's own blocks), "
+        "ringllm-int8 (quantization='int8'); any ringllm one with -deterministic appended "
+        "(deterministic=True)",
+    )
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--inproc", action="store_true", help="run ringllm's EngineCore in-process")
     p.add_argument("--out", default=None, help="folder for JSON and PNG (default benchmarks/out)")
-    p.add_argument("--peer", choices=["vllm"], default=None,
-                   help="also run this engine, from another Python (--peer-python), as one more method")
+    p.add_argument(
+        "--peer",
+        choices=["vllm"],
+        default=None,
+        help="also run this engine, from another Python (--peer-python), as one more method",
+    )
     p.add_argument("--peer-python", default=None, help="python of a venv that has vLLM (see above)")
-    p.add_argument("--peer-dtype", default=None, choices=["bfloat16", "float32", "float16"],
-                   help="the peer's dtype (default: --dtype)")
-    p.add_argument("--peer-eager", action="store_true",
-                   help="also run vLLM eager (enforce_eager) beside its default compiled mode")
-    p.add_argument("--llamacpp-python", default=None,
-                   help="python of a venv with llama-cpp-python: adds llama.cpp (single, prefill; see above)")
-    p.add_argument("--gguf", default=None,
-                   help="the GGUF file of llama.cpp and ringllm-gguf (default: the embedded model's Q4_1)")
+    p.add_argument(
+        "--peer-dtype",
+        default=None,
+        choices=["bfloat16", "float32", "float16"],
+        help="the peer's dtype (default: --dtype)",
+    )
+    p.add_argument(
+        "--peer-eager", action="store_true", help="also run vLLM eager (enforce_eager) beside its default compiled mode"
+    )
+    p.add_argument(
+        "--llamacpp-python",
+        default=None,
+        help="python of a venv with llama-cpp-python: adds llama.cpp (single, prefill; see above)",
+    )
+    p.add_argument(
+        "--gguf", default=None, help="the GGUF file of llama.cpp and ringllm-gguf (default: the embedded model's Q4_1)"
+    )
     p.add_argument("--llamacpp-n-batch", type=int, default=512, help="llama.cpp's prompt batch size")
     p.add_argument("--worker", choices=["ringllm", "transformers"], help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batch,single", help=argparse.SUPPRESS)
@@ -333,37 +416,55 @@ def main(argv=None) -> int:
         if llamacpp and mode != "batch":
             bench.add(mode, llamacpp, case("llamacpp", mode, 1, a))
     bench.run(rounds=a.rounds, progress=logging.getLogger("benchmarks.offline").info)
-    bench.notes.append(f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, "
-                       f"torch {_torch_version()}")
+    bench.notes.append(
+        f"{a.num_prompts} prompts x {a.output_tokens} tokens, {a.dtype}, greedy, ignore_eos, torch {_torch_version()}"
+    )
     if "prefill" in scenarios:
-        bench.notes.append(f"prefill: {a.num_prompts} prompts of ~{a.prefill_tokens} tokens, 1 output token; "
-                           "tok/s counts prompt tokens")
+        bench.notes.append(
+            f"prefill: {a.num_prompts} prompts of ~{a.prefill_tokens} tokens, 1 output token; "
+            "tok/s counts prompt tokens"
+        )
     if peer:
-        bench.notes.append(f"peer: {', '.join(peers)}, {a.peer_python}, vLLM's own CPU threads; "
-                           + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PEER_ENV.items()))
+        bench.notes.append(
+            f"peer: {', '.join(peers)}, {a.peer_python}, vLLM's own CPU threads; "
+            + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in PEER_ENV.items())
+        )
     if llamacpp:
-        bench.notes.append(f"peer: {llamacpp}, {a.llamacpp_python}, {a.gguf or _default_gguf()}, "
-                           f"n_batch {a.llamacpp_n_batch}; no batch scenario")
-    throughput = [c for c in (Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
-                              Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
-                              Column("prefill prompt tok/s", "prefill", "tok_s", "{:.1f}", higher_is_better=True))
-                  if c.scenario in scenarios]
+        bench.notes.append(
+            f"peer: {llamacpp}, {a.llamacpp_python}, {a.gguf or _default_gguf()}, "
+            f"n_batch {a.llamacpp_n_batch}; no batch scenario"
+        )
+    throughput = [
+        c
+        for c in (
+            Column("batch tok/s", "batch", "tok_s", "{:.1f}", higher_is_better=True),
+            Column("single-stream tok/s", "single", "tok_s", "{:.1f}", higher_is_better=True),
+            Column("prefill prompt tok/s", "prefill", "tok_s", "{:.1f}", higher_is_better=True),
+        )
+        if c.scenario in scenarios
+    ]
     first = scenarios[0]  # start-up and memory as measured by the first scenario's workers
-    columns = throughput + [Column("LLM() s", first, "startup_s", "{:.1f}"),
-                            Column("start to ready s", first, "ready_s", "{:.1f}"),
-                            Column(f"peak RSS MiB ({first})", first, "peak_rss_mib", "{:.0f}")]
+    columns = throughput + [
+        Column("LLM() s", first, "startup_s", "{:.1f}"),
+        Column("start to ready s", first, "ready_s", "{:.1f}"),
+        Column(f"peak RSS MiB ({first})", first, "peak_rss_mib", "{:.0f}"),
+    ]
     for t in threads:
         ratios = []
         for base, label in [(f"transformers {t}t", "transformers"), (peer, "vllm"), (llamacpp, "llama.cpp")]:
             if base in bench.methods():
-                ratios += [Column(f"{mode} vs {label}", mode, "tok_s", ratio_to=base) for mode in scenarios
-                           if not (base == llamacpp and mode == "batch")]
+                ratios += [
+                    Column(f"{mode} vs {label}", mode, "tok_s", ratio_to=base)
+                    for mode in scenarios
+                    if not (base == llamacpp and mode == "batch")
+                ]
         methods = [m for m in bench.methods() if m.endswith(f" {t}t") or m in peers or m == llamacpp]
         print(bench.table(f"Offline throughput, {a.dtype}, {t} thread(s)", columns + ratios, methods) + "\n")
     print("\n".join(bench.notes))
     kw = {"out_dir": a.out} if a.out else {}
-    paths = bench.save(extra={"args": {k: v for k, v in vars(a).items() if k not in ("worker", "mode")}},
-                       plots=throughput, **kw)
+    paths = bench.save(
+        extra={"args": {k: v for k, v in vars(a).items() if k not in ("worker", "mode")}}, plots=throughput, **kw
+    )
     print("wrote " + ", ".join(paths))
     return 0
 

@@ -13,6 +13,7 @@ binding evaluating token by token. It is not a dependency of ringllm: its tree c
     ...  # OpenAI-compatible: /v1/completions, /v1/models, /health
     stop_server(process)
 """
+
 from __future__ import annotations
 
 import glob
@@ -76,8 +77,21 @@ def build_llama_cpp(version: Optional[str] = None) -> str:
 
 def _build_tree(version: str, dst: str) -> None:
     with tempfile.TemporaryDirectory(prefix="ringllm-llama-sdist-") as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        f"{SDIST}=={version}", "-d", tmp], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"{SDIST}=={version}",
+                "-d",
+                tmp,
+            ],
+            check=True,
+        )
         (archive,) = glob.glob(os.path.join(tmp, "*.tar.gz"))
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
@@ -85,8 +99,9 @@ def _build_tree(version: str, dst: str) -> None:
         for name in os.listdir(tree):
             shutil.move(os.path.join(tree, name), os.path.join(dst, name))
     subprocess.run(["cmake", "-S", dst, "-B", os.path.join(dst, "build"), *CMAKE_FLAGS], check=True)
-    subprocess.run(["cmake", "--build", os.path.join(dst, "build"), f"-j{os.cpu_count() or 1}",
-                    "--target", *BINARIES], check=True)
+    subprocess.run(
+        ["cmake", "--build", os.path.join(dst, "build"), f"-j{os.cpu_count() or 1}", "--target", *BINARIES], check=True
+    )
 
 
 def server_command(tree: str, gguf: str, threads: int, parallel: int, ctx: int, port: int) -> list[str]:
@@ -95,12 +110,35 @@ def server_command(tree: str, gguf: str, threads: int, parallel: int, ctx: int, 
     request), ``threads`` for decode and for prompts alike, no web UI."""
     if threads < 1 or parallel < 1 or ctx < 1:
         raise ValueError(f"threads, parallel and ctx must be positive, got {threads}, {parallel}, {ctx}")
-    return [binary(tree, "llama-server"), "-m", gguf, "-np", str(parallel), "-c", str(ctx), "--kv-unified",
-            "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    return [
+        binary(tree, "llama-server"),
+        "-m",
+        gguf,
+        "-np",
+        str(parallel),
+        "-c",
+        str(ctx),
+        "--kv-unified",
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+    ]
 
 
-def start_llama_server(gguf: str, threads: int, parallel: int = 64, ctx: int = 24576,
-                       log_path: Optional[str] = None, timeout: float = 600.0) -> tuple[str, subprocess.Popen]:
+def start_llama_server(
+    gguf: str,
+    threads: int,
+    parallel: int = 64,
+    ctx: int = 24576,
+    log_path: Optional[str] = None,
+    timeout: float = 600.0,
+) -> tuple[str, subprocess.Popen]:
     """Start ``llama-server`` on a free loopback port and wait for its ``/health``:
     (base URL, process). Its output goes to ``log_path`` (discarded when None)."""
     port = free_loopback_port()

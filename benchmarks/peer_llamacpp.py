@@ -20,6 +20,7 @@ It answers with one line, ``RESULT`` and a JSON object with the keys of ``peer_v
 - batch: not offered. A llama.cpp context decodes one sequence here; its server's parallel slots
   are the route to many, measured by the serving scenario (``--peer-url``).
 """
+
 import json
 import os
 import sys
@@ -34,8 +35,15 @@ def main() -> int:
     from llama_cpp import Llama
 
     start = time.perf_counter()
-    llm = Llama(model_path=job["gguf"], n_threads=job["threads"], n_threads_batch=job["threads"],
-                n_batch=job["n_batch"], n_ctx=job["n_ctx"], seed=0, verbose=False)
+    llm = Llama(
+        model_path=job["gguf"],
+        n_threads=job["threads"],
+        n_threads_batch=job["threads"],
+        n_batch=job["n_batch"],
+        n_ctx=job["n_ctx"],
+        seed=0,
+        verbose=False,
+    )
     startup = time.perf_counter() - start
     ready = time.time() - job["spawn_time"]
 

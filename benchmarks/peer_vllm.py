@@ -19,6 +19,7 @@ after it, from its exit handlers):
 The work mirrors ``benchmarks.offline.worker_ringllm``: greedy, ignore_eos, a 2-prompt warm-up of
 4 tokens, then only ``generate`` is timed, and the output token count is checked.
 """
+
 import json
 import os
 import sys
@@ -32,8 +33,13 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=job["model"], dtype=job["dtype"], enforce_eager=job["enforce_eager"],
-              max_model_len=job["max_model_len"], seed=0)
+    llm = LLM(
+        model=job["model"],
+        dtype=job["dtype"],
+        enforce_eager=job["enforce_eager"],
+        max_model_len=job["max_model_len"],
+        seed=0,
+    )
     startup = time.perf_counter() - start
     ready = time.time() - job["spawn_time"]
     prompts, n = job["prompts"], job["output_tokens"]
@@ -57,8 +63,11 @@ def main() -> int:
         return [seconds], count(outs)
 
     first_token = SamplingParams(temperature=0.0, max_tokens=1)
-    runs = {"batch": lambda: timed(prompts, params, generated), "single": lambda: timed(prompts[:1], params, generated),
-            "prefill": lambda: timed(job["long_prompts"], first_token, prompted)}
+    runs = {
+        "batch": lambda: timed(prompts, params, generated),
+        "single": lambda: timed(prompts[:1], params, generated),
+        "prefill": lambda: timed(job["long_prompts"], first_token, prompted),
+    }
     result = {"startup_s": startup, "ready_s": ready}
     for mode in job["mode"].split(","):
         result[f"{mode}_s"], result[f"{mode}_tokens"] = runs[mode]()

@@ -17,6 +17,7 @@ llama.cpp's ``llama_model_quantize``) runs on its own blocks.
     ringllm bench perplexity                       # bf16, int8, the Q4_1 file; 20k tokens
     ringllm bench perplexity --tokens 2048 --formats bf16,gguf --gguf /tmp/model.Q8_0.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ FORMATS = ("bf16", "float32", "int8", "gguf")
 @dataclass(frozen=True)
 class Score:
     """Summed negative log-likelihood over ``tokens`` predicted tokens."""
+
     nll: float
     tokens: int
 
@@ -45,7 +47,7 @@ def text_windows(tokenizer, max_tokens: int, ctx: int) -> list[list[int]]:
     never under 2 tokens: a window's first token is context only)."""
     with open(TEXT_PATH, encoding="utf-8") as f:
         ids = tokenizer(f.read(), add_special_tokens=False)["input_ids"][:max_tokens]
-    windows = [ids[i:i + ctx] for i in range(0, len(ids), ctx)]
+    windows = [ids[i : i + ctx] for i in range(0, len(ids), ctx)]
     return [w for w in windows if len(w) >= 2]
 
 
@@ -72,8 +74,9 @@ def ringllm_score(windows: Sequence[list[int]], model: str, **engine_kwargs) -> 
 
     llm = LLM(model=model, max_model_len=max(len(w) for w in windows) + 1, **engine_kwargs)
     try:
-        outputs = llm.generate([{"prompt_token_ids": w} for w in windows],
-                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        outputs = llm.generate(
+            [{"prompt_token_ids": w} for w in windows], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+        )
     finally:
         llm.shutdown()
     nll, count = 0.0, 0
@@ -101,8 +104,13 @@ def format_kwargs(fmt: str) -> dict:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def run(formats: Sequence[str], ggufs: Sequence[str], tokens: int, ctx: int,
-        reference_dtypes: Sequence[str] = ("bfloat16", "float32")) -> dict[str, Score]:
+def run(
+    formats: Sequence[str],
+    ggufs: Sequence[str],
+    tokens: int,
+    ctx: int,
+    reference_dtypes: Sequence[str] = ("bfloat16", "float32"),
+) -> dict[str, Score]:
     """Scores keyed "transformers <dtype>", "ringllm <format>" and "ringllm <gguf file name>"."""
     from transformers import AutoTokenizer
 
@@ -129,10 +137,16 @@ def table(scores: dict[str, Score], reference: str = "transformers bfloat16") ->
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ringllm bench perplexity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--formats", default="bf16,int8,gguf",
-                        help=f"comma-separated, of {', '.join(FORMATS)} (default: %(default)s)")
-    parser.add_argument("--gguf", action="append", default=[], metavar="PATH",
-                        help="also score this GGUF file of the default model's weights (repeatable)")
+    parser.add_argument(
+        "--formats", default="bf16,int8,gguf", help=f"comma-separated, of {', '.join(FORMATS)} (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--gguf",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also score this GGUF file of the default model's weights (repeatable)",
+    )
     parser.add_argument("--tokens", type=int, default=20000, help="tokens of the text (default: %(default)s)")
     parser.add_argument("--ctx", type=int, default=512, help="window length in tokens (default: %(default)s)")
     args = parser.parse_args(argv)

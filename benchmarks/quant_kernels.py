@@ -11,6 +11,7 @@ figure on a 576-wide input. One torch thread, as the engine runs.
 
     python -m benchmarks.quant_kernels --rounds 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,12 @@ SHAPES = "576x576,576x192,576x1536,1536x576,576x49152"
 
 def _weights(qtype: int, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
     import gguf
+
     if qtype in (quant.Q4_0, quant.Q4_1, quant.Q8_0):
         w = rng.standard_normal((n, k)).astype(np.float32)
         return torch.from_numpy(np.ascontiguousarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype))))
     from engine.kernels.quant_blocks import random_blocks
+
     return torch.from_numpy(random_blocks(qtype, n, k, rng))
 
 
@@ -67,6 +70,7 @@ def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
     w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)) * 0.02
     try:
         from engine.kernels.int8_linear import Int8Linear
+
         out["int8 W8A8"] = (Int8Linear.from_float(w).matmul, 1 << 30)
     except ImportError:  # a tree from before the int8 kernel
         pass
@@ -76,6 +80,7 @@ def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
     out["bf16 torch"] = (lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), wb), 1 << 30)
     try:  # the bf16 model's own projection method where the CPU has native bf16 GEMMs
         from engine.kernels import onednn_linear
+
         if onednn_linear.supports(torch.device("cpu"), torch.bfloat16):
             packed_bf16 = onednn_linear.PackedLinear(wb)
             out["bf16 oneDNN"] = (lambda x: packed_bf16.matmul(x.to(torch.bfloat16)), 1 << 30)
@@ -87,6 +92,7 @@ def _formats(n: int, k: int, rng: np.random.Generator) -> dict:
 
 def packed_rows() -> int:
     from engine.kernels import bf16_gemv
+
     return bf16_gemv.MAX_ROWS
 
 
@@ -94,8 +100,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated INxOUT")
     ap.add_argument("--rows", default="1,8,16,32,64,256")
-    ap.add_argument("--formats", default=None,
-                    help="comma-separated format names to run (e.g. Q4_1,'Q4_1 deq+GEMM','bf16 torch'); default all")
+    ap.add_argument(
+        "--formats",
+        default=None,
+        help="comma-separated format names to run (e.g. Q4_1,'Q4_1 deq+GEMM','bf16 torch'); default all",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per case and round")
     ap.add_argument("--seed", type=int, default=0)

@@ -19,6 +19,7 @@ Then each server's peak RSS (its process tree). ``--compare "FLAGS"`` adds a rin
 extra ``serve`` flags (e.g. ``--num-threads 2``). A host with other work on it slows llama.cpp
 at ``-t 2`` most (FACTS.md): say how loaded the host was, which the table's notes record.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def llama_method(threads: int) -> str:
     return f"llama.cpp -t {threads}"
 
 
-async def prefill(url: str, model: str, requests: int, tokens: int, vocab: int, seed: int,
-                  reuse_connections: bool) -> dict:
+async def prefill(
+    url: str, model: str, requests: int, tokens: int, vocab: int, seed: int, reuse_connections: bool
+) -> dict:
     """``requests`` prompts of ``tokens`` random ids, one after another, one output token each:
     prompt tokens per second of time to first token (no prefix is shared, none is cached)."""
     rng = random.Random(seed)
@@ -60,8 +62,16 @@ async def prefill(url: str, model: str, requests: int, tokens: int, vocab: int, 
     return {"prefill_tok_s": requests * tokens / seconds, "prefill_s": seconds}
 
 
-def add_cases(bench: Bench, method: str, url: str, model: str, args: argparse.Namespace, seeds: itertools.count,
-              run: Callable, reuse_connections: bool) -> None:
+def add_cases(
+    bench: Bench,
+    method: str,
+    url: str,
+    model: str,
+    args: argparse.Namespace,
+    seeds: itertools.count,
+    run: Callable,
+    reuse_connections: bool,
+) -> None:
     def level(c: int, per_client: int) -> dict:
         return run(run_http_level(url, model, c, per_client, args.output_tokens, next(seeds), reuse_connections))
 
@@ -70,8 +80,13 @@ def add_cases(bench: Bench, method: str, url: str, model: str, args: argparse.Na
         return {"output_tokens_per_s": out["output_tokens_per_s"], "itl_p50_ms": out["itl_p50_ms"]}
 
     bench.add("single", method, single)
-    bench.add("prefill", method, lambda: run(prefill(url, model, args.prefill_requests, args.prefill_tokens,
-                                                     args.vocab, next(seeds), reuse_connections)))
+    bench.add(
+        "prefill",
+        method,
+        lambda: run(
+            prefill(url, model, args.prefill_requests, args.prefill_tokens, args.vocab, next(seeds), reuse_connections)
+        ),
+    )
     for c in args.levels:
         bench.add(f"c={c}", method, lambda c=c: level(c, args.requests_per_client))
 
@@ -86,13 +101,16 @@ def best_peer(bench: Bench, scenario: str, metric: str, peers: list[str]) -> Opt
 
 
 def print_tables(bench: Bench, args: argparse.Namespace, peers: list[str], rss: dict) -> None:
-    columns = [Column("1 stream tok/s", "single", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
-               Column("1 stream ITL p50 ms", "single", "itl_p50_ms", "{:.0f}"),
-               Column(f"prefill {args.prefill_tokens} tok/s", "prefill", "prefill_tok_s", "{:.0f}",
-                      higher_is_better=True)]
+    columns = [
+        Column("1 stream tok/s", "single", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
+        Column("1 stream ITL p50 ms", "single", "itl_p50_ms", "{:.0f}"),
+        Column(f"prefill {args.prefill_tokens} tok/s", "prefill", "prefill_tok_s", "{:.0f}", higher_is_better=True),
+    ]
     for c in args.levels:
-        columns += [Column(f"{c} clients tok/s", f"c={c}", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
-                    Column(f"{c} clients TTFT p99 ms", f"c={c}", "ttft_p99_ms", "{:.0f}")]
+        columns += [
+            Column(f"{c} clients tok/s", f"c={c}", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
+            Column(f"{c} clients TTFT p99 ms", f"c={c}", "ttft_p99_ms", "{:.0f}"),
+        ]
     print(bench.table(f"{NAME} {args.quant}: ringllm vs llama-server", columns))
     print("\n| scenario | ringllm / best llama.cpp | best llama.cpp |\n|---|---|---|")
     for column in columns:
@@ -123,35 +141,58 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--llama-threads", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--ctx", type=int, default=8192, help="llama-server's KV cache, tokens (all slots).")
     parser.add_argument("--kv-bytes", type=int, default=2**30, help="ringllm's KV cache, bytes.")
-    parser.add_argument("--compare", action="append", default=[], metavar="FLAGS",
-                        help="Also run a ringllm server with these extra serve flags (repeatable).")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="Also run a ringllm server with these extra serve flags (repeatable).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON and server logs.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.makedirs(args.out, exist_ok=True)
     gguf, tokenizer = gguf_path(args.quant), hf_model_path()
-    bench = Bench(f"realistic-{args.quant}",
-                  model=f"{NAME} ({parameter_count() / 1e9:.2f} B, random weights) {args.quant}, "
-                        f"{os.path.getsize(gguf) / 2**20:.0f} MiB")
-    bench.notes.append(f"{args.output_tokens} output tokens (greedy, ignore_eos), {args.requests_per_client} requests "
-                       f"per client; prefill {args.prefill_requests} x {args.prefill_tokens} random ids; client on "
-                       "the same host; llama-server -np 64 --kv-unified -c " + str(args.ctx) + f"; ringllm KV cache "
-                       f"{args.kv_bytes / 2**30:.2f} GiB, max_model_len 2048")
+    bench = Bench(
+        f"realistic-{args.quant}",
+        model=f"{NAME} ({parameter_count() / 1e9:.2f} B, random weights) {args.quant}, "
+        f"{os.path.getsize(gguf) / 2**20:.0f} MiB",
+    )
+    bench.notes.append(
+        f"{args.output_tokens} output tokens (greedy, ignore_eos), {args.requests_per_client} requests "
+        f"per client; prefill {args.prefill_requests} x {args.prefill_tokens} random ids; client on "
+        "the same host; llama-server -np 64 --kv-unified -c " + str(args.ctx) + f"; ringllm KV cache "
+        f"{args.kv_bytes / 2**30:.2f} GiB, max_model_len 2048"
+    )
     loop = asyncio.new_event_loop()
     seeds = itertools.count(args.seed * 1_000_000)
-    serve = [gguf, "--tokenizer", tokenizer, "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
-             "--kv-cache-memory-bytes", str(args.kv_bytes)]
+    serve = [
+        gguf,
+        "--tokenizer",
+        tokenizer,
+        "--served-model-name",
+        SERVED_NAME,
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory-bytes",
+        str(args.kv_bytes),
+    ]
     servers = {RINGLLM: Server(serve, os.path.join(args.out, f"{bench.name}-ringllm.log"))}
     for i, flags in enumerate(args.compare):
-        servers[f"{RINGLLM} {flags}"] = Server([*serve, *shlex.split(flags)],
-                                               os.path.join(args.out, f"{bench.name}-ringllm-compare{i}.log"))
+        servers[f"{RINGLLM} {flags}"] = Server(
+            [*serve, *shlex.split(flags)], os.path.join(args.out, f"{bench.name}-ringllm-compare{i}.log")
+        )
     llamas: dict = {}
     try:
         for threads in args.llama_threads:
             llamas[llama_method(threads)] = start_llama_server(
-                gguf, threads, parallel=64, ctx=args.ctx,
-                log_path=os.path.join(args.out, f"{bench.name}-llama-t{threads}.log"))
+                gguf,
+                threads,
+                parallel=64,
+                ctx=args.ctx,
+                log_path=os.path.join(args.out, f"{bench.name}-llama-t{threads}.log"),
+            )
         for method, server in servers.items():
             server.wait_ready()
             add_cases(bench, method, server.url, SERVED_NAME, args, seeds, loop.run_until_complete, True)

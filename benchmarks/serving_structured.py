@@ -28,6 +28,7 @@ The constrained requests end where their JSON ends (grammar end = stop), so thro
 tokens per second, not requests per second. The schemas bound their strings (maxLength) so a
 record is ~40-60 tokens of the default tokenizer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,15 @@ from typing import Optional
 import aiohttp
 
 from benchmarks.harness import OUT_DIR, Bench, Column
-from benchmarks.serving import (RequestStats, Server, make_prompts, model_under_test, peer_model, percentile,
-                                stream_completion)
+from benchmarks.serving import (
+    RequestStats,
+    Server,
+    make_prompts,
+    model_under_test,
+    peer_model,
+    percentile,
+    stream_completion,
+)
 
 UNCONSTRAINED = "unconstrained"
 SHARED, DISTINCT = "json_schema shared", "json_schema distinct"
@@ -53,28 +61,51 @@ PAIRS = "c=1 pairs"
 
 
 def five_field_schema(suffix: str = "") -> dict:
-    props = {f"name{suffix}": {"type": "string", "maxLength": 24}, f"age{suffix}": {"type": "integer"},
-             f"city{suffix}": {"type": "string", "maxLength": 24},
-             f"email{suffix}": {"type": "string", "maxLength": 32}, f"active{suffix}": {"type": "boolean"}}
+    props = {
+        f"name{suffix}": {"type": "string", "maxLength": 24},
+        f"age{suffix}": {"type": "integer"},
+        f"city{suffix}": {"type": "string", "maxLength": 24},
+        f"email{suffix}": {"type": "string", "maxLength": 32},
+        f"active{suffix}": {"type": "boolean"},
+    }
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-async def stream(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
-                 schema: Optional[dict], **fields: object) -> RequestStats:
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    schema: Optional[dict],
+    **fields: object,
+) -> RequestStats:
     """Unconstrained requests run to max_tokens; constrained ones end where their JSON ends."""
     if schema is None:
         return await stream_completion(session, url, model, prompt, max_tokens, **fields)
-    return await stream_completion(session, url, model, prompt, max_tokens, ignore_eos=False, response_format={
-        "type": "json_schema", "json_schema": {"name": "record", "schema": schema}}, **fields)
+    return await stream_completion(
+        session,
+        url,
+        model,
+        prompt,
+        max_tokens,
+        ignore_eos=False,
+        response_format={"type": "json_schema", "json_schema": {"name": "record", "schema": schema}},
+        **fields,
+    )
 
 
 def summarize(results: list[RequestStats], duration: float) -> dict:
     ttfts = [r.ttft * 1e3 for r in results]
     gaps = [g * 1e3 for r in results for g in r.gaps]
-    return {"output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
-            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
-            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99),
-            "mean_output_tokens": sum(r.output_tokens for r in results) / len(results)}
+    return {
+        "output_tokens_per_s": sum(r.output_tokens for r in results) / duration,
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p99_ms": percentile(gaps, 99),
+        "mean_output_tokens": sum(r.output_tokens for r in results) / len(results),
+    }
 
 
 class Load:
@@ -84,8 +115,9 @@ class Load:
         self.fresh = itertools.count()
 
     def _session(self, limit: int) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
-                                     timeout=aiohttp.ClientTimeout(total=3600))
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit), timeout=aiohttp.ClientTimeout(total=3600)
+        )
 
     async def clients(self, schemas: list[Optional[dict]], burst: Optional[list[Optional[dict]]] = None) -> dict:
         """len(schemas) closed-loop clients (client i constrained by schemas[i]); ``burst``: one
@@ -93,8 +125,9 @@ class Load:
         prompts = make_prompts(len(schemas) * self.per_client, next(self.seeds))
         results: list[RequestStats] = []
         async with self._session(len(schemas) + len(burst or ())) as session:
+
             async def client(i: int) -> None:
-                for prompt in prompts[i::len(schemas)]:
+                for prompt in prompts[i :: len(schemas)]:
                     results.append(await stream(session, self.url, self.model, prompt, self.max_tokens, schemas[i]))
 
             async def one_token(schema: Optional[dict], prompt: str) -> None:
@@ -121,8 +154,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "guidance"])
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20,
-                        help="The server's KV cache (64 streams of ~130 tokens need ~0.2 GiB on the default model).")
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=512 << 20,
+        help="The server's KV cache (64 streams of ~130 tokens need ~0.2 GiB on the default model).",
+    )
     parser.add_argument("--out", default=OUT_DIR)
     parser.add_argument("--peer-url", default=None, help="Also measure this running OpenAI-compatible server.")
     parser.add_argument("--peer-name", default="peer", help="The peer's method prefix in the tables.")
@@ -134,13 +171,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ringllm-structured-") as tmp:
         model_args, name, description = model_under_test(args.tiny, tmp)
         bench = Bench("serving-structured", model=description)
-        bench.notes.append(f"{c} clients x {args.requests_per_client} streaming requests, up to {args.output_tokens} "
-                           f"output tokens (greedy); structured_outputs_config backend {args.backend}; "
-                           "load generator on the same machine")
-        server = Server([*model_args, "--transport", "shm", "--served-model-name", name,
-                         "--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes),
-                         "--structured-outputs-config", json.dumps({"backend": args.backend})],
-                        os.path.join(args.out, "serving-structured-server.log"))
+        bench.notes.append(
+            f"{c} clients x {args.requests_per_client} streaming requests, up to {args.output_tokens} "
+            f"output tokens (greedy); structured_outputs_config backend {args.backend}; "
+            "load generator on the same machine"
+        )
+        server = Server(
+            [
+                *model_args,
+                "--transport",
+                "shm",
+                "--served-model-name",
+                name,
+                "--kv-cache-memory-bytes",
+                str(args.kv_cache_memory_bytes),
+                "--structured-outputs-config",
+                json.dumps({"backend": args.backend}),
+            ],
+            os.path.join(args.out, "serving-structured-server.log"),
+        )
         try:
             server.wait_ready()
             load = Load(server.url, name, c, args.requests_per_client, args.output_tokens)
@@ -170,20 +219,28 @@ def main(argv: Optional[list[str]] = None) -> None:
         finally:
             server.stop()
     s = "structured"
-    columns = [Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
-               Column("tok/s vs unconstrained", s, "output_tokens_per_s", ratio_to=UNCONSTRAINED),
-               Column("tokens/request", s, "mean_output_tokens", "{:.0f}"),
-               Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"), Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
-               Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"), Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}")]
+    columns = [
+        Column("output tok/s", s, "output_tokens_per_s", "{:.0f}", higher_is_better=True),
+        Column("tok/s vs unconstrained", s, "output_tokens_per_s", ratio_to=UNCONSTRAINED),
+        Column("tokens/request", s, "mean_output_tokens", "{:.0f}"),
+        Column("TTFT p50 ms", s, "ttft_p50_ms", "{:.0f}"),
+        Column("TTFT p99 ms", s, "ttft_p99_ms", "{:.0f}"),
+        Column("ITL p50 ms", s, "itl_p50_ms", "{:.1f}"),
+        Column("ITL p99 ms", s, "itl_p99_ms", "{:.1f}"),
+    ]
     print(f"\n{bench.table('json_schema beside unconstrained', columns)}\n")
     ttft_delta = bench.stat(s, PAIRS, "ttft_delta_p50_ms").median
     itl_ratio = bench.ratio(s, "itl_p99_ms", burst_schemas, burst_plain)
-    for line in ("constrained/unconstrained throughput: shared "
-                 f"{bench.ratio(s, 'output_tokens_per_s', SHARED, UNCONSTRAINED):.2f}x, "
-                 f"distinct {bench.ratio(s, 'output_tokens_per_s', DISTINCT, UNCONSTRAINED):.2f}x",
-                 f"TTFT p50 a new schema adds (one request at a time): {ttft_delta:+.1f} ms",
-                 f"ITL p99 of {c} unconstrained streams while {c} new schemas compile, against the same "
-                 f"burst without schemas: {itl_ratio:.2f}x", *peer_lines(bench, args), *bench.notes):
+    for line in (
+        "constrained/unconstrained throughput: shared "
+        f"{bench.ratio(s, 'output_tokens_per_s', SHARED, UNCONSTRAINED):.2f}x, "
+        f"distinct {bench.ratio(s, 'output_tokens_per_s', DISTINCT, UNCONSTRAINED):.2f}x",
+        f"TTFT p50 a new schema adds (one request at a time): {ttft_delta:+.1f} ms",
+        f"ITL p99 of {c} unconstrained streams while {c} new schemas compile, against the same "
+        f"burst without schemas: {itl_ratio:.2f}x",
+        *peer_lines(bench, args),
+        *bench.notes,
+    ):
         print(f"- {line}")
     for path in bench.save(extra={"ttft_p50_delta_ms": ttft_delta, "itl_p99_ratio": itl_ratio}, out_dir=args.out):
         print(f"wrote {os.path.relpath(path)}")
@@ -194,10 +251,12 @@ def peer_lines(bench: Bench, args: argparse.Namespace) -> list[str]:
     if not args.peer_url:
         return []
     s, p = "structured", args.peer_name
-    return [f"constrained throughput against {p}: shared "
-            f"{bench.ratio(s, 'output_tokens_per_s', SHARED, f'{p} {SHARED}'):.2f}x, distinct "
-            f"{bench.ratio(s, 'output_tokens_per_s', DISTINCT, f'{p} {DISTINCT}'):.2f}x; unconstrained "
-            f"{bench.ratio(s, 'output_tokens_per_s', UNCONSTRAINED, f'{p} {UNCONSTRAINED}'):.2f}x"]
+    return [
+        f"constrained throughput against {p}: shared "
+        f"{bench.ratio(s, 'output_tokens_per_s', SHARED, f'{p} {SHARED}'):.2f}x, distinct "
+        f"{bench.ratio(s, 'output_tokens_per_s', DISTINCT, f'{p} {DISTINCT}'):.2f}x; unconstrained "
+        f"{bench.ratio(s, 'output_tokens_per_s', UNCONSTRAINED, f'{p} {UNCONSTRAINED}'):.2f}x"
+    ]
 
 
 async def pairs(load: Load, n: int) -> dict:
@@ -208,10 +267,12 @@ async def pairs(load: Load, n: int) -> dict:
     async with load._session(1) as session:
         start = time.perf_counter()
         for schema, prompt in zip(load.new_schemas(n), make_prompts(n, next(load.seeds))):
-            new = await stream(session, load.url, load.model, prompt, load.max_tokens, schema,
-                               cache_salt=f"pair-{next(load.fresh)}")
-            plain = await stream(session, load.url, load.model, prompt, load.max_tokens, None,
-                                 cache_salt=f"pair-{next(load.fresh)}")
+            new = await stream(
+                session, load.url, load.model, prompt, load.max_tokens, schema, cache_salt=f"pair-{next(load.fresh)}"
+            )
+            plain = await stream(
+                session, load.url, load.model, prompt, load.max_tokens, None, cache_salt=f"pair-{next(load.fresh)}"
+            )
             deltas.append((new.ttft - plain.ttft) * 1e3)
             constrained.append(new)
         out = summarize(constrained, time.perf_counter() - start)

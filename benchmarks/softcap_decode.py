@@ -10,6 +10,7 @@ what a CPU without the C kernels runs.
 
     python -m benchmarks.softcap_decode --rounds 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,20 +32,48 @@ def _runner(softcap, kernel: bool, seqs: int, prompt: int) -> tuple[ModelRunner,
     from transformers import Gemma2Config
 
     path = tempfile.mkdtemp(prefix="softcap-bench-")
-    Gemma2Config(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=64, query_pre_attn_scalar=64, sliding_window=256,
-                 attn_logit_softcapping=softcap, final_logit_softcapping=30.0,
-                 architectures=["Gemma2ForCausalLM"]).save_pretrained(path)
-    runner = ModelRunner(EngineArgs(model=path, load_format="dummy", dtype="float32", device="cpu", num_threads=1,
-                                    block_size=16, max_model_len=1024, kv_cache_memory=256 << 20,
-                                    max_num_batched_tokens=8192, max_num_seqs=64).create_engine_config())
+    Gemma2Config(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        query_pre_attn_scalar=64,
+        sliding_window=256,
+        attn_logit_softcapping=softcap,
+        final_logit_softcapping=30.0,
+        architectures=["Gemma2ForCausalLM"],
+    ).save_pretrained(path)
+    runner = ModelRunner(
+        EngineArgs(
+            model=path,
+            load_format="dummy",
+            dtype="float32",
+            device="cpu",
+            num_threads=1,
+            block_size=16,
+            max_model_len=1024,
+            kv_cache_memory=256 << 20,
+            max_num_batched_tokens=8192,
+            max_num_seqs=64,
+        ).create_engine_config()
+    )
     runner.num_blocks = runner.initialize_kv_cache()
     runner.next_block = 1
     runner.attn_builder.decode_kernel = kernel
-    reqs = [Request(str(i), [(i * 7 + j) % 4000 + 3 for j in range(prompt)],
-                    SamplingParams(temperature=0.0, max_tokens=10_000), eos_token_id=None) for i in range(seqs)]
+    reqs = [
+        Request(
+            str(i),
+            [(i * 7 + j) % 4000 + 3 for j in range(prompt)],
+            SamplingParams(temperature=0.0, max_tokens=10_000),
+            eos_token_id=None,
+        )
+        for i in range(seqs)
+    ]
     for i in range(0, seqs, 4):
-        _step(runner, reqs[i:i + 4])
+        _step(runner, reqs[i : i + 4])
     return runner, reqs
 
 
@@ -75,8 +104,11 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     bench = Bench("softcap_decode", model="random Gemma 2, hidden 512, 4 layers, 8/4 x 64 heads, float32")
-    for name, cap, kernel in (("C kernel, cap 50", 50.0, True), ("torch fallback, cap 50", 50.0, False),
-                              ("C kernel, no cap", None, True)):
+    for name, cap, kernel in (
+        ("C kernel, cap 50", 50.0, True),
+        ("torch fallback, cap 50", 50.0, False),
+        ("C kernel, no cap", None, True),
+    ):
         runner, reqs = _runner(cap, kernel, args.seqs, args.prompt)
 
         def case(runner=runner, reqs=reqs) -> dict:
@@ -87,9 +119,15 @@ def main(argv=None) -> None:
 
         bench.add("decode", name, case)
     bench.run(rounds=args.rounds)
-    print(bench.table(f"Decode step ms, {args.seqs} sequences at context ~{args.prompt}",
-                      [Column("step ms", "decode", "ms", fmt="{:.1f}"),
-                       Column("vs C kernel, cap", "decode", "ms", ratio_to="C kernel, cap 50")]))
+    print(
+        bench.table(
+            f"Decode step ms, {args.seqs} sequences at context ~{args.prompt}",
+            [
+                Column("step ms", "decode", "ms", fmt="{:.1f}"),
+                Column("vs C kernel, cap", "decode", "ms", ratio_to="C kernel, cap 50"),
+            ],
+        )
+    )
     for note in bench.notes:
         print(f"- {note}")
     bench.save()

@@ -17,6 +17,7 @@ no drafts.
     python -m benchmarks.spec_decode                     # default model, 128 tokens, 3 rounds
     python -m benchmarks.spec_decode --draft --k 3 --deterministic
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ import time
 
 from benchmarks.harness import Bench, Column
 
-CODE = '''def load_rows(path):
+CODE = """def load_rows(path):
     rows = []
     with open(path) as f:
         for line in f:
@@ -40,10 +41,13 @@ def total(rows):
     for name, value in rows:
         result += value
     return result
-'''
+"""
 WORKLOADS = {
-    "repeat code": ("Repeat this code exactly, with one change: rename the variable rows to records.\n\n" + CODE +
-                    "\nHere is the code with rows renamed to records:\n\n"),
+    "repeat code": (
+        "Repeat this code exactly, with one change: rename the variable rows to records.\n\n"
+        + CODE
+        + "\nHere is the code with rows renamed to records:\n\n"
+    ),
     "free story": "Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n",
 }
 BASE = "no drafts"
@@ -100,22 +104,34 @@ def main() -> None:
                 metrics["tokens_per_verify"] = (accepted + drafts) / max(1, drafts)
                 metrics["proposing_share"] = proposing[0] / seconds
             return metrics
+
         return measure
 
-    bench = Bench("spec_decode", model="SmolLM2-135M-Instruct (default" +
-                  (f", {args.target_dtype} target" if args.draft else "") + ")" +
-                  (", deterministic" if args.deterministic else ""))
+    bench = Bench(
+        "spec_decode",
+        model="SmolLM2-135M-Instruct (default"
+        + (f", {args.target_dtype} target" if args.draft else "")
+        + ")"
+        + (", deterministic" if args.deterministic else ""),
+    )
     for name, llm in engines.items():
         llm.generate([WORKLOADS["free story"]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
         for workload in WORKLOADS:
             bench.add(workload, name, case(workload, name, llm))
     bench.run(rounds=args.rounds)
     for workload in WORKLOADS:
-        print(bench.table(f"One stream, greedy, {args.max_tokens} tokens, {workload}", [
-            Column("tok/s", workload, "tok_s"), Column("vs no drafts", workload, "tok_s", ratio_to=BASE),
-            Column("acceptance", workload, "acceptance", fmt="{:.2f}"),
-            Column("tokens per verify step", workload, "tokens_per_verify", fmt="{:.2f}"),
-            Column("time proposing", workload, "proposing_share", fmt="{:.0%}")]))
+        print(
+            bench.table(
+                f"One stream, greedy, {args.max_tokens} tokens, {workload}",
+                [
+                    Column("tok/s", workload, "tok_s"),
+                    Column("vs no drafts", workload, "tok_s", ratio_to=BASE),
+                    Column("acceptance", workload, "acceptance", fmt="{:.2f}"),
+                    Column("tokens per verify step", workload, "tokens_per_verify", fmt="{:.2f}"),
+                    Column("time proposing", workload, "proposing_share", fmt="{:.0%}"),
+                ],
+            )
+        )
         same = [name for name in engines if "alone" not in name and texts[workload, name] == texts[workload, BASE]]
         print(f"\ngreedy text equal to no drafts: {', '.join(same)}\n")
     for path in bench.save():
@@ -126,12 +142,14 @@ def main() -> None:
 
 def timed(propose, seconds: list):
     """``propose``, adding the time each call takes to ``seconds[0]``."""
+
     def call(*args):
         start = time.perf_counter()
         try:
             return propose(*args)
         finally:
             seconds[0] += time.perf_counter() - start
+
     call.timed = True
     return call
 

@@ -8,6 +8,7 @@ a choice and an EBNF grammar. Compile: a fresh spec each repeat (a suffix in a n
 helps; median ms. Mask: one matcher walks a fixed valid output token by token, filling the mask
 before each token; median microseconds per token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,25 @@ import time
 
 from engine.structured_output.params import StructuredOutputsParams
 
-NESTED = {"type": "object", "properties": {"orders": {"type": "array", "items": {"type": "object", "properties": {
-    "id": {"type": "integer"}, "items": {"type": "array", "items": {"type": "string"}},
-    "total": {"type": "number"}, "status": {"enum": ["open", "paid", "sent"]}},
-    "required": ["id", "items", "total", "status"]}}}, "required": ["orders"]}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "orders": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "items": {"type": "array", "items": {"type": "string"}},
+                    "total": {"type": "number"},
+                    "status": {"enum": ["open", "paid", "sent"]},
+                },
+                "required": ["id", "items", "total", "status"],
+            },
+        }
+    },
+    "required": ["orders"],
+}
 
 
 def specs(i: int, compact: bool) -> dict[str, tuple[StructuredOutputsParams, str]]:
@@ -30,19 +46,36 @@ def specs(i: int, compact: bool) -> dict[str, tuple[StructuredOutputsParams, str
 
     s = f"_{i}"
     sep = (",", ":") if compact else (", ", ": ")
-    record = {f"name{s}": "Ada Lovelace", f"age{s}": 36, f"city{s}": "London", f"email{s}": "ada@example.com",
-              f"active{s}": True}
+    record = {
+        f"name{s}": "Ada Lovelace",
+        f"age{s}": 36,
+        f"city{s}": "London",
+        f"email{s}": "ada@example.com",
+        f"active{s}": True,
+    }
     nested = {**NESTED, "title": s}
-    orders = {"orders": [{"id": 1, "items": ["tea", "cake"], "total": 7.5, "status": "paid"},
-                         {"id": 2, "items": ["milk"], "total": 1.25, "status": "open"}]}
-    return {"5-field schema": (StructuredOutputsParams(json=five_field_schema(s), disable_any_whitespace=True),
-                               json.dumps(record, separators=sep)),
-            "nested schema": (StructuredOutputsParams(json=nested, disable_any_whitespace=True),
-                              json.dumps(orders, separators=sep)),
-            "regex": (StructuredOutputsParams(regex=rf"[a-z]+@[a-z]+\.(com|org){i % 3}?"), "ada@example.com"),
-            "choice": (StructuredOutputsParams(choice=[f"positive{s}", f"negative{s}", f"neutral{s}"]), f"neutral{s}"),
-            "EBNF": (StructuredOutputsParams(grammar=f'root ::= "sum{s}: " n (" + " n)*\nn ::= [0-9]+'),
-                     f"sum{s}: 12 + 7 + 100")}
+    orders = {
+        "orders": [
+            {"id": 1, "items": ["tea", "cake"], "total": 7.5, "status": "paid"},
+            {"id": 2, "items": ["milk"], "total": 1.25, "status": "open"},
+        ]
+    }
+    return {
+        "5-field schema": (
+            StructuredOutputsParams(json=five_field_schema(s), disable_any_whitespace=True),
+            json.dumps(record, separators=sep),
+        ),
+        "nested schema": (
+            StructuredOutputsParams(json=nested, disable_any_whitespace=True),
+            json.dumps(orders, separators=sep),
+        ),
+        "regex": (StructuredOutputsParams(regex=rf"[a-z]+@[a-z]+\.(com|org){i % 3}?"), "ada@example.com"),
+        "choice": (StructuredOutputsParams(choice=[f"positive{s}", f"negative{s}", f"neutral{s}"]), f"neutral{s}"),
+        "EBNF": (
+            StructuredOutputsParams(grammar=f'root ::= "sum{s}: " n (" + " n)*\nn ::= [0-9]+'),
+            f"sum{s}: 12 + 7 + 100",
+        ),
+    }
 
 
 def main(argv=None) -> None:

@@ -14,6 +14,7 @@ band, the receive batch budget, both) and on a 16 MiB ring instead of 4 MiB, nex
 memcpy of 1 MiB into a reused buffer and into fresh pages, so the table shows where the time
 goes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,6 +47,7 @@ log = logging.getLogger("benchmarks.transport")
 # ---------------------------------------------------------------- messages
 class TokenOut(msgspec.Struct, array_like=True, omit_defaults=True):
     """About what one decode step sends back for one request."""
+
     request_id: str
     new_token_ids: list[int]
     finish_reason: Optional[str] = None
@@ -77,14 +79,23 @@ INF = float("inf")
 SPINS = {"ring-spin0": 0.0, "ring-spin2": 2.0, "ring-spin10": 10.0, "ring-spin50": 50.0, "ring-spin-inf": INF}
 ASYNC = {"ring-asyncio": "asyncio", "ring-uvloop": "uvloop", "zmq-asyncio": "asyncio"}
 # 1 MiB diagnostics: the ring with this change's parts switched off, (out of band, batch budget).
-VARIANTS = {"ring-no-budget": (True, False), "ring-no-oob": (False, True), "ring-legacy": (False, False),
-            "ring-16mib": (True, True)}
+VARIANTS = {
+    "ring-no-budget": (True, False),
+    "ring-no-oob": (False, True),
+    "ring-legacy": (False, False),
+    "ring-16mib": (True, True),
+}
 LABELS = {
-    "ring-spin0": "ring, futex reader (no spin)", "ring-spin2": "ring, spin 2 us then futex",
-    "ring-spin10": "ring, spin 10 us then futex (default)", "ring-spin50": "ring, spin 50 us then futex",
-    "ring-spin-inf": "ring, spinning reader", "ring-asyncio": "ring, asyncio eventfd reader",
-    "ring-uvloop": "ring, uvloop eventfd reader", "zmq": "pyzmq ipc:// sync (baseline)",
-    "zmq-asyncio": "zmq.asyncio reader", "mp-pipe": "multiprocessing.Pipe",
+    "ring-spin0": "ring, futex reader (no spin)",
+    "ring-spin2": "ring, spin 2 us then futex",
+    "ring-spin10": "ring, spin 10 us then futex (default)",
+    "ring-spin50": "ring, spin 50 us then futex",
+    "ring-spin-inf": "ring, spinning reader",
+    "ring-asyncio": "ring, asyncio eventfd reader",
+    "ring-uvloop": "ring, uvloop eventfd reader",
+    "zmq": "pyzmq ipc:// sync (baseline)",
+    "zmq-asyncio": "zmq.asyncio reader",
+    "mp-pipe": "multiprocessing.Pipe",
     "ring-no-budget": "ring-spin10 with large bytes out of band but no receive batch budget",
     "ring-no-oob": "ring-spin10 with the receive batch budget but bytes fields encoded (two copies)",
     "ring-legacy": "ring-spin10 as before both (msgspec encode + copy into the ring; batches unbounded)",
@@ -282,8 +293,7 @@ class Driver:
         self.zmq = ZmqEnd(self.zmq_dir, bind=True)
         self.procs.append(subprocess.Popen(cmd + ["zmq", self.zmq_dir] + cpu_arg))
         mine, theirs = multiprocessing.Pipe()
-        self.procs.append(subprocess.Popen(cmd + ["pipe", str(theirs.fileno())] + cpu_arg,
-                                           pass_fds=[theirs.fileno()]))
+        self.procs.append(subprocess.Popen(cmd + ["pipe", str(theirs.fileno())] + cpu_arg, pass_fds=[theirs.fileno()]))
         theirs.close()
         self.pipe = PipeEnd(mine)
         pin(cpu)
@@ -332,8 +342,11 @@ class Driver:
         end.set_spin(0)
         done = end.recv()
         lat.sort()
-        return {"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
-                "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6}
+        return {
+            "p50_us": lat[len(lat) // 2] / 1e3,
+            "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
+            "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6,
+        }
 
     async def _pingpong_async(self, end, msg, n: int, warm: int):
         for _ in range(warm):
@@ -357,8 +370,7 @@ class Driver:
         if not oob:
             self.ring.ch.oob_min = 1 << 62  # every bytes field encoded by msgspec
         size = len(CODEC.encode(msg))
-        end.send(Cmd("stream", n=n, spin_us=spin, reader=reader, big=size >= 65536,
-                     batch_bytes=-1 if budget else 0))
+        end.send(Cmd("stream", n=n, spin_us=spin, reader=reader, big=size >= 65536, batch_bytes=-1 if budget else 0))
         end.recv()
         c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(n):
@@ -369,8 +381,11 @@ class Driver:
         end.set_spin(0)
         self.ring.ch.oob_min = OOB_MIN
         assert done.n == n, f"{method}: peer received {done.n} of {n}"
-        return {"mmsgs_per_s": n / elapsed / 1e6, "gb_per_s": n * size / elapsed / 1e9,
-                "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6}
+        return {
+            "mmsgs_per_s": n / elapsed / 1e6,
+            "gb_per_s": n * size / elapsed / 1e9,
+            "cpu_ms_per_1k": (cpu + done.cpu_s) / n * 1e6,
+        }
 
 
 def memcpy_ref(fresh: bool, n: int = 100) -> dict:
@@ -394,16 +409,25 @@ def memcpy_ref(fresh: bool, n: int = 100) -> dict:
 
 # ---------------------------------------------------------------- the scenario
 RT_METHODS = list(SPINS) + ["ring-asyncio", "ring-uvloop", "zmq", "zmq-asyncio", "mp-pipe"]
-MAIN_METHODS = ["ring-spin0", "ring-spin10", "ring-spin-inf", "ring-asyncio", "ring-uvloop",
-                "zmq", "zmq-asyncio", "mp-pipe"]
+MAIN_METHODS = [
+    "ring-spin0",
+    "ring-spin10",
+    "ring-spin-inf",
+    "ring-asyncio",
+    "ring-uvloop",
+    "zmq",
+    "zmq-asyncio",
+    "mp-pipe",
+]
 ALL_METHODS = RT_METHODS + list(VARIANTS) + ["memcpy-warm", "memcpy-fresh"]
 
 
 SCENARIOS = ["rt-small", "rt-4k", "stream-64b", "bw-1mib", "ref-1mib"]
 
 
-def build(bench: Bench, drv: Driver, quick: bool, scenarios: Optional[list[str]] = None,
-          methods: Optional[list[str]] = None) -> None:
+def build(
+    bench: Bench, drv: Driver, quick: bool, scenarios: Optional[list[str]] = None, methods: Optional[list[str]] = None
+) -> None:
     k = 0.05 if quick else 1.0
     n_rt, n_rt4k, n_stream, n_bw = (max(int(x * k), 20) for x in (3000, 2000, 100_000, 1500))
     small, b4k, b64, b1m = small_msg(), blob(4096), blob(64), blob(1 << 20)
@@ -414,18 +438,23 @@ def build(bench: Bench, drv: Driver, quick: bool, scenarios: Optional[list[str]]
         for m in method_list:
             if not methods or m in methods:
                 bench.add(scenario, m, lambda m=m: fn(m))
+
     add("rt-small", RT_METHODS, lambda m: drv.pingpong(m, small, n_rt, 200))
     add("rt-4k", MAIN_METHODS, lambda m: drv.pingpong(m, b4k, n_rt4k, 100))
     add("stream-64b", MAIN_METHODS, lambda m: drv.stream(m, b64, n_stream // (10 if m == "zmq-asyncio" else 1)))
     # 1.5 GiB per measurement (a fifth for the two slowest), so that one scheduling hiccup on
     # these shared cores does not decide a ~0.3 s window
-    add("bw-1mib", MAIN_METHODS + list(VARIANTS),
-        lambda m: drv.stream(m, b1m, n_bw // (5 if m in ("zmq-asyncio", "mp-pipe") else 1)))
+    add(
+        "bw-1mib",
+        MAIN_METHODS + list(VARIANTS),
+        lambda m: drv.stream(m, b1m, n_bw // (5 if m in ("zmq-asyncio", "mp-pipe") else 1)),
+    )
     add("ref-1mib", ["memcpy-warm", "memcpy-fresh"], lambda m: memcpy_ref(m == "memcpy-fresh"))
 
 
 def targets(bench: Bench) -> list[tuple[str, bool, str]]:
     """The issue's targets, each as (name, holds, numbers)."""
+
     def med(s, m, k):
         return bench.stat(s, m, k).median
 
@@ -438,41 +467,83 @@ def targets(bench: Bench) -> list[tuple[str, bool, str]]:
         out.append((name, ok, f"{value:.3g} {unit} vs {'>=' if higher else '<='} {bound:.3g} {unit}"))
 
     zs, za = med("rt-small", "zmq", "p50_us"), med("rt-small", "zmq-asyncio", "p50_us")
-    check("sync reader (spin 10 us, then futex) RT p50 <= pyzmq sync / 30",
-          med("rt-small", "ring-spin10", "p50_us"), zs / 30, False, "us")
-    check("asyncio/eventfd reader RT p50 <= zmq.asyncio / 8 (default loop)",
-          med("rt-small", "ring-asyncio", "p50_us"), za / 8, False, "us")
-    check("asyncio/eventfd reader RT p50 <= zmq.asyncio / 30 (uvloop)",
-          med("rt-small", "ring-uvloop", "p50_us"), za / 30, False, "us")
+    check(
+        "sync reader (spin 10 us, then futex) RT p50 <= pyzmq sync / 30",
+        med("rt-small", "ring-spin10", "p50_us"),
+        zs / 30,
+        False,
+        "us",
+    )
+    check(
+        "asyncio/eventfd reader RT p50 <= zmq.asyncio / 8 (default loop)",
+        med("rt-small", "ring-asyncio", "p50_us"),
+        za / 8,
+        False,
+        "us",
+    )
+    check(
+        "asyncio/eventfd reader RT p50 <= zmq.asyncio / 30 (uvloop)",
+        med("rt-small", "ring-uvloop", "p50_us"),
+        za / 30,
+        False,
+        "us",
+    )
     ring64 = med("stream-64b", "ring-spin10", "mmsgs_per_s")
-    check("64 B streaming, batched reads >= 2x pyzmq sync", ring64,
-          2 * med("stream-64b", "zmq", "mmsgs_per_s"), True, "M msg/s")
-    check("64 B streaming, batched reads >= 15x a zmq.asyncio reader", ring64,
-          15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"), True, "M msg/s")
-    check("asyncio ring reader, 64 B streaming >= 15x a zmq.asyncio reader",
-          med("stream-64b", "ring-asyncio", "mmsgs_per_s"),
-          15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"), True, "M msg/s")
-    check("1 MiB bandwidth >= 3x pyzmq", med("bw-1mib", "ring-spin10", "gb_per_s"),
-          3 * med("bw-1mib", "zmq", "gb_per_s"), True, "GB/s")
+    check(
+        "64 B streaming, batched reads >= 2x pyzmq sync",
+        ring64,
+        2 * med("stream-64b", "zmq", "mmsgs_per_s"),
+        True,
+        "M msg/s",
+    )
+    check(
+        "64 B streaming, batched reads >= 15x a zmq.asyncio reader",
+        ring64,
+        15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"),
+        True,
+        "M msg/s",
+    )
+    check(
+        "asyncio ring reader, 64 B streaming >= 15x a zmq.asyncio reader",
+        med("stream-64b", "ring-asyncio", "mmsgs_per_s"),
+        15 * med("stream-64b", "zmq-asyncio", "mmsgs_per_s"),
+        True,
+        "M msg/s",
+    )
+    check(
+        "1 MiB bandwidth >= 3x pyzmq",
+        med("bw-1mib", "ring-spin10", "gb_per_s"),
+        3 * med("bw-1mib", "zmq", "gb_per_s"),
+        True,
+        "GB/s",
+    )
     return out
 
 
 def report(bench: Bench) -> str:
-    rt = [Column("small p50 us", "rt-small", "p50_us"), Column("small p99 us", "rt-small", "p99_us"),
-          Column("p50 vs pyzmq", "rt-small", "p50_us", ratio_to="zmq"),
-          Column("CPU ms / 1k RT", "rt-small", "cpu_ms_per_1k"),
-          Column("4 KiB p50 us", "rt-4k", "p50_us"), Column("4 KiB p99 us", "rt-4k", "p99_us")]
-    st = [Column("64 B M msg/s", "stream-64b", "mmsgs_per_s", fmt="{:.3g}", higher_is_better=True),
-          Column("vs pyzmq", "stream-64b", "mmsgs_per_s", ratio_to="zmq", higher_is_better=True),
-          Column("vs zmq.asyncio", "stream-64b", "mmsgs_per_s", ratio_to="zmq-asyncio", higher_is_better=True),
-          Column("64 B CPU us/msg", "stream-64b", "cpu_ms_per_1k"),
-          Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
-          Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
-          Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}")]
-    bw = [Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
-          Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
-          Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}"),
-          Column("memcpy GB/s", "ref-1mib", "gb_per_s", higher_is_better=True)]
+    rt = [
+        Column("small p50 us", "rt-small", "p50_us"),
+        Column("small p99 us", "rt-small", "p99_us"),
+        Column("p50 vs pyzmq", "rt-small", "p50_us", ratio_to="zmq"),
+        Column("CPU ms / 1k RT", "rt-small", "cpu_ms_per_1k"),
+        Column("4 KiB p50 us", "rt-4k", "p50_us"),
+        Column("4 KiB p99 us", "rt-4k", "p99_us"),
+    ]
+    st = [
+        Column("64 B M msg/s", "stream-64b", "mmsgs_per_s", fmt="{:.3g}", higher_is_better=True),
+        Column("vs pyzmq", "stream-64b", "mmsgs_per_s", ratio_to="zmq", higher_is_better=True),
+        Column("vs zmq.asyncio", "stream-64b", "mmsgs_per_s", ratio_to="zmq-asyncio", higher_is_better=True),
+        Column("64 B CPU us/msg", "stream-64b", "cpu_ms_per_1k"),
+        Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
+        Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
+        Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}"),
+    ]
+    bw = [
+        Column("1 MiB GB/s", "bw-1mib", "gb_per_s", higher_is_better=True),
+        Column("vs pyzmq", "bw-1mib", "gb_per_s", ratio_to="zmq", higher_is_better=True),
+        Column("1 MiB CPU us/msg", "bw-1mib", "cpu_ms_per_1k", fmt="{:.0f}"),
+        Column("memcpy GB/s", "ref-1mib", "gb_per_s", higher_is_better=True),
+    ]
     ran = set(bench.methods())
     scenarios = {c[0] for c in bench.cases}
     lines = []
@@ -506,10 +577,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians and spread over them)")
     ap.add_argument("--quick", action="store_true", help="5%% of the message counts (a smoke run)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the two processes to separate cores")
-    ap.add_argument("--scenarios", default=None,
-                    help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
-    ap.add_argument("--methods", default=None,
-                    help=f"comma-separated subset of {','.join(ALL_METHODS)} (default: all)")
+    ap.add_argument("--scenarios", default=None, help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(ALL_METHODS)} (default: all)")
     ap.add_argument("--out", default=None, help="folder for JSON and PNG (default benchmarks/out)")
     ap.add_argument("--peer", nargs=2, metavar=("KIND", "ARG"), help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
@@ -530,12 +599,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     text = report(bench)
     print(text)
     kw = {"out_dir": args.out} if args.out else {}
-    paths = bench.save(extra={"targets": [{"target": n, "holds": ok, "numbers": s} for n, ok, s in targets(bench)],
-                              "labels": LABELS},
-                       plots=[Column("RT p50 small (us)", "rt-small", "p50_us"),
-                              Column("CPU ms per 1k RT", "rt-small", "cpu_ms_per_1k"),
-                              Column("64 B stream (M msg/s)", "stream-64b", "mmsgs_per_s", higher_is_better=True),
-                              Column("1 MiB (GB/s)", "bw-1mib", "gb_per_s", higher_is_better=True)], **kw)
+    paths = bench.save(
+        extra={"targets": [{"target": n, "holds": ok, "numbers": s} for n, ok, s in targets(bench)], "labels": LABELS},
+        plots=[
+            Column("RT p50 small (us)", "rt-small", "p50_us"),
+            Column("CPU ms per 1k RT", "rt-small", "cpu_ms_per_1k"),
+            Column("64 B stream (M msg/s)", "stream-64b", "mmsgs_per_s", higher_is_better=True),
+            Column("1 MiB (GB/s)", "bw-1mib", "gb_per_s", higher_is_better=True),
+        ],
+        **kw,
+    )
     print("\nwrote " + ", ".join(paths))
     return 0
 

@@ -6,6 +6,7 @@ handler). The EngineCore process imports ``engine.core`` alone and so never load
 OpenMP's defaults are set where torch is first imported (``engine.torch_env``), logging by the
 entry points (``engine.logging_setup``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,7 +57,14 @@ if TYPE_CHECKING:
     from engine.frontend.input_processor import TextPrompt, TokensPrompt
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
-    from engine.outputs import (ClassificationRequestOutput, CompletionOutput, EmbeddingRequestOutput, Logprob,
-                                PoolingRequestOutput, RequestOutput, ScoringRequestOutput)
+    from engine.outputs import (
+        ClassificationRequestOutput,
+        CompletionOutput,
+        EmbeddingRequestOutput,
+        Logprob,
+        PoolingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
     from engine.pooling_params import PoolingParams
     from engine.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams

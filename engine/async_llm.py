@@ -17,6 +17,7 @@ are refused with it at once; a request the core refuses fails alone with
 ``EngineGenerateError``, and one whose engine step failed fails alone with ``EngineStepError``.
 ``shutdown()`` ends the requests still running with ``EngineShutdownError`` (an EngineDeadError).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,8 +60,9 @@ def _merge(pending: RequestOutput, new: RequestOutput, aggregate: bool) -> None:
     pending.metrics, pending.error = new.metrics, new.error or pending.error
     pending.internal_error |= new.internal_error
     if new.prompt_logprobs is not None:
-        pending.prompt_logprobs = ((pending.prompt_logprobs or []) + new.prompt_logprobs
-                                   if aggregate else new.prompt_logprobs)
+        pending.prompt_logprobs = (
+            (pending.prompt_logprobs or []) + new.prompt_logprobs if aggregate else new.prompt_logprobs
+        )
     for completion in new.outputs:
         for i, old in enumerate(pending.outputs):
             if old.index != completion.index:
@@ -104,11 +106,26 @@ class RequestOutputCollector:
     receive the old request's outputs still on their way.
     """
 
-    __slots__ = ("request_id", "internal_id", "aggregate", "output", "waiter", "core_timestamp", "_loop",
-                 "_interval", "_sent")
+    __slots__ = (
+        "request_id",
+        "internal_id",
+        "aggregate",
+        "output",
+        "waiter",
+        "core_timestamp",
+        "_loop",
+        "_interval",
+        "_sent",
+    )
 
-    def __init__(self, request_id: str, internal_id: str, output_kind: RequestOutputKind,
-                 loop: Optional[asyncio.AbstractEventLoop] = None, stream_interval: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        internal_id: str,
+        output_kind: RequestOutputKind,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        stream_interval: Optional[int] = None,
+    ) -> None:
         self.request_id = request_id
         self.internal_id = internal_id
         self.aggregate = output_kind == RequestOutputKind.DELTA
@@ -153,8 +170,11 @@ class RequestOutputCollector:
             return False
         if self._sent is None or type(output) is not RequestOutput:
             return True
-        return output.finished or output.error is not None or \
-            _num_new_tokens(output, self.aggregate, self._sent) >= self._interval
+        return (
+            output.finished
+            or output.error is not None
+            or _num_new_tokens(output, self.aggregate, self._sent) >= self._interval
+        )
 
     def _take(self) -> RequestOutput:
         output, self.output = self.output, None
@@ -165,9 +185,13 @@ class RequestOutputCollector:
         return output
 
 
-async def _output_handler(engine_core, output_processor: OutputProcessor,
-                          requests: dict[str, RequestOutputCollector], latencies: deque,
-                          stat_loggers: list[tuple[Optional[int], StatLoggerBase]]) -> None:
+async def _output_handler(
+    engine_core,
+    output_processor: OutputProcessor,
+    requests: dict[str, RequestOutputCollector],
+    latencies: deque,
+    stat_loggers: list[tuple[Optional[int], StatLoggerBase]],
+) -> None:
     """The one task that turns core outputs into RequestOutputs. A free function holding no
     reference to the AsyncLLM, so an AsyncLLM nobody uses can be garbage collected."""
     chunk = envs.RINGLLM_OUTPUT_PROC_CHUNK_SIZE
@@ -182,7 +206,8 @@ async def _output_handler(engine_core, output_processor: OutputProcessor,
                 for start in range(0, len(items), chunk):
                     # 2) detokenize, stop strings, output kinds; each output goes into its collector
                     processed = output_processor.process_outputs(
-                        items[start:start + chunk] if len(items) > chunk else items, timestamp, iteration_stats)
+                        items[start : start + chunk] if len(items) > chunk else items, timestamp, iteration_stats
+                    )
                     # 3) forget the collectors of finished requests (their consumers still hold them)
                     for collector in processed.finished_queues:
                         if requests.get(collector.request_id) is collector:
@@ -229,8 +254,12 @@ def _iteration_stats(output_processor: OutputProcessor, transport_latency: float
     return stats
 
 
-def _record(stat_loggers: list[tuple[Optional[int], StatLoggerBase]], scheduler_stats,
-            iteration_stats: IterationStats, engine_index: int) -> None:
+def _record(
+    stat_loggers: list[tuple[Optional[int], StatLoggerBase]],
+    scheduler_stats,
+    iteration_stats: IterationStats,
+    engine_index: int,
+) -> None:
     for rank, stat_logger in stat_loggers:
         if rank is None or rank == engine_index:
             try:
@@ -244,9 +273,15 @@ class AsyncLLM(EngineClient):
     # (--api-server-count) each set their own, so two of them never send the core the same id.
     internal_id_suffix = ""
 
-    def __init__(self, config: EngineConfig, *, log_requests: bool = False, start_engine_loop: bool = True,
-                 stat_loggers: Optional[list[StatLoggerFactory]] = None,
-                 _started: Optional[list[CoreProcess]] = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        log_requests: bool = False,
+        start_engine_loop: bool = True,
+        stat_loggers: Optional[list[StatLoggerFactory]] = None,
+        _started: Optional[list[CoreProcess]] = None,
+    ) -> None:
         """``_started``: cores already launched by ``from_engine_args`` (see config_and_cores).
         ``stat_loggers``: vLLM's factories, ``factory(config, engine_index)``, one logger per
         data-parallel rank (``add_stat_logger`` adds one for every rank)."""
@@ -282,17 +317,27 @@ class AsyncLLM(EngineClient):
             pass  # no loop yet: the handler starts with the first request
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True,
-                         stat_loggers: Optional[list[StatLoggerFactory]] = None) -> "AsyncLLM":
+    def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        start_engine_loop: bool = True,
+        stat_loggers: Optional[list[StatLoggerFactory]] = None,
+    ) -> "AsyncLLM":
         """``start_engine_loop``: start the output handler now (when called inside a running
         event loop); False leaves it to the first request."""
         config, started = config_and_cores(engine_args, True)
-        return cls(config, start_engine_loop=start_engine_loop, stat_loggers=stat_loggers,
-                   log_requests=getattr(engine_args, "enable_log_requests", False), _started=started)
+        return cls(
+            config,
+            start_engine_loop=start_engine_loop,
+            stat_loggers=stat_loggers,
+            log_requests=getattr(engine_args, "enable_log_requests", False),
+            _started=started,
+        )
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: EngineConfig, start_engine_loop: bool = True,
-                         enable_log_requests: bool = False) -> "AsyncLLM":
+    def from_vllm_config(
+        cls, vllm_config: EngineConfig, start_engine_loop: bool = True, enable_log_requests: bool = False
+    ) -> "AsyncLLM":
         """From the config ``EngineArgs.create_engine_config()`` derived (vLLM's VllmConfig)."""
         return cls(vllm_config, log_requests=enable_log_requests, start_engine_loop=start_engine_loop)
 
@@ -303,9 +348,15 @@ class AsyncLLM(EngineClient):
     def _run_output_handler(self) -> None:
         if self.output_handler is None:
             self.output_handler = asyncio.get_running_loop().create_task(
-                _output_handler(self.engine_core, self.output_processor, self._requests,
-                                self._transport_latencies, self._stat_loggers),
-                name="AsyncLLM.output_handler")
+                _output_handler(
+                    self.engine_core,
+                    self.output_processor,
+                    self._requests,
+                    self._transport_latencies,
+                    self._stat_loggers,
+                ),
+                name="AsyncLLM.output_handler",
+            )
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -343,8 +394,14 @@ class AsyncLLM(EngineClient):
     async def get_stats(self) -> list[dict[str, Any]]:
         """Each EngineCore's totals, in rank order (running and waiting requests, KV usage,
         prefix-cache queries and hits)."""
-        return list(await asyncio.gather(*(self.engine_core.call_utility_async("get_stats", engine_index=rank)
-                                           for rank in self.config.parallel_config.frontend_engine_indices)))
+        return list(
+            await asyncio.gather(
+                *(
+                    self.engine_core.call_utility_async("get_stats", engine_index=rank)
+                    for rank in self.config.parallel_config.frontend_engine_indices
+                )
+            )
+        )
 
     def add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
         """Hand ``stat_logger.record`` every outputs message's stats from now on, from every rank."""
@@ -352,8 +409,9 @@ class AsyncLLM(EngineClient):
 
     def _add_stat_logger(self, stat_logger: StatLoggerBase, rank: Optional[int]) -> None:
         if not isinstance(stat_logger, StatLoggerBase):
-            raise TypeError(f"a stat logger must be an engine.stat_loggers.StatLoggerBase, got "
-                            f"{type(stat_logger).__name__}")
+            raise TypeError(
+                f"a stat logger must be an engine.stat_loggers.StatLoggerBase, got {type(stat_logger).__name__}"
+            )
         self._stat_loggers.append((rank, stat_logger))
         self.output_processor.log_stats = True
         stat_logger.log_engine_initialized()
@@ -368,17 +426,23 @@ class AsyncLLM(EngineClient):
     async def reset_prefix_cache(self) -> bool:
         """Every data-parallel rank's cache (as vLLM's DP client sends a utility call to each core);
         True only if each core reset its own (one refuses while its blocks are in use)."""
-        results = [await self.engine_core.call_utility_async("reset_prefix_cache", engine_index=rank)
-                   for rank in self.config.parallel_config.frontend_engine_indices]
+        results = [
+            await self.engine_core.call_utility_async("reset_prefix_cache", engine_index=rank)
+            for rank in self.config.parallel_config.frontend_engine_indices
+        ]
         return all(results)
 
-    async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
-                             kwargs: Optional[dict] = None) -> list:
+    async def collective_rpc(
+        self, method: str, timeout: Optional[float] = None, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> list:
         """Call a public method of every EngineCore's worker by name: one result per
         data-parallel rank, as plain data."""
         call = rpc_args(method, timeout, args, kwargs)
-        return [result for rank in self.config.parallel_config.frontend_engine_indices
-                for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)]
+        return [
+            result
+            for rank in self.config.parallel_config.frontend_engine_indices
+            for result in await self.engine_core.call_utility_async("collective_rpc", *call, engine_index=rank)
+        ]
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load and check an adapter in every data-parallel rank's core; ValueError naming what
@@ -393,8 +457,10 @@ class AsyncLLM(EngineClient):
 
     async def remove_lora(self, lora_id: int) -> bool:
         self._loras.pop(lora_id, None)
-        results = [await self.engine_core.call_utility_async("remove_lora", lora_id, engine_index=rank)
-                   for rank in self.config.parallel_config.frontend_engine_indices]
+        results = [
+            await self.engine_core.call_utility_async("remove_lora", lora_id, engine_index=rank)
+            for rank in self.config.parallel_config.frontend_engine_indices
+        ]
         return any(results)
 
     async def list_loras(self) -> set[int]:
@@ -402,10 +468,18 @@ class AsyncLLM(EngineClient):
         return set(await self.engine_core.call_utility_async("list_loras", engine_index=rank))
 
     # -- requests --------------------------------------------------------------------
-    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                          arrival_time: Optional[float] = None, priority: int = 0, *, lora_request: Any = None,
-                          tokenization_kwargs: Optional[dict[str, Any]] = None,
-                          data_parallel_rank: Optional[int] = None) -> RequestOutputCollector:
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        *,
+        lora_request: Any = None,
+        tokenization_kwargs: Optional[dict[str, Any]] = None,
+        data_parallel_rank: Optional[int] = None,
+    ) -> RequestOutputCollector:
         """Admit (``InputProcessor.admit``, as LLMEngine does) and send; returns the request's
         collector at once (the first output comes later). Bad input raises ValueError/TypeError
         and nothing is sent. A request whose text and params are long enough to be worth it
@@ -419,15 +493,22 @@ class AsyncLLM(EngineClient):
         if data_parallel_rank is not None and data_parallel_rank not in ranks:
             raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine runs rank(s) {ranks}")
         self._run_output_handler()
-        collector = RequestOutputCollector(request_id, internal_id, getattr(params, "output_kind", None),
-                                           asyncio.get_running_loop(), getattr(params, "stream_interval", None))
+        collector = RequestOutputCollector(
+            request_id,
+            internal_id,
+            getattr(params, "output_kind", None),
+            asyncio.get_running_loop(),
+            getattr(params, "stream_interval", None),
+        )
         self._requests[request_id] = collector  # reserved across awaits
         try:
             processor.check_prompt_fits(prompt, params)  # a prompt too long to fit is refused before the queue
-            admit = functools.partial(processor.admit, lora_request=lora_request,
-                                      tokenization_kwargs=tokenization_kwargs)
-            admission = await self.renderer.run(processor.offload_size(prompt, params), admit, internal_id, prompt,
-                                                params, arrival_time, priority)
+            admit = functools.partial(
+                processor.admit, lora_request=lora_request, tokenization_kwargs=tokenization_kwargs
+            )
+            admission = await self.renderer.run(
+                processor.offload_size(prompt, params), admit, internal_id, prompt, params, arrival_time, priority
+            )
             if lora_request is not None and self._loras.get(lora_request.lora_int_id) != lora_request:
                 await self.add_lora(lora_request)  # a bad adapter: ValueError before anything is sent
             self.output_processor.add_admitted(admission, output_id=request_id, queue=collector)
@@ -437,22 +518,38 @@ class AsyncLLM(EngineClient):
             self._abort_now([request_id])
             raise
         if self.log_requests:
-            logger.info("Added request %s (%d prompt tokens, %s)", request_id,
-                        len(admission.request.prompt_token_ids), params)
+            logger.info(
+                "Added request %s (%d prompt tokens, %s)", request_id, len(admission.request.prompt_token_ids), params
+            )
         return collector
 
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,
-                       lora_request: Any = None, tokenization_kwargs: Optional[dict[str, Any]] = None,
-                       priority: int = 0, data_parallel_rank: Optional[int] = None,
-                       arrival_time: Optional[float] = None) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        lora_request: Any = None,
+        tokenization_kwargs: Optional[dict[str, Any]] = None,
+        priority: int = 0,
+        data_parallel_rank: Optional[int] = None,
+        arrival_time: Optional[float] = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs until it finishes. Cancelling the consumer (or closing
         the generator) aborts the request in the core; ``abort(request_id)`` ends it with a last
         output finished with "abort"."""
         collector = None
         try:
-            collector = await self.add_request(request_id, prompt, sampling_params, arrival_time, priority,
-                                               lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                                               data_parallel_rank=data_parallel_rank)
+            collector = await self.add_request(
+                request_id,
+                prompt,
+                sampling_params,
+                arrival_time,
+                priority,
+                lora_request=lora_request,
+                tokenization_kwargs=tokenization_kwargs,
+                data_parallel_rank=data_parallel_rank,
+            )
             finished = False
             while not finished:
                 output = collector.get_nowait() or await collector.get()
@@ -468,8 +565,9 @@ class AsyncLLM(EngineClient):
                     logger.info("Request %s aborted", request_id)
             raise
 
-    async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *,
-                     priority: int = 0) -> AsyncGenerator[PoolingRequestOutput, None]:
+    async def encode(
+        self, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *, priority: int = 0
+    ) -> AsyncGenerator[PoolingRequestOutput, None]:
         """vLLM's pooling counterpart of ``generate`` (a model served with runner="pooling"):
         yields the request's one PoolingRequestOutput, made once its prompt is computed."""
         if not isinstance(pooling_params, PoolingParams):
@@ -525,8 +623,9 @@ class AsyncLLM(EngineClient):
 
 
 @asynccontextmanager
-async def build_async_engine_client_from_engine_args(engine_args: AsyncEngineArgs
-                                                     ) -> AsyncGenerator[EngineClient, None]:
+async def build_async_engine_client_from_engine_args(
+    engine_args: AsyncEngineArgs,
+) -> AsyncGenerator[EngineClient, None]:
     """The AsyncLLM a server runs on, shut down whatever way the server exits."""
     engine = None
     try:

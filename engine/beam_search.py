@@ -4,6 +4,7 @@ prompt by length-penalised cumulative logprob. ``BeamSearch`` holds the rounds' 
 nothing else, so ``LLM.beam_search`` (sync) and the HTTP server's ``use_beam_search`` (async)
 drive the same search and differ only in how they run a round's requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +37,12 @@ class BeamSearch:
         self.completed: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         self.rounds = 0
         # One token and its top candidates per beam and round.
-        self.step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
-                                          temperature=params.temperature, output_kind=RequestOutputKind.FINAL_ONLY)
+        self.step_params = SamplingParams(
+            logprobs=2 * params.beam_width,
+            max_tokens=1,
+            temperature=params.temperature,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     @property
     def done(self) -> bool:
@@ -55,22 +60,23 @@ class BeamSearch:
             for beam in group:
                 top = next(results)
                 for token_id, logprob in top.items():
-                    new = BeamSearchSequence(beam.tokens + [token_id], beam.logprobs + [top],
-                                             beam.cum_logprob + logprob.logprob)
+                    new = BeamSearchSequence(
+                        beam.tokens + [token_id], beam.logprobs + [top], beam.cum_logprob + logprob.logprob
+                    )
                     ended = token_id == self.eos and not self.params.ignore_eos
                     (self.completed[i] if ended else candidates).append(new)
-            self.live[i] = sorted(candidates, key=self.score, reverse=True)[:self.params.beam_width]
+            self.live[i] = sorted(candidates, key=self.score, reverse=True)[: self.params.beam_width]
         self.rounds += 1
 
     def score(self, beam: BeamSearchSequence) -> float:
         length = len(beam.tokens) - (1 if beam.tokens[-1] == self.eos else 0)
-        return beam.cum_logprob / (length ** self.params.length_penalty)
+        return beam.cum_logprob / (length**self.params.length_penalty)
 
     def outputs(self, decode: Optional[Callable[[list[int]], str]]) -> list[BeamSearchOutput]:
         """The best ``beam_width`` beams of each prompt, finished or not, best first."""
         outputs = []
         for group, done in zip(self.live, self.completed):
-            best = sorted(done + group, key=self.score, reverse=True)[:self.params.beam_width]
+            best = sorted(done + group, key=self.score, reverse=True)[: self.params.beam_width]
             for beam in best:
                 beam.text = decode(beam.tokens) if decode is not None else None
             outputs.append(BeamSearchOutput(best))

@@ -3,6 +3,7 @@
 Read lazily through module attributes (``envs.RINGLLM_CACHE``) so a test or a
 launcher can set a variable after import and still be heard.
 """
+
 from __future__ import annotations
 
 import os

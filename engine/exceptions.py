@@ -3,6 +3,7 @@
 They sit apart from the clients so a caller can catch them without importing the
 transport, and so the OpenAI server can map them to HTTP status codes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -9,6 +9,7 @@ metadata of the architectures ringllm runs to config.json's fields, as transform
 GGUF mapping does, so the config comes from engine/hf_config.py like a directory's. The
 ``gguf`` package still gives the block sizes (``GGML_QUANT_SIZES``).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -31,7 +32,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.take("<Q")
         self.pos += n
-        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", "replace")
+        return bytes(self.buf[self.pos - n : self.pos]).decode("utf-8", "replace")
 
     def value(self, vtype: int) -> Any:
         """A metadata value; an array is skipped over and given as ``ArrayLength``."""
@@ -93,29 +94,48 @@ def read_tensor_index(path: str, with_data: bool = True) -> tuple[dict[str, Any]
     for name, shape, qtype, offset in infos:
         per_block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
         nbytes = int(np.prod(shape)) // per_block * block_bytes
-        tensors.append(TensorInfo(name, shape, qtype, whole[start + offset:start + offset + nbytes]))
+        tensors.append(TensorInfo(name, shape, qtype, whole[start + offset : start + offset + nbytes]))
     return meta, tensors
 
 
-
 # llama.cpp's metadata key (after "<arch>.") -> config.json's field, for the architectures ringllm runs
-_FIELDS = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
-           "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
-           "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-           "attention.layer_norm_rms_epsilon": "rms_norm_eps", "rope.freq_base": "rope_theta",
-           "rope.dimension_count": "head_dim", "attention.key_length": "head_dim", "vocab_size": "vocab_size",
-           "attention.sliding_window": "sliding_window",
-           # Gemma 2/3 (the pattern and local base where the file has them; else the families' defaults,
-           # which are llama.cpp's own: every 2nd / 6th layer global, local base 10000)
-           "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
-           "attention.sliding_window_pattern": "sliding_window_pattern", "rope.freq_base_swa": "rope_local_base_freq",
-           "rope.scaling.original_context_length": "original_max_position_embeddings",
-           # experts (Qwen3-MoE, Mixtral as "llama" with an expert count, OLMoE): see _moe_fields
-           "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
-           "expert_feed_forward_length": "moe_intermediate_size", "expert_weights_norm": "norm_topk_prob"}
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-          "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-          "phi3": "Phi3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+_FIELDS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "rope.freq_base": "rope_theta",
+    "rope.dimension_count": "head_dim",
+    "attention.key_length": "head_dim",
+    "vocab_size": "vocab_size",
+    "attention.sliding_window": "sliding_window",
+    # Gemma 2/3 (the pattern and local base where the file has them; else the families' defaults,
+    # which are llama.cpp's own: every 2nd / 6th layer global, local base 10000)
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "attention.sliding_window_pattern": "sliding_window_pattern",
+    "rope.freq_base_swa": "rope_local_base_freq",
+    "rope.scaling.original_context_length": "original_max_position_embeddings",
+    # experts (Qwen3-MoE, Mixtral as "llama" with an expert count, OLMoE): see _moe_fields
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_weights_norm": "norm_topk_prob",
+}
+_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+}
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 # llama.cpp's graphs renormalise the top-k expert weights for these architectures when the file has no
 # expert_weights_norm (its qwen3moe and llama graphs always do, its olmoe graph never does)
@@ -159,8 +179,14 @@ def config_dict(path: str) -> Optional[dict[str, Any]]:
 # Keys llama.cpp's loader requires of these architectures (as one number each): a file without one
 # is refused, never filled from a transformers class default. feed_forward_length may be missing
 # from a Qwen3-MoE file whose every layer is sparse (its dense width is then never used).
-_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count",
-             "attention.layer_norm_rms_epsilon", "feed_forward_length")
+_REQUIRED = (
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.layer_norm_rms_epsilon",
+    "feed_forward_length",
+)
 LLAMA_CPP_ROPE_BASE = 10000.0  # llama.cpp's rope base for a file without rope.freq_base
 
 
@@ -171,8 +197,10 @@ def _required(path: str, arch: str, meta: dict[str, Any], cfg: dict[str, Any]) -
         if key == "feed_forward_length" and arch == "qwen3moe":
             continue  # checked by _moe_fields, which knows the dense layers
         if not isinstance(meta.get(f"{arch}.{key}"), (int, float)) or isinstance(meta[f"{arch}.{key}"], ArrayLength):
-            raise ValueError(f"model: {path}: {arch}.{key} must be one number in the file, got "
-                             f"{_described(meta.get(f'{arch}.{key}'))}")
+            raise ValueError(
+                f"model: {path}: {arch}.{key} must be one number in the file, got "
+                f"{_described(meta.get(f'{arch}.{key}'))}"
+            )
     cfg.setdefault("rope_theta", LLAMA_CPP_ROPE_BASE)
 
 
@@ -206,15 +234,17 @@ def _moe_fields(path: str, arch: str, cfg: dict[str, Any], tensors: list[TensorI
     if "moe_intermediate_size" not in cfg:
         gate = next((t for t in tensors if t.name.endswith("ffn_gate_exps.weight") and len(t.shape) == 3), None)
         if gate is None:
-            raise ValueError(f"model: {path}: qwen3moe.expert_feed_forward_length is missing and no expert tensor "
-                             "has it")
+            raise ValueError(
+                f"model: {path}: qwen3moe.expert_feed_forward_length is missing and no expert tensor has it"
+            )
         cfg["moe_intermediate_size"] = int(gate.shape[1])
     routed = {t.name.split(".")[1] for t in tensors if t.name.startswith("blk.") and ".ffn_gate_inp." in t.name}
     cfg["decoder_sparse_step"] = 1
     cfg["mlp_only_layers"] = [i for i in range(int(cfg.get("num_hidden_layers") or 0)) if str(i) not in routed]
     if cfg["mlp_only_layers"] and "intermediate_size" not in cfg:
-        raise ValueError(f"model: {path}: qwen3moe.feed_forward_length is missing and layers "
-                         f"{cfg['mlp_only_layers'][:8]} are dense")
+        raise ValueError(
+            f"model: {path}: qwen3moe.feed_forward_length is missing and layers {cfg['mlp_only_layers'][:8]} are dense"
+        )
     cfg.setdefault("intermediate_size", cfg["moe_intermediate_size"])  # no dense layer: never used
 
 
@@ -245,8 +275,11 @@ def _phi3_fields(path: str, meta: dict[str, Any], cfg: dict[str, Any], names: se
         if any(t.qtype != _F32 for t in factors.values()):
             raise ValueError(f"model: {path}: rope_factors_long/short must be F32 tensors")
         factors = {name: t.data.view(np.float32).tolist() for name, t in factors.items()}
-        cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
-                               "short_factor": factors["rope_factors_short.weight"]}
+        cfg["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": factors["rope_factors_long.weight"],
+            "short_factor": factors["rope_factors_short.weight"],
+        }
         if "phi3.rope.scaling.attn_factor" in meta:
             cfg["rope_scaling"]["attention_factor"] = meta["phi3.rope.scaling.attn_factor"]
         if cfg.get("partial_rotary_factor"):

@@ -15,6 +15,7 @@ defaults below are transformers' own.
 Any other config (an unknown ``model_type``, remote code) goes through transformers, which also
 gives the error message for an unsupported architecture.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,55 +26,179 @@ from typing import Any, Optional
 # The fields the engine reads that a config.json may leave out, with transformers 5's class
 # defaults (LlamaConfig, Qwen2Config, ..., Gemma2Config, Phi3Config, Qwen3MoeConfig, MixtralConfig,
 # OlmoeConfig). None for a field derived below (``_derive``, each family's ``__post_init__``).
-_COMMON = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu",
-           "rope_parameters": None, "rope_scaling": None}
-_GEMMA = {**{k: v for k, v in _COMMON.items() if k != "hidden_act"}, "hidden_size": 2304, "intermediate_size": 9216,
-          "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "attention_bias": False,
-          "query_pre_attn_scalar": 256, "sliding_window": 4096, "layer_types": None, "bos_token_id": 2,
-          "eos_token_id": 1}
+_COMMON = {
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "rope_parameters": None,
+    "rope_scaling": None,
+}
+_GEMMA = {
+    **{k: v for k, v in _COMMON.items() if k != "hidden_act"},
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "layer_types": None,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
-              "head_dim": None, "attention_bias": False, "max_position_embeddings": 2048,
-              "bos_token_id": 1, "eos_token_id": 2},
-    "mistral": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "head_dim": None, "max_position_embeddings": 131072, "sliding_window": 4096,
-                "bos_token_id": 1, "eos_token_id": 2},
-    "qwen2": {**_COMMON, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-              "max_position_embeddings": 32768,
-              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
-              "layer_types": None, "bos_token_id": None, "eos_token_id": None},
-    "qwen3": {**_COMMON, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-              "attention_bias": False, "max_position_embeddings": 32768,
-              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
-              "layer_types": None, "bos_token_id": None, "eos_token_id": None},
-    "gemma2": {**_GEMMA, "vocab_size": 256000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
-               "attn_logit_softcapping": 50.0},
-    "gemma3_text": {**_GEMMA, "vocab_size": 262208, "max_position_embeddings": 131072,
-                    "final_logit_softcapping": None, "attn_logit_softcapping": None,
-                    "use_bidirectional_attention": False},
-    "phi3": {**_COMMON, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
-             "num_attention_heads": 32, "num_key_value_heads": None, "max_position_embeddings": 4096,
-             "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,
-             "bos_token_id": 1, "eos_token_id": 32000},
-    "qwen3_moe": {**_COMMON, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-                  "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
-                  "max_position_embeddings": 32768, "attention_bias": False, "use_sliding_window": False,
-                  "sliding_window": 4096, "decoder_sparse_step": 1, "moe_intermediate_size": 768,
-                  "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": False, "mlp_only_layers": None,
-                  "bos_token_id": None, "eos_token_id": None},
-    "mixtral": {**_COMMON, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None,
-                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "sliding_window": None,
-                "num_experts_per_tok": 2, "num_local_experts": 8, "bos_token_id": 1, "eos_token_id": 2},
-    "olmoe": {**_COMMON, "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
-              "num_attention_heads": 16, "num_key_value_heads": None, "max_position_embeddings": 4096,
-              "rms_norm_eps": 1e-5, "attention_bias": False, "clip_qkv": None, "num_experts_per_tok": 8,
-              "num_experts": 64, "norm_topk_prob": False, "bos_token_id": None, "eos_token_id": 50279},
+    "llama": {
+        **_COMMON,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "head_dim": None,
+        "attention_bias": False,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "mistral": {
+        **_COMMON,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "qwen2": {
+        **_COMMON,
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "layer_types": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },
+    "qwen3": {
+        **_COMMON,
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "attention_bias": False,
+        "max_position_embeddings": 32768,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "layer_types": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },
+    "gemma2": {
+        **_GEMMA,
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+    "gemma3_text": {
+        **_GEMMA,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+    },
+    "phi3": {
+        **_COMMON,
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "sliding_window": None,
+        "bos_token_id": 1,
+        "eos_token_id": 32000,
+    },
+    "qwen3_moe": {
+        **_COMMON,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 768,
+        "num_experts_per_tok": 8,
+        "num_experts": 128,
+        "norm_topk_prob": False,
+        "mlp_only_layers": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },
+    "mixtral": {
+        **_COMMON,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "sliding_window": None,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 8,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "olmoe": {
+        **_COMMON,
+        "vocab_size": 50304,
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "attention_bias": False,
+        "clip_qkv": None,
+        "num_experts_per_tok": 8,
+        "num_experts": 64,
+        "norm_topk_prob": False,
+        "bos_token_id": None,
+        "eos_token_id": 50279,
+    },
 }
 # A rope base other than the engine's 10000 where the config gives none (the class's ``default_theta``);
 # Gemma 3's two bases are its rope conversion's (``_gemma3_rope``).
@@ -90,8 +215,16 @@ class HFConfig(types.SimpleNamespace):
 
 
 # Sizes the engine builds tensors from: each must be a positive int where the config has it.
-_POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "max_position_embeddings")
+_POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 
 
 class ModelConfigError(ValueError):
@@ -123,8 +256,9 @@ def read_json_object(file: str, what: str = "model") -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ModelConfigError(f"{what}: {file} is not UTF-8 text, so not valid JSON") from None
     except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{what}: {file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
-                               ) from None
+        raise ModelConfigError(
+            f"{what}: {file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from None
     except OSError as e:
         raise ModelConfigError(f"{what}: cannot read {file}: {e.strerror}") from None
     if not isinstance(data, dict):
@@ -164,8 +298,11 @@ def _derive(cfg: dict[str, Any]) -> None:
         cfg["sliding_window"] = None
     if kind in ("qwen2", "qwen3") and cfg["layer_types"] is None:
         cfg["layer_types"] = [
-            "sliding_attention" if cfg["sliding_window"] is not None and i >= cfg["max_window_layers"]
-            else "full_attention" for i in range(cfg["num_hidden_layers"])]
+            "sliding_attention"
+            if cfg["sliding_window"] is not None and i >= cfg["max_window_layers"]
+            else "full_attention"
+            for i in range(cfg["num_hidden_layers"])
+        ]
     if kind == "qwen3_moe" and cfg["mlp_only_layers"] is None:
         cfg["mlp_only_layers"] = []
     # The classes' attribute_map: the expert count is num_local_experts where a config has it (Mixtral's,
@@ -178,8 +315,9 @@ def _derive(cfg: dict[str, Any]) -> None:
         _phi3_rope(cfg)
     if kind.startswith("gemma") and cfg["layer_types"] is None:
         period = 2 if kind == "gemma2" else cfg.get("sliding_window_pattern") or GEMMA3_PATTERN
-        cfg["layer_types"] = ["sliding_attention" if (i + 1) % period else "full_attention"
-                              for i in range(cfg["num_hidden_layers"])]
+        cfg["layer_types"] = [
+            "sliding_attention" if (i + 1) % period else "full_attention" for i in range(cfg["num_hidden_layers"])
+        ]
     if kind == "gemma3_text":
         _gemma3_rope(cfg)
 

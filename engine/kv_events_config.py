@@ -22,6 +22,7 @@ A msgspec Struct, so a dict converts with type checks and the config crosses to 
 process as plain JSON with the other EngineArgs. ``resolve_kv_events_config`` is what
 ``create_engine_config`` calls: every problem is a ValueError naming the field.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -60,7 +61,7 @@ def is_remote(endpoint: str) -> bool:
     if not endpoint.startswith("tcp://"):
         return False
     # zmq's tcp address is [source;]host:port; every host named must be loopback
-    for address in endpoint[len("tcp://"):].split(";"):
+    for address in endpoint[len("tcp://") :].split(";"):
         host = address.rpartition(":")[0].strip("[]")
         if host == "localhost":
             continue
@@ -91,9 +92,11 @@ def resolve_kv_events_config(value: Any) -> Optional[KVEventsConfig]:
         if not endpoint.startswith(ENDPOINT_SCHEMES):
             raise ValueError(f"kv_events_config.{name} must start with {', '.join(ENDPOINT_SCHEMES)}, got {endpoint!r}")
         if is_remote(endpoint) and not config.allow_remote:
-            raise ValueError(f"kv_events_config.{name} {endpoint!r} can be reached from other hosts, and the events "
-                             "reveal what users' prompts cached: use a loopback or ipc:// address, or set "
-                             "kv_events_config.allow_remote to true")
+            raise ValueError(
+                f"kv_events_config.{name} {endpoint!r} can be reached from other hosts, and the events "
+                "reveal what users' prompts cached: use a loopback or ipc:// address, or set "
+                "kv_events_config.allow_remote to true"
+            )
     for name in ("buffer_steps", "hwm", "max_queue_size"):
         if getattr(config, name) < 1:
             raise ValueError(f"kv_events_config.{name} must be >= 1, got {getattr(config, name)!r}")

@@ -14,6 +14,7 @@ their way match no request any more and are dropped.
 One thread at a time drives an LLMEngine (as vLLM's); ``begin_shutdown`` alone may come from
 another. ``LLM`` serialises its callers with a lock.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, multiprocess_mode: bool = False, *,
-                 _started: Optional[list[CoreProcess]] = None) -> None:
+    def __init__(
+        self, config: EngineConfig, multiprocess_mode: bool = False, *, _started: Optional[list[CoreProcess]] = None
+    ) -> None:
         configure_logging()
         self.config = config
         with stopped_on_error(_started):
@@ -57,17 +59,33 @@ class LLMEngine:
     def from_engine_config(cls, config: EngineConfig, enable_multiprocessing: bool = False) -> "LLMEngine":
         return cls(config, multiprocess_mode=enable_multiprocessing)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: Optional[float] = None, priority: int = 0,
-                    add_special_tokens: bool = True, *, lora_request: Any = None,
-                    tokenization_kwargs: Optional[dict[str, Any]] = None) -> str:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        *,
+        lora_request: Any = None,
+        tokenization_kwargs: Optional[dict[str, Any]] = None,
+    ) -> str:
         """Queue a request; a bad prompt or bad params raise ValueError/TypeError here and
         nothing is queued. With ``params.n > 1`` the core runs n child requests.
         ``lora_request``: the adapter (with ``enable_lora``; loaded and checked here the first
         time, so a bad one is a ValueError); ``tokenization_kwargs`` truncates a text prompt."""
         internal_id = self.input_processor.internal_id(request_id, self._internal_ids)
-        admission = self.input_processor.admit(internal_id, prompt, params, arrival_time, priority, add_special_tokens,
-                                               lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
+        admission = self.input_processor.admit(
+            internal_id,
+            prompt,
+            params,
+            arrival_time,
+            priority,
+            add_special_tokens,
+            lora_request=lora_request,
+            tokenization_kwargs=tokenization_kwargs,
+        )
         if lora_request is not None and self._loras.get(lora_request.lora_int_id) != lora_request:
             self.add_lora(lora_request)
         self._internal_ids[request_id] = internal_id
@@ -127,8 +145,9 @@ class LLMEngine:
         """Engine totals: running and waiting requests, KV usage, prefix-cache queries and hits."""
         return self.engine_core.call_utility("get_stats")
 
-    def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
-                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, timeout: Optional[float] = None, args: tuple = (), kwargs: Optional[dict[str, Any]] = None
+    ) -> list[Any]:
         """``method`` called by name on the EngineCore's worker (engine/worker/worker.py); one
         result per worker (one here), as plain data."""
         return self.engine_core.call_utility("collective_rpc", *rpc_args(method, timeout, args, kwargs))
@@ -146,8 +165,10 @@ def rpc_args(method: Any, timeout: Optional[float], args: tuple, kwargs: Optiona
     """The UTILITY arguments of a collective_rpc: a method *name* only (a callable would have
     to be pickled onto the ring, which carries no pickle); ``timeout`` is not supported."""
     if not isinstance(method, str):
-        raise TypeError(f"collective_rpc takes the name of a worker method, got {type(method).__name__} "
-                        "(the rings carry no pickled callables)")
+        raise TypeError(
+            f"collective_rpc takes the name of a worker method, got {type(method).__name__} "
+            "(the rings carry no pickled callables)"
+        )
     if timeout is not None:
         raise ValueError("collective_rpc(timeout=...) is not supported: the call waits for the worker")
     return method, list(args), dict(kwargs or {})

@@ -5,6 +5,7 @@ the application already configured them. Done on first use of an entry point (``
 ``AsyncLLM``, ``LLMEngine``, the ``ringllm`` command, the EngineCore process) so that importing
 the package changes nothing in the importing program.
 """
+
 from __future__ import annotations
 
 import logging

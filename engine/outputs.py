@@ -3,6 +3,7 @@
 ``Logprob``/``SampleLogprobs``/``PromptLogprobs`` follow vLLM: one dict per position, keyed by
 token id, the chosen token first, then the top-N.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -128,9 +129,15 @@ class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
 
     @staticmethod
     def from_base(request_output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        return EmbeddingRequestOutput(request_output.request_id, EmbeddingOutput.from_base(request_output.outputs),
-                                      request_output.prompt_token_ids, request_output.num_cached_tokens,
-                                      request_output.finished, request_output.error, request_output.internal_error)
+        return EmbeddingRequestOutput(
+            request_output.request_id,
+            EmbeddingOutput.from_base(request_output.outputs),
+            request_output.prompt_token_ids,
+            request_output.num_cached_tokens,
+            request_output.finished,
+            request_output.error,
+            request_output.internal_error,
+        )
 
 
 @dataclass(slots=True)
@@ -155,11 +162,15 @@ class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
 
     @staticmethod
     def from_base(request_output: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        return ClassificationRequestOutput(request_output.request_id,
-                                           ClassificationOutput.from_base(request_output.outputs),
-                                           request_output.prompt_token_ids, request_output.num_cached_tokens,
-                                           request_output.finished, request_output.error,
-                                           request_output.internal_error)
+        return ClassificationRequestOutput(
+            request_output.request_id,
+            ClassificationOutput.from_base(request_output.outputs),
+            request_output.prompt_token_ids,
+            request_output.num_cached_tokens,
+            request_output.finished,
+            request_output.error,
+            request_output.internal_error,
+        )
 
 
 @dataclass(slots=True)

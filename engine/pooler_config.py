@@ -6,6 +6,7 @@ checkpoint is a pooling model of its own (task "classify"): its ``score`` head o
 token's normed hidden state, one logit per label of ``id2label``. Validated here for
 ``create_engine_config``: a bad value is a ValueError naming the field.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,8 +72,9 @@ def resolve_runner(runner: str, convert: str, pooler: Any, arch: str) -> tuple[s
             raise ValueError("pooler_config: only a pooling model has a pooler; pass runner='pooling'")
         return runner, "none", None
     if convert == "none":
-        raise ValueError(f"convert: {arch} has no pooling head of its own; runner='pooling' needs "
-                         "convert='embed' (or 'auto')")
+        raise ValueError(
+            f"convert: {arch} has no pooling head of its own; runner='pooling' needs convert='embed' (or 'auto')"
+        )
     pooler = _pooler_config(pooler)
     pooling_type = "LAST" if pooler.pooling_type is None else str(pooler.pooling_type).upper()
     if pooling_type not in POOLING_TYPES:

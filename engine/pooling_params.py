@@ -10,6 +10,7 @@ embedding's L2 normalisation (when set it decides, over ``normalize``), a classi
 softmax (sigmoid for one label). ``truncate_prompt_tokens`` and ``truncation_side`` cut the
 prompt as for SamplingParams.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -40,8 +41,10 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
     def verify(self, task: Optional[str] = None) -> None:
         """ValueError naming the field when this engine cannot serve these params."""
         if self.dimensions is not None:
-            raise ValueError(f"PoolingParams.dimensions={self.dimensions!r}: the model does not support "
-                             "matryoshka representation (changing output dimensions)")
+            raise ValueError(
+                f"PoolingParams.dimensions={self.dimensions!r}: the model does not support "
+                "matryoshka representation (changing output dimensions)"
+            )
         for name in ("normalize", "use_activation"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PoolingParams.{name} must be a bool or None, got {getattr(self, name)!r}")

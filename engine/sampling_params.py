@@ -4,6 +4,7 @@ A msgspec Struct (not a dataclass) because it crosses the ring inside every ADD
 message; validation lives in ``__post_init__`` so a bad value is refused in the
 caller's process, with the field named, before anything is sent.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,13 @@ MAX_BAD_WORDS = 1024
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
 _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p")
-_BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-                "include_stop_str_in_output")
+_BOOL_FIELDS = (
+    "ignore_eos",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+)
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -51,9 +57,14 @@ class SamplingType(enum.IntEnum):
 # vLLM SamplingParams fields ringllm does not carry, with vLLM's default: any other value is a
 # ValueError naming the field (a name vLLM does not have stays msgspec's TypeError, as in vLLM).
 VLLM_UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "prompt_logprob_token_ids": None, "prompt_logprob_start": None, "logprob_token_ids": None,
-    "flat_logprobs": False, "extra_args": None,
-    "thinking_token_budget": None, "repetition_detection": None, "routed_experts_prompt_start": 0,
+    "prompt_logprob_token_ids": None,
+    "prompt_logprob_start": None,
+    "logprob_token_ids": None,
+    "flat_logprobs": False,
+    "extra_args": None,
+    "thinking_token_budget": None,
+    "repetition_detection": None,
+    "routed_experts_prompt_start": 0,
     "trace_decode_token_ids": None,
 }
 # vLLM SamplingParams fields that ask nothing of ringllm: accepted and dropped, for this reason.
@@ -72,8 +83,9 @@ class _VLLMKeywords(type(msgspec.Struct)):
             del kwargs[name]
         for name in [k for k in kwargs if k in VLLM_UNSUPPORTED_FIELDS]:
             if kwargs[name] != VLLM_UNSUPPORTED_FIELDS[name]:
-                raise ParameterError(f"SamplingParams.{name} is not supported by ringllm", parameter=name,
-                                     value=kwargs[name])
+                raise ParameterError(
+                    f"SamplingParams.{name} is not supported by ringllm", parameter=name, value=kwargs[name]
+                )
             del kwargs[name]
         return super().__call__(*args, **kwargs)
 
@@ -177,17 +189,27 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _bad("min_tokens", f"<= max_tokens={self.max_tokens}", self.min_tokens)
         for name in ("logprobs", "prompt_logprobs"):  # a bool is refused: logprobs=True means no count
-            _optional_int(name, getattr(self, name), low=-1,
-                          allowed="None, or an int: -1 (the whole vocabulary), 0 or a count below 2**63")
+            _optional_int(
+                name,
+                getattr(self, name),
+                low=-1,
+                allowed="None, or an int: -1 (the whole vocabulary), 0 or a count below 2**63",
+            )
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:  # first: O(1) for a huge list
-            raise ParameterError(f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
-                                 f"{MAX_STOP_STRING_CHARS} characters each, got {len(self.stop)}", parameter="stop")
+            raise ParameterError(
+                f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
+                f"{MAX_STOP_STRING_CHARS} characters each, got {len(self.stop)}",
+                parameter="stop",
+            )
         if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
             raise _bad("stop", "a non-empty string or a list of them", self.stop)
         if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
-            raise ParameterError(f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
-                                 f"{MAX_STOP_STRING_CHARS} characters each, got one of "
-                                 f"{max(map(len, self.stop))} characters", parameter="stop")
+            raise ParameterError(
+                f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings of at most "
+                f"{MAX_STOP_STRING_CHARS} characters each, got one of "
+                f"{max(map(len, self.stop))} characters",
+                parameter="stop",
+            )
         _token_ids("stop_token_ids", self.stop_token_ids)
         _token_ids("all_stop_token_ids", self.all_stop_token_ids)
         for name in _BOOL_FIELDS:
@@ -206,22 +228,35 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, metacl
         against the vocabulary by the input processor, which knows it."""
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
-                    _is_int(t) and 0 <= t <= _INT64_MAX and isinstance(b, (int, float)) and not isinstance(b, bool)
-                    and math.isfinite(b) and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()):
-                raise _bad("logit_bias", "a dict of token id -> bias, each bias a finite number in [-100, 100]",
-                           self.logit_bias)
+                _is_int(t)
+                and 0 <= t <= _INT64_MAX
+                and isinstance(b, (int, float))
+                and not isinstance(b, bool)
+                and math.isfinite(b)
+                and -100.0 <= b <= 100.0
+                for t, b in self.logit_bias.items()
+            ):
+                raise _bad(
+                    "logit_bias",
+                    "a dict of token id -> bias, each bias a finite number in [-100, 100]",
+                    self.logit_bias,
+                )
         if self.allowed_token_ids is not None:
             _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
                 raise _bad("allowed_token_ids", "a non-empty list of token ids (or None)", self.allowed_token_ids)
         if isinstance(self.bad_words, list) and len(self.bad_words) > MAX_BAD_WORDS:  # first: O(1) for a huge list
-            raise ParameterError(f"SamplingParams.bad_words: at most {MAX_BAD_WORDS} words, got "
-                                 f"{len(self.bad_words)}", parameter="bad_words")
-        if self.bad_words is not None and (not isinstance(self.bad_words, list) or not all(
-                isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise ParameterError(
+                f"SamplingParams.bad_words: at most {MAX_BAD_WORDS} words, got {len(self.bad_words)}",
+                parameter="bad_words",
+            )
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip() for w in self.bad_words)
+        ):
             raise _bad("bad_words", "a list of non-empty strings", self.bad_words)
         if not isinstance(self.bad_words_token_ids, list) or not all(
-                isinstance(w, list) and w and all(_is_int(t) and t >= 0 for t in w) for w in self.bad_words_token_ids):
+            isinstance(w, list) and w and all(_is_int(t) and t >= 0 for t in w) for w in self.bad_words_token_ids
+        ):
             raise _bad("bad_words_token_ids", "a list of non-empty lists of token ids", self.bad_words_token_ids)
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
@@ -268,18 +303,25 @@ def verify_truncation(truncate_prompt_tokens: Any, truncation_side: Any, owner: 
     None, "left" or "right" (shared with PoolingParams)."""
     k = truncate_prompt_tokens
     if k is not None and not (_is_int(k) and (k == -1 or 1 <= k <= _INT64_MAX)):
-        raise ParameterError(f"{owner}.truncate_prompt_tokens must be None, -1 (the model's context length) or a "
-                             f"positive int, got {_show(k)}", parameter="truncate_prompt_tokens", value=k)
+        raise ParameterError(
+            f"{owner}.truncate_prompt_tokens must be None, -1 (the model's context length) or a "
+            f"positive int, got {_show(k)}",
+            parameter="truncate_prompt_tokens",
+            value=k,
+        )
     if truncation_side not in (None, "left", "right"):
-        raise ParameterError(f"{owner}.truncation_side must be None, 'left' or 'right', got {_show(truncation_side)}",
-                             parameter="truncation_side", value=truncation_side)
+        raise ParameterError(
+            f"{owner}.truncation_side must be None, 'left' or 'right', got {_show(truncation_side)}",
+            parameter="truncation_side",
+            value=truncation_side,
+        )
 
 
 # ---- validation helpers: each raises ParameterError naming its field ----
 
+
 def _bad(field: str, allowed: str, value: Any) -> ParameterError:
-    return ParameterError(f"SamplingParams.{field} must be {allowed}, got {_show(value)}", parameter=field,
-                          value=value)
+    return ParameterError(f"SamplingParams.{field} must be {allowed}, got {_show(value)}", parameter=field, value=value)
 
 
 def _show(value: Any, limit: int = 60) -> str:
@@ -355,8 +397,12 @@ def _as_float(field: str, value: Any) -> Any:
 def _float_in(field: str, value: Any, low: float, high: Optional[float] = None, low_open: bool = False) -> None:
     """``value`` must be a finite float, at least ``low`` (above it if ``low_open``) and at
     most ``high`` (no upper bound if None). NaN fails every comparison, so it is refused too."""
-    ok = isinstance(value, float) and math.isfinite(value) and (low < value if low_open else low <= value) \
+    ok = (
+        isinstance(value, float)
+        and math.isfinite(value)
+        and (low < value if low_open else low <= value)
         and (high is None or value <= high)
+    )
     if not ok:
         opening = "(" if low_open else "["
         bounds = f"in {opening}{low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"

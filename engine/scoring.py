@@ -7,6 +7,7 @@ it is that label's output for the pair encoded together, as the tokenizer encode
 several labels has no single score and is refused, as vLLM refuses it. The pairing follows
 vLLM: one text against N (1:N) or N against N, never M against N.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
@@ -20,8 +21,9 @@ class ScoreInputError(ValueError):
         self.field = field
 
 
-def score_pairs(data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]],
-                names: tuple[str, str] = ("data_1", "data_2")) -> list[tuple[str, str]]:
+def score_pairs(
+    data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]], names: tuple[str, str] = ("data_1", "data_2")
+) -> list[tuple[str, str]]:
     """The pairs to score, in output order: a lone ``data_1`` is paired with each of
     ``data_2`` (1:N); otherwise both must have the same length (N:N)."""
     first = [data_1] if isinstance(data_1, str) else list(data_1)
@@ -35,21 +37,24 @@ def score_pairs(data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[s
     if len(first) == 1:
         first = first * len(second)
     elif len(first) != len(second):
-        raise ScoreInputError(f"{names[0]} ({len(first)} texts) and {names[1]} ({len(second)} texts) must be 1:N "
-                              "or N:N", names[1])
+        raise ScoreInputError(
+            f"{names[0]} ({len(first)} texts) and {names[1]} ({len(second)} texts) must be 1:N or N:N", names[1]
+        )
     return list(zip(first, second))
 
 
 def score_mode(pooling_task: Optional[str], labels: Optional[Sequence[str]]) -> str:
-    """"cosine" for an embedding model, "cross" for a one-label classifier; a ValueError for a
+    """ "cosine" for an embedding model, "cross" for a one-label classifier; a ValueError for a
     model that has no score."""
     if pooling_task == "embed":
         return "cosine"
     if pooling_task == "classify" and labels is not None and len(labels) == 1:
         return "cross"
     if pooling_task == "classify":
-        raise ValueError(f"scoring needs an embedding model or a classification model with one label "
-                         f"(a cross-encoder); this model has {len(labels or ())} labels")
+        raise ValueError(
+            f"scoring needs an embedding model or a classification model with one label "
+            f"(a cross-encoder); this model has {len(labels or ())} labels"
+        )
     raise ValueError("scoring is only supported for pooling models; try passing `--runner pooling`")
 
 

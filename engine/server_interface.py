@@ -6,6 +6,7 @@ Besides the methods below, an engine client exposes, as attributes: ``config`` (
 EngineConfig), ``model_config``, ``input_processor`` (chat templates, sampling defaults) and
 ``renderer`` (the thread pool that tokenizes and detokenizes off the event loop).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -43,8 +44,9 @@ class EngineClient(ABC):
     def dead_error(self) -> EngineDeadError: ...
 
     @abstractmethod
-    def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, **kwargs: Any
-                 ) -> AsyncGenerator[RequestOutput, None]:
+    def generate(
+        self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, **kwargs: Any
+    ) -> AsyncGenerator[RequestOutput, None]:
         """The request's outputs until it finishes; closing the generator aborts it."""
 
     @abstractmethod
@@ -84,8 +86,9 @@ class EngineClient(ABC):
     async def remove_lora(self, lora_id: int) -> bool: ...
 
     @abstractmethod
-    async def collective_rpc(self, method: str, timeout: Optional[float] = None, args: tuple = (),
-                             kwargs: Optional[dict] = None) -> list: ...
+    async def collective_rpc(
+        self, method: str, timeout: Optional[float] = None, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> list: ...
 
     @abstractmethod
     def shutdown(self, timeout: Optional[float] = None) -> None: ...

@@ -16,6 +16,7 @@ frontend's observations are comparable on one host):
 - time to first token and end-to-end latency: from the request's arrival in the frontend;
 - inter-token latency: per request and message, the time since that request's previous tokens.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -42,16 +43,27 @@ class FinishedRequestStats:
     mean_time_per_output_token: float = 0.0
 
     @classmethod
-    def of(cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int,
-           max_tokens: Optional[int], now: float) -> "FinishedRequestStats":
+    def of(
+        cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int, max_tokens: Optional[int], now: float
+    ) -> "FinishedRequestStats":
         first, last, scheduled = stats.first_token_ts, stats.last_token_ts, stats.scheduled_ts
         queued = scheduled - stats.queued_ts if scheduled and stats.queued_ts else 0.0
         prefill = first - scheduled if first and scheduled else 0.0
         decode = last - first if first else 0.0
         inference = last - scheduled if last and scheduled else 0.0
         n = stats.num_generation_tokens
-        return cls(finish_reason, now - stats.arrival_time, num_prompt_tokens, n, max_tokens, queued, prefill,
-                   inference, decode, decode / (n - 1) if n > 1 else 0.0)
+        return cls(
+            finish_reason,
+            now - stats.arrival_time,
+            num_prompt_tokens,
+            n,
+            max_tokens,
+            queued,
+            prefill,
+            inference,
+            decode,
+            decode / (n - 1) if n > 1 else 0.0,
+        )
 
 
 @dataclass(slots=True)
@@ -73,8 +85,9 @@ class StatLoggerBase(ABC):
     no scheduler stats with ``disable_log_stats``), ``engine_idx`` the data-parallel rank."""
 
     @abstractmethod
-    def record(self, scheduler_stats: Optional[SchedulerStats], iteration_stats: Optional[IterationStats],
-               engine_idx: int = 0) -> None: ...
+    def record(
+        self, scheduler_stats: Optional[SchedulerStats], iteration_stats: Optional[IterationStats], engine_idx: int = 0
+    ) -> None: ...
 
     def log_engine_initialized(self) -> None:  # vLLM's hook; nothing to log by default
         pass

@@ -16,6 +16,7 @@ of weights: one core streams ~10 GB/s of them here (benchmarks/RESULTS.md, "1.56
 LONG_STEP_WEIGHT_BYTES sits between those two measured ends. ``num_threads`` (or
 ``RINGLLM_NUM_THREADS``) set explicitly always wins.
 """
+
 from __future__ import annotations
 
 import glob

@@ -7,14 +7,16 @@ step gets many times slower (docs/ARCHITECTURE.md, "Threads on a small CPU"). Im
 import torch for the model: the EngineCore process, the in-process core, GPU detection.
 A user who chose a policy keeps it; a torch imported earlier by the application keeps its own.
 """
+
 from __future__ import annotations
 
 import os
 from typing import MutableMapping, Optional
 
 
-def prepare_torch_env(env: Optional[MutableMapping[str, str]] = None,
-                      num_threads: Optional[int] = None) -> MutableMapping[str, str]:
+def prepare_torch_env(
+    env: Optional[MutableMapping[str, str]] = None, num_threads: Optional[int] = None
+) -> MutableMapping[str, str]:
     """Set the OpenMP defaults in ``env`` (this process's environment when None) and return it."""
     env = os.environ if env is None else env
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

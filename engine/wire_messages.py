@@ -7,6 +7,7 @@ The transport puts one byte of message kind in front (``MessageKind``, ``MESSAGE
 Imported by both processes; what the HTTP server sends and receives is
 ``engine.entrypoints.openai.http_bodies``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -127,8 +128,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
         self.spec_decode_num_drafts += earlier.spec_decode_num_drafts
         self.spec_decode_num_draft_tokens += earlier.spec_decode_num_draft_tokens
         self.spec_decode_num_accepted_tokens += earlier.spec_decode_num_accepted_tokens
-        self.spec_decode_num_accepted_tokens_per_pos = add_lists(self.spec_decode_num_accepted_tokens_per_pos,
-                                                                 earlier.spec_decode_num_accepted_tokens_per_pos)
+        self.spec_decode_num_accepted_tokens_per_pos = add_lists(
+            self.spec_decode_num_accepted_tokens_per_pos, earlier.spec_decode_num_accepted_tokens_per_pos
+        )
 
 
 def add_lists(a: list[int], b: list[int]) -> list[int]:
@@ -222,8 +224,7 @@ def _merge_output(into: EngineCoreOutput, new: EngineCoreOutput) -> None:
         if a is None:
             setattr(into, name, b)
         elif b is not None:
-            setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs,
-                                              a.ranks + b.ranks))
+            setattr(into, name, LogprobsLists(a.token_ids + b.token_ids, a.logprobs + b.logprobs, a.ranks + b.ranks))
     into.finish_reason, into.stop_reason = new.finish_reason, new.stop_reason
     into.error, into.internal_error = new.error, new.internal_error
     if new.events:

@@ -4,6 +4,7 @@ Run by setuptools through ``cffi_modules`` in setup.py. API mode compiles a real
 every call is a direct C call, and cffi releases the GIL around each one (the default, kept on
 purpose: blocking waits must let other Python threads run).
 """
+
 import os
 import re
 
@@ -42,7 +43,7 @@ def cdef_from_header(path: str) -> str:
         end = text.find(_END, begin)
         if end < 0:
             raise ValueError(f"{path}: {_BEGIN} without a matching {_END}")
-        parts.append(text[begin + len(_BEGIN):end])
+        parts.append(text[begin + len(_BEGIN) : end])
         pos = end + len(_END)
     if not parts:
         raise ValueError(f"{path}: no {_BEGIN} ... {_END} section")

@@ -29,6 +29,7 @@ Contract (the engine builds on exactly this):
 - A dead peer raises PeerDied within ``liveness_interval`` (0.1 s) of any wait; a closed channel
   raises ChannelClosed (after the peer's last messages have been read). Nothing hangs.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,7 @@ from .ring_ends import BATCH_BYTES, DEFAULT_SPIN_US, RingEnds
 from .wakeup import PeerWatch
 
 DEFAULT_CAPACITY = 1 << 22
-_MAX_SPIN_NS = 10 ** 15
+_MAX_SPIN_NS = 10**15
 
 __all__ = ["Channel", "BATCH_BYTES", "DEFAULT_CAPACITY", "DEFAULT_SPIN_US"]
 
@@ -54,8 +55,15 @@ class Channel(SyncSide, AsyncSide):
     ones from AsyncSide, both over one RingEnds (``_ends``). Inherited, not wrapped: a wrapper
     costs a call layer on every message."""
 
-    def __init__(self, codec: Any, tx: Any, rx: Any, res: endpoints.Resources,
-                 max_message_size: int, token: Optional[PeerToken] = None) -> None:
+    def __init__(
+        self,
+        codec: Any,
+        tx: Any,
+        rx: Any,
+        res: endpoints.Resources,
+        max_message_size: int,
+        token: Optional[PeerToken] = None,
+    ) -> None:
         ends = RingEnds(codec, tx, rx, res, max_message_size)
         SyncSide.__init__(self, ends)
         AsyncSide.__init__(self, ends)
@@ -64,8 +72,13 @@ class Channel(SyncSide, AsyncSide):
 
     # ------------------------------------------------------------------ set-up
     @classmethod
-    def create(cls, codec: Any, capacity: int = DEFAULT_CAPACITY, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-               recv_capacity: Optional[int] = None) -> "Channel":
+    def create(
+        cls,
+        codec: Any,
+        capacity: int = DEFAULT_CAPACITY,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        recv_capacity: Optional[int] = None,
+    ) -> "Channel":
         """The creating (frontend) side: ``capacity`` bytes toward the peer, ``recv_capacity``
         (default: the same) back. Capacities are powers of two, at least 4096."""
         tx, rx, res, token = endpoints.create(capacity, recv_capacity, max_message_size)

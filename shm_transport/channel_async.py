@@ -19,6 +19,7 @@ channel_sync.py).
 Only one task may await a receive at a time; concurrent ``send_async`` calls are serialised
 in call order by an ``asyncio.Lock``.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -7,6 +7,7 @@ set "waiting", full fence, re-check), then sleeps in ``poll(2)`` on their data e
 peers' pidfds and any extra fd, and disarms on the way out. A producer writes the eventfd only
 when it sees the flag, so channels that are busy cost no system call.
 """
+
 from __future__ import annotations
 
 import select

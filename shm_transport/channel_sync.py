@@ -13,6 +13,7 @@ here a call layer costs ~55 ns, a use written out ~30-40 and ``with lifetime`` (
 calls) about ten times that, against ~450 ns of CPU for a whole small send
 (``benchmarks/RESULTS.md``).
 """
+
 from __future__ import annotations
 
 import time

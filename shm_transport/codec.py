@@ -17,6 +17,7 @@ it owns everything it returns. Eligible are top-level fields declared ``bytes`` 
 placeholder must not reach user validation); only values that are ``bytes`` of at least
 ``OOB_MIN`` bytes go out of band. Everything else is plain msgpack, as is ``encode()``.
 """
+
 from __future__ import annotations
 
 import operator
@@ -44,8 +45,12 @@ def _oob_eligible(t: type[msgspec.Struct]) -> tuple[str, ...]:
         ft = f.type
         options = ft.types if isinstance(ft, msgspec.inspect.UnionType) else (ft,)
         plain = [o for o in options if not isinstance(o, msgspec.inspect.NoneType)]
-        if (len(plain) == 1 and isinstance(plain[0], msgspec.inspect.BytesType)
-                and plain[0].min_length is None and plain[0].max_length is None):
+        if (
+            len(plain) == 1
+            and isinstance(plain[0], msgspec.inspect.BytesType)
+            and plain[0].min_length is None
+            and plain[0].max_length is None
+        ):
             names.append(f.name)
     return tuple(names[:255])
 
@@ -59,6 +64,7 @@ def _probe(names: tuple) -> Any:
 
     def largest(msg: Any) -> Any:
         return max((v for v in getter(msg) if type(v) is bytes), key=len, default=None)
+
     return largest
 
 
@@ -76,8 +82,9 @@ def _kinds(types: Union[Mapping[int, type], Iterable[tuple[int, type]]]) -> dict
     """Validate the kind -> type table: explicit ints below OOB_KIND, no kind or type twice."""
     pairs = list(types.items() if isinstance(types, Mapping) else types)
     if not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
-        raise TypeError("MsgspecCodec takes a mapping kind byte -> type, or (kind, type) pairs: "
-                        "a kind is never a position")
+        raise TypeError(
+            "MsgspecCodec takes a mapping kind byte -> type, or (kind, type) pairs: a kind is never a position"
+        )
     if not pairs:
         raise ValueError("MsgspecCodec needs at least one message type")
     out: dict[int, type] = {}
@@ -104,8 +111,9 @@ class _OobDecoder:
         kind, n, body_len = _OOB_HEAD.unpack_from(buf, 0)
         names = self.fields[kind] if kind < len(self.fields) else ()
         if not 0 < n <= len(names):
-            raise msgspec.DecodeError(f"out-of-band frame of kind {kind} with {n} fields "
-                                      f"(the type has {len(names)} eligible)")
+            raise msgspec.DecodeError(
+                f"out-of-band frame of kind {kind} with {n} fields (the type has {len(names)} eligible)"
+            )
         pos = _OOB_HEAD.size
         table = []
         for _ in range(n):
@@ -153,8 +161,10 @@ class MsgspecCodec:
                 raise TypeError(f"MsgspecCodec types must be msgspec.Struct subclasses, got {t!r}")
             for f in msgspec.structs.fields(t):
                 if f.type in _FORBIDDEN:
-                    raise TypeError(f"{t.__name__}.{f.name} is {f.type.__name__}: it would alias shared "
-                                    "memory after decode; use bytes")
+                    raise TypeError(
+                        f"{t.__name__}.{f.name} is {f.type.__name__}: it would alias shared "
+                        "memory after decode; use bytes"
+                    )
         structs = cast(dict[int, type[msgspec.Struct]], by_kind)  # as checked just above
         self.types = tuple(structs.values())
         self.kind_of = {t: k for k, t in structs.items()}  # type -> kind byte
@@ -167,8 +177,9 @@ class MsgspecCodec:
         self.send_info = {t: (k, _probe(self.oob_fields[k])) for k, t in structs.items()}
         self.encode_body = msgspec.msgpack.Encoder().encode  # msg -> msgpack body (no kind byte)
         known = tuple(sorted(structs))
-        typed: tuple[Any, ...] = tuple(msgspec.msgpack.Decoder(structs[k]) if k in structs
-                                       else _UnknownKind(k, known) for k in kinds)
+        typed: tuple[Any, ...] = tuple(
+            msgspec.msgpack.Decoder(structs[k]) if k in structs else _UnknownKind(k, known) for k in kinds
+        )
         frozen = tuple(k in structs and structs[k].__struct_config__.frozen for k in kinds)
         # kind byte -> decoder, for all 256 values (unknown kinds raise IndexError when used)
         self.decoders = typed + (_OobDecoder(typed, self.oob_fields, frozen),)
@@ -178,8 +189,10 @@ class MsgspecCodec:
         try:
             kind = self.kind_of[type(msg)]
         except KeyError:
-            raise TypeError(f"cannot send {type(msg).__name__}: not one of this codec's types "
-                            f"({', '.join(t.__name__ for t in self.types)})") from None
+            raise TypeError(
+                f"cannot send {type(msg).__name__}: not one of this codec's types "
+                f"({', '.join(t.__name__ for t in self.types)})"
+            ) from None
         return kind, self.encode_body(msg)
 
     def oob_parts(self, msg: Any, kind: int, names: tuple, min_size: int = OOB_MIN) -> Optional[list]:
@@ -211,9 +224,10 @@ class MsgspecCodec:
             raise msgspec.DecodeError("empty frame: no kind byte")
         kind = buf[offset]
         if isinstance(self.decoders[kind], _UnknownKind):
-            raise msgspec.DecodeError(f"unknown message kind {kind} (the codec's kinds are "
-                                      f"{sorted(self.kind_of.values())})")
-        return self.decoders[kind].decode(buf[offset + 1:offset + length])
+            raise msgspec.DecodeError(
+                f"unknown message kind {kind} (the codec's kinds are {sorted(self.kind_of.values())})"
+            )
+        return self.decoders[kind].decode(buf[offset + 1 : offset + length])
 
     def decode(self, frame: Any) -> Any:
         view = memoryview(frame)

@@ -4,6 +4,7 @@ Everything allocated is held by one ``Resources`` object, released exactly once 
 ``Channel.close`` or, failing that, when the channel is garbage collected), and released at
 once if set-up fails half-way, so a failed create or attach leaves no fd and no mapping.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,8 +42,9 @@ class Resources:
             self.peer.close()
 
 
-def create(capacity: int, recv_capacity: Optional[int], max_message_size: int
-           ) -> tuple[Producer, Consumer, Resources, PeerToken]:
+def create(
+    capacity: int, recv_capacity: Optional[int], max_message_size: int
+) -> tuple[Producer, Consumer, Resources, PeerToken]:
     """The creator's ends: two fresh rings and four eventfds, and the token for the peer."""
     check_capacity(capacity)
     recv_capacity = check_capacity(capacity if recv_capacity is None else recv_capacity, "recv_capacity")
@@ -60,9 +62,12 @@ def create(capacity: int, recv_capacity: Optional[int], max_message_size: int
     tx = Producer(tx_seg, capacity, tx_data, tx_space)
     rx = Consumer(rx_seg, recv_capacity, rx_data, rx_space, max_message_size)
     res.ends = [tx, rx]
-    token = PeerToken(os.getpid(), max_message_size,
-                      tx=RingSpec(rx_seg.fd, recv_capacity, rx_data, rx_space),
-                      rx=RingSpec(tx_seg.fd, capacity, tx_data, tx_space))
+    token = PeerToken(
+        os.getpid(),
+        max_message_size,
+        tx=RingSpec(rx_seg.fd, recv_capacity, rx_data, rx_space),
+        rx=RingSpec(tx_seg.fd, capacity, tx_data, tx_space),
+    )
     return tx, rx, res, token
 
 
@@ -72,8 +77,10 @@ def attach(token: str, peer_pid: Optional[int]) -> tuple[Producer, Consumer, Res
     res = Resources()
     try:
         if peer_pid is not None and peer_pid != tok.creator_pid:
-            raise PeerDied(f"the channel's creator (pid {tok.creator_pid}) is not the expected "
-                           f"peer {peer_pid}: it has probably exited already")
+            raise PeerDied(
+                f"the channel's creator (pid {tok.creator_pid}) is not the expected "
+                f"peer {peer_pid}: it has probably exited already"
+            )
         res.peer = PeerWatch(tok.creator_pid if peer_pid is None else peer_pid)
         for spec in (tok.tx, tok.rx):
             res.segments.append(attach_ring(spec.fd, spec.capacity))
@@ -83,8 +90,9 @@ def attach(token: str, peer_pid: Optional[int]) -> tuple[Producer, Consumer, Res
             try:
                 os.fstat(fd)
             except OSError:
-                raise SegmentError(errno.EBADF, f"eventfd {fd} from the peer token is not open "
-                                   "(was it passed with pass_fds?)") from None
+                raise SegmentError(
+                    errno.EBADF, f"eventfd {fd} from the peer token is not open (was it passed with pass_fds?)"
+                ) from None
             res.fds.append(fd)
     except BaseException:
         res.release()

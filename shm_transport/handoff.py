@@ -7,6 +7,7 @@ given fds that way, so here the token and its fds go as one SCM_RIGHTS message o
 name them before ``Channel.attach`` reads it. ``meta`` is whatever the two sides need to say
 about the end (who the peer is); the transport does not read it.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,12 @@ def _fds(tok: PeerToken) -> list[int]:
 
 def _with_fds(tok: PeerToken, fds: list[int]) -> PeerToken:
     txs, rxs, txd, txsp, rxd, rxsp = fds
-    return PeerToken(tok.creator_pid, tok.max_message_size, RingSpec(txs, tok.tx.capacity, txd, txsp),
-                     RingSpec(rxs, tok.rx.capacity, rxd, rxsp))
+    return PeerToken(
+        tok.creator_pid,
+        tok.max_message_size,
+        RingSpec(txs, tok.tx.capacity, txd, txsp),
+        RingSpec(rxs, tok.rx.capacity, rxd, rxsp),
+    )
 
 
 def send_peer_end(sock: socket.socket, channel: Any, meta: bytes = b"") -> None:
@@ -57,7 +62,7 @@ def recv_token(sock: socket.socket, timeout: Optional[float] = None) -> tuple[st
         if not body and not fds:
             raise EOFError("the sender closed its socket")
         n = int.from_bytes(body[:4], "little")
-        meta, text = body[4:4 + n], body[4 + n:].decode()
+        meta, text = body[4 : 4 + n], body[4 + n :].decode()
         tok = PeerToken.parse(text)
         if len(fds) != len(_fds(tok)):
             raise ValueError(f"a channel end carries 6 fds, got {len(fds)}")

@@ -9,6 +9,7 @@ that, under ``$XDG_RUNTIME_DIR`` (itself private, on tmpfs) when there is one, e
 The side that creates the directory removes it (``remove``), on close, after a failed set-up,
 and at interpreter exit at the latest; the peer that only connects never does.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ def make() -> str:
     path = tempfile.mkdtemp(prefix=PREFIX, dir=base_dir())
     if len(os.path.join(path, "x")) > _SOCKET_PATH_MAX - 8:
         os.rmdir(path)
-        raise OSError(f"ipc socket directory {path!r} is too long for a unix socket path; "
-                      "set XDG_RUNTIME_DIR or TMPDIR to a shorter directory")
+        raise OSError(
+            f"ipc socket directory {path!r} is too long for a unix socket path; "
+            "set XDG_RUNTIME_DIR or TMPDIR to a shorter directory"
+        )
     return path
 
 
@@ -41,8 +44,10 @@ def check(path: str) -> str:
     """Refuse a directory that others could enter or that is not ours (the connecting side)."""
     st = os.stat(path)
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"ipc socket directory {path!r} is not private to this user "
-                              f"(owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)})")
+        raise PermissionError(
+            f"ipc socket directory {path!r} is not private to this user "
+            f"(owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)})"
+        )
     return path
 
 

@@ -15,6 +15,7 @@ counts the uses, so either the user sees the flag (and backs out) or the closer 
 (and leaves the release to it). Two threads may both see the count drop to zero; the release
 runs once (``weakref.finalize``).
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -4,6 +4,7 @@ Written from the receiving process's point of view (its ``tx`` is the creator's 
 ``ringllm1:pid=123:max=268435456:tx=5,4194304,7,8:rx=6,4194304,9,10`` where each ring is
 ``segment_fd,capacity,data_eventfd,space_eventfd``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ class PeerToken:
     rx: RingSpec  # the ring the token's reader reads
 
     def text(self) -> str:
-        return (f"{PREFIX}:pid={self.creator_pid}:max={self.max_message_size}"
-                f":tx={self.tx.text()}:rx={self.rx.text()}")
+        return f"{PREFIX}:pid={self.creator_pid}:max={self.max_message_size}:tx={self.tx.text()}:rx={self.rx.text()}"
 
     @classmethod
     def parse(cls, token: str) -> "PeerToken":

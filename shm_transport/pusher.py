@@ -19,6 +19,7 @@ While a pusher runs it alone writes to the ring and waits for space: ``try_send`
 (lifetime.py) until it ends: on the last fragment, a close, the peer's death or a ring error
 (which the next send then meets itself).
 """
+
 from __future__ import annotations
 
 import threading

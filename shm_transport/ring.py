@@ -8,6 +8,7 @@ the space (``release``). Fragments are reassembled here, up to ``max_message_siz
 Each end belongs to one thread. Neither end blocks: waiting (spin, futex, eventfd) is
 ``wait_*``/``arm_*`` here and policy (timeouts, liveness) lives in channel.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ _ring_writev = lib.ring_writev
 
 READY, WOKEN, TIMEOUT = lib.RING_READY, lib.RING_WOKEN, lib.RING_TIMEOUT
 FULL, CLOSED, CORRUPT = lib.RING_FULL, lib.RING_CLOSED, lib.RING_E_CORRUPT
-_MSG, _FIRST, _MORE, _LAST = (lib.RING_REC_MSG, lib.RING_REC_FRAG_FIRST,
-                              lib.RING_REC_FRAG_MORE, lib.RING_REC_FRAG_LAST)
+_MSG, _FIRST, _MORE, _LAST = (lib.RING_REC_MSG, lib.RING_REC_FRAG_FIRST, lib.RING_REC_FRAG_MORE, lib.RING_REC_FRAG_LAST)
 
 
 def _empty_frame():
@@ -66,8 +66,9 @@ class _End:
 
     _STATS: tuple = ()  # names of the four counters ring_*_stats fills in
 
-    def __init__(self, segment: Segment, capacity: int, data_efd: int, space_efd: int,
-                 new: Any, free: Any, stats: Any) -> None:
+    def __init__(
+        self, segment: Segment, capacity: int, data_efd: int, space_efd: int, new: Any, free: Any, stats: Any
+    ) -> None:
         self.segment = segment
         self.capacity = capacity
         self.data_efd, self.space_efd = data_efd, space_efd
@@ -91,8 +92,15 @@ class Producer(_End):
     _STATS = ("sleeps", "timeouts", "wakes", "full")
 
     def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1) -> None:
-        super().__init__(segment, capacity, data_efd, space_efd,
-                         lib.ring_producer_new, lib.ring_producer_free, lib.ring_producer_stats)
+        super().__init__(
+            segment,
+            capacity,
+            data_efd,
+            space_efd,
+            lib.ring_producer_new,
+            lib.ring_producer_free,
+            lib.ring_producer_stats,
+        )
 
     def write(self, data: bytes, prefix: int = -1, done: int = 0) -> int:
         """Write ``prefix`` (a byte, or -1 for none) + ``data`` from byte ``done`` on; return the
@@ -152,10 +160,23 @@ class Consumer(_End):
 
     _STATS = ("sleeps", "timeouts", "wakes", "late")
 
-    def __init__(self, segment: Segment, capacity: int, data_efd: int = -1, space_efd: int = -1,
-                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        super().__init__(segment, capacity, data_efd, space_efd,
-                         lib.ring_consumer_new, lib.ring_consumer_free, lib.ring_consumer_stats)
+    def __init__(
+        self,
+        segment: Segment,
+        capacity: int,
+        data_efd: int = -1,
+        space_efd: int = -1,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        super().__init__(
+            segment,
+            capacity,
+            data_efd,
+            space_efd,
+            lib.ring_consumer_new,
+            lib.ring_consumer_free,
+            lib.ring_consumer_stats,
+        )
         self.max_message_size = max_message_size
         self.batch_bytes = 0  # see set_batch_bytes
         self._records = ffi.new("uint64_t[]", 2 * BATCH_RECORDS)
@@ -166,8 +187,14 @@ class Consumer(_End):
         self._frag_pos = 0
         self._frag_skip = 0  # > 0: dropping an oversize message of this many bytes
 
-    def drain(self, decoders: Optional[tuple], out: list, max_messages: int = BATCH_RECORDS,
-              spin_ns: int = 0, timeout_ns: int = 0) -> int:
+    def drain(
+        self,
+        decoders: Optional[tuple],
+        out: list,
+        max_messages: int = BATCH_RECORDS,
+        spin_ns: int = 0,
+        timeout_ns: int = 0,
+    ) -> int:
         """Read the messages available (at most ``max_messages``; if there are none, wait up to
         ``timeout_ns``, spinning the first ``spin_ns``) and decode them into ``out`` straight
         from shared memory. Returns the number of records consumed, or CLOSED once the ring is
@@ -179,8 +206,9 @@ class Consumer(_End):
         state), or at once for a large batch. A message that fails to decode does not stop the
         others: they are appended, and then the first error is raised."""
         records = self._records
-        n = _ring_next(self.handle, records, max_messages if max_messages < BATCH_RECORDS else BATCH_RECORDS,
-                       spin_ns, timeout_ns)
+        n = _ring_next(
+            self.handle, records, max_messages if max_messages < BATCH_RECORDS else BATCH_RECORDS, spin_ns, timeout_ns
+        )
         if n <= 0:
             if n < 0 and n != CLOSED:
                 raise_status(n, "read")
@@ -193,10 +221,11 @@ class Consumer(_End):
             if word >> 32 == _MSG:
                 try:
                     if decoders is None:
-                        out.append(bytes(data[off:off + length]))
+                        out.append(bytes(data[off : off + length]))
                     else:
-                        out.append(decoders[data[off]].decode(data[off + 1:off + length]) if length
-                                   else _empty_frame())
+                        out.append(
+                            decoders[data[off]].decode(data[off + 1 : off + length]) if length else _empty_frame()
+                        )
                 except Exception as e:
                     raise _decode_error(e) from None
                 finally:
@@ -214,18 +243,24 @@ class Consumer(_End):
                 if plain and word >> 32 == _MSG:
                     try:
                         if decoders is None:
-                            out.append(bytes(data[off:off + length]))
+                            out.append(bytes(data[off : off + length]))
                         else:
-                            out.append(decoders[data[off]].decode(data[off + 1:off + length]) if length
-                                       else _empty_frame())
+                            out.append(
+                                decoders[data[off]].decode(data[off + 1 : off + length]) if length else _empty_frame()
+                            )
                     except Exception as e:  # a bad message; keep going, report it after release
                         error = error or _decode_error(e)
                     continue
                 try:
                     whole = self._fragment(word >> 32, off, length)
                     if whole is not None:
-                        out.append(bytes(whole) if decoders is None else
-                                   decoders[whole[0]].decode(whole[1:]) if len(whole) else _empty_frame())
+                        out.append(
+                            bytes(whole)
+                            if decoders is None
+                            else decoders[whole[0]].decode(whole[1:])
+                            if len(whole)
+                            else _empty_frame()
+                        )
                 except TransportError as e:
                     error = error or e
                 except Exception as e:
@@ -257,16 +292,17 @@ class Consumer(_End):
                 raise CorruptRing("a new fragmented message began before the previous one ended")
             if length < 8:
                 raise CorruptRing(f"first fragment of {length} bytes has no total length")
-            total = int.from_bytes(data[off:off + 8], "little")
+            total = int.from_bytes(data[off : off + 8], "little")
             chunk = length - 8
             if total > self.max_message_size:
                 self._frag_skip = max(total - chunk, 1)
-                raise MessageTooLarge(f"received a {total}-byte message; max_message_size is "
-                                      f"{self.max_message_size}: dropped")
+                raise MessageTooLarge(
+                    f"received a {total}-byte message; max_message_size is {self.max_message_size}: dropped"
+                )
             if chunk >= total:
                 raise CorruptRing(f"fragmented message of {total} bytes starts with {chunk} bytes")
             self._frag = bytearray(total)
-            self._frag[0:chunk] = data[off + 8:off + length]
+            self._frag[0:chunk] = data[off + 8 : off + length]
             self._frag_pos = chunk
             return None
         if rtype not in (_MORE, _LAST, _MSG):
@@ -287,7 +323,7 @@ class Consumer(_End):
         if end > len(frag) or (last and end != len(frag)) or (not last and end == len(frag)):
             self._frag = None
             raise CorruptRing(f"fragments add up to {end} bytes, the message declared {len(frag)}")
-        frag[pos:end] = data[off:off + length]
+        frag[pos:end] = data[off : off + length]
         self._frag_pos = end
         if not last:
             return None

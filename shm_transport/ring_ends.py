@@ -7,6 +7,7 @@ it when its sender has returned: pusher.py), and the peer's liveness. The halves
 (channel_sync.py, channel_async.py) add only their way of waiting: futex, or eventfd on a loop.
 Neither half reaches past this API into the other.
 """
+
 from __future__ import annotations
 
 import collections
@@ -74,10 +75,12 @@ class RingEnds:
     def close(self, also: Callable[[], None]) -> bool:
         """Mark both rings closed and wake every sleeper on both sides, then run ``also``,
         inside a use (lifetime.py); False if already closed."""
+
         def notify() -> None:
             self.tx.close()
             self.rx.close()
             also()
+
         return self.life.close(notify)
 
     def peer_closed_error(self, where: str) -> ChannelClosed:
@@ -126,8 +129,9 @@ class RingEnds:
         return kind, body
 
     def too_large(self, msg: Any, n: int) -> MessageTooLarge:
-        return MessageTooLarge(f"{type(msg).__name__} encodes to {n + 1} bytes; "
-                               f"max_message_size is {self.max_message_size}")
+        return MessageTooLarge(
+            f"{type(msg).__name__} encodes to {n + 1} bytes; max_message_size is {self.max_message_size}"
+        )
 
     def write(self, kind: int, body: Any, done: int) -> int:
         """Write kind||body from byte ``done`` on (see ring_write); the new progress."""

@@ -6,6 +6,7 @@ SIGBUS later), maps it, and unlinks the name straight away. The peer receives th
 descriptor at launch (``subprocess.Popen(..., pass_fds=...)``) and maps that. No name outlives
 the create call, so no crash of either side can leave anything in /dev/shm.
 """
+
 from __future__ import annotations
 
 import errno
@@ -49,8 +50,9 @@ class Segment:
         err = ffi.new("int *")
         base = lib.ring_map(fd, size, err)
         if base == ffi.NULL:
-            raise SegmentError(err[0], f"cannot map shared-memory segment fd {fd} ({size} bytes): "
-                                       f"{os.strerror(err[0])}")
+            raise SegmentError(
+                err[0], f"cannot map shared-memory segment fd {fd} ({size} bytes): {os.strerror(err[0])}"
+            )
         self.base = base
 
     @classmethod
@@ -71,9 +73,12 @@ class Segment:
                 os.posix_fallocate(fd, 0, size)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                    raise SegmentError(e.errno, f"{SHM_DIR} is too small for a {size / 2**20:.1f} MiB ring "
-                                       f"segment ({_shm_free_bytes()}); give the container more shared "
-                                       f"memory (e.g. docker run --shm-size=1g) or use a smaller capacity") from e
+                    raise SegmentError(
+                        e.errno,
+                        f"{SHM_DIR} is too small for a {size / 2**20:.1f} MiB ring "
+                        f"segment ({_shm_free_bytes()}); give the container more shared "
+                        f"memory (e.g. docker run --shm-size=1g) or use a smaller capacity",
+                    ) from e
                 raise SegmentError(e.errno, f"cannot size shared-memory segment: {e}") from e
             return cls(fd, size)
         except BaseException:
@@ -86,13 +91,16 @@ class Segment:
         try:
             st = os.fstat(fd)
         except OSError as e:
-            raise SegmentError(e.errno, f"segment fd {fd} from the peer token is not open "
-                               "(was it passed with pass_fds?)") from e
+            raise SegmentError(
+                e.errno, f"segment fd {fd} from the peer token is not open (was it passed with pass_fds?)"
+            ) from e
         if not stat.S_ISREG(st.st_mode):
             raise CorruptRing(f"fd {fd} is not a shared-memory segment (mode {stat.filemode(st.st_mode)})")
         if st.st_size < size:
-            raise CorruptRing(f"segment fd {fd} holds {st.st_size} bytes, the token's capacity needs {size}: "
-                              "not this channel's segment")
+            raise CorruptRing(
+                f"segment fd {fd} holds {st.st_size} bytes, the token's capacity needs {size}: "
+                "not this channel's segment"
+            )
         return cls(fd, size)
 
     def check(self, capacity: int) -> None:

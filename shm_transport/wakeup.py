@@ -2,6 +2,7 @@
 
 The futex half of waking lives in C (csrc/ring/wake.c); this module owns the file descriptors.
 """
+
 from __future__ import annotations
 
 import os

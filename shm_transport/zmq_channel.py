@@ -19,6 +19,7 @@ next to the socket wakes a blocked call, and the sockets are closed by whoever e
 use (lifetime.py), never under a thread that is still in a zmq call. The asyncio shadows are
 hooked to one loop; that registration holds a use until it is undone on the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,8 +70,7 @@ class ZmqChannel:
 
     spin_us = 0  # zmq blocks in the kernel; there is no spin phase to tune
 
-    def __init__(self, codec: Any, directory: str, bind: bool, capacity: int,
-                 max_message_size: Optional[int]) -> None:
+    def __init__(self, codec: Any, directory: str, bind: bool, capacity: int, max_message_size: Optional[int]) -> None:
         self._codec = codec
         self._dir = directory
         ctx = zmq.Context()
@@ -116,11 +116,17 @@ class ZmqChannel:
         return ch
 
     @classmethod
-    def attach(cls, codec: Any, token: str, peer_pid: Optional[int] = None,
-               capacity: int = 1 << 22, max_message_size: Optional[int] = None) -> "ZmqChannel":
+    def attach(
+        cls,
+        codec: Any,
+        token: str,
+        peer_pid: Optional[int] = None,
+        capacity: int = 1 << 22,
+        max_message_size: Optional[int] = None,
+    ) -> "ZmqChannel":
         if not token.startswith(_TOKEN_PREFIX):
             raise ValueError(f"not a ZmqChannel token: {token!r}")
-        ch = cls(codec, ipc_dir.check(token[len(_TOKEN_PREFIX):]), False, capacity, max_message_size)
+        ch = cls(codec, ipc_dir.check(token[len(_TOKEN_PREFIX) :]), False, capacity, max_message_size)
         if peer_pid is not None:
             ch.set_peer(peer_pid)
         return ch
@@ -211,8 +217,7 @@ class ZmqChannel:
     def _encode(self, msg: Any) -> bytes:
         frame = self._codec.encode(msg)
         if self._max_message_size and len(frame) > self._max_message_size:
-            raise MessageTooLarge(f"message of {len(frame)} bytes exceeds max_message_size="
-                                  f"{self._max_message_size}")
+            raise MessageTooLarge(f"message of {len(frame)} bytes exceeds max_message_size={self._max_message_size}")
         return frame
 
     def try_send(self, msg: Any) -> bool:

@@ -1,4 +1,5 @@
 """Shared pytest fixtures and markers (several engineers append here: keep each part small)."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ non-parent has: the core is watched through a pidfd of a process that is not our
 cannot be reaped or killed here), and leaving closes only our channel: SHUTDOWN is the
 launcher's to send, since the core serves the other API servers too.
 """
+
 from __future__ import annotations
 
 import json

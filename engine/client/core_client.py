@@ -9,6 +9,7 @@ step; behind the ring (``SyncMPClient``) the same calls become messages.
 (``AsyncMPClient`` and its data-parallel kinds). Implementations import this module; it
 imports none of them.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

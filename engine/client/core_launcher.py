@@ -7,6 +7,7 @@ what both sides share at launch is ``engine.core.launch``. Launched with ``subpr
 ``__main__`` is not re-imported, no resource tracker starts, and the ring's file descriptors
 arrive through ``pass_fds``. Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,18 +66,26 @@ class CoreProcess:
             # a class as worker_cls travels cloudpickled (by value when the core could not import it)
             worker_pickle = pickle_class(config.worker_cls) if isinstance(config.worker_cls, type) else None
             spec = CoreLaunchSpec(
-                transport=config.transport, engine_index=engine_index, num_threads=config.num_threads,
-                parent_pid=os.getpid(), pdeathsig=threading.current_thread() is threading.main_thread(),
-                config=encode_config(config).decode(), config_digest=config_digest(config),
+                transport=config.transport,
+                engine_index=engine_index,
+                num_threads=config.num_threads,
+                parent_pid=os.getpid(),
+                pdeathsig=threading.current_thread() is threading.main_thread(),
+                config=encode_config(config).decode(),
+                config_digest=config_digest(config),
                 sys_path=[os.path.abspath(p) for p in sys.path],
-                worker_cls_pickle=worker_pickle, frontends_fd=frontends_fd)
+                worker_cls_pickle=worker_pickle,
+                frontends_fd=frontends_fd,
+            )
             # The thread count and OpenMP's wait policy go in the environment, so they hold even if
             # something imports torch before the core's own start-up code runs.
             env = prepare_torch_env(dict(os.environ), config.num_threads)
-            self.proc = subprocess.Popen(command_line(self.channel.peer_token(), spec),
-                                         pass_fds=self.channel.peer_fds() + ([] if frontends_fd is None
-                                                                             else [frontends_fd]), env=env,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                command_line(self.channel.peer_token(), spec),
+                pass_fds=self.channel.peer_fds() + ([] if frontends_fd is None else [frontends_fd]),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
             self.channel.set_peer(self.proc.pid)
             self.channel.close_peer_fds()
             self.pidfd = os.pidfd_open(self.proc.pid)

@@ -5,6 +5,7 @@ abort to the rank that owns the request. A single rank behind an external load b
 (``data_parallel_external_lb``) needs no balancing: it is a plain ``AsyncMPClient`` of its one core.
 ``engine.client.factory.make_client`` makes the choice once, at start-up.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -63,4 +64,3 @@ class DPLBAsyncMPClient(AsyncMPClient):
     def outstanding(self) -> list[int]:
         """Unfinished requests per rank, as the balancer sees them."""
         return list(self._load)
-

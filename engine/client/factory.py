@@ -3,6 +3,7 @@
 Apart from the clients so that none of them imports it back (vLLM's
 ``EngineCoreClient.make_client``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,9 @@ from engine.config import EngineArgs, EngineConfig
 from engine.logging_setup import configure_logging
 
 
-def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig,
-                started: Optional[list[CoreProcess]] = None) -> Union[EngineCoreClient, AsyncEngineCoreClient]:
+def make_client(
+    multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfig, started: Optional[list[CoreProcess]] = None
+) -> Union[EngineCoreClient, AsyncEngineCoreClient]:
     """``InprocClient`` (the core in this process), ``SyncMPClient`` (LLM over the ring) or,
     for asyncio, ``AsyncMPClient``; with data parallelism the balancing
     ``DPLBAsyncMPClient``. One rank behind an external balancer (``data_parallel_external_lb``)
@@ -34,8 +36,9 @@ def make_client(multiprocess_mode: bool, asyncio_mode: bool, config: EngineConfi
     return InprocClient(config)
 
 
-def config_and_cores(engine_args: EngineArgs, multiprocess_mode: bool
-                     ) -> tuple[EngineConfig, Optional[list[CoreProcess]]]:
+def config_and_cores(
+    engine_args: EngineArgs, multiprocess_mode: bool
+) -> tuple[EngineConfig, Optional[list[CoreProcess]]]:
     """The EngineConfig, derived here once, with the core processes already started on it when
     there are to be any: they import torch and load the model while this process reads the
     tokenizer (the frontend's caller builds it under ``stopped_on_error``)."""

@@ -10,6 +10,7 @@ Liveness: every wait is bounded by the peer's pidfd (the sync channel checks it 
 wait timeout; the async client registers it with ``loop.add_reader``), so a core killed
 with ``kill -9`` turns into ``EngineDeadError`` within a second, never a hang.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,15 @@ from engine.client.core_launcher import CoreProcess, close_cores, start_cores, w
 from engine.client.sigint_guard import SigintGuard
 from engine.config import EngineConfig
 from engine.exceptions import EngineDeadError, EngineShutdownError
-from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead,
-                                  EngineReady, UtilityCall, UtilityResult)
+from engine.wire_messages import (
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    EngineReady,
+    UtilityCall,
+    UtilityResult,
+)
 from shm_transport import TransportError
 
 logger = logging.getLogger(__name__)
@@ -148,8 +156,7 @@ class AsyncMPClient(AsyncEngineCoreClient):
     """
 
     def __init__(self, config: EngineConfig, started: Optional[list[CoreProcess]] = None) -> None:
-        self._cores = wait_cores(started or start_cores(config, config.parallel_config.frontend_engine_indices),
-                                 config)
+        self._cores = wait_cores(started or start_cores(config, config.parallel_config.frontend_engine_indices), config)
         self._finalizer = weakref.finalize(self, _close_async, self._cores)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._outputs: deque[EngineCoreOutputs] = deque()
@@ -371,8 +378,12 @@ def _in_loop(loop: Optional[asyncio.AbstractEventLoop]) -> bool:
         return False
 
 
-def _close_async(cores: list[CoreProcess], loop: Optional[asyncio.AbstractEventLoop] = None,
-                 readers: Optional[list] = None, timeout: float = 5.0) -> None:
+def _close_async(
+    cores: list[CoreProcess],
+    loop: Optional[asyncio.AbstractEventLoop] = None,
+    readers: Optional[list] = None,
+    timeout: float = 5.0,
+) -> None:
     """Stop the reader tasks and pidfd watches (only from the loop's own thread, or once the
     loop has stopped: neither is thread-safe), then close the cores."""
     if loop is not None and not loop.is_closed():

@@ -12,6 +12,7 @@ wakes the channel's wait, and raises KeyboardInterrupt when the client is back a
 (``check()`` between calls, or leaving the guarded block). A handler the application installed
 itself is left alone, as are threads other than the main one (signals only run there).
 """
+
 from __future__ import annotations
 
 import signal

@@ -2,6 +2,7 @@
 (the one derivation, create.py) and ``EngineConfig`` (its typed, frozen result, engine.py) with
 one sub-config module per concern; ``wire.py`` carries a config to the EngineCore and names it by
 a digest. The names below are the package's public ones (``from engine.config import ...``)."""
+
 from engine.config.args import AsyncEngineArgs, EngineArgs, non_default_args
 from engine.config.cache import CacheConfig
 from engine.config.compilation import CompilationConfig
@@ -19,8 +20,24 @@ from engine.spec_decode.config import SpeculativeConfig
 from engine.structured_output.config import StructuredOutputsConfig
 
 __all__ = [
-    "DEFAULT_MODEL", "PACED_INITIAL_TOKENS", "PACED_STEP_TARGET_S", "SEQS_PER_REQUEST_IN_BATCHES",
-    "AsyncEngineArgs", "CacheConfig", "CompilationConfig", "EngineArgs", "EngineConfig", "FrontendConfig",
-    "KVEventsConfig", "KVTransferConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "SpeculativeConfig",
-    "StructuredOutputsConfig", "create_engine_config", "non_default_args", "resolve_device",
+    "DEFAULT_MODEL",
+    "PACED_INITIAL_TOKENS",
+    "PACED_STEP_TARGET_S",
+    "SEQS_PER_REQUEST_IN_BATCHES",
+    "AsyncEngineArgs",
+    "CacheConfig",
+    "CompilationConfig",
+    "EngineArgs",
+    "EngineConfig",
+    "FrontendConfig",
+    "KVEventsConfig",
+    "KVTransferConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "SpeculativeConfig",
+    "StructuredOutputsConfig",
+    "create_engine_config",
+    "non_default_args",
+    "resolve_device",
 ]

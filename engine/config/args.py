@@ -5,6 +5,7 @@ Raw and unchecked on purpose: ``create_engine_config`` (engine/config/create.py)
 place the arguments become a config, and nothing past it reads them. A new argument is a field
 here, its check and its place in a typed sub-config there, and its help line in cli_args.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,5 +114,8 @@ class AsyncEngineArgs(EngineArgs):
 def non_default_args(args: EngineArgs) -> dict[str, Any]:
     """The fields a user set, for the one log line LLM prints at start-up."""
     defaults = type(args)()
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-            if getattr(args, f.name) != getattr(defaults, f.name)}
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(args)
+        if getattr(args, f.name) != getattr(defaults, f.name)
+    }

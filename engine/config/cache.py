@@ -1,4 +1,5 @@
 """``CacheConfig``: the paged KV cache's block size, prefix caching and size."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,17 +32,22 @@ def create_cache_config(args: EngineArgs, device: str, mean_pooling: bool) -> Ca
     """MEAN pooling needs every prompt row computed, so it turns the prefix cache off."""
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise bad_value("gpu_memory_utilization", "in (0, 1]", args.gpu_memory_utilization)
-    return CacheConfig(block_size=check_block_size(args.block_size),
-                       enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
-                       kv_cache_memory=_kv_cache_memory_bytes(args, device),
-                       gpu_memory_utilization=args.gpu_memory_utilization)
+    return CacheConfig(
+        block_size=check_block_size(args.block_size),
+        enable_prefix_caching=bool(args.enable_prefix_caching) and not mean_pooling,
+        kv_cache_memory=_kv_cache_memory_bytes(args, device),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
 
 
 def _kv_cache_memory_bytes(args: EngineArgs, device: str) -> Optional[int]:
     """``kv_cache_memory_bytes``, or its alias ``kv_cache_memory``; by default 2 GiB on CPU and,
     on CUDA, None: the runner sizes the cache from free memory and ``gpu_memory_utilization``."""
-    given = {name: getattr(args, name) for name in ("kv_cache_memory_bytes", "kv_cache_memory")
-             if getattr(args, name) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in ("kv_cache_memory_bytes", "kv_cache_memory")
+        if getattr(args, name) is not None
+    }
     if len(set(given.values())) > 1:
         raise ValueError(f"kv_cache_memory_bytes and its alias kv_cache_memory disagree: {given}")
     if not given:

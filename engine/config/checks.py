@@ -1,5 +1,6 @@
 """The two checks every config field shares, so that each refusal reads the same: a ValueError
 naming the field, what is allowed and what was given."""
+
 from __future__ import annotations
 
 from typing import Any, Optional

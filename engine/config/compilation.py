@@ -1,5 +1,6 @@
 """``compilation_config``: whether the model's forward runs eagerly or through torch.compile, and
 which decode batch sizes are captured as CUDA graphs (vLLM's CompilationConfig)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ class CompilationConfig:
         if not isinstance(self.mode, int) or not 0 <= self.mode <= 3:
             raise bad_value("compilation_config.mode", "an int in [0, 3]", self.mode)
         sizes = self.cudagraph_capture_sizes
-        if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)):
+        if sizes is not None and not (
+            isinstance(sizes, (list, tuple))
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+        ):
             raise bad_value("compilation_config.cudagraph_capture_sizes", "a list of positive ints", sizes)
 
 

@@ -3,6 +3,7 @@ feature flags (/proc/cpuinfo), whether the C kernels were built, and the model's
 
 Apart from the config's rules so that tests can pretend to be another CPU by replacing one
 function here (``cpu_flags``)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,4 +38,3 @@ def cpu_kernels_built() -> bool:
 def int8_kernel_built() -> bool:
     """Whether the W8A8 kernels are importable and built, checked without importing torch."""
     return importlib.util.find_spec("engine.kernels.int8_linear") is not None and cpu_kernels_built()
-

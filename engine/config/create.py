@@ -2,6 +2,7 @@
 frontend, before any EngineCore starts; every bad value raises a ValueError naming the field and
 what is allowed. The core receives the result whole (engine/config/wire.py) and derives nothing.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Union
@@ -50,8 +51,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     check_quantization_name(args.quantization)
     compilation = resolve_compilation_config(args.compilation_config, args.enforce_eager)
     if args.deterministic and compilation.mode != 0:
-        raise ValueError("deterministic: runs the eager forward (its kernels are chosen per op, not per "
-                         "graph); drop compilation_config or set its mode to 0")
+        raise ValueError(
+            "deterministic: runs the eager forward (its kernels are chosen per op, not per "
+            "graph); drop compilation_config or set its mode to 0"
+        )
     worker_cls = _checked_worker_cls(args.worker_cls)
     kv_transfer = resolve_kv_transfer_config(args.kv_transfer_config)
     kv_events = resolve_kv_events_config(args.kv_events_config)
@@ -59,8 +62,10 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     speculative = resolve_speculative_config(args.speculative_config)
     lora = resolve_lora_config(args)
     if lora is not None and compilation.mode != 0:
-        raise ValueError("enable_lora: the compiled graphs do not carry the adapters' per-row updates; drop "
-                         "compilation_config or set its mode to 0")
+        raise ValueError(
+            "enable_lora: the compiled graphs do not carry the adapters' per-row updates; drop "
+            "compilation_config or set its mode to 0"
+        )
     num_threads = positive_int("num_threads", model_threads(args.num_threads, args.model), 1, 1024)
 
     # 2) the model's files, read once here (the core reads none of them for its config)
@@ -70,20 +75,37 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     # (LAST pooling always computes the last prompt token, so both are fine there).
     mean_pooling = model.pooler_config is not None and model.pooler_config.pooling_type == "MEAN"
     if mean_pooling and kv_transfer is not None:
-        raise ValueError("kv_transfer_config: MEAN pooling computes every prompt token, so KV loaded from a "
-                         "connector cannot be used; drop kv_transfer_config or use pooling_type LAST")
-    draft = (create_draft_model_config(args, speculative.model, model, device)
-             if speculative is not None and speculative.method == "draft_model" else None)
+        raise ValueError(
+            "kv_transfer_config: MEAN pooling computes every prompt token, so KV loaded from a "
+            "connector cannot be used; drop kv_transfer_config or use pooling_type LAST"
+        )
+    draft = (
+        create_draft_model_config(args, speculative.model, model, device)
+        if speculative is not None and speculative.method == "draft_model"
+        else None
+    )
 
     # 3) what follows from the model
     return EngineConfig(
-        model_config=model, cache_config=create_cache_config(args, device, mean_pooling),
-        scheduler_config=create_scheduler_config(args, model.max_model_len), parallel_config=parallel,
-        compilation_config=compilation, device=device, num_threads=num_threads, transport=args.transport,
-        ring_capacity=ring_capacity, disable_log_stats=args.disable_log_stats, frontend_config=frontend,
-        structured_outputs_config=structured_outputs, worker_cls=worker_cls, kv_transfer_config=kv_transfer,
-        kv_events_config=kv_events, speculative_config=speculative,
-        draft_model_config=draft, lora_config=lora)
+        model_config=model,
+        cache_config=create_cache_config(args, device, mean_pooling),
+        scheduler_config=create_scheduler_config(args, model.max_model_len),
+        parallel_config=parallel,
+        compilation_config=compilation,
+        device=device,
+        num_threads=num_threads,
+        transport=args.transport,
+        ring_capacity=ring_capacity,
+        disable_log_stats=args.disable_log_stats,
+        frontend_config=frontend,
+        structured_outputs_config=structured_outputs,
+        worker_cls=worker_cls,
+        kv_transfer_config=kv_transfer,
+        kv_events_config=kv_events,
+        speculative_config=speculative,
+        draft_model_config=draft,
+        lora_config=lora,
+    )
 
 
 def _checked_worker_cls(value: Any) -> Union[str, type]:

@@ -3,6 +3,7 @@ a GPU and sees one, and dtype "auto" is bf16 only where the hardware computes in
 
 The frontend resolves both without importing torch on a CPU-only build (~1.5 s of CPU it has no
 other use for): whether torch was built for a GPU is read from its ``version.py``."""
+
 from __future__ import annotations
 
 import ast

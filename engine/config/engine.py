@@ -7,6 +7,7 @@ Adding a setting: a field in ``EngineArgs`` (args.py), its check and its field i
 it belongs to (one module each: model.py, cache.py, scheduler.py, parallel.py, frontend.py), or a
 new sub-config module with its ``create_*_config(args)`` called from create.py and a field here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
 """``FrontendConfig``: what only the frontend process reads: its renderer pool's size and how long
 shutting down waits for the EngineCores."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,5 +22,7 @@ def create_frontend_config(args: EngineArgs) -> FrontendConfig:
     timeout = args.shutdown_timeout
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
         raise bad_value("shutdown_timeout", "a finite number of seconds >= 0", timeout)
-    return FrontendConfig(renderer_num_workers=positive_int("renderer_num_workers", args.renderer_num_workers, 1),
-                          shutdown_timeout=float(timeout))
+    return FrontendConfig(
+        renderer_num_workers=positive_int("renderer_num_workers", args.renderer_num_workers, 1),
+        shutdown_timeout=float(timeout),
+    )

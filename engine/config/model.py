@@ -1,5 +1,6 @@
 """``ModelConfig``: the model as both processes run it, resolved from the arguments and the model's
 own files (engine/config/model_discovery.py) once, in the frontend."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from engine.config.checks import bad_value, positive_int
 from engine.config.cpu_probe import int8_kernel_built
 from engine.config.device_config import resolve_dtype
-from engine.config.model_discovery import (DEFAULT_MODEL, architecture, load_hf_config, resolve_model,
-                                           tokenizer_for)
+from engine.config.model_discovery import DEFAULT_MODEL, architecture, load_hf_config, resolve_model, tokenizer_for
 from engine.pooler_config import PoolerConfig, classifier_labels, is_classifier, resolve_runner
 
 if TYPE_CHECKING:
@@ -72,27 +72,41 @@ def create_model_config(args: EngineArgs, device: str) -> ModelConfig:
     if args.deterministic and device != "cpu":
         raise ValueError(f"deterministic: batch-invariant kernels exist for the CPU only, not for device {device!r}")
     max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
-    max_model_len = max_pos if args.max_model_len is None else positive_int(
-        "max_model_len", args.max_model_len, 1, max_pos)
+    max_model_len = (
+        max_pos if args.max_model_len is None else positive_int("max_model_len", args.max_model_len, 1, max_pos)
+    )
     return ModelConfig(
-        model=args.model or DEFAULT_MODEL, model_path=path,
+        model=args.model or DEFAULT_MODEL,
+        model_path=path,
         tokenizer=os.path.expanduser(args.tokenizer) if args.tokenizer else tokenizer_for(path),
-        load_format=load_format, hf_config=hf_config, architecture=arch,
-        dtype=resolve_dtype(args.dtype, device, hf_config), max_model_len=max_model_len,
-        vocab_size=int(hf_config.vocab_size), seed=args.seed, max_logprobs=args.max_logprobs,
+        load_format=load_format,
+        hf_config=hf_config,
+        architecture=arch,
+        dtype=resolve_dtype(args.dtype, device, hf_config),
+        max_model_len=max_model_len,
+        vocab_size=int(hf_config.vocab_size),
+        seed=args.seed,
+        max_logprobs=args.max_logprobs,
         max_prompt_logprobs_entries=args.max_prompt_logprobs_entries,
         served_model_name=args.served_model_name or args.model or DEFAULT_MODEL,
-        skip_tokenizer_init=args.skip_tokenizer_init, runner_type=runner, convert_type=convert,
-        pooler_config=pooler, quantization=_resolve_quantization(args, load_format, device),
-        deterministic=bool(args.deterministic), hf_overrides=args.hf_overrides)
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        runner_type=runner,
+        convert_type=convert,
+        pooler_config=pooler,
+        quantization=_resolve_quantization(args, load_format, device),
+        deterministic=bool(args.deterministic),
+        hf_overrides=args.hf_overrides,
+    )
 
 
 def check_quantization_name(value: Any) -> None:
     """vLLM's ``quantization`` keyword, at the values ringllm runs (checked before any launch)."""
     if value not in QUANTIZATIONS:
-        raise ValueError(f"quantization={value!r} is not supported; supported: None (weights in the "
-                         "model's dtype), 'gguf' (a .gguf model's own blocks, its default), 'int8' (dynamic W8A8 "
-                         "from a float checkpoint)")
+        raise ValueError(
+            f"quantization={value!r} is not supported; supported: None (weights in the "
+            "model's dtype), 'gguf' (a .gguf model's own blocks, its default), 'int8' (dynamic W8A8 "
+            "from a float checkpoint)"
+        )
 
 
 def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Optional[str]:
@@ -104,14 +118,20 @@ def _resolve_quantization(args: EngineArgs, load_format: str, device: str) -> Op
             raise bad_value("quantization", "None or 'gguf' for a .gguf model", q)
         return "gguf"
     if q == "gguf":
-        raise ValueError(f"quantization='gguf' runs the quantized blocks of a .gguf file, but model "
-                         f"{args.model!r} is a directory of float weights: pass a .gguf file as model, "
-                         "or leave quantization unset (or 'int8' to quantize these weights at load)")
+        raise ValueError(
+            f"quantization='gguf' runs the quantized blocks of a .gguf file, but model "
+            f"{args.model!r} is a directory of float weights: pass a .gguf file as model, "
+            "or leave quantization unset (or 'int8' to quantize these weights at load)"
+        )
     if q == "int8":
         if device != "cpu":
-            raise ValueError(f"quantization='int8' runs only on the CPU (its W8A8 kernels are C), but "
-                             f"device is {device!r}: use device='cpu' or leave quantization unset")
+            raise ValueError(
+                f"quantization='int8' runs only on the CPU (its W8A8 kernels are C), but "
+                f"device is {device!r}: use device='cpu' or leave quantization unset"
+            )
         if not int8_kernel_built():
-            raise ValueError("quantization='int8' is not supported here: the W8A8 kernels "
-                             "(engine/kernels/int8_linear.py) are not built (run scripts/setup.sh)")
+            raise ValueError(
+                "quantization='int8' is not supported here: the W8A8 kernels "
+                "(engine/kernels/int8_linear.py) are not built (run scripts/setup.sh)"
+            )
     return q

@@ -4,6 +4,7 @@ architecture ringllm runs it as (``architecture``) and where its tokenizer is (`
 
 The embedded default model runs from its own Q4_1 GGUF or from a converted float directory,
 chosen by the host's CPU (``default_runs_its_gguf``)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,8 @@ def resolve_model(args: EngineArgs) -> tuple[str, str]:
         return path, "gguf"
     if not os.path.isdir(path):
         raise ValueError(
-            f"model: {model!r} is not a local directory or .gguf file "
-            "(ringllm never downloads from a model hub)")
+            f"model: {model!r} is not a local directory or .gguf file (ringllm never downloads from a model hub)"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"model: directory {path!r} has no config.json")
     fmt = "safetensors" if args.load_format == "auto" else args.load_format
@@ -63,11 +64,17 @@ def default_runs_its_gguf(args: EngineArgs) -> bool:
     directory."""
     if "gguf" in (args.quantization, args.load_format):
         return True
-    if (args.dtype != "auto" or args.quantization is not None or args.load_format != "auto"
-            or args.runner not in ("auto", "generate") or args.convert not in ("auto", "none")
-            or args.pooler_config is not None
-            or resolve_compilation_config(args.compilation_config, args.enforce_eager).mode != 0
-            or device_config.resolve_device(args.device) != "cpu" or not cpu_probe.cpu_kernels_built()):
+    if (
+        args.dtype != "auto"
+        or args.quantization is not None
+        or args.load_format != "auto"
+        or args.runner not in ("auto", "generate")
+        or args.convert not in ("auto", "none")
+        or args.pooler_config is not None
+        or resolve_compilation_config(args.compilation_config, args.enforce_eager).mode != 0
+        or device_config.resolve_device(args.device) != "cpu"
+        or not cpu_probe.cpu_kernels_built()
+    ):
         return False
     flags = cpu_probe.cpu_flags()
     return {"avx512_vnni", "avx512_bf16"} <= flags and "amx_tile" not in flags
@@ -77,8 +84,11 @@ def tokenizer_for(path: str) -> str:
     """Where a model's tokenizer is read: its own directory or file, except the embedded
     default model's GGUF, whose tokenizer is already converted (reading it from the GGUF
     takes transformers ~10 s in each process)."""
-    if (path.endswith(".gguf") and os.path.basename(path) == GGUF_NAME
-            and os.path.realpath(path) == os.path.realpath(default_gguf_path())):
+    if (
+        path.endswith(".gguf")
+        and os.path.basename(path) == GGUF_NAME
+        and os.path.realpath(path) == os.path.realpath(default_gguf_path())
+    ):
         return default_tokenizer_path()
     return path
 
@@ -115,7 +125,8 @@ def architecture(hf_config: Any, path: str, load_format: str) -> str:
         raise ValueError(
             f"model: {config_file(path, load_format)}: architecture "
             f"{archs or getattr(hf_config, 'model_type', '?')} is not supported; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     return arch
 
 

@@ -1,5 +1,6 @@
 """``ParallelConfig``: data parallelism (one EngineCore per rank). Each core runs the whole model
 on one device, so vLLM's tensor and pipeline parallel keywords are accepted only at 1."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,12 @@ def create_parallel_config(args: EngineArgs) -> ParallelConfig:
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         value = getattr(args, name)
         if value != 1:
-            raise ValueError(f"{name}={value!r} is not supported: each EngineCore runs the whole model on one "
-                             f"device, so {name} must be 1 (for more engines use data_parallel_size)")
-    return ParallelConfig(data_parallel_size=dp, data_parallel_rank=args.data_parallel_rank,
-                          data_parallel_external_lb=args.data_parallel_external_lb)
+            raise ValueError(
+                f"{name}={value!r} is not supported: each EngineCore runs the whole model on one "
+                f"device, so {name} must be 1 (for more engines use data_parallel_size)"
+            )
+    return ParallelConfig(
+        data_parallel_size=dp,
+        data_parallel_rank=args.data_parallel_rank,
+        data_parallel_external_lb=args.data_parallel_external_lb,
+    )

@@ -1,5 +1,6 @@
 """``SchedulerConfig``: how many sequences and tokens one step may take, chunked prefill, the
 queue's policy, and the prefill cap (fixed, or paced by time: engine/core/prefill_pacer.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,12 +40,17 @@ def create_scheduler_config(args: EngineArgs, max_model_len: int) -> SchedulerCo
     if not args.enable_chunked_prefill and max_batched < max_model_len:
         raise ValueError(
             f"max_num_batched_tokens must be >= max_model_len={max_model_len} when chunked prefill is "
-            f"disabled, got {max_batched}")
+            f"disabled, got {max_batched}"
+        )
     if args.max_num_prefill_tokens == "auto":
         max_prefill, step_target = PACED_INITIAL_TOKENS, PACED_STEP_TARGET_S
     else:
         max_prefill, step_target = positive_int("max_num_prefill_tokens", args.max_num_prefill_tokens or 0, 0), 0.0
-    return SchedulerConfig(max_num_seqs=min(max_num_seqs, max_batched),  # a step gives each sequence a token
-                           max_num_batched_tokens=max_batched,
-                           enable_chunked_prefill=bool(args.enable_chunked_prefill), policy=args.scheduling_policy,
-                           max_num_prefill_tokens=max_prefill, prefill_step_target_s=step_target)
+    return SchedulerConfig(
+        max_num_seqs=min(max_num_seqs, max_batched),  # a step gives each sequence a token
+        max_num_batched_tokens=max_batched,
+        enable_chunked_prefill=bool(args.enable_chunked_prefill),
+        policy=args.scheduling_policy,
+        max_num_prefill_tokens=max_prefill,
+        prefill_step_target_s=step_target,
+    )

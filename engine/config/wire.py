@@ -13,6 +13,7 @@ and is rebuilt in its class (ringllm's HFConfig, or transformers' class for its 
 A ``worker_cls`` given as a class is encoded as its name here (it is part of the digest) and
 travels by value as a cloudpickle beside the config (engine/client/core_launcher.py), as before.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,11 @@ _HF_KIND_TRANSFORMERS = "transformers"  # a transformers PretrainedConfig, rebui
 
 def encode_config(config: EngineConfig) -> bytes:
     """The canonical JSON of ``config``: fields and keys sorted."""
-    wire = dataclasses.replace(config, model_config=_model_with(config.model_config, _hf_config_wire),
-                               draft_model_config=_model_with(config.draft_model_config, _hf_config_wire))
+    wire = dataclasses.replace(
+        config,
+        model_config=_model_with(config.model_config, _hf_config_wire),
+        draft_model_config=_model_with(config.draft_model_config, _hf_config_wire),
+    )
     return msgspec.json.encode(wire, enc_hook=_enc_hook, order="sorted")
 
 
@@ -48,9 +52,12 @@ def decode_config(encoded: bytes | str, worker_cls: Optional[type] = None) -> En
     """``encode_config``'s output back as an EngineConfig; ``worker_cls``: the class that travelled
     beside it (None when the config names its worker by a string)."""
     config = msgspec.json.decode(encoded, type=EngineConfig)
-    return dataclasses.replace(config, model_config=_model_with(config.model_config, _hf_config_from),
-                               draft_model_config=_model_with(config.draft_model_config, _hf_config_from),
-                               worker_cls=config.worker_cls if worker_cls is None else worker_cls)
+    return dataclasses.replace(
+        config,
+        model_config=_model_with(config.model_config, _hf_config_from),
+        draft_model_config=_model_with(config.draft_model_config, _hf_config_from),
+        worker_cls=config.worker_cls if worker_cls is None else worker_cls,
+    )
 
 
 def _model_with(model: Any, convert: Callable[[Any], Any]) -> Any:

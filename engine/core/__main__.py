@@ -4,6 +4,7 @@ Its own entry module, so that ``engine_core_proc`` is imported once, as itself: 
 it was also ``__main__``, a second copy of every class beside the one ``engine`` imports
 (and runpy warned about it on every start).
 """
+
 import logging
 import os
 import sys

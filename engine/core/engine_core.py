@@ -12,6 +12,7 @@ the requests it ran finish with ``FinishReason.ERROR`` and ``internal_error`` se
 blocks are freed, the traceback goes to this process's log and the next step runs. Only a
 core that cannot go on raises out of ``step`` (the busy loop then sends ENGINE_DEAD).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,10 +60,14 @@ def _structured_output_manager(config: EngineConfig) -> Optional[Any]:
     from engine.structured_output.reasoning import ReasoningMarkers
 
     so_config = config.structured_outputs_config
-    reasoning = ReasoningMarkers.load(mc.tokenizer, so_config.reasoning_start, so_config.reasoning_end) \
-        if so_config.reasoning_end else None
-    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs,
-                                   reasoning)
+    reasoning = (
+        ReasoningMarkers.load(mc.tokenizer, so_config.reasoning_start, so_config.reasoning_end)
+        if so_config.reasoning_end
+        else None
+    )
+    return StructuredOutputManager(
+        so_config, mc.tokenizer, mc.vocab_size, config.scheduler_config.max_num_seqs, reasoning
+    )
 
 
 def _draft_scheduler(config: EngineConfig, kv_cache: KVCacheManager, proposer: Optional[Any]) -> Optional[Any]:
@@ -94,24 +99,36 @@ class EngineCore:
             raise ValueError(
                 f"kv_cache_memory_bytes: the KV cache holds {self.num_kv_blocks} blocks of {block_size} tokens, "
                 f"fewer than one request of max_model_len={self.max_model_len} needs; "
-                "raise kv_cache_memory_bytes or lower max_model_len")
-        kv_cache = KVCacheManager(self.num_kv_blocks, block_size, config.cache_config.enable_prefix_caching,
-                                  enable_kv_cache_events=config.kv_events_config is not None,
-                                  event_contents=bool(config.kv_events_config
-                                                      and config.kv_events_config.include_token_ids))
-        self.scheduler = Scheduler(config.scheduler_config, kv_cache, self.max_model_len,
-                                   kv_connector=self.worker.kv_connector,
-                                   structured_output=_structured_output_manager(config),
-                                   speculative=_draft_scheduler(config, kv_cache, self.worker.draft_proposer),
-                                   max_loras=config.lora_config.max_loras if config.lora_config is not None else 0)
+                "raise kv_cache_memory_bytes or lower max_model_len"
+            )
+        kv_cache = KVCacheManager(
+            self.num_kv_blocks,
+            block_size,
+            config.cache_config.enable_prefix_caching,
+            enable_kv_cache_events=config.kv_events_config is not None,
+            event_contents=bool(config.kv_events_config and config.kv_events_config.include_token_ids),
+        )
+        self.scheduler = Scheduler(
+            config.scheduler_config,
+            kv_cache,
+            self.max_model_len,
+            kv_connector=self.worker.kv_connector,
+            structured_output=_structured_output_manager(config),
+            speculative=_draft_scheduler(config, kv_cache, self.worker.draft_proposer),
+            max_loras=config.lora_config.max_loras if config.lora_config is not None else 0,
+        )
         self.log_stats = not config.disable_log_stats
         # With kv_events_config: the cache's events, one batch per step, sent off the step's thread.
         self.kv_event_publisher = make_publisher(config.kv_events_config, engine_index)
         self._refused: list[EngineCoreOutput] = []  # answered by the next step
         self._failed_steps = 0  # consecutive
         self._abort_batches = 0  # abort_requests calls (AbortRequests messages) since start
-        logger.info("EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
-                    self.num_kv_blocks, block_size, self.max_model_len)
+        logger.info(
+            "EngineCore ready: %d KV blocks of %d tokens, max_model_len %d",
+            self.num_kv_blocks,
+            block_size,
+            self.max_model_len,
+        )
 
     def add_request(self, request: EngineCoreRequest, *, params_verified: bool = False) -> None:
         """Queue ``request``, or answer it with an error output (``_check``: the core's one
@@ -121,8 +138,9 @@ class EngineCore:
         (``InprocClient``), so they are not verified again."""
         error = self._check(request, params_verified)
         if error is not None:
-            self._refused.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR,
-                                                  error=error))
+            self._refused.append(
+                EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR, error=error)
+            )
             return
         self.scheduler.add_request(Request.from_engine_core_request(request, self.max_model_len))
 
@@ -164,10 +182,16 @@ class EngineCore:
     def get_stats(self) -> dict[str, Any]:
         """Totals since start, for tests and the CLI (per-step figures go out with each step)."""
         s = self.scheduler
-        return {"num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
-                "kv_cache_usage": s.kv_cache.usage, "num_kv_blocks": self.num_kv_blocks,
-                "prefix_cache_queries": s.total_queries, "prefix_cache_hits": s.total_hits,
-                "num_preemptions": s.total_preemptions, "num_abort_batches": self._abort_batches}
+        return {
+            "num_running_reqs": len(s.running),
+            "num_waiting_reqs": len(s.waiting),
+            "kv_cache_usage": s.kv_cache.usage,
+            "num_kv_blocks": self.num_kv_blocks,
+            "prefix_cache_queries": s.total_queries,
+            "prefix_cache_hits": s.total_hits,
+            "num_preemptions": s.total_preemptions,
+            "num_abort_batches": self._abort_batches,
+        }
 
     def add_lora(self, lora_request: Any) -> Optional[str]:
         """Load and check an adapter before requests use it: None, or why it cannot be used
@@ -199,8 +223,9 @@ class EngineCore:
         ``@rpc_method`` are reachable."""
         fn = rpc_callable(self.worker, method)
         if fn is None:
-            raise ValueError(f"the worker has no method {method!r} marked callable through collective_rpc "
-                             "(engine.worker.rpc_method)")
+            raise ValueError(
+                f"the worker has no method {method!r} marked callable through collective_rpc (engine.worker.rpc_method)"
+            )
         return [msgspec.to_builtins(fn(*args, **kwargs))]
 
     def stop_publishing(self) -> None:
@@ -225,8 +250,10 @@ class EngineCore:
         logger.exception("EngineCore step failed: its %d request(s) finish with an error", len(failed))
         # For the client: what failed, never the exception's text (it may name local paths).
         error = f"the engine failed while running this request ({type(exc).__name__}); see the server log"
-        return [EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR, error=error, internal_error=True)
-                for req_id in failed]
+        return [
+            EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR, error=error, internal_error=True)
+            for req_id in failed
+        ]
 
     def stats_only(self) -> EngineCoreOutputs:
         """An outputs message with no outputs: the scheduler's state now (after aborts that left

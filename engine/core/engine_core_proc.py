@@ -9,6 +9,7 @@ imported only after the thread count and ``OMP_WAIT_POLICY`` are set (docs/ARCHI
 "Threads": an OpenMP thread that spins while its partner core runs the frontend makes a decode
 step many times slower).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,16 @@ from engine.core.frontends import Frontend, FrontendAttacher, share_stats
 from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, receive_config
 from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
-from engine.wire_messages import (AbortRequests, EngineCoreOutputs, EngineCoreRequest, EngineDead, EngineReady,
-                                  Shutdown, UtilityCall, UtilityResult)
+from engine.wire_messages import (
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    EngineReady,
+    Shutdown,
+    UtilityCall,
+    UtilityResult,
+)
 from shm_transport import TransportError
 from shm_transport.channel_set import peer_alive, wait_any
 from shm_transport.wakeup import clear_eventfd
@@ -41,8 +50,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # EngineCore methods a frontend may call through UTILITY; nothing else is reachable.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "collective_rpc", "add_lora", "remove_lora",
-                             "list_loras"})
+UTILITY_METHODS = frozenset(
+    {"get_stats", "reset_prefix_cache", "collective_rpc", "add_lora", "remove_lora", "list_loras"}
+)
 
 # After this long with nothing to do, an EngineCore that has stepped hands its free heap back to the
 # OS (glibc's malloc_trim): a burst of varied batch shapes leaves hundreds of MB of freed but mapped
@@ -70,8 +80,9 @@ class EngineCoreProc:
     output ring (``Frontend.flush``).
     """
 
-    def __init__(self, core: EngineCore, channel: Any, engine_index: int,
-                 attacher: Optional[FrontendAttacher] = None) -> None:
+    def __init__(
+        self, core: EngineCore, channel: Any, engine_index: int, attacher: Optional[FrontendAttacher] = None
+    ) -> None:
         self.core = core
         self.engine_index = engine_index
         self._attacher = attacher
@@ -132,9 +143,14 @@ class EngineCoreProc:
             self.core.abort_requests(ids)
             self._stats_stale = self.core.log_stats
         frontend.channel.close()
-        logger.log(logging.WARNING if ids or why != "closed its channel" else logging.INFO,
-                   "%s %s: %d of its requests aborted, %d API server(s) left", frontend.name, why, len(ids),
-                   len(self._frontends) - 1)
+        logger.log(
+            logging.WARNING if ids or why != "closed its channel" else logging.INFO,
+            "%s %s: %d of its requests aborted, %d API server(s) left",
+            frontend.name,
+            why,
+            len(ids),
+            len(self._frontends) - 1,
+        )
 
     # ---- 1) requests in
     def _wait(self) -> None:
@@ -161,7 +177,7 @@ class EngineCoreProc:
     def _read(self) -> None:
         frontends = self._frontends
         self._turn = (self._turn + 1) % len(frontends)
-        for frontend in frontends[self._turn:] + frontends[:self._turn]:
+        for frontend in frontends[self._turn :] + frontends[: self._turn]:
             try:
                 msgs = frontend.channel.poll()
             except TransportError:
@@ -227,8 +243,9 @@ class EngineCoreProc:
             mine = by_frontend.get(id(frontend))
             if not frontend.serves or (mine is None and stats is None):
                 continue
-            frontend.publish(EngineCoreOutputs(self.engine_index, mine or [], outputs.timestamp,
-                                               share_stats(stats, counting)))
+            frontend.publish(
+                EngineCoreOutputs(self.engine_index, mine or [], outputs.timestamp, share_stats(stats, counting))
+            )
             counting = False
 
     def _flush(self) -> None:
@@ -268,8 +285,7 @@ def _setup_process(spec: CoreLaunchSpec) -> None:
         from shm_transport import set_parent_death_signal
 
         set_parent_death_signal(signal.SIGKILL)
-    threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True,
-                     name="parent-watch").start()
+    threading.Thread(target=_exit_when_parent_dies, args=(spec.parent_pid,), daemon=True, name="parent-watch").start()
     # first import of torch in this process: after the thread count and OpenMP's wait policy
     prepare_torch_env(num_threads=spec.num_threads)
     import torch
@@ -359,8 +375,12 @@ def main(argv: list[str]) -> int:
             return 1
         gc.collect()  # the model and libraries stay for good: keep them out of every collection
         gc.freeze()
-        ready = EngineReady(engine_index=spec.engine_index, pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
-                            config_digest=spec.config_digest)
+        ready = EngineReady(
+            engine_index=spec.engine_index,
+            pid=os.getpid(),
+            num_kv_blocks=core.num_kv_blocks,
+            config_digest=spec.config_digest,
+        )
         channel.send(ready, timeout=10.0)
         proc = EngineCoreProc(core, channel, spec.engine_index, _attacher(spec, ready))
         try:
@@ -378,4 +398,3 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         channel.close()
-

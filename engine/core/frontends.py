@@ -11,6 +11,7 @@ dropping them is the loop's.
 
 It imports nothing of the loop: the loop imports it.
 """
+
 from __future__ import annotations
 
 import json

@@ -18,6 +18,7 @@ salts (or one salted, one not) never share a block. A request's LoRA adapter ent
 parent digest (its id, name and path): blocks computed with one adapter never serve another
 adapter or the base model.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -113,8 +114,14 @@ class KVCacheManager:
     tokens, so they survive preemption); here is only how many of its blocks are registered.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 enable_kv_cache_events: bool = False, event_contents: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        enable_kv_cache_events: bool = False,
+        event_contents: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -162,8 +169,9 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock] = ()
+    ) -> bool:
         """Make room for ``num_new_tokens`` more tokens after the computed ones (plus the cache
         hits in ``new_computed_blocks``, which are appended first). False, changing nothing,
         when the free blocks do not suffice."""
@@ -220,10 +228,19 @@ class KVCacheManager:
         for k in range(1, len(registered) + 1):
             if k == len(registered) or registered[k] != registered[k - 1] + 1:
                 first, last = registered[begin], registered[k - 1]
-                token_ids, salt = ((tokens[first * bs:(last + 1) * bs], request.cache_salt) if self._event_contents
-                                   else ([], None))
-                events.append(kv_events.stored(hashes[first:last + 1], hashes[first - 1] if first else None,
-                                               token_ids, bs, salt, request.lora_request))
+                token_ids, salt = (
+                    (tokens[first * bs : (last + 1) * bs], request.cache_salt) if self._event_contents else ([], None)
+                )
+                events.append(
+                    kv_events.stored(
+                        hashes[first : last + 1],
+                        hashes[first - 1] if first else None,
+                        token_ids,
+                        bs,
+                        salt,
+                        request.lora_request,
+                    )
+                )
                 begin = k
 
     def free(self, request: Request) -> None:
@@ -293,5 +310,5 @@ class KVCacheManager:
         tokens = request.all_token_ids
         for i in range(len(hashes), num_tokens // bs):
             parent = hashes[-1] if hashes else salt_digest(request.cache_salt, request.lora_request)
-            hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs]))
         return hashes

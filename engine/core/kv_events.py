@@ -23,6 +23,7 @@ Where the sockets are, and what the events carry, is engine/kv_events_config.py'
 default a private ipc socket and no token ids. The replay socket answers whoever reaches it: a
 malformed request is counted and dropped unanswered, with at most one warning a minute.
 """
+
 from __future__ import annotations
 
 import logging
@@ -87,15 +88,22 @@ class KVEventBatch(EventBatch):
     events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
 
 
-def stored(block_hashes: list[bytes], parent: Optional[bytes], token_ids: list[int], block_size: int,
-           cache_salt: Optional[str], lora: Optional[Any] = None) -> BlockStored:
+def stored(
+    block_hashes: list[bytes],
+    parent: Optional[bytes],
+    token_ids: list[int],
+    block_size: int,
+    cache_salt: Optional[str],
+    lora: Optional[Any] = None,
+) -> BlockStored:
     """``lora``: the request's LoRARequest (its id and name go into vLLM's lora_id and lora_name)."""
     extra = None
     if cache_salt is not None and parent is None:  # the salt is the first block's parent digest
         extra = [(cache_salt,)] + [None] * (len(block_hashes) - 1)
     lora_id, lora_name = (lora.lora_int_id, lora.lora_name) if lora is not None else (None, None)
-    return BlockStored(block_hashes, parent, token_ids, block_size, lora_id, MEDIUM_GPU, lora_name, extra, 0,
-                       FULL_ATTENTION)
+    return BlockStored(
+        block_hashes, parent, token_ids, block_size, lora_id, MEDIUM_GPU, lora_name, extra, 0, FULL_ATTENTION
+    )
 
 
 def removed(block_hash: bytes) -> BlockRemoved:
@@ -154,8 +162,9 @@ class ZmqEventPublisher:
         self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._dropped = RareWarning("KV events: %d batch(es) dropped so far, the publisher queue is full")
-        self._malformed = RareWarning("KV events: %d malformed replay request(s) ignored so far "
-                                      "(not [identity, empty, 8-byte sequence number])")
+        self._malformed = RareWarning(
+            "KV events: %d malformed replay request(s) ignored so far (not [identity, empty, 8-byte sequence number])"
+        )
         self._remove_dir = None  # the default endpoint's private directory: removed at close
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -174,19 +183,29 @@ class ZmqEventPublisher:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self._replay.setsockopt(zmq.MAXMSGSIZE, self._REPLAY_FRAME_MAX)  # larger: the peer is dropped
-                self.replay_endpoint = self._open(self._replay, offset_endpoint(config.replay_endpoint,
-                                                                                data_parallel_rank), bind=True)
+                self.replay_endpoint = self._open(
+                    self._replay, offset_endpoint(config.replay_endpoint, data_parallel_rank), bind=True
+                )
         except (zmq.ZMQError, OSError) as e:
             self._close()
-            raise ValueError(f"kv_events_config: cannot open {endpoint!r} "
-                             f"(or replay_endpoint {config.replay_endpoint!r}): {e}") from None
+            raise ValueError(
+                f"kv_events_config: cannot open {endpoint!r} (or replay_endpoint {config.replay_endpoint!r}): {e}"
+            ) from None
         for name, opened in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint)):
             if opened is not None and is_remote(opened):
-                logger.warning("KV events: %s %s can be reached from other hosts (allow_remote): anyone who "
-                               "connects sees the cache's block hashes%s", name, opened,
-                               " and the prompts' token ids" if config.include_token_ids else "")
-        logger.info("KV events of engine %d: published on %s%s", data_parallel_rank, self.endpoint,
-                    f", replays on {self.replay_endpoint}" if self.replay_endpoint else "")
+                logger.warning(
+                    "KV events: %s %s can be reached from other hosts (allow_remote): anyone who "
+                    "connects sees the cache's block hashes%s",
+                    name,
+                    opened,
+                    " and the prompts' token ids" if config.include_token_ids else "",
+                )
+        logger.info(
+            "KV events of engine %d: published on %s%s",
+            data_parallel_rank,
+            self.endpoint,
+            f", replays on {self.replay_endpoint}" if self.replay_endpoint else "",
+        )
         self._thread = threading.Thread(target=self._run, name="kv-events-publisher", daemon=True)
         self._thread.start()
 
@@ -202,7 +221,7 @@ class ZmqEventPublisher:
         sock.bind(endpoint)
         opened = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         if opened.startswith("ipc://") and not opened.startswith("ipc://@"):  # not the abstract namespace
-            os.chmod(opened[len("ipc://"):], 0o600)
+            os.chmod(opened[len("ipc://") :], 0o600)
         return opened
 
     @property

@@ -12,6 +12,7 @@ digest (``receive_config``). READY closes the launch by stating that digest, and
 refuses a core that states another (``check_ready``): a core started for another config, or one
 this frontend only attached to, cannot serve it by mistake.
 """
+
 from __future__ import annotations
 
 import sys
@@ -81,13 +82,17 @@ def receive_config(spec: CoreLaunchSpec, worker_cls: Optional[type] = None) -> E
     config = decode_config(spec.config, worker_cls)
     ours = config_digest(config)
     if ours != spec.config_digest:
-        raise ValueError(f"this EngineCore reads the frontend's config as another one (digest {ours[:12]}, "
-                         f"frontend {spec.config_digest[:12]}): are both running the same ringllm?")
+        raise ValueError(
+            f"this EngineCore reads the frontend's config as another one (digest {ours[:12]}, "
+            f"frontend {spec.config_digest[:12]}): are both running the same ringllm?"
+        )
     return config
 
 
 def check_ready(ready: EngineReady, digest: str, core_name: str) -> None:
     """EngineStartupError unless ``ready`` states the config (by its digest) this frontend derived."""
     if ready.config_digest != digest:
-        raise EngineStartupError(f"{core_name} runs another config than this frontend "
-                                 f"(digest {ready.config_digest[:12]}, frontend {digest[:12]})")
+        raise EngineStartupError(
+            f"{core_name} runs another config than this frontend "
+            f"(digest {ready.config_digest[:12]}, frontend {digest[:12]})"
+        )

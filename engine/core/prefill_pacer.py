@@ -14,6 +14,7 @@ The base is tracked from steps without prompt tokens; the cost from steps with a
 ``initial`` (a safe value for the slowest CPU measured; "auto"'s target and initial cap are
 ``engine.config.scheduler.PACED_STEP_TARGET_S`` and ``PACED_INITIAL_TOKENS``).
 """
+
 from __future__ import annotations
 
 PACED_MIN_TOKENS = 32  # never fewer a step: below this a step is all base, and a burst crawls

@@ -4,6 +4,7 @@ Ownership: the scheduler is the only writer of every field here except that the
 model runner may read anything and keep its own per-request caches keyed by
 ``request_id`` (dropped when the id shows up in ``SchedulerOutput.finished_req_ids``).
 """
+
 from __future__ import annotations
 
 import enum
@@ -43,17 +44,46 @@ _FINISH_REASONS = {
 
 
 class Request:
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-                 "priority", "output_token_ids", "all_token_ids", "num_computed_tokens", "status",
-                 "block_ids", "block_hashes", "num_cached_tokens", "stop_reason", "num_preemptions",
-                 "num_prompt_logprobs_sent", "_max_tokens", "pooling_params", "structured_output", "cache_salt",
-                 "events", "spec_token_ids", "spec_state", "lora_request")
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "eos_token_id",
+        "arrival_time",
+        "priority",
+        "output_token_ids",
+        "all_token_ids",
+        "num_computed_tokens",
+        "status",
+        "block_ids",
+        "block_hashes",
+        "num_cached_tokens",
+        "stop_reason",
+        "num_preemptions",
+        "num_prompt_logprobs_sent",
+        "_max_tokens",
+        "pooling_params",
+        "structured_output",
+        "cache_salt",
+        "events",
+        "spec_token_ids",
+        "spec_state",
+        "lora_request",
+    )
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_id: Optional[int] = None, arrival_time: Optional[float] = None,
-                 priority: int = 0, max_model_len: Optional[int] = None,
-                 pooling_params: Optional[PoolingParams] = None, cache_salt: Optional[str] = None,
-                 lora_request: Optional[LoRARequest] = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: Optional[int] = None,
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        max_model_len: Optional[int] = None,
+        pooling_params: Optional[PoolingParams] = None,
+        cache_salt: Optional[str] = None,
+        lora_request: Optional[LoRARequest] = None,
+    ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -100,9 +130,18 @@ class Request:
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: Optional[int] = None) -> "Request":
-        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                   req.arrival_time or None, req.priority, max_model_len, req.pooling_params, req.cache_salt,
-                   req.lora_request)
+        return cls(
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling_params,
+            req.eos_token_id,
+            req.arrival_time or None,
+            req.priority,
+            max_model_len,
+            req.pooling_params,
+            req.cache_salt,
+            req.lora_request,
+        )
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -127,5 +166,7 @@ class Request:
         self.all_token_ids.append(token)
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
-                f"out={self.num_output_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -23,6 +23,7 @@ Contract (stated once, here):
 - The runner does not modify any Request; the scheduler applies ``ModelRunnerOutput`` in
   ``update_from_output`` (appends tokens, advances ``num_computed_tokens``, checks stops).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -39,6 +39,7 @@ A request with a grammar (structured outputs) is parked apart until its grammar 
 queue, and it joins the queue's end when ready. Each step's constrained rows get their token
 masks here, and every sampled token advances the request's matcher.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -52,10 +53,20 @@ from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.prefill_pacer import PACED_MIN_TOKENS, PrefillPacer
 from engine.core.request import Request, RequestStatus
-from engine.core.sched_output import (MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS, ModelRunnerOutput,
-                                     SchedulerOutput)
-from engine.wire_messages import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, LogprobsLists,
-                                  SchedulerStats)
+from engine.core.sched_output import (
+    MAX_PROMPT_LOGPROBS_ROWS,
+    MIN_PROMPT_LOGPROBS_ROWS,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
+from engine.wire_messages import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    FinishReason,
+    LogprobsLists,
+    SchedulerStats,
+)
 
 
 class FCFSQueue:
@@ -117,20 +128,42 @@ class PriorityQueue:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 kv_connector: Optional[Any] = None, structured_output: Optional[Any] = None,
-                 speculative: Optional[Any] = None, max_loras: int = 0) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache: KVCacheManager,
+        max_model_len: int,
+        kv_connector: Optional[Any] = None,
+        structured_output: Optional[Any] = None,
+        speculative: Optional[Any] = None,
+        max_loras: int = 0,
+    ) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self._max_num_prefill_tokens = config.max_num_prefill_tokens or config.max_num_batched_tokens
         # With a time budget per step, the cap follows the measured cost of prompt tokens.
-        self.pacer = PrefillPacer(config.prefill_step_target_s, PACED_MIN_TOKENS, config.max_num_batched_tokens,
-                                  self._max_num_prefill_tokens) if config.prefill_step_target_s > 0 else None
+        self.pacer = (
+            PrefillPacer(
+                config.prefill_step_target_s,
+                PACED_MIN_TOKENS,
+                config.max_num_batched_tokens,
+                self._max_num_prefill_tokens,
+            )
+            if config.prefill_step_target_s > 0
+            else None
+        )
         # Prompt-logprob rows cost many prompt tokens each (sched_output.py): paced apart, by their
         # own measured cost, so a long prompt's logprobs come in steps of the same time budget.
-        self.logprob_rows_pacer = PrefillPacer(config.prefill_step_target_s, MIN_PROMPT_LOGPROBS_ROWS,
-                                               MAX_PROMPT_LOGPROBS_ROWS, MIN_PROMPT_LOGPROBS_ROWS * 4
-                                               ) if config.prefill_step_target_s > 0 else None
+        self.logprob_rows_pacer = (
+            PrefillPacer(
+                config.prefill_step_target_s,
+                MIN_PROMPT_LOGPROBS_ROWS,
+                MAX_PROMPT_LOGPROBS_ROWS,
+                MIN_PROMPT_LOGPROBS_ROWS * 4,
+            )
+            if config.prefill_step_target_s > 0
+            else None
+        )
         self.chunked_prefill = config.enable_chunked_prefill
         self.max_loras = max_loras  # distinct adapters the running requests may use (0: LoRA off)
         self.priority = config.policy == "priority"
@@ -257,8 +290,13 @@ class Scheduler:
         first_prompt = prefill_left == self.max_num_prefill_tokens
         loras = _lora_ids(self.running)
         passed_over: list[Request] = []  # their adapter has no slot this step; back in their places below
-        while (self.waiting and budget > 0 and prefill_left > 0 and not self._step_preempted
-               and len(self.running) < self.max_num_seqs):
+        while (
+            self.waiting
+            and budget > 0
+            and prefill_left > 0
+            and not self._step_preempted
+            and len(self.running) < self.max_num_seqs
+        ):
             req = self.waiting.peek()
             lora_id = req.lora_request.lora_int_id if req.lora_request is not None else 0
             if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
@@ -268,8 +306,9 @@ class Scheduler:
             # Blocks the connector can load after the local hits: allocated here, not computed.
             num_external = 0
             if self.kv_connector is not None:
-                num_external = self.kv_connector.get_num_new_matched_tokens(req, num_hit_tokens,
-                                                                            self.kv_cache.block_hashes)
+                num_external = self.kv_connector.get_num_new_matched_tokens(
+                    req, num_hit_tokens, self.kv_cache.block_hashes
+                )
             n = req.num_tokens - num_hit_tokens - num_external
             if n > budget:
                 if not self.chunked_prefill:
@@ -316,13 +355,18 @@ class Scheduler:
         out = SchedulerOutput(batch, num_tokens, self.max_num_batched_tokens - budget)
         if self.structured_output is not None:
             out.grammar_bitmask = self.structured_output.fill_bitmask(
-                [r for r, n in zip(batch, num_tokens) if r.structured_output is not None
-                 and r.num_computed_tokens + n == r.num_tokens])
+                [
+                    r
+                    for r, n in zip(batch, num_tokens)
+                    if r.structured_output is not None and r.num_computed_tokens + n == r.num_tokens
+                ]
+            )
         if batch:  # a runner that is not called cannot drop state; keep the ids for later
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
             if self.kv_connector is not None:
                 out.kv_connector_metadata = self.kv_connector.build_connector_meta(
-                    batch, num_tokens, self.kv_cache.block_hashes)
+                    batch, num_tokens, self.kv_cache.block_hashes
+                )
         return out
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -345,17 +389,25 @@ class Scheduler:
                 if caching:
                     self.kv_cache.cache_blocks(req)
                 if plp is not None:
-                    outputs.append(EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp,
-                                                    events=_take_events(req)))
+                    outputs.append(
+                        EngineCoreOutput(req.request_id, [], new_prompt_logprobs=plp, events=_take_events(req))
+                    )
                 continue
             req_id = req.request_id
             if req.pooling_params is not None:  # prompt computed: its one output, and it is done
                 if caching:
                     self.kv_cache.cache_blocks(req)
                 req.status = RequestStatus.FINISHED_STOPPED
-                outputs.append(EngineCoreOutput(req_id, [], finish_reason=FinishReason.STOP,
-                                                num_cached_tokens=req.num_cached_tokens,
-                                                pooled=result.pooler_output[req_id], events=_take_events(req)))
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id,
+                        [],
+                        finish_reason=FinishReason.STOP,
+                        num_cached_tokens=req.num_cached_tokens,
+                        pooled=result.pooler_output[req_id],
+                        events=_take_events(req),
+                    )
+                )
                 self._free(req)
                 finished = True
                 continue
@@ -384,9 +436,11 @@ class Scheduler:
             if req.structured_output is not None and not self.structured_output.accept(req, token):
                 req.status = RequestStatus.FINISHED_ERROR
                 out.finish_reason, out.new_token_ids = FinishReason.ERROR, []
-                out.error = ("structured_outputs: no token was allowed at this point of the output (the grammar "
-                             "together with the request's other limits, e.g. min_tokens or bad_words, excluded "
-                             "them all)")
+                out.error = (
+                    "structured_outputs: no token was allowed at this point of the output (the grammar "
+                    "together with the request's other limits, e.g. min_tokens or bad_words, excluded "
+                    "them all)"
+                )
                 self._free(req)
                 finished = True
             elif self._check_stop(req, token):
@@ -436,10 +490,14 @@ class Scheduler:
 
     def make_stats(self) -> SchedulerStats:
         stats = SchedulerStats(
-            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
-            kv_cache_usage=self.kv_cache.usage, prefix_cache_queries=self._step_queries,
-            prefix_cache_hits=self._step_hits, num_preempted_reqs=self._step_preempted,
-            **(self.spec.stats.take() if self.spec is not None else {}))
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_grammar),
+            kv_cache_usage=self.kv_cache.usage,
+            prefix_cache_queries=self._step_queries,
+            prefix_cache_hits=self._step_hits,
+            num_preempted_reqs=self._step_preempted,
+            **(self.spec.stats.take() if self.spec is not None else {}),
+        )
         if self.max_loras:
             stats.running_lora_adapters = _lora_counts(self.running)
             stats.waiting_lora_adapters = _lora_counts(itertools.chain(self.waiting, self.waiting_for_grammar))
@@ -468,8 +526,9 @@ class Scheduler:
             return True
         return False
 
-    def _new_prompt_logprobs(self, req: Request, start: int,
-                             prompt_logprobs: dict[str, LogprobsLists]) -> Optional[LogprobsLists]:
+    def _new_prompt_logprobs(
+        self, req: Request, start: int, prompt_logprobs: dict[str, LogprobsLists]
+    ) -> Optional[LogprobsLists]:
         """This step's prompt-logprob rows, minus any already sent before a preemption."""
         rows = prompt_logprobs.get(req.request_id)
         if rows is None:
@@ -532,8 +591,9 @@ class Scheduler:
     def _fail_grammar(self, req: Request, error: ValueError) -> None:
         """``req``'s grammar cannot be had: it finishes with the reason, sent by the next update."""
         req.status = RequestStatus.FINISHED_ERROR
-        self._grammar_errors.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR,
-                                                     error=str(error)))
+        self._grammar_errors.append(
+            EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR, error=str(error))
+        )
         self._free(req)
 
     def _free(self, req: Request) -> None:

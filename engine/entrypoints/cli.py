@@ -5,6 +5,7 @@ Each subcommand lives in its own module with an ``add_parser(subparsers)`` (or
 ``COMMAND_MODULES``. Benchmark scenarios are modules with ``main(argv)``, listed in
 ``BENCH_SCENARIOS``; ``ringllm bench NAME ARGS...`` hands them ARGS untouched.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,29 +22,46 @@ COMMAND_MODULES = (
 )
 
 BENCH_SCENARIOS = {
-    "transport": ("benchmarks.transport", "the ring vs pyzmq and multiprocessing.Pipe: latency, "
-                                          "CPU per round trip, streaming, bandwidth"),
+    "transport": (
+        "benchmarks.transport",
+        "the ring vs pyzmq and multiprocessing.Pipe: latency, CPU per round trip, streaming, bandwidth",
+    ),
     "engine-overhead": ("benchmarks.engine_overhead", "engine overhead per step, ring vs zmq"),
     "offline": ("benchmarks.offline", "offline batch throughput with LLM.generate"),
     "serving": ("benchmarks.serving", "the OpenAI server under concurrent streams"),
-    "api-servers": ("benchmarks.api_servers", "streaming tokens/s and frontend CPU per token over a mock core "
-                                              "(no model), for --api-server-count 1 and 2"),
-    "kv-transfer": ("benchmarks.kv_transfer", "time to first token of a long prompt, computed vs loaded "
-                                              "through the SharedStorageConnector"),
-    "realistic": ("benchmarks.realistic", "a 1.56B Llama (Q4_0 or Q4_K_M GGUF, built once): ringllm vs "
-                                          "llama-server at -t 1 and -t 2, one stream, prefill, 16/64 clients, RSS"),
-    "perplexity": ("benchmarks.perplexity", "perplexity of each weight format (bf16, int8, GGUF blocks) on a fixed "
-                                            "public-domain text, against transformers on the same weights"),
+    "api-servers": (
+        "benchmarks.api_servers",
+        "streaming tokens/s and frontend CPU per token over a mock core (no model), for --api-server-count 1 and 2",
+    ),
+    "kv-transfer": (
+        "benchmarks.kv_transfer",
+        "time to first token of a long prompt, computed vs loaded through the SharedStorageConnector",
+    ),
+    "realistic": (
+        "benchmarks.realistic",
+        "a 1.56B Llama (Q4_0 or Q4_K_M GGUF, built once): ringllm vs "
+        "llama-server at -t 1 and -t 2, one stream, prefill, 16/64 clients, RSS",
+    ),
+    "perplexity": (
+        "benchmarks.perplexity",
+        "perplexity of each weight format (bf16, int8, GGUF blocks) on a fixed "
+        "public-domain text, against transformers on the same weights",
+    ),
 }
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "bench", help="Run a benchmark scenario (tables, JSON and PNG under benchmarks/out/).",
+        "bench",
+        help="Run a benchmark scenario (tables, JSON and PNG under benchmarks/out/).",
         description="Run a benchmark scenario. Arguments after the scenario name go to it "
-                    "(try: ringllm bench transport --help).")
-    parser.add_argument("scenario", choices=sorted(BENCH_SCENARIOS),
-                        help="; ".join(f"{k}: {v[1]}" for k, v in sorted(BENCH_SCENARIOS.items())))
+        "(try: ringllm bench transport --help).",
+    )
+    parser.add_argument(
+        "scenario",
+        choices=sorted(BENCH_SCENARIOS),
+        help="; ".join(f"{k}: {v[1]}" for k, v in sorted(BENCH_SCENARIOS.items())),
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the scenario")
     parser.set_defaults(func=run_bench)
 
@@ -55,7 +73,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def build_parser(commands: Optional[tuple[str, ...]] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ringllm", description="ringllm: LLM serving over a shared-memory ring (vLLM's entry points).")
+        prog="ringllm", description="ringllm: LLM serving over a shared-memory ring (vLLM's entry points)."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES if commands is None else commands:
         module = importlib.import_module(name)

@@ -4,6 +4,7 @@ Flags are the server's own plus every ``EngineArgs`` field (see cli_args), parse
 ``AsyncEngineArgs.from_cli_args``, the same schema ``LLM`` takes. With no MODEL the embedded
 default model is served (converted once to the cache on first use).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,9 +14,17 @@ import sys
 
 from engine.async_llm import build_async_engine_client_from_engine_args
 from engine.config import AsyncEngineArgs, resolve_device
-from engine.entrypoints.cli_args import (SERVE_CPU_MAX_NUM_PREFILL_TOKENS, add_engine_args, add_model_positional,
-                                         add_server_args, add_tool_args, engine_args_from, server_settings_from,
-                                         tool_serving_from, with_reasoning_markers)
+from engine.entrypoints.cli_args import (
+    SERVE_CPU_MAX_NUM_PREFILL_TOKENS,
+    add_engine_args,
+    add_model_positional,
+    add_server_args,
+    add_tool_args,
+    engine_args_from,
+    server_settings_from,
+    tool_serving_from,
+    with_reasoning_markers,
+)
 from engine.entrypoints.openai.server import run_server
 from engine.exceptions import EngineStartupError
 
@@ -44,17 +53,25 @@ def serving_engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "serve", help="Serve a model over an OpenAI-compatible HTTP API.",
+        "serve",
+        help="Serve a model over an OpenAI-compatible HTTP API.",
         description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an OpenAI-compatible "
-                    "HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
-                    "/tokenize, /detokenize, /version. SIGTERM or Ctrl-C drains in-flight requests, then "
-                    "shuts the engine down.")
+        "HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
+        "/tokenize, /detokenize, /version. SIGTERM or Ctrl-C drains in-flight requests, then "
+        "shuts the engine down.",
+    )
     add_model_positional(parser)
     add_server_args(parser)
-    parser.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
-                        help="Run N API-server processes on the port (SO_REUSEPORT) over one EngineCore, each with "
-                             "its own ring pair to it; --max-waiting-requests is split between them, /metrics "
-                             "sums them all (vLLM's flag; default: %(default)s, one process as usual).")
+    parser.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Run N API-server processes on the port (SO_REUSEPORT) over one EngineCore, each with "
+        "its own ring pair to it; --max-waiting-requests is split between them, /metrics "
+        "sums them all (vLLM's flag; default: %(default)s, one process as usual).",
+    )
     add_tool_args(parser)
     add_engine_args(parser, AsyncEngineArgs)
     parser.set_defaults(func=run)
@@ -82,7 +99,15 @@ def _run_pool(engine_args: AsyncEngineArgs, settings, args: argparse.Namespace) 
     """--api-server-count N > 1: this process becomes the launcher (openai/api_server_pool.py)."""
     from engine.entrypoints.openai.api_server_pool import ApiServerPool
 
-    tool_args = argparse.Namespace(**{k: getattr(args, k) for k in ("enable_auto_tool_choice", "tool_call_parser",
-                                                                    "tool_parser_plugin", "reasoning_parser")})
-    return ApiServerPool(engine_args, dataclasses.replace(settings, tool_serving=type(settings.tool_serving)()),
-                         tool_args, args.api_server_count).run()
+    tool_args = argparse.Namespace(
+        **{
+            k: getattr(args, k)
+            for k in ("enable_auto_tool_choice", "tool_call_parser", "tool_parser_plugin", "reasoning_parser")
+        }
+    )
+    return ApiServerPool(
+        engine_args,
+        dataclasses.replace(settings, tool_serving=type(settings.tool_serving)()),
+        tool_args,
+        args.api_server_count,
+    ).run()

@@ -30,6 +30,7 @@ without HTML escaping; ``raise_exception``, ``strftime_now``, ``dict`` and a ``n
 refuses underscore names), so a template renders here exactly as ``apply_chat_template``
 renders it (the suite compares the two).
 """
+
 from __future__ import annotations
 
 import json
@@ -101,16 +102,19 @@ class _Budget:
         if self.steps > self.next_clock:
             return
         if self.steps < 0:
-            raise TemplateLimitError(f"the chat template ran more than {self.limits.max_iterations} loop "
-                                     "iterations and calls (its bound)")
+            raise TemplateLimitError(
+                f"the chat template ran more than {self.limits.max_iterations} loop iterations and calls (its bound)"
+            )
         self.next_clock = max(self.steps - _CLOCK_STEPS, -1)  # and at -1: the step bound
         if time.monotonic() > self.deadline:
             raise TemplateLimitError(f"the chat template ran longer than {self.limits.timeout_s:g} s (its bound)")
 
     def check_size(self, size: int, what: str = "a value") -> None:
         if size > self.limits.max_chars:
-            raise TemplateLimitError(f"the chat template built {what} longer than {self.limits.max_chars} "
-                                     f"characters ({self.limits.max_chars_reason})")
+            raise TemplateLimitError(
+                f"the chat template built {what} longer than {self.limits.max_chars} "
+                f"characters ({self.limits.max_chars_reason})"
+            )
 
 
 _current = threading.local()
@@ -140,8 +144,10 @@ def _weight(value: Any, budget: _Budget) -> int:
 def _check_arguments(args: Iterable[Any], budget: _Budget) -> None:
     for arg in args:
         if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > MAX_INT_ARGUMENT:
-            raise TemplateLimitError(f"the chat template passed {arg if arg.bit_length() < 64 else 'an integer'} "
-                                     f"to a function; at most {MAX_INT_ARGUMENT} is allowed")
+            raise TemplateLimitError(
+                f"the chat template passed {arg if arg.bit_length() < 64 else 'an integer'} "
+                f"to a function; at most {MAX_INT_ARGUMENT} is allowed"
+            )
         if isinstance(arg, (list, tuple, dict)):
             budget.check_size(_weight(arg, budget), "an argument")
 
@@ -183,9 +189,38 @@ def _predict(name: str, args: tuple, budget: _Budget) -> None:
 
 # Filters that never write their input out as text: their list arguments need not be weighed
 # (``messages|length`` in a loop stays one step).
-_NON_WRITING = frozenset({"length", "count", "first", "last", "default", "d", "list", "reverse", "items", "attr",
-                          "map", "select", "reject", "selectattr", "rejectattr", "sort", "dictsort", "unique",
-                          "min", "max", "batch", "slice", "groupby", "random", "abs", "int", "float", "round"})
+_NON_WRITING = frozenset(
+    {
+        "length",
+        "count",
+        "first",
+        "last",
+        "default",
+        "d",
+        "list",
+        "reverse",
+        "items",
+        "attr",
+        "map",
+        "select",
+        "reject",
+        "selectattr",
+        "rejectattr",
+        "sort",
+        "dictsort",
+        "unique",
+        "min",
+        "max",
+        "batch",
+        "slice",
+        "groupby",
+        "random",
+        "abs",
+        "int",
+        "float",
+        "round",
+    }
+)
 
 
 def _bounded_filter(name: str, fn: Callable) -> Callable:
@@ -201,11 +236,13 @@ def _bounded_filter(name: str, fn: Callable) -> Callable:
             _check_format(next((a for a in args if isinstance(a, str)), None))
         _predict(name, args, budget)
         return _check_result(fn(*args, **kwargs), budget)
+
     return filter_
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     """transformers' tojson: JSON without Jinja's HTML escaping."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -222,8 +259,9 @@ def _strftime_now(fmt: str) -> str:
 def _range(*args: int) -> range:
     values = range(*args)
     if len(values) > MAX_RANGE:
-        raise TemplateLimitError(f"the chat template asked for a range of {len(values)} items; at most "
-                                 f"{MAX_RANGE} are allowed")
+        raise TemplateLimitError(
+            f"the chat template asked for a range of {len(values)} items; at most {MAX_RANGE} are allowed"
+        )
     return values
 
 
@@ -254,8 +292,9 @@ class _Namespace(jinja2.utils.Namespace):
     @staticmethod
     def _check(name: Any) -> None:
         if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(f"a chat template cannot set {name!r} on a namespace: names "
-                                                  "starting with '_' are not allowed")
+            raise jinja2.exceptions.SecurityError(
+                f"a chat template cannot set {name!r} on a namespace: names starting with '_' are not allowed"
+            )
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -283,12 +322,21 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self._finalize,
-                         extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+        super().__init__(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            finalize=self._finalize,
+            extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+        )
         self.filters["tojson"] = _tojson
         self.filters = {name: _bounded_filter(name, fn) for name, fn in self.filters.items()}
-        self.globals.update(range=_range, raise_exception=_raise_exception, strftime_now=_strftime_now,
-                            dict=_Dict(), namespace=_Namespace)
+        self.globals.update(
+            range=_range,
+            raise_exception=_raise_exception,
+            strftime_now=_strftime_now,
+            dict=_Dict(),
+            namespace=_Namespace,
+        )
 
     def _parse(self, source: str, name: Optional[str], filename: Optional[str]) -> nodes.Template:
         """The parsed template, with a step spent at each loop iteration and ``~`` bounded."""
@@ -378,14 +426,16 @@ def compile_template(source: str) -> jinja2.Template:
     request, a request's template at each distinct one, the last 64 kept). Compiling is not
     counted by a render's budget, so the source's length bounds it instead."""
     if len(source) > MAX_TEMPLATE_CHARS:
-        raise ChatTemplateError(f"the chat template is {len(source)} characters long; at most "
-                                f"{MAX_TEMPLATE_CHARS} are allowed")
+        raise ChatTemplateError(
+            f"the chat template is {len(source)} characters long; at most {MAX_TEMPLATE_CHARS} are allowed"
+        )
     try:
         with _ENVIRONMENT_LOCK:
             return _ENVIRONMENT.from_string(source)
     except jinja2.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"the chat template is not a valid Jinja template: {e.message} (line {e.lineno})"
-                                ) from None
+        raise ChatTemplateError(
+            f"the chat template is not a valid Jinja template: {e.message} (line {e.lineno})"
+        ) from None
     except RecursionError:
         raise ChatTemplateError("the chat template is nested too deeply to compile") from None
 
@@ -425,17 +475,28 @@ def render(source: str, variables: dict[str, Any], limits: TemplateLimits) -> st
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-def render_chat(source: str, conversation: list[dict], *, special_tokens: dict[str, str],
-                add_generation_prompt: bool = False, continue_final_message: bool = False,
-                tools: Optional[list] = None, documents: Optional[list] = None,
-                variables: Optional[dict[str, Any]] = None,
-                limits: TemplateLimits = TemplateLimits()) -> str:
+def render_chat(
+    source: str,
+    conversation: list[dict],
+    *,
+    special_tokens: dict[str, str],
+    add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
+    tools: Optional[list] = None,
+    documents: Optional[list] = None,
+    variables: Optional[dict[str, Any]] = None,
+    limits: TemplateLimits = TemplateLimits(),
+) -> str:
     """One conversation as transformers' ``apply_chat_template(tokenize=False)`` renders it, under
     ``limits``. ``variables`` (vLLM's ``chat_template_kwargs``) reach the template after the
     special tokens and override them. ``continue_final_message``: the text ends inside the last
     message, with no end of turn, so the model continues that message."""
-    from transformers.utils.chat_template_utils import (_alias_reasoning_fields, _normalize_chat_messages,
-                                                        _plain_template_data, get_json_schema)
+    from transformers.utils.chat_template_utils import (
+        _alias_reasoning_fields,
+        _normalize_chat_messages,
+        _plain_template_data,
+        get_json_schema,
+    )
 
     if not conversation:
         raise ValueError("messages: the conversation is empty; give at least one message")
@@ -448,9 +509,17 @@ def render_chat(source: str, conversation: list[dict], *, special_tokens: dict[s
     if documents is not None and not all(isinstance(d, dict) for d in documents):
         raise ValueError("documents: each document must be a dict with 'title' and 'text'")
     values = {**special_tokens, **_plain_template_data(variables or {})}
-    text = render(source, {**values, "messages": chat, "tools": _plain_template_data(tools),
-                           "documents": _plain_template_data(documents),
-                           "add_generation_prompt": add_generation_prompt}, limits)
+    text = render(
+        source,
+        {
+            **values,
+            "messages": chat,
+            "tools": _plain_template_data(tools),
+            "documents": _plain_template_data(documents),
+            "add_generation_prompt": add_generation_prompt,
+        },
+        limits,
+    )
     return text if final is None else _cut_after_final_message(text, final)
 
 
@@ -475,8 +544,10 @@ def _mark_final_message(chat: list[dict], source: str) -> str:
 def _cut_after_final_message(text: str, final: str) -> str:
     tag = _CONTINUE_TAG.strip()
     if final.strip() not in text or tag not in text:
-        raise ValueError("continue_final_message: the chat template does not write the final message as given, "
-                         "so it cannot be continued")
+        raise ValueError(
+            "continue_final_message: the chat template does not write the final message as given, "
+            "so it cannot be continued"
+        )
     at = text.rindex(tag)
     # A template that strips the message's trailing space lost the tag's too: strip what it left.
-    return text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
+    return text[:at] if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()

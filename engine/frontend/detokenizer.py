@@ -17,6 +17,7 @@ characters are held back from streamed text, since they may turn out to start a 
 The search is one regex scan of the new text's window for any stop (SamplingParams bounds
 their number and length), so a request with many stop strings costs each step little.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer, decoders
 from tokenizers.decoders import DecodeStream
 
 from engine.sampling_params import SamplingParams
+
 
 @functools.lru_cache(maxsize=256)
 def _stop_pattern(stops: tuple[str, ...]) -> re.Pattern:
@@ -43,8 +45,17 @@ _PROMPT_CONTEXT = 6
 class IncrementalDetokenizer:
     """The output text of one request and its stop strings; subclasses turn ids into text."""
 
-    __slots__ = ("output_text", "_num_tokens", "_stop", "_include_stop", "_min_tokens", "_stop_buffer",
-                 "_sent", "_stop_pattern", "_longest_stop")
+    __slots__ = (
+        "output_text",
+        "_num_tokens",
+        "_stop",
+        "_include_stop",
+        "_min_tokens",
+        "_stop_buffer",
+        "_sent",
+        "_stop_pattern",
+        "_longest_stop",
+    )
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._decode(prompt_token_ids[-_PROMPT_CONTEXT:])  # context only: its text is dropped
@@ -245,8 +256,9 @@ class ByteLevelDetokenizer(IncrementalDetokenizer):
         return out
 
 
-def make_detokenizer(tokenizer: Tokenizer, table: Optional[ByteLevelTable], prompt_token_ids: list[int],
-                     params: SamplingParams) -> IncrementalDetokenizer:
+def make_detokenizer(
+    tokenizer: Tokenizer, table: Optional[ByteLevelTable], prompt_token_ids: list[int], params: SamplingParams
+) -> IncrementalDetokenizer:
     if table is not None:
         return ByteLevelDetokenizer(table, prompt_token_ids, params)
     return StreamDetokenizer(tokenizer, prompt_token_ids, params)

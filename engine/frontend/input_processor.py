@@ -8,6 +8,7 @@ caller's hands and never reaches the engine: the checks that need the model are
 here; the copies made after that (the filled-in params, the n children) are not verified again.
 The caller's SamplingParams object is never modified: filled-in params are a copy.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -76,8 +77,14 @@ class Admission(NamedTuple):
 
 
 # The files a Hugging Face tokenizer is read from: a directory with none of them has no tokenizer.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                    "spiece.model")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 def get_tokenizer(config: EngineConfig):
@@ -89,8 +96,10 @@ def get_tokenizer(config: EngineConfig):
         return None
     path = model_config.tokenizer
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
-        raise ModelConfigError(f"tokenizer: {path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); pass "
-                               "tokenizer=<a directory with one>, or skip_tokenizer_init=True")
+        raise ModelConfigError(
+            f"tokenizer: {path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); pass "
+            "tokenizer=<a directory with one>, or skip_tokenizer_init=True"
+        )
     try:
         fast = None if path.endswith(".gguf") else FastTokenizer.from_dir(path)
         if fast is not None:
@@ -121,8 +130,14 @@ def _generation_config(config: EngineConfig) -> dict[str, Any]:
 
 
 # generation_config.json keys that become default SamplingParams (as vLLM's generation_config="auto").
-_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+_GENERATION_DEFAULTS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 def _arrival_time(value: Any) -> float:
@@ -160,8 +175,9 @@ class InputProcessor:
         eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
         # Further eos ids act as stop token ids (vLLM: stop_reason is the id).
         self.extra_eos_ids = [i for i in eos_ids if i != self.eos_token_id]
-        self.default_params = {param: generation[key] for key, param in _GENERATION_DEFAULTS.items()
-                               if generation.get(key) is not None}
+        self.default_params = {
+            param: generation[key] for key, param in _GENERATION_DEFAULTS.items() if generation.get(key) is not None
+        }
         self.structured_outputs_backend = config.structured_outputs_config.backend
         # Longer prompt text cannot fit the context whatever its tokens: refused before tokenizing.
         self.max_prompt_bytes = None if tokenizer is None else self.max_model_len * max_token_bytes(tokenizer)
@@ -181,9 +197,18 @@ class InputProcessor:
             raise ValueError(f"request id {request_id!r} is already in use")
         return f"{request_id}-{next(self._sequence)}"
 
-    def admit(self, internal_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
-              arrival_time: Optional[float] = None, priority: int = 0, add_special_tokens: bool = True, *,
-              lora_request: Any = None, tokenization_kwargs: Optional[dict[str, Any]] = None) -> Admission:
+    def admit(
+        self,
+        internal_id: str,
+        prompt: PromptType,
+        params: Union[SamplingParams, PoolingParams],
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        *,
+        lora_request: Any = None,
+        tokenization_kwargs: Optional[dict[str, Any]] = None,
+    ) -> Admission:
         """Everything between a caller's arguments and the core, for ``LLMEngine`` and ``AsyncLLM``:
         vLLM's per-request keywords checked, the prompt tokenized (``tokenization_kwargs`` may
         truncate it) and validated, the params verified and finished, and the request fanned out
@@ -196,9 +221,15 @@ class InputProcessor:
         request.lora_request = lora
         return Admission(request, text, fan_out(request))
 
-    def process(self, request_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
-                arrival_time: Optional[float] = None, priority: int = 0,
-                add_special_tokens: bool = True) -> tuple[EngineCoreRequest, Optional[str]]:
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: Union[SamplingParams, PoolingParams],
+        arrival_time: Optional[float] = None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> tuple[EngineCoreRequest, Optional[str]]:
         """The request for the core, and the prompt text to echo in outputs. ``params``: a
         SamplingParams on a generating model, a PoolingParams on a pooling one (runner)."""
         pooling = isinstance(params, PoolingParams)
@@ -207,26 +238,47 @@ class InputProcessor:
         self.check_runner(pooling)
         params.verify()  # this side's one check: the caller may have changed its object since it was built
         if pooling and params.task is not None and params.task != self.pooling_task:
-            raise ParameterError(f"pooling_task {params.task!r} is not supported by this model, which serves "
-                                 f"{self.pooling_task!r}", parameter="task", value=params.task)
+            raise ParameterError(
+                f"pooling_task {params.task!r} is not supported by this model, which serves {self.pooling_task!r}",
+                parameter="task",
+                value=params.task,
+            )
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if not -(1 << 63) <= priority < (1 << 63):
             raise ParameterError("priority must fit in 64 bits", parameter="priority", value=priority)
         if priority and not self.priority_scheduling:
-            raise ParameterError(f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
-                                 parameter="priority", value=priority)
+            raise ParameterError(
+                f"priority={priority} needs scheduling_policy='priority' (the engine runs 'fcfs')",
+                parameter="priority",
+                value=priority,
+            )
         cache_salt = self._prompt_options(prompt)
         truncating = params.truncate_prompt_tokens is not None
         text, token_ids = self._tokenize(prompt, add_special_tokens, truncating)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens, params.truncation_side)
         if pooling:
             self._validate(token_ids, _POOLING_SAMPLING)
-            return EngineCoreRequest(request_id, token_ids, _POOLING_SAMPLING, None, _arrival_time(arrival_time),
-                                     priority, pooling_params=params, cache_salt=cache_salt), text
+            return EngineCoreRequest(
+                request_id,
+                token_ids,
+                _POOLING_SAMPLING,
+                None,
+                _arrival_time(arrival_time),
+                priority,
+                pooling_params=params,
+                cache_salt=cache_salt,
+            ), text
         self._validate(token_ids, params)
-        request = EngineCoreRequest(request_id, token_ids, self._finish_params(params), self.eos_token_id,
-                                    _arrival_time(arrival_time), priority, cache_salt=cache_salt)
+        request = EngineCoreRequest(
+            request_id,
+            token_ids,
+            self._finish_params(params),
+            self.eos_token_id,
+            _arrival_time(arrival_time),
+            priority,
+            cache_salt=cache_salt,
+        )
         return request, text
 
     @staticmethod
@@ -237,8 +289,9 @@ class InputProcessor:
             return None
         for key in _MULTIMODAL_KEYS:
             if prompt.get(key) is not None:
-                raise ParameterError(f"{key}: this is a text-only model; it takes no multimodal or embedding "
-                                     "inputs", parameter=key)
+                raise ParameterError(
+                    f"{key}: this is a text-only model; it takes no multimodal or embedding inputs", parameter=key
+                )
         salt = prompt.get("cache_salt")
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise ParameterError(f"cache_salt must be a non-empty string, got {salt!r}", parameter="cache_salt")
@@ -252,21 +305,28 @@ class InputProcessor:
         if keep == -1:
             keep = self.max_model_len
         elif keep > self.max_model_len:
-            raise ParameterError(f"truncate_prompt_tokens={keep} is more than max_model_len={self.max_model_len}",
-                                 parameter="truncate_prompt_tokens", value=keep)
+            raise ParameterError(
+                f"truncate_prompt_tokens={keep} is more than max_model_len={self.max_model_len}",
+                parameter="truncate_prompt_tokens",
+                value=keep,
+            )
         if len(token_ids) <= keep:
             return token_ids
-        return token_ids[:keep] if side == "right" else token_ids[len(token_ids) - keep:]
+        return token_ids[:keep] if side == "right" else token_ids[len(token_ids) - keep :]
 
     def check_runner(self, pooling: bool) -> None:
         """A generation request on a pooling model, or a pooling one on a generating model, is a
         ValueError naming the runner it needs (vLLM's runner check)."""
         if pooling and self.runner_type != "pooling":
-            raise ValueError("pooling requests (PoolingParams: embed, encode) are only supported for pooling "
-                             "models. Try passing `--runner pooling` to use the model as a pooling model.")
+            raise ValueError(
+                "pooling requests (PoolingParams: embed, encode) are only supported for pooling "
+                "models. Try passing `--runner pooling` to use the model as a pooling model."
+            )
         if not pooling and self.runner_type == "pooling":
-            raise ValueError("generation requests (SamplingParams) are only supported for generative models. "
-                             "Try passing `--runner generate` to use the model as a generative model.")
+            raise ValueError(
+                "generation requests (SamplingParams) are only supported for generative models. "
+                "Try passing `--runner generate` to use the model as a generative model."
+            )
 
     @staticmethod
     def offload_size(prompt: PromptType, params: Any = None) -> int:
@@ -287,9 +347,11 @@ class InputProcessor:
             return
         size = len(text.encode())  # ~1 ms a megabyte
         if size > limit:
-            raise ParameterError(f"the prompt ({size} bytes of text) is longer than the maximum model length "
-                                 f"max_model_len={self.max_model_len} can hold (at most {limit} bytes)",
-                                 parameter=param)
+            raise ParameterError(
+                f"the prompt ({size} bytes of text) is longer than the maximum model length "
+                f"max_model_len={self.max_model_len} can hold (at most {limit} bytes)",
+                parameter=param,
+            )
 
     def check_prompt_fits(self, prompt: PromptType, params: Any = None) -> None:
         """``check_text_fits`` for a prompt in any of its forms (token ids are counted later);
@@ -301,10 +363,17 @@ class InputProcessor:
         if isinstance(prompt, str):
             self.check_text_fits(prompt)
 
-    def render_chat(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None,
-                    documents: Optional[list[dict]] = None, max_chars: Optional[int] = None) -> str:
+    def render_chat(
+        self,
+        conversation: list[ChatMessage],
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Optional[list[dict]] = None,
+        chat_template_kwargs: Optional[dict] = None,
+        documents: Optional[list[dict]] = None,
+        max_chars: Optional[int] = None,
+    ) -> str:
         """The conversation as prompt text, through ``chat_template`` (a template's text) or the
         tokenizer's, rendered in the bounded sandbox (engine/frontend/chat_template.py): past its
         time bound or past ``max_chars`` of output (default: what the context can hold) it is a
@@ -315,28 +384,41 @@ class InputProcessor:
         variables = dict(chat_template_kwargs or {})
         for key in variables:
             if not isinstance(key, str) or key in _RESERVED_TEMPLATE_VARIABLES:
-                raise ParameterError(f"chat_template_kwargs may not set {key!r} (the request's own field)",
-                                     parameter="chat_template_kwargs")
+                raise ParameterError(
+                    f"chat_template_kwargs may not set {key!r} (the request's own field)",
+                    parameter="chat_template_kwargs",
+                )
         add_generation_prompt = variables.pop("add_generation_prompt", add_generation_prompt)
         continue_final_message = variables.pop("continue_final_message", continue_final_message)
         tools = variables.pop("tools", tools)
         documents = variables.pop("documents", documents)
         if continue_final_message and add_generation_prompt:
-            raise ParameterError("continue_final_message and add_generation_prompt cannot both be true (set "
-                                 "add_generation_prompt=false to continue the final message)",
-                                 parameter="continue_final_message")
+            raise ParameterError(
+                "continue_final_message and add_generation_prompt cannot both be true (set "
+                "add_generation_prompt=false to continue the final message)",
+                parameter="continue_final_message",
+            )
         if max_chars is None and self.max_prompt_bytes is not None:  # longer text cannot fit the context
-            limits = TemplateLimits(max_chars=self.max_prompt_bytes,
-                                    max_chars_reason=f"more than max_model_len={self.max_model_len} can hold")
+            limits = TemplateLimits(
+                max_chars=self.max_prompt_bytes,
+                max_chars_reason=f"more than max_model_len={self.max_model_len} can hold",
+            )
         else:
             limits = TemplateLimits(max_chars=max_chars or TemplateLimits.max_chars)
         at_fault = "messages" if chat_template is None else "chat_template"
         try:
             source = chat_template_source(self.tokenizer, chat_template, tools)
-            return render_chat(source, conversation, special_tokens=self.tokenizer.special_tokens_map,
-                               add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message, tools=tools, documents=documents,
-                               variables=variables, limits=limits)
+            return render_chat(
+                source,
+                conversation,
+                special_tokens=self.tokenizer.special_tokens_map,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                documents=documents,
+                variables=variables,
+                limits=limits,
+            )
         except ParameterError:
             raise
         except ChatTemplateError as e:
@@ -345,24 +427,42 @@ class InputProcessor:
             field = str(e).split(":", 1)[0]
             raise ParameterError(str(e), parameter=field if field in _CHAT_FIELDS else at_fault) from None
 
-    def chat_prompt(self, conversation: list[ChatMessage], chat_template: Optional[str] = None,
-                    add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    tools: Optional[list[dict]] = None, chat_template_kwargs: Optional[dict] = None,
-                    documents: Optional[list[dict]] = None, max_chars: Optional[int] = None, *,
-                    must_fit: bool = True, add_special_tokens: bool = False) -> tuple[str, list[int]]:
+    def chat_prompt(
+        self,
+        conversation: list[ChatMessage],
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Optional[list[dict]] = None,
+        chat_template_kwargs: Optional[dict] = None,
+        documents: Optional[list[dict]] = None,
+        max_chars: Optional[int] = None,
+        *,
+        must_fit: bool = True,
+        add_special_tokens: bool = False,
+    ) -> tuple[str, list[int]]:
         """The conversation as prompt text and its token ids: ``render_chat``, then (``must_fit``)
         text too long for the context refused before the costly part, then tokenized, without
         special tokens unless asked (the template wrote them as text; a BOS added again would be
         a second one). One job for the renderer pool: a chat's CPU work in one hop, after which
         its ids enter ``admit`` as a token-id prompt, checked inline."""
-        text = self.render_chat(conversation, chat_template, add_generation_prompt, continue_final_message, tools,
-                                chat_template_kwargs, documents, max_chars)
+        text = self.render_chat(
+            conversation,
+            chat_template,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            chat_template_kwargs,
+            documents,
+            max_chars,
+        )
         if must_fit:
             self.check_text_fits(text, param="messages")
         return text, encode(self.tokenizer, text, add_special_tokens)
 
-    def _tokenize(self, prompt: PromptType, add_special_tokens: bool,
-                  truncating: bool = False) -> tuple[Optional[str], list[int]]:
+    def _tokenize(
+        self, prompt: PromptType, add_special_tokens: bool, truncating: bool = False
+    ) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._token_ids(prompt["prompt_token_ids"])
@@ -372,15 +472,19 @@ class InputProcessor:
                 raise ParameterError("a dict prompt needs 'prompt' (text) or 'prompt_token_ids'", parameter="prompt")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ParameterError("text prompts need a tokenizer (skip_tokenizer_init=True); "
-                                     "pass {'prompt_token_ids': [...]}", parameter="prompt")
+                raise ParameterError(
+                    "text prompts need a tokenizer (skip_tokenizer_init=True); pass {'prompt_token_ids': [...]}",
+                    parameter="prompt",
+                )
             if not truncating:  # a truncated prompt fits whatever its length
                 self.check_text_fits(prompt)
             return prompt, encode(self.tokenizer, prompt, add_special_tokens)
         if isinstance(prompt, (list, tuple)):
             return None, self._token_ids(prompt)
-        raise TypeError("prompt must be a str, a list of token ids, {'prompt': str} or "
-                        f"{{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+        raise TypeError(
+            "prompt must be a str, a list of token ids, {'prompt': str} or "
+            f"{{'prompt_token_ids': [...]}}, got {type(prompt).__name__}"
+        )
 
     @staticmethod
     def _token_ids(ids: Any) -> list[int]:
@@ -392,20 +496,32 @@ class InputProcessor:
         """``params`` (verified) and the prompt against the engine: the core's own check
         (engine.request_check), and what only the frontend knows (n, stop strings, grammars)."""
         if params.n > self.max_n:  # each of n is a sequence the engine would hold
-            raise ParameterError(f"SamplingParams.n must be <= {self.max_n} (the sequences one request may hold), "
-                                 f"got {params.n}", parameter="n", value=params.n)
+            raise ParameterError(
+                f"SamplingParams.n must be <= {self.max_n} (the sequences one request may hold), got {params.n}",
+                parameter="n",
+                value=params.n,
+            )
         if params.n > 1 and params.seed is not None and params.seed + params.n - 1 > _INT64_MAX:
-            raise ParameterError(f"SamplingParams.seed must be at most 2**63 - n with n={params.n} (sample i "
-                                 f"is seeded with seed + i), got {params.seed}", parameter="seed", value=params.seed)
+            raise ParameterError(
+                f"SamplingParams.seed must be at most 2**63 - n with n={params.n} (sample i "
+                f"is seeded with seed + i), got {params.seed}",
+                parameter="seed",
+                value=params.seed,
+            )
         check_request(token_ids, params, self.limits)
         if params.stop and (self.tokenizer is None or not params.detokenize):
-            raise ParameterError("SamplingParams.stop: stop strings need detokenize=True and a tokenizer",
-                                 parameter="stop", value=params.stop)
+            raise ParameterError(
+                "SamplingParams.stop: stop strings need detokenize=True and a tokenizer",
+                parameter="stop",
+                value=params.stop,
+            )
         so = params.structured_outputs
         if so is not None:
             if self.tokenizer is None:
-                raise ParameterError("structured_outputs needs a tokenizer (the engine was built with "
-                                     "skip_tokenizer_init=True)", parameter="structured_outputs")
+                raise ParameterError(
+                    "structured_outputs needs a tokenizer (the engine was built with skip_tokenizer_init=True)",
+                    parameter="structured_outputs",
+                )
             from engine.structured_output.validate import validate_structured_outputs
 
             validate_structured_outputs(so, self.structured_outputs_backend)
@@ -422,6 +538,11 @@ class InputProcessor:
         if not params.ignore_eos and self.eos_token_id is not None:
             all_stop.add(self.eos_token_id)
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
-        return verified_copy(params, stop_token_ids=stop_ids, all_stop_token_ids=sorted(all_stop),
-                             bad_words_token_ids=bad_words, logprobs=self._num_logprobs(params.logprobs),
-                             prompt_logprobs=self._num_logprobs(params.prompt_logprobs))
+        return verified_copy(
+            params,
+            stop_token_ids=stop_ids,
+            all_stop_token_ids=sorted(all_stop),
+            bad_words_token_ids=bad_words,
+            logprobs=self._num_logprobs(params.logprobs),
+            prompt_logprobs=self._num_logprobs(params.prompt_logprobs),
+        )

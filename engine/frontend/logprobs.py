@@ -1,4 +1,5 @@
 """Logprobs of one request, from the core's compact rows to vLLM's per-position dicts."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -25,8 +26,9 @@ class TokenDecoder:
 class LogprobsProcessor:
     __slots__ = ("_decode", "logprobs", "prompt_logprobs", "cumulative_logprob", "_prompt_sent")
 
-    def __init__(self, decode: Callable[[int], Optional[str]], num_logprobs: Optional[int],
-                 num_prompt_logprobs: Optional[int]) -> None:
+    def __init__(
+        self, decode: Callable[[int], Optional[str]], num_logprobs: Optional[int], num_prompt_logprobs: Optional[int]
+    ) -> None:
         self._decode = decode
         self.logprobs: Optional[SampleLogprobs] = [] if num_logprobs is not None else None
         self.cumulative_logprob: Optional[float] = 0.0 if num_logprobs is not None else None

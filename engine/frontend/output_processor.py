@@ -10,6 +10,7 @@ independent child requests (``ParentRequest``) whose outputs are merged back und
 parent's id. A stop string is found here, not in the core: the request is then finished
 at once and its id returned in ``reqs_to_abort`` so the caller stops it in the core.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,9 @@ def _pooling_output(state: "RequestState", out: EngineCoreOutput) -> PoolingRequ
     import torch
 
     data = torch.frombuffer(bytearray(out.pooled), dtype=torch.float32)
-    return PoolingRequestOutput(state.output_id, PoolingOutput(data), state.prompt_token_ids,
-                                out.num_cached_tokens, True)
+    return PoolingRequestOutput(
+        state.output_id, PoolingOutput(data), state.prompt_token_ids, out.num_cached_tokens, True
+    )
 
 
 class ParentRequest:
@@ -76,21 +78,45 @@ def fan_out(request: EngineCoreRequest) -> list[tuple[EngineCoreRequest, Optiona
     children = []
     for index in range(request.sampling_params.n):
         child_id, child_params = parent.child(index)
-        children.append((msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params),
-                         parent, index))
+        children.append(
+            (msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params), parent, index)
+        )
     return children
 
 
 class RequestState:
     """What the frontend keeps of one (child) request while the core runs it."""
 
-    __slots__ = ("request_id", "output_id", "prompt", "prompt_token_ids", "output_kind", "delta", "final_only",
-                 "parent", "index", "detokenizer", "logprobs", "token_ids", "stats", "num_cached_tokens",
-                 "queue", "max_tokens")
+    __slots__ = (
+        "request_id",
+        "output_id",
+        "prompt",
+        "prompt_token_ids",
+        "output_kind",
+        "delta",
+        "final_only",
+        "parent",
+        "index",
+        "detokenizer",
+        "logprobs",
+        "token_ids",
+        "stats",
+        "num_cached_tokens",
+        "queue",
+        "max_tokens",
+    )
 
-    def __init__(self, request: EngineCoreRequest, prompt: Optional[str], detokenizer,
-                 decode: TokenDecoder, parent: Optional[ParentRequest], index: int,
-                 output_id: Optional[str] = None, queue=None) -> None:
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        prompt: Optional[str],
+        detokenizer,
+        decode: TokenDecoder,
+        parent: Optional[ParentRequest],
+        index: int,
+        output_id: Optional[str] = None,
+        queue=None,
+    ) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
         # The id its RequestOutputs carry: the caller's (the core knows the request by request_id).
@@ -103,8 +129,11 @@ class RequestState:
         self.parent = parent
         self.index = index
         self.detokenizer: Optional[IncrementalDetokenizer] = detokenizer
-        self.logprobs = (LogprobsProcessor(decode, params.logprobs, params.prompt_logprobs)
-                         if params.logprobs is not None or params.prompt_logprobs is not None else None)
+        self.logprobs = (
+            LogprobsProcessor(decode, params.logprobs, params.prompt_logprobs)
+            if params.logprobs is not None or params.prompt_logprobs is not None
+            else None
+        )
         self.token_ids: list[int] = []  # all output ids so far (DELTA: not kept, its outputs carry the new ones)
         self.stats = RequestStateStats(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
@@ -112,12 +141,16 @@ class RequestState:
         self.max_tokens = getattr(params, "max_tokens", None)  # for the metrics (vLLM's max_tokens_param)
 
     def finished_stats(self, finish_reason: FinishReason, now: float) -> FinishedRequestStats:
-        return FinishedRequestStats.of(self.stats, str(finish_reason), len(self.prompt_token_ids),
-                                       self.max_tokens, now)
+        return FinishedRequestStats.of(self.stats, str(finish_reason), len(self.prompt_token_ids), self.max_tokens, now)
 
-    def make_request_output(self, new_token_ids: list[int], finish_reason: Optional[FinishReason],
-                            stop_reason, error: Optional[str], internal_error: bool = False
-                            ) -> Optional[RequestOutput]:
+    def make_request_output(
+        self,
+        new_token_ids: list[int],
+        finish_reason: Optional[FinishReason],
+        stop_reason,
+        error: Optional[str],
+        internal_error: bool = False,
+    ) -> Optional[RequestOutput]:
         finished = finish_reason is not None
         if not finished and (not new_token_ids or self.final_only):
             return None
@@ -133,7 +166,7 @@ class RequestState:
         else:
             sample, cumulative = logprobs.logprobs, None
             if sample is not None:
-                sample = sample[len(sample) - len(new_token_ids):] if delta else sample.copy()
+                sample = sample[len(sample) - len(new_token_ids) :] if delta else sample.copy()
                 cumulative = logprobs.cumulative_logprob
             completion = CompletionOutput(self.index, text, token_ids, cumulative, sample, reason, stop_reason)
             prompt_logprobs = logprobs.prompt_logprobs_for_output(delta)
@@ -142,8 +175,18 @@ class RequestState:
             outputs, finished = self.parent.merge(self.request_id, completion)
             if not outputs:
                 return None
-        return RequestOutput(self.output_id, self.prompt, self.prompt_token_ids, prompt_logprobs, outputs,
-                             finished, self.stats, self.num_cached_tokens, error, internal_error)
+        return RequestOutput(
+            self.output_id,
+            self.prompt,
+            self.prompt_token_ids,
+            prompt_logprobs,
+            outputs,
+            finished,
+            self.stats,
+            self.num_cached_tokens,
+            error,
+            internal_error,
+        )
 
 
 @dataclass
@@ -166,19 +209,30 @@ class OutputProcessor:
         self.log_stats = False
         self.aborted_stats: list[FinishedRequestStats] = []
 
-    def add_request(self, request: EngineCoreRequest, prompt: Optional[str],
-                    parent: Optional[ParentRequest] = None, index: int = 0, *,
-                    output_id: Optional[str] = None, queue=None) -> None:
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: Optional[str],
+        parent: Optional[ParentRequest] = None,
+        index: int = 0,
+        *,
+        output_id: Optional[str] = None,
+        queue=None,
+    ) -> None:
         """Track a request. ``output_id``: the id its outputs carry (default: the parent's id,
         else the request's). ``queue``: an object with ``put(output, core_timestamp)`` that
         takes each output as it is made, instead of ``process_outputs`` returning it."""
         if request.request_id in self.request_states:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         params = request.sampling_params
-        detokenizer = (make_detokenizer(self._backend, self._table, request.prompt_token_ids, params)
-                       if self._backend is not None and params.detokenize else None)
-        self.request_states[request.request_id] = RequestState(request, prompt, detokenizer, self._decode,
-                                                               parent, index, output_id, queue)
+        detokenizer = (
+            make_detokenizer(self._backend, self._table, request.prompt_token_ids, params)
+            if self._backend is not None and params.detokenize
+            else None
+        )
+        self.request_states[request.request_id] = RequestState(
+            request, prompt, detokenizer, self._decode, parent, index, output_id, queue
+        )
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
 
@@ -201,7 +255,7 @@ class OutputProcessor:
         core_ids = []
         for req_id in request_ids:
             parent = self.parent_requests.pop(req_id, None)
-            for child_id in (list(parent.unfinished) if parent is not None else (req_id,)):
+            for child_id in list(parent.unfinished) if parent is not None else (req_id,):
                 state = self.request_states.pop(child_id, None)
                 if state is None:
                     continue
@@ -230,8 +284,12 @@ class OutputProcessor:
                 folded.append(outputs)
         return folded
 
-    def process_outputs(self, outputs: list[EngineCoreOutput], engine_core_timestamp: float = 0.0,
-                        iteration_stats: Optional[IterationStats] = None) -> OutputProcessorOutput:
+    def process_outputs(
+        self,
+        outputs: list[EngineCoreOutput],
+        engine_core_timestamp: float = 0.0,
+        iteration_stats: Optional[IterationStats] = None,
+    ) -> OutputProcessorOutput:
         """Turn one batch of core outputs into RequestOutputs: returned, or put into each
         request's queue with ``engine_core_timestamp`` (when the core published them). With
         ``iteration_stats``, what the batch did is added to it (engine/stat_loggers.py)."""
@@ -271,9 +329,11 @@ class OutputProcessor:
                         finish_reason, stop_reason = FinishReason.STOP, stop_str
             if state.logprobs is not None:
                 state.logprobs.update(out.new_logprobs, out.new_prompt_logprobs)
-            request_output = (_pooling_output(state, out) if out.pooled is not None else
-                              state.make_request_output(new_ids, finish_reason, stop_reason, out.error,
-                                                        out.internal_error))
+            request_output = (
+                _pooling_output(state, out)
+                if out.pooled is not None
+                else state.make_request_output(new_ids, finish_reason, stop_reason, out.error, out.internal_error)
+            )
             if finish_reason is not None:
                 if out.finish_reason is not None:
                     result.finished_by_core.append(out.request_id)

@@ -14,6 +14,7 @@ release the GIL while they work (the single-text ``Tokenizer.encode`` and ``deco
 for their whole length, so a thread would not help the loop). They give the same ids as
 ``transformers``' ``tokenizer.encode``, which calls the same batch entry point.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ class RendererBusyError(RuntimeError):
 
 
 class Renderer:
-    def __init__(self, workers: int, max_pending_jobs: int = MAX_PENDING_JOBS,
-                 max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
+    def __init__(
+        self, workers: int, max_pending_jobs: int = MAX_PENDING_JOBS, max_pending_bytes: int = MAX_PENDING_BYTES
+    ) -> None:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="renderer")
         self._max_jobs, self._max_bytes = max_pending_jobs, max_pending_bytes
         # Released by the job's own completion (from the worker thread), not by its awaiting
@@ -54,8 +56,9 @@ class Renderer:
             return fn(*args)
         with self._lock:
             if self._jobs >= self._max_jobs or self._bytes + size > self._max_bytes:
-                raise RendererBusyError(f"the tokenizer pool is full ({self._jobs} jobs, {self._bytes} bytes "
-                                        "pending); retry later")
+                raise RendererBusyError(
+                    f"the tokenizer pool is full ({self._jobs} jobs, {self._bytes} bytes pending); retry later"
+                )
             self._jobs += 1
             self._bytes += size
         try:

@@ -3,6 +3,7 @@ vLLM's meaning: ``lora_request`` (a LoRARequest, only with ``enable_lora``), ``t
 (truncation of a text prompt, done as the Hugging Face tokenizer does it) and
 ``chat_template`` (a template string or the path of a file holding one, by vLLM's rule).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,10 @@ def check_lora_request(lora_request: Any, enabled: bool) -> Optional[LoRARequest
     if lora_request is None:
         return None
     if not enabled:
-        raise ValueError("lora_request: LoRA adapters are not enabled; start the engine with enable_lora=True "
-                         "(ringllm serve --enable-lora) or pass lora_request=None")
+        raise ValueError(
+            "lora_request: LoRA adapters are not enabled; start the engine with enable_lora=True "
+            "(ringllm serve --enable-lora) or pass lora_request=None"
+        )
     if not isinstance(lora_request, LoRARequest):
         raise TypeError(f"lora_request must be an engine.lora.request.LoRARequest, got {type(lora_request).__name__}")
     return lora_request
@@ -47,13 +50,13 @@ def check_tokenization_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
     if unknown:
         raise ValueError(f"tokenization_kwargs: unsupported key(s) {unknown}; supported: {list(TOKENIZATION_KWARGS)}")
     max_length = kwargs.get("max_length")
-    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
-                                   or max_length < 1):
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
         raise ValueError(f"tokenization_kwargs: max_length must be an int >= 1, got {max_length!r}")
 
 
-def tokenize_with_kwargs(tokenizer: Any, prompt: Any, kwargs: Optional[dict[str, Any]],
-                         add_special_tokens: bool = True) -> Any:
+def tokenize_with_kwargs(
+    tokenizer: Any, prompt: Any, kwargs: Optional[dict[str, Any]], add_special_tokens: bool = True
+) -> Any:
     """A text prompt tokenized as vLLM's ``tokenizer.encode(text, **kwargs)`` tokenizes it, as
     ``{"prompt_token_ids", "prompt"}``: ``{"truncation": True, "max_length": N}`` gives at most
     N tokens, special tokens included, the text cut on the tokenizer's ``truncation_side``.
@@ -70,8 +73,13 @@ def tokenize_with_kwargs(tokenizer: Any, prompt: Any, kwargs: Optional[dict[str,
     rest = {k: v for k, v in prompt.items() if k != "prompt"} if isinstance(prompt, dict) else {}
     if truncation in (None, False, "do_not_truncate") and not (truncation is None and max_length is not None):
         return {**rest, "prompt_token_ids": encode(tokenizer, text, add_special_tokens), "prompt": text}
-    return {**rest, "prompt_token_ids": _encode_truncated(tokenizer, text, max_length or tokenizer.model_max_length,
-                                                          add_special_tokens), "prompt": text}
+    return {
+        **rest,
+        "prompt_token_ids": _encode_truncated(
+            tokenizer, text, max_length or tokenizer.model_max_length, add_special_tokens
+        ),
+        "prompt": text,
+    }
 
 
 def _encode_truncated(tokenizer: Any, text: str, max_length: int, add_special_tokens: bool) -> list[int]:
@@ -105,19 +113,25 @@ def load_chat_template(chat_template: Optional[str]) -> Optional[str]:
         return chat_template
     path = os.path.expanduser(chat_template)
     if not os.path.isfile(path):
-        raise ValueError(f"chat_template: {chat_template!r} is neither a file nor a template (it has no '{{', "
-                         "'}' or newline)")
+        raise ValueError(
+            f"chat_template: {chat_template!r} is neither a file nor a template (it has no '{{', '}}' or newline)"
+        )
     if os.path.getsize(path) > MAX_CHAT_TEMPLATE_FILE_BYTES:
-        raise ValueError(f"chat_template: the file {chat_template!r} is larger than "
-                         f"{MAX_CHAT_TEMPLATE_FILE_BYTES} bytes, too large for a chat template")
+        raise ValueError(
+            f"chat_template: the file {chat_template!r} is larger than "
+            f"{MAX_CHAT_TEMPLATE_FILE_BYTES} bytes, too large for a chat template"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError:
-        raise ValueError(f"chat_template: the file {chat_template!r} is not UTF-8 text, so not a chat template"
-                         ) from None
+        raise ValueError(
+            f"chat_template: the file {chat_template!r} is not UTF-8 text, so not a chat template"
+        ) from None
     if "{{" not in text and "{%" not in text:
-        raise ValueError(f"chat_template: the file {chat_template!r} holds no Jinja tag ('{{{{' or '{{%'), so "
-                         "it is not a chat template")
+        raise ValueError(
+            f"chat_template: the file {chat_template!r} holds no Jinja tag ('{{{{' or '{{%'), so "
+            "it is not a chat template"
+        )
     compile_template(text)  # a syntax error is the file's, named now rather than at the first chat
     return text

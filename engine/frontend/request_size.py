@@ -13,6 +13,7 @@ schema given as a dict is walked only until it is known to reach the bound. The 
 for every request that may run inline; above that it is a lower estimate, which only weighs the
 job in the pool's bound of pending bytes.
 """
+
 from __future__ import annotations
 
 from itertools import islice

@@ -15,6 +15,7 @@ imports no torch), loaded at the first chat request. Every other tokenizer goes 
 ``get_tokenizer()`` of ``LLM`` and ``AsyncLLM`` still hands users a transformers tokenizer
 (vLLM's contract), built on first call from the same directory.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,11 +53,13 @@ class FastTokenizer:
         self.truncation_side = config.get("truncation_side", "right")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
         self.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = bool(
-            config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
+            config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+        )
         extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
         self._extra_special = [t for t in map(_token_text, extra if isinstance(extra, list) else []) if t]
-        self.special_tokens_map = {name: text for name in _SPECIAL_NAMES
-                                   if (text := _token_text(config.get(name))) is not None}
+        self.special_tokens_map = {
+            name: text for name in _SPECIAL_NAMES if (text := _token_text(config.get(name))) is not None
+        }
         for name in _SPECIAL_NAMES:  # bos_token, bos_token_id, ... as transformers names them
             text = self.special_tokens_map.get(name)
             setattr(self, name, text)
@@ -89,8 +92,10 @@ class FastTokenizer:
         try:
             backend = Tokenizer.from_file(files["tokenizer.json"])
         except Exception as e:  # the tokenizers library's own error: the file is not one it reads
-            raise ModelConfigError(f"tokenizer: {files['tokenizer.json']} is not a valid tokenizer.json "
-                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            raise ModelConfigError(
+                f"tokenizer: {files['tokenizer.json']} is not a valid tokenizer.json "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
         return cls(path, backend, config, template)
 
     # ------------------------------------------------------------------ ids and text
@@ -105,8 +110,18 @@ class FastTokenizer:
     @staticmethod
     def clean_up_tokenization(text: str) -> str:
         """transformers' clean-up of the spaces before punctuation and English contractions."""
-        for spaced, joined in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                               (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        for spaced, joined in (
+            (" .", "."),
+            (" ?", "?"),
+            (" !", "!"),
+            (" ,", ","),
+            (" ' ", "'"),
+            (" n't", "n't"),
+            (" 'm", "'m"),
+            (" 's", "'s"),
+            (" 've", "'ve"),
+            (" 're", "'re"),
+        ):
             text = text.replace(spaced, joined)
         return text
 
@@ -134,19 +149,32 @@ class FastTokenizer:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
     # ------------------------------------------------------------------ chat
-    def apply_chat_template(self, conversation: list[dict], tools: Optional[list] = None,
-                            documents: Optional[list] = None, chat_template: Optional[str] = None,
-                            add_generation_prompt: bool = False, continue_final_message: bool = False,
-                            tokenize: bool = True, **kwargs: Any) -> str | list[int]:
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        tools: Optional[list] = None,
+        documents: Optional[list] = None,
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        **kwargs: Any,
+    ) -> str | list[int]:
         """transformers' ``apply_chat_template`` for one conversation (the same environment and
         arguments: the special tokens, then ``kwargs``, reach the template), rendered in the
         bounded sandbox of engine/frontend/chat_template.py with its default limits."""
         from engine.frontend.chat_template import render_chat
 
-        rendered = render_chat(chat_template_source(self, chat_template, tools), conversation,
-                               special_tokens=self.special_tokens_map, add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message, tools=tools, documents=documents,
-                               variables=kwargs)
+        rendered = render_chat(
+            chat_template_source(self, chat_template, tools),
+            conversation,
+            special_tokens=self.special_tokens_map,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            documents=documents,
+            variables=kwargs,
+        )
         return self.encode(rendered, add_special_tokens=False) if tokenize else rendered
 
     # ------------------------------------------------------------------ the user's tokenizer
@@ -171,8 +199,10 @@ def chat_template_source(tokenizer: Any, chat_template: Optional[str], tools: Op
     if template is not None and not isinstance(template, str):
         template = tokenizer.get_chat_template(None, tools)
     if template is None:
-        raise ValueError("chat_template: the model has no chat template (neither tokenizer_config.json nor "
-                         "chat_template.jinja sets one); pass chat_template")
+        raise ValueError(
+            "chat_template: the model has no chat template (neither tokenizer_config.json nor "
+            "chat_template.jinja sets one); pass chat_template"
+        )
     return template
 
 
@@ -181,8 +211,9 @@ def cleans_up_spaces(tokenizer: Any) -> bool:
     BPE model only when forced, since it corrupts BPE output), for either kind of tokenizer."""
     if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return False
-    return (type(tokenizer.backend_tokenizer.model).__name__ != "BPE"
-            or getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
+    return type(tokenizer.backend_tokenizer.model).__name__ != "BPE" or getattr(
+        tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
+    )
 
 
 def user_tokenizer(tokenizer: Any) -> Any:

@@ -3,6 +3,7 @@
 The cdef is the headers' declarations, read from the headers themselves so the two never
 drift. Calls release the GIL (cffi's default): the kernels touch no Python object.
 """
+
 import os
 import re
 
@@ -12,11 +13,27 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
 _NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_types", "quant_gemv", "int8_gemv")
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
-_INTERNAL_HEADERS = ("avx2_math.h", "avx512_math.h", "paged_attention_impl.h", "parallel.h", "quant_half.h",
-                     "quant_scratch.h", "quant_kquants.h", "quant_gemm.h", "quant_gemv_ordered.h", "quant_kgemm.h",
-                     "quant_kblock.h", "quant_tile.h")
-_INTERNAL_SOURCES = ("quant_scratch.c", "quant_kquants.c", "quant_gemm.c", "quant_kgemm.c",
-                     "quant_gemv_ordered.c")  # compiled in, declared only in an internal header
+_INTERNAL_HEADERS = (
+    "avx2_math.h",
+    "avx512_math.h",
+    "paged_attention_impl.h",
+    "parallel.h",
+    "quant_half.h",
+    "quant_scratch.h",
+    "quant_kquants.h",
+    "quant_gemm.h",
+    "quant_gemv_ordered.h",
+    "quant_kgemm.h",
+    "quant_kblock.h",
+    "quant_tile.h",
+)
+_INTERNAL_SOURCES = (
+    "quant_scratch.c",
+    "quant_kquants.c",
+    "quant_gemm.c",
+    "quant_kgemm.c",
+    "quant_gemv_ordered.c",
+)  # compiled in, declared only in an internal header
 
 
 def _rel(path):
@@ -33,8 +50,11 @@ def _cdef() -> str:
     for header in _HEADERS:
         with open(header) as f:
             text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
-        keep += [line for line in text.splitlines()
-                 if line.strip() and not line.startswith(("#ifndef", "#endif", "#include", "#define RINGLLM_"))]
+        keep += [
+            line
+            for line in text.splitlines()
+            if line.strip() and not line.startswith(("#ifndef", "#endif", "#include", "#define RINGLLM_"))
+        ]
     return "\n".join(keep)
 
 

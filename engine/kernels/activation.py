@@ -12,6 +12,7 @@ A large call splits its rows over torch's own OpenMP pool inside C (csrc/cpu/par
 runtime, sized by ``num_threads``), so the kernels never become the serial part of a step that
 torch's GEMMs run in parallel, and no second pool competes with torch's for the cores.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -45,8 +46,9 @@ def _elem(t: torch.Tensor) -> str:
     return "float *" if t.dtype == torch.float32 else "uint16_t *"
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim of a 2-D ``x``.
 
     With ``residual``, ``residual += x`` happens first, in place, and the sum is normalised
@@ -80,21 +82,26 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rotary_(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
-            head_dim: int) -> torch.Tensor:
+def rotary_(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int, head_dim: int
+) -> torch.Tensor:
     """RoPE in place on the first ``heads`` heads of each row of ``qkv`` ``[tokens, width]``,
     whose rotary pairs are adjacent; ``cos_sin`` is float32 ``[max_positions, head_dim / 2, 2]``
     and ``positions`` int64 ``[tokens]``. Returns ``qkv``."""
     _elem(qkv)
     if qkv.dim() != 2 or qkv.stride(1) != 1 or positions.shape != (qkv.shape[0],):
-        raise ValueError(f"rotary_: expected [tokens, width] rows and one position each, got "
-                         f"{tuple(qkv.shape)} and {tuple(positions.shape)}")
+        raise ValueError(
+            f"rotary_: expected [tokens, width] rows and one position each, got "
+            f"{tuple(qkv.shape)} and {tuple(positions.shape)}"
+        )
     if cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous() or cos_sin.shape[1:] != (head_dim // 2, 2):
         raise ValueError(f"rotary_: cos_sin must be contiguous float32 [positions, {head_dim // 2}, 2]")
     positions = positions.to(torch.int64).contiguous()
     bf16, stride = int(qkv.dtype == torch.bfloat16), qkv.stride(0)
     base, pos, table = ffi.cast("char *", qkv.data_ptr()), _ptr(positions, "int64_t *"), _ptr(cos_sin, "float *")
     if lib.rotary_in_place(base, bf16, stride, qkv.shape[0], pos, table, cos_sin.shape[0], heads, head_dim) != 0:
-        raise ValueError(f"rotary_ rejected {tuple(qkv.shape)} rows of {heads} x {head_dim} "
-                         f"(or a position outside [0, {cos_sin.shape[0]}))")
+        raise ValueError(
+            f"rotary_ rejected {tuple(qkv.shape)} rows of {heads} x {head_dim} "
+            f"(or a position outside [0, {cos_sin.shape[0]}))"
+        )
     return qkv

@@ -9,6 +9,7 @@ about the machine's read bandwidth, faster than MKL on the float32 copy (benchma
 float32 copy gives up to summation order. ``dense_matmul`` runs the same kernel on an unpacked
 row-major bf16 weight, for a matrix whose rows are read as rows too (a tied LM head).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,15 +33,21 @@ class PackedBF16:
 
     def __init__(self, weight: torch.Tensor) -> None:
         if weight.dim() != 2 or not fits(*weight.shape):
-            raise ValueError(f"cannot pack a weight of shape {tuple(weight.shape)} "
-                             f"(needs [out, in] with out % {_ROW_BLOCK} == 0 and in % {_COL_BLOCK} == 0)")
+            raise ValueError(
+                f"cannot pack a weight of shape {tuple(weight.shape)} "
+                f"(needs [out, in] with out % {_ROW_BLOCK} == 0 and in % {_COL_BLOCK} == 0)"
+            )
         if not available():
             raise RuntimeError("the bf16 GEMV kernel needs an x86-64 CPU with AVX2 and FMA")
         self.out_features, self.in_features = weight.shape
         src = weight.detach().to(device="cpu", dtype=torch.bfloat16).contiguous()
         self.data = torch.empty_like(src)
-        lib.gemv_bf16_pack(ffi.cast("uint16_t *", src.data_ptr()), ffi.cast("uint16_t *", self.data.data_ptr()),
-                           self.out_features, self.in_features)
+        lib.gemv_bf16_pack(
+            ffi.cast("uint16_t *", src.data_ptr()),
+            ffi.cast("uint16_t *", self.data.data_ptr()),
+            self.out_features,
+            self.in_features,
+        )
         self._ptr = ffi.cast("uint16_t *", self.data.data_ptr())
 
     @classmethod
@@ -65,8 +72,14 @@ class PackedBF16:
             raise ValueError(f"expected [1..{MAX_ROWS}, {self.in_features}] activations, got {tuple(x.shape)}")
         x = x.to(torch.float32).contiguous()
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        rc = lib.gemv_bf16(ffi.cast("const float *", x.data_ptr()), self._ptr, ffi.cast("float *", y.data_ptr()),
-                           rows, self.out_features, self.in_features)
+        rc = lib.gemv_bf16(
+            ffi.cast("const float *", x.data_ptr()),
+            self._ptr,
+            ffi.cast("float *", y.data_ptr()),
+            rows,
+            self.out_features,
+            self.in_features,
+        )
         if rc != 0:  # sizes were checked above; a failure here is a bug, not bad input
             raise RuntimeError(f"gemv_bf16 rejected rows={rows}, out={self.out_features}, in={self.in_features}")
         return y
@@ -82,8 +95,14 @@ def dense_matmul(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"expected [1..{MAX_ROWS}, {in_features}] activations, got {tuple(x.shape)}")
     x = x.to(torch.float32).contiguous()
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    rc = lib.gemv_bf16_dense(ffi.cast("const float *", x.data_ptr()), ffi.cast("uint16_t *", weight.data_ptr()),
-                             ffi.cast("float *", y.data_ptr()), rows, out_features, in_features)
+    rc = lib.gemv_bf16_dense(
+        ffi.cast("const float *", x.data_ptr()),
+        ffi.cast("uint16_t *", weight.data_ptr()),
+        ffi.cast("float *", y.data_ptr()),
+        rows,
+        out_features,
+        in_features,
+    )
     if rc != 0:
         raise RuntimeError(f"gemv_bf16_dense rejected rows={rows}, out={out_features}, in={in_features}")
     return y

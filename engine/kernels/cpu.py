@@ -1,5 +1,6 @@
 """The compiled CPU kernels (``engine.kernels._cpu``, built from csrc/ by setup.py) and
 whether this CPU can run them; callers fall back to torch where it cannot."""
+
 from __future__ import annotations
 
 import torch  # noqa: F401  (first: its libgomp is the OpenMP runtime the kernels then share)

@@ -8,6 +8,7 @@ quantizes x per row (per token), multiplies in int8 and scales the int32 sums ba
 Up to ``MAX_ROWS`` rows run the C kernel; larger batches run ``torch._int_mm`` (oneDNN's int8
 GEMM) on the same int8 weights, so nothing dense is ever made.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -49,9 +50,11 @@ class Int8Linear:
         self.scale = scale.to(torch.float32).contiguous()
         # sum of each channel's int8 values: the VNNI kernel's correction for its unsigned x
         self.wsum = self.qweight.sum(dim=1, dtype=torch.int32) if wsum is None else wsum.contiguous()
-        self._ptrs = (ffi.cast("const int8_t *", self.qweight.data_ptr()),
-                      ffi.cast("const float *", self.scale.data_ptr()),
-                      ffi.cast("const int32_t *", self.wsum.data_ptr()))
+        self._ptrs = (
+            ffi.cast("const int8_t *", self.qweight.data_ptr()),
+            ffi.cast("const float *", self.scale.data_ptr()),
+            ffi.cast("const int32_t *", self.wsum.data_ptr()),
+        )
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "Int8Linear":
@@ -69,8 +72,9 @@ class Int8Linear:
         """The dense float32 ``[out, in]`` matrix the int8 values stand for."""
         return self.qweight.float() * self.scale[:, None]
 
-    def matmul(self, x: torch.Tensor, max_isa: Optional[int] = None,
-               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, max_isa: Optional[int] = None, out: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
         a strided view), into ``out`` when given (as QuantizedLinear.matmul); max_isa caps the
         C kernel's variant (tests force each)."""
@@ -81,9 +85,18 @@ class Int8Linear:
             return y if out is None else output(out, rows, self.out_features).copy_(y)
         y = output(out, rows, self.out_features)
         q, s, ws = self._ptrs
-        rc = lib.int8_gemv(ffi.cast("const float *", x.data_ptr()), stride, rows, q, s, ws, self.out_features,
-                           self.in_features, best_isa() if max_isa is None else max_isa,
-                           ffi.cast("float *", y.data_ptr()))
+        rc = lib.int8_gemv(
+            ffi.cast("const float *", x.data_ptr()),
+            stride,
+            rows,
+            q,
+            s,
+            ws,
+            self.out_features,
+            self.in_features,
+            best_isa() if max_isa is None else max_isa,
+            ffi.cast("float *", y.data_ptr()),
+        )
         if rc == -2:
             raise MemoryError("int8_gemv: no memory for its activation scratch")
         if rc != 0:

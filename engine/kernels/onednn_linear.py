@@ -7,6 +7,7 @@ pass and oneDNN-based engines do, removes that pass: the projections of a step t
 at every row count, with bit-identical results (benchmarks/RESULTS.md, "Kernel choices"). The
 packed copy is laid out for ``PACK_ROWS`` rows but serves every row count.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,8 +22,12 @@ _linear = torch.ops.mkldnn._linear_pointwise
 
 def supports(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether weights of this dtype on this device are packed (else plain ``F.linear``)."""
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
 
 class PackedLinear:

@@ -14,6 +14,7 @@ a decode step's few hundred kernel calls, which measured beyond noise per step, 
 forwards keep the raw calls and only a compiled forward goes through these ops
 (``engine.models.custom_op.CustomOp`` picks one per instance, once).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -52,12 +53,19 @@ def _rotary(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, h
 
 
 rms_norm = _op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", activation.rms_norm, _rows_like)
-fused_add_rms_norm = _op("fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor",
-                         _fused_add_rms_norm, _rows_like)
-silu_and_mul = _op("silu_and_mul(Tensor x) -> Tensor", activation.silu_and_mul,
-                   lambda x: x.new_empty(x.shape[0], x.shape[1] // 2))
-rotary_ = _op("rotary_(Tensor(a!) qkv, Tensor positions, Tensor cos_sin, int heads, int head_dim) -> ()", _rotary,
-              lambda qkv, positions, cos_sin, heads, head_dim: None)
+fused_add_rms_norm = _op(
+    "fused_add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor",
+    _fused_add_rms_norm,
+    _rows_like,
+)
+silu_and_mul = _op(
+    "silu_and_mul(Tensor x) -> Tensor", activation.silu_and_mul, lambda x: x.new_empty(x.shape[0], x.shape[1] // 2)
+)
+rotary_ = _op(
+    "rotary_(Tensor(a!) qkv, Tensor positions, Tensor cos_sin, int heads, int head_dim) -> ()",
+    _rotary,
+    lambda qkv, positions, cos_sin, heads, head_dim: None,
+)
 
 
 # ---------------------------------------------------------------- matmuls (quant_gemv.c and the K-quants,
@@ -66,8 +74,9 @@ def _matmul_fake(x, weight, *rest):
     return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
-def _quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int,
-                  row_invariant: bool) -> torch.Tensor:
+def _quant_matmul(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, row_invariant: bool
+) -> torch.Tensor:
     """``QuantizedLinear.matmul`` (or ``matmul_row_invariant``) on GGUF blocks ``[out, row_bytes]``
     of any type in ``quant.SUPPORTED_TYPES``, the K-quants included."""
     q = quant.QuantizedLinear(blocks, qtype, blocks.shape[0], in_features)
@@ -78,27 +87,61 @@ def _quant_dequantize(blocks: torch.Tensor, qtype: int, in_features: int) -> tor
     return quant.QuantizedLinear(blocks, qtype, blocks.shape[0], in_features).dequantize()
 
 
-quant_matmul = _op("quant_matmul(Tensor x, Tensor blocks, int qtype, int in_features, bool row_invariant) -> Tensor",
-                   _quant_matmul, _matmul_fake)
-quant_dequantize = _op("quant_dequantize(Tensor blocks, int qtype, int in_features) -> Tensor", _quant_dequantize,
-                       lambda blocks, qtype, in_features: blocks.new_empty(blocks.shape[0], in_features,
-                                                                           dtype=torch.float32))
-int8_matmul = _op("int8_matmul(Tensor x, Tensor qweight, Tensor scale, Tensor wsum) -> Tensor",
-                  lambda x, qweight, scale, wsum: int8_linear.Int8Linear(qweight, scale, wsum).matmul(x),
-                  _matmul_fake)
-bf16_gemv_packed = _op("bf16_gemv_packed(Tensor x, Tensor packed) -> Tensor",
-                       lambda x, packed: bf16_gemv.PackedBF16.from_packed(packed).matmul(x), _matmul_fake)
-bf16_gemv_dense = _op("bf16_gemv_dense(Tensor x, Tensor weight) -> Tensor",
-                      lambda x, weight: bf16_gemv.dense_matmul(weight, x), _matmul_fake)
+quant_matmul = _op(
+    "quant_matmul(Tensor x, Tensor blocks, int qtype, int in_features, bool row_invariant) -> Tensor",
+    _quant_matmul,
+    _matmul_fake,
+)
+quant_dequantize = _op(
+    "quant_dequantize(Tensor blocks, int qtype, int in_features) -> Tensor",
+    _quant_dequantize,
+    lambda blocks, qtype, in_features: blocks.new_empty(blocks.shape[0], in_features, dtype=torch.float32),
+)
+int8_matmul = _op(
+    "int8_matmul(Tensor x, Tensor qweight, Tensor scale, Tensor wsum) -> Tensor",
+    lambda x, qweight, scale, wsum: int8_linear.Int8Linear(qweight, scale, wsum).matmul(x),
+    _matmul_fake,
+)
+bf16_gemv_packed = _op(
+    "bf16_gemv_packed(Tensor x, Tensor packed) -> Tensor",
+    lambda x, packed: bf16_gemv.PackedBF16.from_packed(packed).matmul(x),
+    _matmul_fake,
+)
+bf16_gemv_dense = _op(
+    "bf16_gemv_dense(Tensor x, Tensor weight) -> Tensor",
+    lambda x, weight: bf16_gemv.dense_matmul(weight, x),
+    _matmul_fake,
+)
 
 
 # ---------------------------------------------------------------- attention (csrc/cpu/paged_attention.c)
-def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                      num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int, softcap: float,
-                      allow_avx512: bool) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    window: int,
+    softcap: float,
+    allow_avx512: bool,
+) -> torch.Tensor:
     """``paged_attention.decode_attention``; the schema has no optional numbers here, so 0 is none."""
-    return paged_attention.decode_attention(q, kv_cache, block_table, seq_lens, num_heads, num_kv_heads, head_dim,
-                                            scale, window or None, allow_avx512, softcap or None)
+    return paged_attention.decode_attention(
+        q,
+        kv_cache,
+        block_table,
+        seq_lens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        scale,
+        window or None,
+        allow_avx512,
+        softcap or None,
+    )
 
 
 def _decode_attention_fake(q, kv_cache, block_table, seq_lens, num_heads, num_kv_heads, head_dim, *rest):
@@ -108,4 +151,6 @@ def _decode_attention_fake(q, kv_cache, block_table, seq_lens, num_heads, num_kv
 paged_decode_attention = _op(
     "paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, int num_heads, "
     "int num_kv_heads, int head_dim, float scale, int window, float softcap, bool allow_avx512) -> Tensor",
-    _decode_attention, _decode_attention_fake)
+    _decode_attention,
+    _decode_attention_fake,
+)

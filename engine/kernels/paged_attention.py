@@ -14,6 +14,7 @@ stays the baseline). It now reads the cache at about the rate one core streams m
 (benchmarks/RESULTS.md, "Kernel choices"), so more speed would come from more cores, not fewer
 instructions.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,13 +29,29 @@ MAX_HEAD_DIM = 256 if lib is None else lib.PAGED_ATTN_MAX_HEAD_DIM
 
 def supports(device: torch.device, compute_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> bool:
     """Whether ``decode_attention`` runs a model with these properties (else torch's path)."""
-    return (available() and device.type == "cpu" and compute_dtype in _CACHE_DTYPES
-            and cache_dtype in _CACHE_DTYPES and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM)
+    return (
+        available()
+        and device.type == "cpu"
+        and compute_dtype in _CACHE_DTYPES
+        and cache_dtype in _CACHE_DTYPES
+        and head_dim % 8 == 0
+        and head_dim <= MAX_HEAD_DIM
+    )
 
 
-def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                     num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                     window: Optional[int], allow_avx512: bool = True, softcap: Optional[float] = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    window: Optional[int],
+    allow_avx512: bool = True,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
     """``[D, num_heads * head_dim]`` attention of D decode queries, in q's dtype (the kernel
     computes in float32: bf16 queries are widened first, the output rounded back).
 
@@ -48,22 +65,38 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
     num_seqs = q.shape[0]
     out_dtype = q.dtype
     if out_dtype != torch.float32:
-        q = q[:, :num_heads * head_dim].float()
+        q = q[:, : num_heads * head_dim].float()
     if q.stride(-1) != 1 or not kv_cache.is_contiguous():
         raise ValueError("decode_attention needs unit-stride query rows and a contiguous cache")
     out = torch.empty(num_seqs, num_heads * head_dim, dtype=torch.float32)
     block_table = block_table.contiguous()
     seq_lens = seq_lens.contiguous()
     rc = lib.paged_decode_attention(
-        ffi.cast("const float *", q.data_ptr()), q.stride(0), ffi.cast("const void *", kv_cache.data_ptr()),
-        _CACHE_DTYPES[kv_cache.dtype], kv_cache.shape[0], kv_cache.shape[1],
-        ffi.cast("const int64_t *", block_table.data_ptr()), block_table.shape[1],
-        ffi.cast("const int64_t *", seq_lens.data_ptr()), num_seqs, num_heads, num_kv_heads, head_dim,
-        window or 0, scale, softcap or 0.0, int(allow_avx512), ffi.cast("float *", out.data_ptr()))
+        ffi.cast("const float *", q.data_ptr()),
+        q.stride(0),
+        ffi.cast("const void *", kv_cache.data_ptr()),
+        _CACHE_DTYPES[kv_cache.dtype],
+        kv_cache.shape[0],
+        kv_cache.shape[1],
+        ffi.cast("const int64_t *", block_table.data_ptr()),
+        block_table.shape[1],
+        ffi.cast("const int64_t *", seq_lens.data_ptr()),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        window or 0,
+        scale,
+        softcap or 0.0,
+        int(allow_avx512),
+        ffi.cast("float *", out.data_ptr()),
+    )
     if rc == -2:
         raise MemoryError("paged_decode_attention: no memory for its scratch buffers")
     if rc != 0:
-        raise ValueError(f"paged_decode_attention rejected its arguments: q {tuple(q.shape)}, cache "
-                         f"{tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, heads {num_heads}/"
-                         f"{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)")
+        raise ValueError(
+            f"paged_decode_attention rejected its arguments: q {tuple(q.shape)}, cache "
+            f"{tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, heads {num_heads}/"
+            f"{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)"
+        )
     return out if out_dtype == torch.float32 else out.to(out_dtype)

@@ -11,6 +11,7 @@ resident. On AVX-512 VNNI and AVX2, Q4_0/Q4_1/Q8_0 batches from ``GEMM_MIN_ROWS`
 tiled int8 GEMM instead (csrc/cpu/quant_gemm.c), at every row count (prefill included): it beat both;
 so do the K-quants on AVX-512 VNNI (csrc/cpu/quant_kgemm.c).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -69,15 +70,19 @@ class QuantizedLinear:
             raise RuntimeError("the quantized kernels are not built (run scripts/setup.sh)")
         bb, bw = block_bytes(qtype), block_weights(qtype)
         if not bb:
-            raise ValueError(f"GGML type {qtype} has no quantized kernel "
-                             f"(supported: {', '.join(TYPE_NAMES[t] for t in SUPPORTED_TYPES)})")
+            raise ValueError(
+                f"GGML type {qtype} has no quantized kernel "
+                f"(supported: {', '.join(TYPE_NAMES[t] for t in SUPPORTED_TYPES)})"
+            )
         if in_features % bw or in_features <= 0 or out_features <= 0:
-            raise ValueError(f"in_features must be a positive multiple of {bw} for {TYPE_NAMES[qtype]}, "
-                             f"got {in_features}")
+            raise ValueError(
+                f"in_features must be a positive multiple of {bw} for {TYPE_NAMES[qtype]}, got {in_features}"
+            )
         row_bytes = in_features // bw * bb
         if data.dtype != torch.uint8 or data.numel() != out_features * row_bytes:
-            raise ValueError(f"expected {out_features} x {row_bytes} uint8 block bytes, got "
-                             f"{tuple(data.shape)} {data.dtype}")
+            raise ValueError(
+                f"expected {out_features} x {row_bytes} uint8 block bytes, got {tuple(data.shape)} {data.dtype}"
+            )
         self.qtype, self.out_features, self.in_features = qtype, out_features, in_features
         self.data = data.contiguous().view(out_features, row_bytes)
         self._wptr = ffi.cast("const uint8_t *", self.data.data_ptr())  # cast once, not per call
@@ -90,14 +95,16 @@ class QuantizedLinear:
     def dequantize(self) -> torch.Tensor:
         """The dense float32 ``[out, in]`` matrix (the GGUF's own dequantization)."""
         out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
-        rc = lib.quant_dequantize(self.qtype, self._wptr, self.out_features, self.in_features,
-                                  ffi.cast("float *", out.data_ptr()))
+        rc = lib.quant_dequantize(
+            self.qtype, self._wptr, self.out_features, self.in_features, ffi.cast("float *", out.data_ptr())
+        )
         if rc != 0:
             raise RuntimeError("quant_dequantize rejected sizes it was built for")
         return out
 
-    def matmul(self, x: torch.Tensor, max_isa: Optional[int] = None,
-               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, max_isa: Optional[int] = None, out: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``x @ W.T`` in float32 for ``x`` of shape ``[rows, in]`` (float32 or bf16; rows may be
         a strided view). Up to ``GEMV_ROWS`` rows run the int8 kernel, into ``out`` when given (a
         contiguous float32 ``[rows, out_features]``: saves the allocation, ~2 us of a call);
@@ -108,14 +115,22 @@ class QuantizedLinear:
         if most is not None and rows > most:
             return torch.matmul(x, self.dequantize().t(), out=out)
         y = output(out, rows, self.out_features)
-        rc = lib.quant_gemv(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows, self._wptr,
-                            self.out_features, self.in_features, isa, ffi.cast("float *", y.data_ptr()))
+        rc = lib.quant_gemv(
+            self.qtype,
+            ffi.cast("const float *", x.data_ptr()),
+            stride,
+            rows,
+            self._wptr,
+            self.out_features,
+            self.in_features,
+            isa,
+            ffi.cast("float *", y.data_ptr()),
+        )
         if rc == -2:
             raise MemoryError("quant_gemv: no memory for its activation scratch")
         if rc != 0:
             raise RuntimeError(f"quant_gemv rejected rows={rows}, out={self.out_features}, in={self.in_features}")
         return y
-
 
     def matmul_row_invariant(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T`` like ``matmul``, each row's result the same whatever other rows share the
@@ -125,14 +140,22 @@ class QuantizedLinear:
         elsewhere (csrc/cpu/quant_gemv.h ``quant_gemv_row_invariant``)."""
         x, rows, stride = activations(x, self.in_features)
         y = output(None, rows, self.out_features)
-        rc = lib.quant_gemv_row_invariant(self.qtype, ffi.cast("const float *", x.data_ptr()), stride, rows,
-                                          self._wptr, self.out_features, self.in_features,
-                                          ffi.cast("float *", y.data_ptr()))
+        rc = lib.quant_gemv_row_invariant(
+            self.qtype,
+            ffi.cast("const float *", x.data_ptr()),
+            stride,
+            rows,
+            self._wptr,
+            self.out_features,
+            self.in_features,
+            ffi.cast("float *", y.data_ptr()),
+        )
         if rc == -2:
             raise MemoryError("quant_gemv_row_invariant: no memory for its activation scratch")
         if rc != 0:
-            raise RuntimeError(f"quant_gemv_row_invariant rejected rows={rows}, out={self.out_features}, "
-                               f"in={self.in_features}")
+            raise RuntimeError(
+                f"quant_gemv_row_invariant rejected rows={rows}, out={self.out_features}, in={self.in_features}"
+            )
         return y
 
 

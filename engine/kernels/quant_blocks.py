@@ -7,6 +7,7 @@ bytes with its f16 scale fields overwritten by finite values; where those fields
 piece of each layout this module knows (the full layouts are in csrc/cpu/quant_gemv.c and
 csrc/cpu/quant_kquants.c).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,9 @@ from engine.kernels.quant import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
 _HALF_FIELDS = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}
 
 
-def random_blocks(qtype: int, out_features: int, in_features: int, rng: np.random.Generator,
-                  scale: float = 0.01) -> np.ndarray:
+def random_blocks(
+    qtype: int, out_features: int, in_features: int, rng: np.random.Generator, scale: float = 0.01
+) -> np.ndarray:
     """``[out, in / block_weights * block_bytes]`` uint8: random quants and sub-block scales,
     f16 scales ``|N(0, scale)|`` (a min field may be any sign, as in real files)."""
     bw, bb = block_weights(qtype), block_bytes(qtype)
@@ -28,11 +30,12 @@ def random_blocks(qtype: int, out_features: int, in_features: int, rng: np.rando
     raw = rng.integers(0, 256, size=(nblocks, bb), dtype=np.uint8)
     for i, off in enumerate(_HALF_FIELDS[qtype]):
         vals = rng.standard_normal(nblocks).astype(np.float32) * np.float32(scale)
-        raw[:, off:off + 2] = (np.abs(vals) if i == 0 else vals).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw[:, off : off + 2] = (np.abs(vals) if i == 0 else vals).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return raw.reshape(out_features, -1)
 
 
 # ---------------------------------------------------------------- K-quant blocks from float values
+
 
 def quantize_k(values: np.ndarray, qtype: int) -> np.ndarray:
     """``values`` (``[rows, in]``, ``in`` a multiple of 256) as Q4_K, Q5_K or Q6_K blocks,
@@ -89,9 +92,10 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     d = (scale.max(-1) / 127).astype(np.float16).astype(np.float32)
     sc = np.clip(np.rint(np.divide(scale, d[:, None], out=np.zeros_like(scale), where=d[:, None] > 0)), 0, 127)
     step = (d[:, None] * sc)[..., None]
-    q = (np.clip(np.rint(np.divide(sub, step, out=np.zeros_like(sub), where=step > 0)), -32, 31) + 32)
+    q = np.clip(np.rint(np.divide(sub, step, out=np.zeros_like(sub), where=step > 0)), -32, 31) + 32
     q = q.astype(np.uint8).reshape(n, 2, 4, 32)  # 128-value halves, each four runs of 32
-    ql = np.concatenate([(q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4),
-                         (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)], axis=2).reshape(n, 128)
+    ql = np.concatenate(
+        [(q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4), (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)], axis=2
+    ).reshape(n, 128)
     qh = np.bitwise_or.reduce((q >> 4) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None], axis=2)
     return np.concatenate([ql, qh.reshape(n, 64), sc.astype(np.int8).view(np.uint8), _half(d)], axis=1)

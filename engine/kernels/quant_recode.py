@@ -6,6 +6,7 @@ at bf16 speed and bytes (64 a block). A Q5_0 weight is d * (q - 16) with q in 0.
 per 32 weights; Q8_0 is d * q with q an int8 and the same f16 d, so every Q5_0 block is exactly one
 Q8_0 block (34 bytes for 22) and runs on the Q8_0 kernels.
 """
+
 from __future__ import annotations
 
 import numpy as np

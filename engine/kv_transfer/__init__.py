@@ -1,5 +1,6 @@
 """KV transfer between engines (vLLM's ``kv_transfer_config``): config.py validates the config,
 shared_storage.py is the one connector, store.py and entry.py the directory and its file layout."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -13,6 +13,7 @@ as vLLM re-raises its pydantic errors. It runs in the frontend, before any proce
 and so a store directory that is not private to this user (store_dir.py) is refused there, by
 name, owner and mode, before the EngineCore starts (the core checks it again when it opens it).
 """
+
 from __future__ import annotations
 
 import os
@@ -126,5 +127,6 @@ def _check_storage(config: KVTransferConfig) -> None:
     need = os.R_OK | os.X_OK | (os.W_OK if config.is_kv_producer else 0)
     if not os.access(path, need):
         cause = PermissionError(f"access({path!r}) denied for the {config.kv_role} role")
-        raise ValueError(f"{field}: directory {path!r} is not "
-                         f"{'writable' if config.is_kv_producer else 'readable'}") from cause
+        raise ValueError(
+            f"{field}: directory {path!r} is not {'writable' if config.is_kv_producer else 'readable'}"
+        ) from cause

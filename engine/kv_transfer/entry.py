@@ -31,6 +31,7 @@ well as against corruption: without the secret no one can make an entry that pas
 knowing the prompt, the model and this layout. HMAC-SHA256 rather than a keyed BLAKE2b because
 OpenSSL's SHA-256 uses the CPU's SHA extensions: ~1.6 GB/s against ~0.8 GB/s here.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,8 +69,13 @@ class EntryHeader(ctypes.LittleEndianStructure):
 HEADER_SIZE = ctypes.sizeof(EntryHeader)
 # The offsets of the diagram above, checked as csrc/ring/ring.h checks its own with _Static_assert.
 assert HEADER_SIZE == 128
-assert (EntryHeader.block_hash.offset, EntryHeader.dtype.offset, EntryHeader.block_size.offset,
-        EntryHeader.payload_size.offset, EntryHeader.mac.offset) == (16, 48, 60, 80, 96)
+assert (
+    EntryHeader.block_hash.offset,
+    EntryHeader.dtype.offset,
+    EntryHeader.block_size.offset,
+    EntryHeader.payload_size.offset,
+    EntryHeader.mac.offset,
+) == (16, 48, 60, 80, 96)
 _MACED = EntryHeader.mac.offset  # the header bytes the MAC covers, with the payload
 
 
@@ -97,8 +103,7 @@ class EntryLayout:
 
     @property
     def payload_size(self) -> int:
-        return (self.num_layers * self.block_size * 2 * self.num_kv_heads * self.head_dim
-                * DTYPE_ITEMSIZE[self.dtype])
+        return self.num_layers * self.block_size * 2 * self.num_kv_heads * self.head_dim * DTYPE_ITEMSIZE[self.dtype]
 
     @property
     def model_digest(self) -> bytes:
@@ -108,8 +113,9 @@ class EntryLayout:
     def identity(self) -> bytes:
         """The whole layout, put into file names (store.py) so that engines with different models
         or geometries can share one directory without overwriting each other's entries."""
-        return (f"{self.model_id}|{self.dtype}|{self.block_size}|{self.num_layers}|{self.num_kv_heads}|"
-                f"{self.head_dim}").encode()
+        return (
+            f"{self.model_id}|{self.dtype}|{self.block_size}|{self.num_layers}|{self.num_kv_heads}|{self.head_dim}"
+        ).encode()
 
     def header(self, block_hash: bytes) -> EntryHeader:
         """The header an entry of ``block_hash`` has, MAC zeroed."""
@@ -120,7 +126,11 @@ class EntryLayout:
         h.model_digest[:] = self.model_digest
         h.dtype[:] = self.dtype.encode().ljust(12, b"\0")
         h.block_size, h.num_layers, h.num_kv_heads, h.head_dim = (
-            self.block_size, self.num_layers, self.num_kv_heads, self.head_dim)
+            self.block_size,
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+        )
         h.payload_size = self.payload_size
         return h
 

@@ -11,6 +11,7 @@ never waits twice for it) until the stuck batch returns; then the store is used 
 stall is logged once. Whatever a batch needs from the KV cache is copied before it is handed
 over, so a batch that finishes late never reads blocks the engine has reused meanwhile.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,12 @@ class IOWorker:
         self._batches.put(batch)
         if not batch.done.wait(self.deadline_s):
             self._stuck = batch
-            logger.warning("KV store %s: a file operation took over %.1f s (a stalled network or FUSE mount?); "
-                           "going on without the store until it returns", self.name, self.deadline_s)
+            logger.warning(
+                "KV store %s: a file operation took over %.1f s (a stalled network or FUSE mount?); "
+                "going on without the store until it returns",
+                self.name,
+                self.deadline_s,
+            )
             return default
         if batch.error is not None:
             logger.warning("KV store %s: %r; going on without it for this batch", self.name, batch.error)

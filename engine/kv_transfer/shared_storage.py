@@ -24,6 +24,7 @@ The EngineCore holds one connector, used from both of its sides, as in vLLM's sp
 Both sides do their file work through one ``IOWorker`` thread with a deadline (io_worker.py), so
 a stalled filesystem costs the step loop at most ``io_timeout_s`` once, never a hang.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,9 @@ class SharedStorageConnector:
         # room (request id, first block, payloads): one request's worth at most.
         self._pending: Optional[tuple[str, int, list[memoryview]]] = None
         self._loads: list[tuple[int, memoryview]] = []
-        logger.info("KV connector: SharedStorageConnector, %s, %s (bound %.0f MiB)", config.kv_role, path,
-                    max_bytes / 2**20)
+        logger.info(
+            "KV connector: SharedStorageConnector, %s, %s (bound %.0f MiB)", config.kv_role, path, max_bytes / 2**20
+        )
 
     # ------------------------------------------------------------------ scheduler side
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int, block_hashes: BlockHashes) -> int:
@@ -100,11 +102,12 @@ class SharedStorageConnector:
         if num_external_tokens:
             _, first, payloads = self._pending
             count = num_external_tokens // self.block_size
-            self._loads.extend(zip(request.block_ids[first:first + count], payloads[:count]))
+            self._loads.extend(zip(request.block_ids[first : first + count], payloads[:count]))
         self._pending = None
 
-    def build_connector_meta(self, requests: list, num_scheduled_tokens: list[int],
-                             block_hashes: BlockHashes) -> Optional[KVConnectorMetadata]:
+    def build_connector_meta(
+        self, requests: list, num_scheduled_tokens: list[int], block_hashes: BlockHashes
+    ) -> Optional[KVConnectorMetadata]:
         """This step's loads, and the full prompt blocks it completes (to save); None if neither."""
         meta = KVConnectorMetadata(self._loads)
         self._loads = []
@@ -134,8 +137,10 @@ class SharedStorageConnector:
         """Save this step's completed prompt blocks: copied out here, written on the IO thread."""
         if not meta.saves:
             return
-        blocks = [(block_hash, kv_caches[:, block_id].to("cpu", copy=True).contiguous())
-                  for block_id, block_hash in meta.saves]
+        blocks = [
+            (block_hash, kv_caches[:, block_id].to("cpu", copy=True).contiguous())
+            for block_id, block_hash in meta.saves
+        ]
         self.io.call(lambda: self._save_blocks(blocks), default=None)
 
     def _save_blocks(self, blocks: list[tuple[bytes, torch.Tensor]]) -> None:
@@ -152,14 +157,20 @@ def model_identity(config: Any) -> str:
     mc = config.model_config
     overrides = mc.hf_overrides or {}
     seed = f"|seed={mc.seed}" if mc.load_format == "dummy" else ""
-    return (f"{os.path.realpath(mc.model_path)}|{mc.load_format}{seed}|"
-            f"{json.dumps(overrides, sort_keys=True, default=str)}")
+    return (
+        f"{os.path.realpath(mc.model_path)}|{mc.load_format}{seed}|{json.dumps(overrides, sort_keys=True, default=str)}"
+    )
 
 
 def layout_for(config: Any, model: Any) -> EntryLayout:
-    return EntryLayout(model_id=model_identity(config), dtype=str(model.dtype).removeprefix("torch."),
-                       block_size=config.cache_config.block_size, num_layers=len(model.layers),
-                       num_kv_heads=model.num_kv_heads, head_dim=model.head_dim)
+    return EntryLayout(
+        model_id=model_identity(config),
+        dtype=str(model.dtype).removeprefix("torch."),
+        block_size=config.cache_config.block_size,
+        num_layers=len(model.layers),
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+    )
 
 
 def default_max_bytes(path: str) -> int:

@@ -19,6 +19,7 @@
   scans the directory at its first write and again after writing a sixteenth of the bound, so
   with W writers the directory exceeds the bound by at most about W/16 of it between scans.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -73,7 +74,7 @@ class BlockStore:
         data = self.dir.read_file(name, self.entry_size)
         if data is None:
             return None
-        payload = decode_entry(memoryview(data)[:self.entry_size], self.layout, block_hash, self._mac_key)
+        payload = decode_entry(memoryview(data)[: self.entry_size], self.layout, block_hash, self._mac_key)
         if payload is not None:
             self.dir.touch(name)
         return payload
@@ -93,8 +94,11 @@ class BlockStore:
                 self._warned = True
             return
         self._written_since_scan += self.entry_size
-        if (self._bytes_at_scan is None or self._bytes_at_scan + self._written_since_scan > self.max_bytes
-                or self._written_since_scan * 16 > self.max_bytes):
+        if (
+            self._bytes_at_scan is None
+            or self._bytes_at_scan + self._written_since_scan > self.max_bytes
+            or self._written_since_scan * 16 > self.max_bytes
+        ):
             self._bytes_at_scan = self.evict()
 
     def evict(self) -> int:

@@ -27,6 +27,7 @@ known size, none waits for another process. This holds on a local filesystem (tm
 flag prevents, so the connector makes these calls on a thread of their own, with a deadline
 (io_worker.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -181,18 +182,21 @@ class StoreDir:
         except FileNotFoundError:
             raise
         except OSError as e:
-            raise StoreDirError(f"the store secret {path!r} cannot be opened ({e.strerror}); "
-                                "it must be a regular file") from e
+            raise StoreDirError(
+                f"the store secret {path!r} cannot be opened ({e.strerror}); it must be a regular file"
+            ) from e
         try:
             st = os.fstat(fd)
             if not _is_our_file(st) or st.st_mode & 0o077 or st.st_size != SECRET_SIZE:
-                cause = PermissionError(f"{path}: owner {describe_owner(st.st_uid)}, mode {_mode(st)}, "
-                                        f"{st.st_size} bytes")
+                cause = PermissionError(
+                    f"{path}: owner {describe_owner(st.st_uid)}, mode {_mode(st)}, {st.st_size} bytes"
+                )
                 raise StoreDirError(
                     f"the store secret {path!r} (owner {describe_owner(st.st_uid)}, mode {_mode(st)}, "
                     f"{st.st_size} bytes) is not a regular {SECRET_SIZE}-byte file of this server's user "
                     f"{describe_owner(os.geteuid())} with mode 0600; remove the store directory's "
-                    "entries and the secret to start the store afresh") from cause
+                    "entries and the secret to start the store afresh"
+                ) from cause
             data = bytearray(SECRET_SIZE + 1)
             got = _read_into(fd, memoryview(data))
         finally:
@@ -221,11 +225,15 @@ def _open_private_dir(path: str) -> int:
     me, owner = os.geteuid(), describe_owner(st.st_uid)
     problem = None
     if st.st_uid != me:
-        problem = (f"directory {path!r} is owned by {owner}, not by this server's user {describe_owner(me)}: "
-                   "a KV store may be shared only by processes of one user")
+        problem = (
+            f"directory {path!r} is owned by {owner}, not by this server's user {describe_owner(me)}: "
+            "a KV store may be shared only by processes of one user"
+        )
     elif st.st_mode & 0o022:
-        problem = (f"directory {path!r} (owner {owner}) has mode {_mode(st)}: its group or others can write "
-                   f"to it and plant entries; make it private (chmod 0700) or use a new path")
+        problem = (
+            f"directory {path!r} (owner {owner}) has mode {_mode(st)}: its group or others can write "
+            f"to it and plant entries; make it private (chmod 0700) or use a new path"
+        )
     if problem is not None:
         os.close(fd)
         raise StoreDirError(problem) from PermissionError(f"{path}: owner {owner}, mode {_mode(st)}")
@@ -246,7 +254,7 @@ def _read_into(fd: int, view: memoryview) -> int:
 def _write_all(fd: int, data) -> None:
     view = memoryview(data).cast("B")
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _is_our_file(st: os.stat_result) -> bool:

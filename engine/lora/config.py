@@ -7,6 +7,7 @@
 - ``max_cpu_loras``: adapters kept loaded in memory (least recently used dropped first, never
   one that an unfinished request uses); at least ``max_loras``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

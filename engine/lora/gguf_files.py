@@ -6,6 +6,7 @@ scale is llama.cpp's: ``alpha / r``, or 1 when alpha is 0. For a Llama file the 
 permuted the q/k rows of ``lora_b`` as it does the base weights (engine/worker/gguf_weights.py);
 the same reverse permutation is applied here. The file is read by engine/gguf_file.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,15 @@ import torch
 from engine.gguf_file import read_tensor_index
 from engine.lora.adapter import TARGETS, LoRAAdapter
 
-_MODULES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
-            "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+_MODULES = {
+    "attn_q": "q_proj",
+    "attn_k": "k_proj",
+    "attn_v": "v_proj",
+    "attn_output": "o_proj",
+    "ffn_gate": "gate_proj",
+    "ffn_up": "up_proj",
+    "ffn_down": "down_proj",
+}
 _KEY = re.compile(r"^blk\.(\d+)\.(\w+)\.weight\.lora_([ab])$")
 
 
@@ -39,18 +47,23 @@ def load_gguf_adapter(path: str, name: str, num_heads: int, num_kv_heads: int) -
     try:
         meta, tensors = read_tensor_index(path)
     except (OSError, ValueError) as e:
-        raise ValueError(f"LoRA adapter {name!r}: {os.path.basename(path)} is not a readable GGUF file "
-                         f"({type(e).__name__})") from None
+        raise ValueError(
+            f"LoRA adapter {name!r}: {os.path.basename(path)} is not a readable GGUF file ({type(e).__name__})"
+        ) from None
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
-        raise ValueError(f"LoRA adapter {name!r}: {os.path.basename(path)} is not a GGUF LoRA adapter "
-                         f"(general.type {meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r})")
+        raise ValueError(
+            f"LoRA adapter {name!r}: {os.path.basename(path)} is not a GGUF LoRA adapter "
+            f"(general.type {meta.get('general.type')!r}, adapter.type {meta.get('adapter.type')!r})"
+        )
     arch = meta.get("general.architecture") or ""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for t in tensors:
         m = _KEY.match(t.name)
         if m is None or m.group(2) not in _MODULES:
-            raise ValueError(f"LoRA adapter {name!r}: tensor {t.name!r} is not a LoRA pair of a supported module "
-                             f"({', '.join(TARGETS)})")
+            raise ValueError(
+                f"LoRA adapter {name!r}: tensor {t.name!r} is not a LoRA pair of a supported module "
+                f"({', '.join(TARGETS)})"
+            )
         halves.setdefault((int(m.group(1)), _MODULES[m.group(2)]), {})[m.group(3)] = _dense(t)
     ranks = {pair["a"].shape[0] for pair in halves.values() if "a" in pair}
     if len(ranks) > 1:

@@ -10,6 +10,7 @@ takes columns ``[p * r, (p + 1) * r)`` of the shrink and writes its own output r
 shrink and one expand cover all parts (the expand's off-part blocks are zeros). A slot computes
 only the ``parts * r`` columns its adapter has, not the padded ``max_lora_rank``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -30,8 +31,16 @@ class LoRABatch:
 class LoRAWeights:
     __slots__ = ("a_t", "b_t", "parts", "width", "batch")
 
-    def __init__(self, parts: list[int], in_features: int, slots: int, max_rank: int, dtype: torch.dtype,
-                 device: torch.device, batch: LoRABatch) -> None:
+    def __init__(
+        self,
+        parts: list[int],
+        in_features: int,
+        slots: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        batch: LoRABatch,
+    ) -> None:
         """``parts``: the output rows of each part of the projection, in order."""
         cols = len(parts) * max_rank
         self.a_t = torch.zeros(slots, in_features, cols, dtype=dtype, device=device)  # shrink, input-major
@@ -51,8 +60,8 @@ class LoRAWeights:
         for p, (size, pair) in enumerate(zip(self.parts, pairs)):
             if pair is not None:
                 a, b = pair
-                self.a_t[slot, :, p * rank:(p + 1) * rank] = a.t()
-                self.b_t[slot, p * rank:(p + 1) * rank, row:row + size] = b.t()
+                self.a_t[slot, :, p * rank : (p + 1) * rank] = a.t()
+                self.b_t[slot, p * rank : (p + 1) * rank, row : row + size] = b.t()
             row += size
         self.width[slot] = len(self.parts) * rank
 

@@ -10,6 +10,7 @@
   projections which rows each slot has. The scheduler never runs more than ``max_loras``
   adapters at once (engine/core/scheduler.py), so a slot is always free for the step.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,12 @@ from engine.models.weights import pair_rows
 logger = logging.getLogger(__name__)
 
 # Each fused projection's parts, by PEFT module name, in row order (engine/models/layers.py).
-_PARTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-          "down": ("down_proj",)}
+_PARTS = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o_proj": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
 
 
 def load_adapter(req: LoRARequest, num_heads: int, num_kv_heads: int) -> LoRAAdapter:
@@ -52,10 +57,15 @@ class LoRAManager:
         self._heads = (d.num_heads, d.num_kv_heads)
         self._num_layers = d.num_layers
         self._sparse = {i for i, layer in enumerate(model.layers) if layer.moe is not None}
-        self._shapes = {"q_proj": (d.q_size, d.hidden), "k_proj": (d.kv_size, d.hidden),
-                        "v_proj": (d.kv_size, d.hidden), "o_proj": (d.hidden, d.q_size),
-                        "gate_proj": (d.intermediate, d.hidden), "up_proj": (d.intermediate, d.hidden),
-                        "down_proj": (d.hidden, d.intermediate)}
+        self._shapes = {
+            "q_proj": (d.q_size, d.hidden),
+            "k_proj": (d.kv_size, d.hidden),
+            "v_proj": (d.kv_size, d.hidden),
+            "o_proj": (d.hidden, d.q_size),
+            "gate_proj": (d.intermediate, d.hidden),
+            "up_proj": (d.intermediate, d.hidden),
+            "down_proj": (d.hidden, d.intermediate),
+        }
         self.batch = LoRABatch()
         self._weights: list[tuple[int, str, LoRAWeights]] = []  # (layer, fused name, weights)
         for i, layer in enumerate(model.layers):
@@ -64,8 +74,15 @@ class LoRAManager:
                     continue  # experts take no LoRA (LoRAAdapter.check_fits refuses such adapters)
                 linear = getattr(layer, fused)
                 parts = [self._shapes[m][0] for m in modules]
-                linear.lora = LoRAWeights(parts, self._shapes[modules[0]][1], config.max_loras,
-                                          config.max_lora_rank, model.act_dtype, model.device, self.batch)
+                linear.lora = LoRAWeights(
+                    parts,
+                    self._shapes[modules[0]][1],
+                    config.max_loras,
+                    config.max_lora_rank,
+                    model.act_dtype,
+                    model.device,
+                    self.batch,
+                )
                 self._weights.append((i, fused, linear.lora))
         self._loaded: OrderedDict[int, tuple[LoRARequest, LoRAAdapter]] = OrderedDict()
         self._slots: list[Optional[int]] = [None] * config.max_loras  # lora_int_id in each slot
@@ -93,8 +110,14 @@ class LoRAManager:
             if len(self._loaded) <= self.config.max_cpu_loras:
                 break
             del self._loaded[old]
-        logger.info("LoRA adapter %r (id %d) loaded: rank %d, %d pairs, %.1f MiB", req.lora_name, req.lora_int_id,
-                    adapter.rank, len(adapter.pairs), adapter.nbytes / 2**20)
+        logger.info(
+            "LoRA adapter %r (id %d) loaded: rank %d, %d pairs, %.1f MiB",
+            req.lora_name,
+            req.lora_int_id,
+            adapter.rank,
+            len(adapter.pairs),
+            adapter.nbytes / 2**20,
+        )
         return True
 
     def _pair_rotary_rows(self, adapter: LoRAAdapter) -> None:
@@ -142,8 +165,7 @@ class LoRAManager:
         for lid, start, n in zip(ids, first_rows, counts):
             if lid:
                 rows.setdefault(slot_of[lid], []).extend(range(start, start + n))
-        self.batch.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self._device))
-                             for slot, r in rows.items()]
+        self.batch.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self._device)) for slot, r in rows.items()]
 
     def _slot_for(self, lid: int, req: LoRARequest, wanted: dict[int, LoRARequest]) -> int:
         if lid in self._slots:
@@ -162,4 +184,3 @@ class LoRAManager:
         for layer, fused, w in self._weights:
             w.set_slot(slot, adapter.rank, [adapter.pairs.get((layer, m)) for m in _PARTS[fused]])
         self._slots[slot] = req.lora_int_id
-

@@ -6,6 +6,7 @@ projections. What an adapter may hold that ringllm does not run is refused by na
 trained biases, ``modules_to_save``, per-module rank or alpha patterns, other target modules,
 embedding LoRA), never silently dropped.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ def read_peft_config(path: str, name: str) -> dict:
     if isinstance(targets, list):
         unknown = sorted(set(targets) - set(TARGETS))
         if unknown:
-            raise ValueError(f"LoRA adapter {name!r}: target modules {unknown} are not supported; supported: "
-                             f"{', '.join(TARGETS)}")
+            raise ValueError(
+                f"LoRA adapter {name!r}: target modules {unknown} are not supported; supported: {', '.join(TARGETS)}"
+            )
     rank = cfg.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"LoRA adapter {name!r}: r must be an int >= 1, got {rank!r}")
@@ -77,8 +79,9 @@ def load_peft_adapter(path: str, name: str) -> LoRAAdapter:
     for key, tensor in tensors.items():
         m = _KEY.search(key)
         if m is None or m.group(2) not in TARGETS:
-            raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA pair of a supported module "
-                             f"({', '.join(TARGETS)})")
+            raise ValueError(
+                f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA pair of a supported module ({', '.join(TARGETS)})"
+            )
         halves.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.float()
     adapter = LoRAAdapter(name, rank)
     for (layer, module), pair in sorted(halves.items()):
@@ -86,7 +89,8 @@ def load_peft_adapter(path: str, name: str) -> LoRAAdapter:
             raise ValueError(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(pair)} only")
         a, b = pair["A"], pair["B"]
         if a.dim() != 2 or a.shape[0] != rank:
-            raise ValueError(f"LoRA adapter {name!r}: layer {layer} {module} lora_A is {list(a.shape)}, "
-                             f"not rank {rank}")
+            raise ValueError(
+                f"LoRA adapter {name!r}: layer {layer} {module} lora_A is {list(a.shape)}, not rank {rank}"
+            )
         adapter.pairs[(layer, module)] = (a.contiguous(), (b * scaling).contiguous())
     return adapter

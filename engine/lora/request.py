@@ -4,6 +4,7 @@ A msgspec Struct (as vLLM's is) so it travels inside ``EngineCoreRequest`` and u
 as it is. ``lora_int_id`` names the adapter inside the engine (slots, caches, prefix-cache
 digests); two requests with the same id must mean the same adapter, as in vLLM.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,9 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
         if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
             raise ValueError(f"lora_request: lora_int_id must be an int >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise ValueError(f"lora_request: lora_path of adapter {self.lora_name!r} must name its directory or "
-                             ".gguf file")
+            raise ValueError(
+                f"lora_request: lora_path of adapter {self.lora_name!r} must name its directory or .gguf file"
+            )
 
     @property
     def adapter_id(self) -> int:

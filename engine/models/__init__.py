@@ -10,6 +10,7 @@ pooling runner. This module imports nothing (config.py checks a model's architec
 in the frontend, which must not pay for torch): the family's module is imported only when its
 class is asked for.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -40,7 +41,8 @@ SUPPORTED_ARCHITECTURES = tuple(_REGISTRY)
 
 def get_model_class(architecture: str) -> Type["LlamaForCausalLM"]:
     if architecture not in _REGISTRY:
-        raise ValueError(f"model architecture {architecture!r} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(
+            f"model architecture {architecture!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     module, name = _REGISTRY[architecture]
     return getattr(importlib.import_module(f"engine.models.{module}"), name)

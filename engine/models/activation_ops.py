@@ -7,6 +7,7 @@ compiled step then computes what an eager step computes, bit for bit. That matte
 quantized weights, whose kernels round each activation row to int8 per block: an ulp of
 difference in a norm's output can move a rounding and flip a near-tied greedy token.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -33,18 +34,21 @@ class _ActivationOp(CustomOp):
 class RMSNorm(_ActivationOp):
     """``norm(x)``, or with ``residual``: ``residual += x`` in place, then ``norm(residual)``."""
 
-    def forward_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_native(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         if residual is not None:
             x = residual.add_(x)
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
-    def forward_cpu(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_cpu(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         return activation.rms_norm(x, weight, eps, residual)
 
-    def forward_op(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_op(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         return ops.rms_norm(x, weight, eps) if residual is None else ops.fused_add_rms_norm(x, residual, weight, eps)
 
 
@@ -66,8 +70,9 @@ class Rotary(_ActivationOp):
     """RoPE in place on the first ``heads`` heads of ``qkv`` rows (adjacent rotary pairs), from
     the float32 ``cos_sin`` table ``[positions, head_dim / 2, 2]``; returns ``qkv``."""
 
-    def forward_native(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
-                       head_dim: int) -> torch.Tensor:
+    def forward_native(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int, head_dim: int
+    ) -> torch.Tensor:
         n, cols = qkv.shape[0], heads * head_dim
         cs = cos_sin.index_select(0, positions).unsqueeze(1)  # [n, 1, head_dim / 2, 2]
         c, s = cs[..., 0], cs[..., 1]
@@ -76,11 +81,13 @@ class Rotary(_ActivationOp):
         qkv[:, :cols] = torch.stack([re * c - im * s, im * c + re * s], -1).view(n, cols).to(qkv.dtype)
         return qkv
 
-    def forward_cpu(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
-                    head_dim: int) -> torch.Tensor:
+    def forward_cpu(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int, head_dim: int
+    ) -> torch.Tensor:
         return activation.rotary_(qkv, positions, cos_sin, heads, head_dim)
 
-    def forward_op(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
-                   head_dim: int) -> torch.Tensor:
+    def forward_op(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int, head_dim: int
+    ) -> torch.Tensor:
         ops.rotary_(qkv, positions, cos_sin, heads, head_dim)
         return qkv

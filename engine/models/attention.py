@@ -41,6 +41,7 @@ Each forward names its builder (``TorchAttentionBuilder``, ``TritonAttentionBuil
 model runner asks the model's builder for a step's rows and metadata and never asks which
 backend runs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,8 +86,13 @@ class AttentionMetadata:
     max_query_len: int = 0  # host-side: the longest sequence's query count (picks the kernel's tile)
 
 
-def triton_metadata(md: AttentionMetadata, block_ids: list[list[int]], query_lens: list[int],
-                    context_lens: list[int], device: torch.device) -> None:
+def triton_metadata(
+    md: AttentionMetadata,
+    block_ids: list[list[int]],
+    query_lens: list[int],
+    context_lens: list[int],
+    device: torch.device,
+) -> None:
     """Fill ``md``'s Triton fields for sequences given in batch order. Built on the host and,
     on a GPU, copied from pinned memory without waiting (the step's first kernel orders it)."""
     width = max(1, max(len(b) for b in block_ids))
@@ -115,9 +121,9 @@ class StepRows:
     def add(self, i: int, req, start: int, n: int, block_size: int, slots: list[int]) -> None:
         """Request ``i``'s tokens [start, start + n) as the next rows."""
         self.first_row[i] = len(self.ids)
-        ids = req.all_token_ids[start:start + n]
+        ids = req.all_token_ids[start : start + n]
         if len(ids) < n:  # a decode with draft tokens after its last known one (spec_decode/)
-            ids += req.spec_token_ids[:n - len(ids)]
+            ids += req.spec_token_ids[: n - len(ids)]
         self.ids.extend(ids)
         self.positions.extend(range(start, start + n))
         blocks = req.block_ids
@@ -128,13 +134,23 @@ class TorchAttentionBuilder:
     """Metadata for ``paged_attention`` above: decodes (the C kernel's lengths, or SDPA's
     gathered blocks and masks), then one ``PrefillChunk`` per prefill."""
 
-    def __init__(self, device: torch.device, act_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
-                 window: Optional[int], block_size: int, deterministic: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        act_dtype: torch.dtype,
+        cache_dtype: torch.dtype,
+        head_dim: int,
+        window: Optional[int],
+        block_size: int,
+        deterministic: bool = False,
+    ) -> None:
         self.device, self.window, self.block_size = device, window, block_size
         self.decode_kernel = paged_kernel.supports(device, act_dtype, cache_dtype, head_dim)
         if deterministic and not self.decode_kernel:
-            raise ValueError(f"deterministic: needs the CPU decode-attention kernel, which does not run "
-                             f"{act_dtype} activations with a {cache_dtype} cache and head_dim {head_dim} on {device}")
+            raise ValueError(
+                f"deterministic: needs the CPU decode-attention kernel, which does not run "
+                f"{act_dtype} activations with a {cache_dtype} cache and head_dim {head_dim} on {device}"
+            )
         self.deterministic = deterministic
 
     def build(self, reqs: list, counts: list[int]) -> StepRows:
@@ -158,7 +174,8 @@ class TorchAttentionBuilder:
                 md.decode_seq_lens, md.window = torch.tensor(seq_lens, dtype=torch.long), self.window
             else:
                 md.decode_mask, md.decode_window_mask = build_decode_masks(
-                    torch.tensor(seq_lens, device=self.device), md.decode_len, self.window)
+                    torch.tensor(seq_lens, device=self.device), md.decode_len, self.window
+                )
         for i, n in enumerate(counts):
             if n == 1:
                 continue
@@ -167,7 +184,7 @@ class TorchAttentionBuilder:
             chunk = PrefillChunk(rows.first_row[i], n)
             chunk.mask, chunk.window_mask = build_prefill_masks(p0, n, self.window, self.device)
             if p0:
-                table = torch.tensor(r.block_ids[:-(-(p0 + n) // bs)], dtype=torch.long)
+                table = torch.tensor(r.block_ids[: -(-(p0 + n) // bs)], dtype=torch.long)
                 kv_pos = torch.arange(p0 + n)
                 chunk.kv_slots = (table[kv_pos // bs] * bs + kv_pos % bs).to(self.device)
             md.prefills.append(chunk)
@@ -204,8 +221,9 @@ class TorchAttentionBuilder:
             chunks.append(PrefillChunk(start, n))
             start += n
         positions = torch.cat([torch.arange(n) for n in chunk_lens])
-        return AttentionMetadata(slot_mapping=(positions % (num_blocks * self.block_size)).to(self.device),
-                                 prefills=chunks)
+        return AttentionMetadata(
+            slot_mapping=(positions % (num_blocks * self.block_size)).to(self.device), prefills=chunks
+        )
 
 
 class TritonAttentionBuilder(TorchAttentionBuilder):
@@ -221,7 +239,7 @@ class TritonAttentionBuilder(TorchAttentionBuilder):
             r, n = reqs[i], counts[i]
             p0 = r.num_computed_tokens
             rows.add(i, r, p0, n, bs, slots)
-            tables.append(r.block_ids[:-(-(p0 + n) // bs)])
+            tables.append(r.block_ids[: -(-(p0 + n) // bs)])
             query_lens.append(n)
             contexts.append(p0)
         triton_metadata(rows.md, tables, query_lens, contexts, self.device)
@@ -230,8 +248,7 @@ class TritonAttentionBuilder(TorchAttentionBuilder):
 
     def profile(self, chunk_lens: list[int], num_blocks: int) -> AttentionMetadata:
         md = super().profile(chunk_lens, num_blocks)
-        triton_metadata(md, [list(range(num_blocks))] * len(chunk_lens), chunk_lens, [0] * len(chunk_lens),
-                        self.device)
+        triton_metadata(md, [list(range(num_blocks))] * len(chunk_lens), chunk_lens, [0] * len(chunk_lens), self.device)
         return md
 
 
@@ -242,8 +259,9 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
-def build_decode_masks(seq_lens: torch.Tensor, length: int,
-                       window: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def build_decode_masks(
+    seq_lens: torch.Tensor, length: int, window: Optional[int]
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Masks for decodes whose query sits at position seq_len - 1 and sees keys [0, seq_len)."""
     keys = torch.arange(length, device=seq_lens.device)
     mask = keys[None, :] < seq_lens[:, None]
@@ -253,8 +271,9 @@ def build_decode_masks(seq_lens: torch.Tensor, length: int,
     return mask[:, None, None, :], (None if win is None else win[:, None, None, :])
 
 
-def build_prefill_masks(context_len: int, num_tokens: int, window: Optional[int],
-                        device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+def build_prefill_masks(
+    context_len: int, num_tokens: int, window: Optional[int], device: torch.device
+) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Causal masks for a chunk at positions [context_len, context_len + n) over keys [0, context_len + n)."""
     total = context_len + num_tokens
     q_pos = torch.arange(context_len, total, device=device)[:, None]
@@ -267,9 +286,17 @@ def build_prefill_masks(context_len: int, num_tokens: int, window: Optional[int]
     return mask, win
 
 
-def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-                    num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
-                    softcap: Optional[float] = None) -> torch.Tensor:
+def paged_attention(
+    qkv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: AttentionMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    sliding: bool,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend; returns ``[T, num_heads * head_dim]``."""
     num_tokens = qkv.shape[0]
     q_size = num_heads * head_dim
@@ -282,22 +309,23 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
         return _decode(qkv, kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding, softcap)
     out = qkv.new_empty(num_tokens, q_size)
     if num_decodes:
-        out[:num_decodes] = _decode(qkv[:num_decodes], kv_cache, md, num_heads, num_kv_heads, head_dim,
-                                    scale, sliding, softcap)
+        out[:num_decodes] = _decode(
+            qkv[:num_decodes], kv_cache, md, num_heads, num_kv_heads, head_dim, scale, sliding, softcap
+        )
     for chunk in md.prefills:
-        rows = qkv[chunk.start:chunk.start + chunk.num_tokens]
+        rows = qkv[chunk.start : chunk.start + chunk.num_tokens]
         n = chunk.num_tokens
         # [1, heads, tokens, head_dim]: SDPA's fused (flash) kernels take only 4-D inputs; 3-D ones go
         # to the unfused math path, which on CPU is 5-7x slower for a 500-token prompt (RESULTS.md).
         q = rows[:, :q_size].view(n, num_heads, head_dim).transpose(0, 1)[None]
         if chunk.kv_slots is None:
-            k = rows[:, q_size:q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
-            v = rows[:, q_size + kv_size:].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
+            k = rows[:, q_size : q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
+            v = rows[:, q_size + kv_size :].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
         else:
             kv = flat.index_select(0, chunk.kv_slots).to(qkv.dtype).view(-1, 2, num_kv_heads, head_dim)
             k, v = kv[:, 0].transpose(0, 1)[None], kv[:, 1].transpose(0, 1)[None]
         mask = chunk.window_mask if sliding and chunk.window_mask is not None else chunk.mask
-        dst = out[chunk.start:chunk.start + n].view(n, num_heads, head_dim).transpose(0, 1)[None]
+        dst = out[chunk.start : chunk.start + n].view(n, num_heads, head_dim).transpose(0, 1)[None]
         if softcap is not None:
             if mask is None:
                 mask = torch.ones(n, n, dtype=torch.bool, device=qkv.device).tril_()
@@ -305,8 +333,11 @@ def paged_attention(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
         elif mask is None and n > 2 * causal_slice_rows(n):
             _causal_in_slices(q, k, v, scale, dst)
         else:
-            dst.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                                     enable_gqa=num_heads != num_kv_heads))
+            dst.copy_(
+                F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=num_heads != num_kv_heads
+                )
+            )
     return out
 
 
@@ -328,19 +359,22 @@ def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     for s in range(0, n, rows):
         e = min(n, s + rows)
         if s == 0:
-            o = F.scaled_dot_product_attention(q[:, :, :e], k[:, :, :e], v[:, :, :e], is_causal=True, scale=scale,
-                                               enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(
+                q[:, :, :e], k[:, :, :e], v[:, :, :e], is_causal=True, scale=scale, enable_gqa=gqa
+            )
         else:
-            o = F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=causal[s:e, :e],
-                                               scale=scale, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=causal[s:e, :e], scale=scale, enable_gqa=gqa
+            )
         dst[:, :, s:e] = o
 
 
 CAPPED_SCORES_MAX = 1 << 22  # score elements one slice of capped attention materialises (16 MiB in float32)
 
 
-def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                      softcap: float) -> torch.Tensor:
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
     """Attention with soft-capped scores, as HF's eager Gemma 2: q ``[B, H, n, d]``, k/v
     ``[B, Hkv, keys, d]`` (H a multiple of Hkv), mask broadcastable to ``[B, H, n, keys]``
     (True = attend); softmax in float32. The scores are materialised, so the query rows go in
@@ -354,27 +388,46 @@ def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     mask = mask.expand(q.shape[0], q.shape[1], n, keys) if mask.dim() == 4 else mask.expand(n, keys)
     out = []
     for s in range(0, n, rows):
-        part = mask[..., s:s + rows, :]
-        scores = torch.tanh(torch.matmul(q[:, :, s:s + rows], k.transpose(-1, -2)) * scale / softcap) * softcap
+        part = mask[..., s : s + rows, :]
+        scores = torch.tanh(torch.matmul(q[:, :, s : s + rows], k.transpose(-1, -2)) * scale / softcap) * softcap
         probs = torch.softmax(scores.masked_fill(~part, float("-inf")).float(), dim=-1).to(q.dtype)
         out.append(torch.matmul(probs, v))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
-def _decode(qkv: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, num_heads: int,
-            num_kv_heads: int, head_dim: int, scale: float, sliding: bool,
-            softcap: Optional[float] = None) -> torch.Tensor:
+def _decode(
+    qkv: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: AttentionMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    sliding: bool,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
     d = qkv.shape[0]
     if md.decode_seq_lens is not None:
-        return decode_attention(qkv, kv_cache, md.decode_blocks.view(d, -1), md.decode_seq_lens, num_heads,
-                                num_kv_heads, head_dim, scale, md.window if sliding else None, softcap=softcap)
+        return decode_attention(
+            qkv,
+            kv_cache,
+            md.decode_blocks.view(d, -1),
+            md.decode_seq_lens,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            md.window if sliding else None,
+            softcap=softcap,
+        )
     group = num_heads // num_kv_heads
     kv = kv_cache.index_select(0, md.decode_blocks).to(qkv.dtype).view(d, md.decode_len, 2, num_kv_heads, head_dim)
-    q = qkv[:, :num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
+    q = qkv[:, : num_heads * head_dim].view(d, num_kv_heads, group, head_dim)
     mask = md.decode_window_mask if sliding and md.decode_window_mask is not None else md.decode_mask
     if softcap is not None:
         o = _capped_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), mask, scale, softcap)
         return o.reshape(d, num_heads * head_dim)
-    o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
-                                       attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(
+        q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask, scale=scale
+    )
     return o.view(d, num_heads * head_dim)

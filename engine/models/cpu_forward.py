@@ -24,6 +24,7 @@ families add to Llama's layer (``Dims``: Gemma's norms of the attention and MLP 
 gelu-tanh MLP, soft-capped scores, per-layer rope tables); the compiled one is run for Llama's
 only (``LlamaForCausalLM``).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -51,17 +52,32 @@ class TorchForward:
     def __init__(self, dims: Dims) -> None:
         self.dims = dims
 
-    def __call__(self, model: "LlamaForCausalLM", input_ids: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def __call__(
+        self,
+        model: "LlamaForCausalLM",
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: torch.Tensor,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:
         """Hidden states before the final norm, one row per input token."""
         d = self.dims
         ropes = [self._rope(table, positions) for table in model.ropes]
         h = model.embed(input_ids)
         for i, layer in enumerate(model.layers):
-            qkv = self._attn_in(h, layer.input_norm, layer.qkv, positions, ropes[layer.rope], layer.q_norm,
-                                layer.k_norm, model.ropes[layer.rope].cos_sin)
-            attn = paged_attention(qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale,
-                                   layer.sliding, d.attn_softcap)
+            qkv = self._attn_in(
+                h,
+                layer.input_norm,
+                layer.qkv,
+                positions,
+                ropes[layer.rope],
+                layer.q_norm,
+                layer.k_norm,
+                model.ropes[layer.rope].cos_sin,
+            )
+            attn = paged_attention(
+                qkv, kv_caches[i], md, d.num_heads, d.num_kv_heads, d.head_dim, d.scale, layer.sliding, d.attn_softcap
+            )
             h = self._attn_out_mlp(h, attn, layer)
         return h
 
@@ -71,9 +87,17 @@ class TorchForward:
     def _rope(self, table: RopeTables, positions: torch.Tensor) -> Optional[torch.Tensor]:
         return table.cis.index_select(0, positions).unsqueeze(1)
 
-    def _attn_in(self, h: torch.Tensor, norm: torch.Tensor, qkv_proj: Linear, positions: torch.Tensor,
-                 rope: Optional[torch.Tensor], q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
-                 cos_sin: torch.Tensor) -> torch.Tensor:
+    def _attn_in(
+        self,
+        h: torch.Tensor,
+        norm: torch.Tensor,
+        qkv_proj: Linear,
+        positions: torch.Tensor,
+        rope: Optional[torch.Tensor],
+        q_norm: Optional[torch.Tensor],
+        k_norm: Optional[torch.Tensor],
+        cos_sin: torch.Tensor,
+    ) -> torch.Tensor:
         """Norm, fused q/k/v projection, Qwen3's per-head q/k norm, and RoPE on q and k in place."""
         d = self.dims
         num_tokens, cols = h.shape[0], d.q_size + d.kv_size

@@ -17,6 +17,7 @@ torch equivalent worth compiling (the GGUF, int8 and bf16 GEMVs) sets ``OP_IN_GR
 instance runs ``forward_op``; the others run ``forward_native`` there, as vLLM leaves its
 elementwise custom ops to inductor by default.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

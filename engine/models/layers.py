@@ -5,6 +5,7 @@ each holding the one method chosen for it at load; the forwards (cpu_forward.py,
 triton_forward.py) read these bundles and nothing else of the model. q/k/v and gate/up are
 fused into one projection each.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class Dims:
     moe: Optional[MoeDims] = None  # Qwen3-MoE, Mixtral, OLMoE: sparse MLPs (engine/models/moe.py)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scale", self.scale or self.head_dim ** -0.5)
+        object.__setattr__(self, "scale", self.scale or self.head_dim**-0.5)
         object.__setattr__(self, "rotary_dim", self.rotary_dim or self.head_dim)
 
     @property
@@ -68,8 +69,14 @@ class Dims:
     def llama_only(self) -> bool:
         """Whether the model needs nothing beyond Llama's layer (the Triton and compiled forwards
         implement only that; the torch and C-kernel forwards implement every field above)."""
-        return (self.act == "silu" and not self.sandwich_norms and self.attn_softcap is None
-                and self.embed_scale is None and not self.qk_norm_whole and self.moe is None)
+        return (
+            self.act == "silu"
+            and not self.sandwich_norms
+            and self.attn_softcap is None
+            and self.embed_scale is None
+            and not self.qk_norm_whole
+            and self.moe is None
+        )
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Dims":
@@ -78,17 +85,26 @@ class Dims:
         layer_types = getattr(cfg, "layer_types", None) or []
         num_layers = cfg.num_hidden_layers
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        return cls(hidden=cfg.hidden_size, num_heads=heads,
-                   num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   intermediate=cfg.intermediate_size, vocab_size=cfg.vocab_size, num_layers=num_layers,
-                   eps=float(cfg.rms_norm_eps), sliding_window=window,
-                   sliding_layers=tuple(window is not None
-                                        and (not layer_types or layer_types[i] == "sliding_attention")
-                                        for i in range(num_layers)),
-                   qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
-                   qk_norm=cfg.model_type == "qwen3", tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-                   rotary_dim=rotary_dim(head_dim, rope_parameters(cfg)),  # Gemma 3's per-type dicts: whole heads
-                   num_labels=_num_labels(cfg))
+        return cls(
+            hidden=cfg.hidden_size,
+            num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate=cfg.intermediate_size,
+            vocab_size=cfg.vocab_size,
+            num_layers=num_layers,
+            eps=float(cfg.rms_norm_eps),
+            sliding_window=window,
+            sliding_layers=tuple(
+                window is not None and (not layer_types or layer_types[i] == "sliding_attention")
+                for i in range(num_layers)
+            ),
+            qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
+            qk_norm=cfg.model_type == "qwen3",
+            tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+            rotary_dim=rotary_dim(head_dim, rope_parameters(cfg)),  # Gemma 3's per-type dicts: whole heads
+            num_labels=_num_labels(cfg),
+        )
 
 
 def _sliding_window(cfg: Any) -> Optional[int]:
@@ -103,8 +119,21 @@ def _sliding_window(cfg: Any) -> Optional[int]:
 class DecoderLayer:
     """One layer's weights; the projections are set by the loader (None until then)."""
 
-    __slots__ = ("input_norm", "qkv", "q_norm", "k_norm", "o_proj", "attn_out_norm", "post_norm", "gate_up", "down",
-                 "mlp_out_norm", "sliding", "rope", "moe")
+    __slots__ = (
+        "input_norm",
+        "qkv",
+        "q_norm",
+        "k_norm",
+        "o_proj",
+        "attn_out_norm",
+        "post_norm",
+        "gate_up",
+        "down",
+        "mlp_out_norm",
+        "sliding",
+        "rope",
+        "moe",
+    )
 
     def __init__(self, sliding: bool, rope: int = 0, moe: Optional[MoeDims] = None) -> None:
         self.input_norm: Optional[torch.Tensor] = None
@@ -126,8 +155,11 @@ class DecoderLayer:
         return [self.qkv, self.o_proj, *mlp]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.input_norm, self.q_norm, self.k_norm, self.attn_out_norm, self.post_norm,
-                            self.mlp_out_norm) if t is not None]
+        return [
+            t
+            for t in (self.input_norm, self.q_norm, self.k_norm, self.attn_out_norm, self.post_norm, self.mlp_out_norm)
+            if t is not None
+        ]
 
 
 class Embedding:

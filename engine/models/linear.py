@@ -42,6 +42,7 @@ The methods whose weight only a C kernel multiplies (``GGUFLinear``, ``Int8Metho
 raw; a projection inside the compiled forward's graphs calls it as its registered torch op
 (engine/kernels/ops.py), so a compiled model keeps the same methods, GGUF blocks included.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,9 @@ class GGUFBlocks:
     @staticmethod
     def cat(parts: list["GGUFBlocks"]) -> "GGUFBlocks":
         """Stacked along the output rows (fusing q/k/v or gate/up): all parts of one type."""
-        return GGUFBlocks(torch.cat([p.data for p in parts]), parts[0].qtype,
-                          sum(p.out_features for p in parts), parts[0].in_features)
+        return GGUFBlocks(
+            torch.cat([p.data for p in parts]), parts[0].qtype, sum(p.out_features for p in parts), parts[0].in_features
+        )
 
 
 class GGUFParts:
@@ -201,7 +203,7 @@ class OneDNNLinear(LinearMethod):
 def _in_row_groups(x: torch.Tensor, rows: int, fn) -> torch.Tensor:
     if x.shape[0] <= rows:
         return fn(x)
-    return torch.cat([fn(x[s:s + rows]) for s in range(0, x.shape[0], rows)])
+    return torch.cat([fn(x[s : s + rows]) for s in range(0, x.shape[0], rows)])
 
 
 _UNPACK_ROWS = 1024
@@ -272,7 +274,11 @@ class BF16GemvLinear(KernelLinear):
         out = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, _UNPACK_ROWS):  # a cache-sized slice at a time
             end = min(start + _UNPACK_ROWS, self.out_features)
-            w = self._blocks()[start // self._rb:end // self._rb].transpose(1, 2).reshape(end - start, self.in_features)
+            w = (
+                self._blocks()[start // self._rb : end // self._rb]
+                .transpose(1, 2)
+                .reshape(end - start, self.in_features)
+            )
             out[:, start:end] = torch.mm(x, w.float().t())
         return out
 
@@ -355,7 +361,7 @@ class FixedRowGroups(LinearMethod):
         rows, g = x.shape[0], self.ROW_GROUP
         if rows % g:
             x = torch.cat([x, x.new_zeros(g - rows % g, x.shape[1])])
-        return torch.cat([self.method.apply(x[s:s + g], bias) for s in range(0, x.shape[0], g)])[:rows]
+        return torch.cat([self.method.apply(x[s : s + g], bias) for s in range(0, x.shape[0], g)])[:rows]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.method.rows(ids)
@@ -403,8 +409,16 @@ class Placement:
 
     _IN_GRAPH_ROLES = ("tall", "wide")  # the compiled blocks' projections; the head and embedding run eager
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, act_dtype: torch.dtype, dense_only: bool,
-                 quantization: Optional[str], deterministic: bool = False, compiled: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        act_dtype: torch.dtype,
+        dense_only: bool,
+        quantization: Optional[str],
+        deterministic: bool = False,
+        compiled: bool = False,
+    ) -> None:
         self.device, self.dtype, self.act_dtype = device, dtype, act_dtype
         self.dense_only, self.quantization, self.deterministic = dense_only, quantization, deterministic
         self.compiled = compiled
@@ -417,8 +431,9 @@ class Placement:
         if isinstance(weight, GGUFBlocks) and _has_kernel(weight) and not self.dense_only:
             return GGUFLinear(weight, row_invariant=self.deterministic, in_graph=in_graph)
         if isinstance(weight, GGUFParts) and all(map(_has_kernel, weight.parts)) and not self.dense_only:
-            return ConcatLinear([GGUFLinear(p, row_invariant=self.deterministic, in_graph=in_graph)
-                                 for p in weight.parts])
+            return ConcatLinear(
+                [GGUFLinear(p, row_invariant=self.deterministic, in_graph=in_graph) for p in weight.parts]
+            )
         method = self._choose_dense(weight, role, in_graph)
         return FixedRowGroups(method) if self.deterministic else method
 
@@ -427,8 +442,10 @@ class Placement:
             for part in weight.parts if isinstance(weight, GGUFParts) else [weight]:
                 if part.qtype not in self._warned:
                     self._warned.add(part.qtype)
-                    logger.warning("GGUF %s weights have no quantized kernel here: dequantized once at load",
-                                   ggml_type_name(part.qtype))
+                    logger.warning(
+                        "GGUF %s weights have no quantized kernel here: dequantized once at load",
+                        ggml_type_name(part.qtype),
+                    )
             weight = weight.dequantize()
         cpu = self.device.type == "cpu"
         if role == "embed":  # an untied embedding: only rows are read, in the model dtype
@@ -437,15 +454,23 @@ class Placement:
             return Int8Method(weight, in_graph)
         if not cpu or self.dense_only:
             return TorchLinear(weight, self.act_dtype, self.device)
-        if self.act_dtype == torch.float32 and self.dtype == torch.bfloat16 and bf16_gemv.available() \
-                and bf16_gemv.fits(*weight.shape):
+        if (
+            self.act_dtype == torch.float32
+            and self.dtype == torch.bfloat16
+            and bf16_gemv.available()
+            and bf16_gemv.fits(*weight.shape)
+        ):
             return BF16GemvLinear(weight, in_graph)
         if self.act_dtype == torch.float32 and (role in ("tall", "head")):
             return InputMajorLinear(weight.to(self.dtype), self.act_dtype)
         if role != "head" and onednn_linear.supports(self.device, self.act_dtype):
             return OneDNNLinear(weight)
-        if role == "head" and self.act_dtype == torch.bfloat16 and bf16_gemv.available() \
-                and bf16_gemv.fits(*weight.shape):
+        if (
+            role == "head"
+            and self.act_dtype == torch.bfloat16
+            and bf16_gemv.available()
+            and bf16_gemv.fits(*weight.shape)
+        ):
             return DenseGemvHead(weight, self.device)
         return TorchLinear(weight.to(self.dtype), self.act_dtype, self.device)
 

@@ -20,6 +20,7 @@ Built for a lean decode step rather than for module reuse:
 - Resident weight bytes are measured after loading and logged next to the bytes of the
   checkpoint in the chosen format (``weights_report``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,11 @@ def matmul_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype dense GEMMs and activations run in (see the module docstring)."""
     if device.type != "cpu" or dtype == torch.float32:
         return dtype
-    native = (torch.ops.mkldnn._is_mkldnn_bf16_supported() if dtype == torch.bfloat16
-              else torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    native = (
+        torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        if dtype == torch.bfloat16
+        else torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    )
     return dtype if native else torch.float32
 
 
@@ -61,9 +65,17 @@ class LlamaForCausalLM:
     # a sparse family's experts: (checkpoint prefix in a layer, its part names -> "gate"/"up"/"down")
     EXPERTS: Optional[tuple[str, dict[str, str]]] = None
 
-    def __init__(self, cfg: Any, dtype: torch.dtype, device: torch.device | str, max_model_len: int,
-                 backend: str = "auto", quantization: Optional[str] = None, compiled: bool = False,
-                 deterministic: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_model_len: int,
+        backend: str = "auto",
+        quantization: Optional[str] = None,
+        compiled: bool = False,
+        deterministic: bool = False,
+    ) -> None:
         """``backend``: "auto" runs the Triton forward on a CUDA device where triton imports and
         a CPU/torch forward elsewhere; "triton" forces the Triton forward (internal: the tests run
         it on CPU tensors under ``TRITON_INTERPRET=1``); "torch" forces the others. ``compiled``:
@@ -74,16 +86,19 @@ class LlamaForCausalLM:
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         if quantization is not None and quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization={quantization!r} is not supported; supported: None, "
-                             f"{', '.join(QUANTIZATIONS)}")
+            raise ValueError(
+                f"quantization={quantization!r} is not supported; supported: None, {', '.join(QUANTIZATIONS)}"
+            )
         self.dims = dims = self.dims_from_config(cfg)
-        triton = backend == "triton" or (backend == "auto" and device.type == "cuda" and triton_kernels.available()
-                                         and dims.llama_only)
+        triton = backend == "triton" or (
+            backend == "auto" and device.type == "cuda" and triton_kernels.available() and dims.llama_only
+        )
         if triton and not dims.llama_only:
             raise ValueError("the Triton forward runs Llama's layer only; this model needs the torch forward")
         if compiled and not dims.llama_only:  # the compiled blocks are Llama's layer too
-            logger.info("compilation: %s runs eager (its layers go beyond Llama's compiled blocks)",
-                        type(self).__name__)
+            logger.info(
+                "compilation: %s runs eager (its layers go beyond Llama's compiled blocks)", type(self).__name__
+            )
             compiled = False
         self.dtype, self.device, self.quantization, self.deterministic = dtype, device, quantization, deterministic
         if triton:
@@ -102,12 +117,15 @@ class LlamaForCausalLM:
             self.forward_impl = CKernelForward(dims, device)
         else:
             self.forward_impl = TorchForward(dims)
-        self.placement = Placement(device, dtype, self.act_dtype, triton, quantization, deterministic,
-                                   compiled=compiled and not triton)
+        self.placement = Placement(
+            device, dtype, self.act_dtype, triton, quantization, deterministic, compiled=compiled and not triton
+        )
         self.ropes, rope_of_layer = self.rope_tables(cfg, dims, max_model_len, device)
         moe = dims.moe
-        self.layers = [DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)
-                       for i, (s, r) in enumerate(zip(dims.sliding_layers, rope_of_layer))]
+        self.layers = [
+            DecoderLayer(s, r, moe if moe is not None and moe.sparse_layers[i] else None)
+            for i, (s, r) in enumerate(zip(dims.sliding_layers, rope_of_layer))
+        ]
         self.embed: Optional[Embedding] = None
         self.lm_head: Optional[Linear] = None  # None on a classification model, which has ``score``
         self.score: Optional[torch.Tensor] = None  # [num_labels, hidden], float32
@@ -121,8 +139,9 @@ class LlamaForCausalLM:
         return Dims.from_config(cfg)
 
     @classmethod
-    def rope_tables(cls, cfg: Any, dims: Dims, max_model_len: int,
-                    device: torch.device) -> tuple[list[RopeTables], list[int]]:
+    def rope_tables(
+        cls, cfg: Any, dims: Dims, max_model_len: int, device: torch.device
+    ) -> tuple[list[RopeTables], list[int]]:
         """The model's rope tables and which one each layer uses (one for all, here)."""
         return [RopeTables(cfg, dims.head_dim, max_model_len, device)], [0] * dims.num_layers
 
@@ -148,16 +167,24 @@ class LlamaForCausalLM:
 
     def attention_builder(self, block_size: int):
         """This forward's attention-metadata builder (engine/models/attention.py)."""
-        return self.forward_impl.attention_builder(self.device, self.act_dtype, self.dtype, self.dims.head_dim,
-                                                   self.dims.sliding_window, block_size, self.deterministic)
+        return self.forward_impl.attention_builder(
+            self.device,
+            self.act_dtype,
+            self.dtype,
+            self.dims.head_dim,
+            self.dims.sliding_window,
+            block_size,
+            self.deterministic,
+        )
 
     @property
     def uses_cuda_graphs(self) -> bool:
         return self.forward_impl.cuda_graphs
 
     # ------------------------------------------------------------------ forward
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
-                 md: AttentionMetadata) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
         """Hidden states before the final norm, one row per input token."""
         return self.forward_impl(self, input_ids, positions, kv_caches, md)
 
@@ -206,10 +233,15 @@ class LlamaForCausalLM:
         def rand(*shape: int) -> torch.Tensor:
             return (torch.randn(shape, generator=gen) * 0.02).to(self.dtype)
 
-        shapes = {"self_attn.q_proj.weight": (d.q_size, d.hidden), "self_attn.k_proj.weight": (d.kv_size, d.hidden),
-                  "self_attn.v_proj.weight": (d.kv_size, d.hidden), "self_attn.o_proj.weight": (d.hidden, d.q_size),
-                  "mlp.gate_proj.weight": (d.intermediate, d.hidden), "mlp.up_proj.weight": (d.intermediate, d.hidden),
-                  "mlp.down_proj.weight": (d.hidden, d.intermediate)}
+        shapes = {
+            "self_attn.q_proj.weight": (d.q_size, d.hidden),
+            "self_attn.k_proj.weight": (d.kv_size, d.hidden),
+            "self_attn.v_proj.weight": (d.kv_size, d.hidden),
+            "self_attn.o_proj.weight": (d.hidden, d.q_size),
+            "mlp.gate_proj.weight": (d.intermediate, d.hidden),
+            "mlp.up_proj.weight": (d.intermediate, d.hidden),
+            "mlp.down_proj.weight": (d.hidden, d.intermediate),
+        }
         norms = {"input_norm", "post_norm"} | ({"attn_out_norm", "mlp_out_norm"} if d.sandwich_norms else set())
         norm_names = [n for n, target in self.LAYER_NAMES.items() if target in norms]
         tensors = [("embed_tokens.weight", rand(d.vocab_size, d.hidden)), ("norm.weight", torch.ones(d.hidden))]
@@ -217,30 +249,44 @@ class LlamaForCausalLM:
             tensors.append(("score.weight", rand(d.num_labels, d.hidden)))
         elif not d.tied:
             tensors.append(("lm_head.weight", rand(d.vocab_size, d.hidden)))
-        qk_norms = {"q_norm": d.q_size, "k_norm": d.kv_size} if d.qk_norm_whole else dict.fromkeys(
-            ("q_norm", "k_norm"), d.head_dim)
+        qk_norms = (
+            {"q_norm": d.q_size, "k_norm": d.kv_size}
+            if d.qk_norm_whole
+            else dict.fromkeys(("q_norm", "k_norm"), d.head_dim)
+        )
         for i in range(d.num_layers):
             sparse = self.layers[i].moe is not None
-            tensors += [(f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items()
-                        if not (sparse and n.startswith("mlp."))]
+            tensors += [
+                (f"layers.{i}.{n}", rand(*s)) for n, s in shapes.items() if not (sparse and n.startswith("mlp."))
+            ]
             if sparse:
                 tensors += self._dummy_experts(i, rand)
             tensors += [(f"layers.{i}.{n}", torch.ones(d.hidden)) for n in norm_names]
-            tensors += [(f"layers.{i}.self_attn.{n}.weight", torch.ones(size))
-                        for n, size in (qk_norms.items() if d.qk_norm else ())]
-            tensors += [(f"layers.{i}.self_attn.{n}_proj.bias", torch.zeros(s))
-                        for n, s in (("q", d.q_size), ("k", d.kv_size), ("v", d.kv_size)) if d.qkv_bias]
+            tensors += [
+                (f"layers.{i}.self_attn.{n}.weight", torch.ones(size))
+                for n, size in (qk_norms.items() if d.qk_norm else ())
+            ]
+            tensors += [
+                (f"layers.{i}.self_attn.{n}_proj.bias", torch.zeros(s))
+                for n, s in (("q", d.q_size), ("k", d.kv_size), ("v", d.kv_size))
+                if d.qkv_bias
+            ]
         self.load_weights(tensors)
 
     def _dummy_experts(self, layer: int, rand) -> list[tuple[str, torch.Tensor]]:
         """A sparse layer's router and experts under the family's checkpoint names."""
         d, (prefix, parts) = self.dims, self.EXPERTS
         router = next(name for name, target in self.LAYER_NAMES.items() if target == "router")
-        shapes = {"gate": (d.moe.intermediate, d.hidden), "up": (d.moe.intermediate, d.hidden),
-                  "down": (d.hidden, d.moe.intermediate)}
+        shapes = {
+            "gate": (d.moe.intermediate, d.hidden),
+            "up": (d.moe.intermediate, d.hidden),
+            "down": (d.hidden, d.moe.intermediate),
+        }
         return [(f"layers.{layer}.{router}", rand(d.moe.num_experts, d.hidden))] + [
             (f"layers.{layer}.{prefix}{e}.{name}.weight", rand(*shapes[role]))
-            for e in range(d.moe.num_experts) for name, role in parts.items()]
+            for e in range(d.moe.num_experts)
+            for name, role in parts.items()
+        ]
 
     def _format_bytes(self, name: str, tensor: Weight) -> int:
         if name.endswith("lm_head.weight") and self.dims.tied:
@@ -314,5 +360,7 @@ class LlamaForCausalLM:
         resident = self.resident_bytes()
         ratio = resident / self.format_bytes if self.format_bytes else float("nan")
         kinds = ", ".join(f"{n} x {k}" for k, n in methods.items())
-        return (f"weights: {resident / 2**20:.1f} MiB resident, {ratio:.2f}x the checkpoint's "
-                f"{self.format_bytes / 2**20:.1f} MiB in the chosen format ({kinds}; forward {self.backend})")
+        return (
+            f"weights: {resident / 2**20:.1f} MiB resident, {ratio:.2f}x the checkpoint's "
+            f"{self.format_bytes / 2**20:.1f} MiB in the chosen format ({kinds}; forward {self.backend})"
+        )

@@ -7,6 +7,7 @@
 - Checkpoint names: ``block_sparse_moe.gate`` is the router, ``block_sparse_moe.experts.<e>.w1``
   / ``w3`` / ``w2`` each expert's gate, up and down.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -15,6 +15,7 @@ read at all (a single-token decode touches its ``top_k`` experts only). Each exp
 so the GGUF kernels run quantized experts on their blocks. The weighted outputs are added
 back per token in expert order, as transformers does, so float32 results are its own.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,14 +41,18 @@ class MoeDims:
     sparse_layers: tuple[bool, ...]  # Qwen3-MoE: mlp_only_layers / decoder_sparse_step are dense
 
     @classmethod
-    def from_config(cls, cfg: Any, intermediate_field: str, renormalize: bool,
-                    sparse_layers: Optional[tuple[bool, ...]] = None) -> "MoeDims":
+    def from_config(
+        cls, cfg: Any, intermediate_field: str, renormalize: bool, sparse_layers: Optional[tuple[bool, ...]] = None
+    ) -> "MoeDims":
         """The config's expert count, top-k and expert width (``intermediate_field``), checked:
         positive integers, top_k <= num_experts."""
         experts, top_k = getattr(cfg, "num_experts", None), getattr(cfg, "num_experts_per_tok", None)
         intermediate = getattr(cfg, intermediate_field, None)
-        for field, value in (("num_experts", experts), ("num_experts_per_tok", top_k),
-                             (intermediate_field, intermediate)):
+        for field, value in (
+            ("num_experts", experts),
+            ("num_experts_per_tok", top_k),
+            (intermediate_field, intermediate),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"model config: {field} must be a positive integer, got {value!r}")
         if experts > MAX_EXPERTS:
@@ -95,20 +100,21 @@ class SparseMoE:
         outs, start = [], 0
         for e, n in enumerate(counts):
             if n:
-                outs.append(self.down[e](act(self.gate_up[e](rows[start:start + n]))))
+                outs.append(self.down[e](act(self.gate_up[e](rows[start : start + n]))))
                 start += n
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         out = out * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype)
         return torch.zeros(x.shape[0], out.shape[1], dtype=out.dtype, device=out.device).index_add_(0, token_of, out)
 
-    def _one_token(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], weights: torch.Tensor,
-                   experts: torch.Tensor) -> torch.Tensor:
+    def _one_token(
+        self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
         """A single token (decode at one stream): its top-k experts in expert order, without the
         grouping's sort, counts and scatter; the same arithmetic in the same order, so the same
         bits, in about half the grouped path's time (benchmarks/RESULTS.md, "Kernel choices")."""
         out = None
         for e, j in sorted((e, j) for j, e in enumerate(experts[0].tolist())):
             y = self.down[e](act(self.gate_up[e](x)))
-            y = y * weights[:, j:j + 1].to(y.dtype)
+            y = y * weights[:, j : j + 1].to(y.dtype)
             out = y if out is None else out.add_(y)
         return out

@@ -7,6 +7,7 @@
 - ``clip_qkv`` (clamping q, k and v) is not run: a config that sets it is refused by name.
 - Checkpoint names: ``mlp.gate`` is the router, ``mlp.experts.<e>.{gate,up,down}_proj`` the experts.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

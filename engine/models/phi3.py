@@ -6,6 +6,7 @@
   Phi-4-mini's ``partial_rotary_factor`` are rope.py's; a sliding window, where the config has
   one, applies to every layer (Dims.from_config).
 """
+
 from __future__ import annotations
 
 from engine.models.llama import LlamaForCausalLM

@@ -6,6 +6,7 @@
   (HF's rule: ``(i + 1) % step == 0``); a dense layer is Llama's MLP, ``intermediate_size`` wide.
 - Checkpoint names: ``mlp.gate`` is the router, ``mlp.experts.<e>.{gate,up,down}_proj`` the experts.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -15,6 +15,7 @@ paged cache, keys already cached keep their rotation, so the choice here is per 
 HF's own token-by-token decode makes it (vLLM switches a whole batch). ``dynamic`` (NTK) changes
 every cached key's rotation as a sequence grows, which a paged cache cannot follow: refused.
 """
+
 from __future__ import annotations
 
 import math
@@ -109,8 +110,12 @@ def pair_rotary_rows(w: torch.Tensor, num_heads: int, head_dim: int, rotary: int
     """Reorder each head's rows from rotate-half order (over its first ``rotary`` rows, all by
     default) to adjacent (re, im) pairs; the rows past ``rotary`` keep their order."""
     half = (rotary or head_dim) // 2
-    perm = torch.cat([torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten(),
-                      torch.arange(2 * half, head_dim)])
+    perm = torch.cat(
+        [
+            torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten(),
+            torch.arange(2 * half, head_dim),
+        ]
+    )
     return w.reshape(num_heads, head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
 
 
@@ -119,8 +124,9 @@ class RopeTables:
     float32 ``[max_len, d/2, 2]`` view (the C and Triton kernels). ``layer_type``: see
     ``rope_parameters``."""
 
-    def __init__(self, cfg: Any, head_dim: int, max_model_len: int, device: torch.device,
-                 layer_type: Optional[str] = None) -> None:
+    def __init__(
+        self, cfg: Any, head_dim: int, max_model_len: int, device: torch.device, layer_type: Optional[str] = None
+    ) -> None:
         params = rope_parameters(cfg, layer_type)
         dim = rotary_dim(head_dim, params)
         positions = torch.arange(max_model_len, dtype=torch.float32)[:, None]

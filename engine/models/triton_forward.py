@@ -12,6 +12,7 @@ and ``context_lens``), a norm fused with the attention residual, and SiLU-and-mu
 MLP output of a layer is added to the residual by the next layer's norm, so the hidden
 state is read and written once per norm. Nothing here reads a device value on the host.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -36,24 +37,40 @@ class TritonForward:
     def __init__(self, dims: Dims) -> None:
         self.dims = dims
 
-    def __call__(self, model: "LlamaForCausalLM", input_ids: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def __call__(
+        self,
+        model: "LlamaForCausalLM",
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: torch.Tensor,
+        md: AttentionMetadata,
+    ) -> torch.Tensor:
         """Hidden states before the final norm (the same contract as the CPU forwards)."""
         dims = self.dims
         eps, d, q_size, kv_size = dims.eps, dims.head_dim, dims.q_size, dims.kv_size
         h = model.embed(input_ids)
         delta = None
         for i, layer in enumerate(model.layers):
-            x = (K.rms_norm(h, layer.input_norm, eps) if delta is None
-                 else K.rms_norm(delta, layer.input_norm, eps, residual=h))  # h += delta
+            x = (
+                K.rms_norm(h, layer.input_norm, eps)
+                if delta is None
+                else K.rms_norm(delta, layer.input_norm, eps, residual=h)
+            )  # h += delta
             qkv = layer.qkv(x)
             if layer.q_norm is not None:
                 qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, dims.num_heads, dims.num_kv_heads, d, eps)
-            K.rotary_embedding(qkv[:, :q_size + kv_size], positions, model.ropes[layer.rope].cos_sin, d)
+            K.rotary_embedding(qkv[:, : q_size + kv_size], positions, model.ropes[layer.rope].cos_sin, d)
             K.reshape_and_cache(qkv[:, q_size:], kv_caches[i], md.slot_mapping)
-            attn = K.paged_attention(qkv[:, :q_size].view(qkv.shape[0], dims.num_heads, d), kv_caches[i],
-                                     md.block_tables, md.cu_seqlens, md.context_lens, dims.scale,
-                                     dims.sliding_window if layer.sliding else None, max_query_len=md.max_query_len)
+            attn = K.paged_attention(
+                qkv[:, :q_size].view(qkv.shape[0], dims.num_heads, d),
+                kv_caches[i],
+                md.block_tables,
+                md.cu_seqlens,
+                md.context_lens,
+                dims.scale,
+                dims.sliding_window if layer.sliding else None,
+                max_query_len=md.max_query_len,
+            )
             x = K.rms_norm(layer.o_proj(attn), layer.post_norm, eps, residual=h)  # h += o_proj(attn)
             delta = layer.down(K.silu_and_mul(layer.gate_up(x)))
         return h if delta is None else h + delta

@@ -12,6 +12,7 @@ own ``layer_names``. A sparse family's experts (``experts``: their prefix in a l
 their part names) arrive one projection per expert; gate and up are fused per expert
 ("experts.<e>.gate_up"), and the router is a layer name mapped to "router".
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -25,14 +26,28 @@ from engine.models.rope import pair_rotary_rows
 Weight = torch.Tensor | GGUFBlocks | GGUFParts
 
 # HF name (after "model.") -> (our name, per layer)
-_SIMPLE = {"embed_tokens.weight": "embed", "norm.weight": "norm", "lm_head.weight": "lm_head",
-           "score.weight": "score"}  # score: a *ForSequenceClassification model's head
-LAYER_NAMES = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
-               "self_attn.o_proj.weight": "o_proj", "mlp.down_proj.weight": "down",
-               "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}  # a family may pass its own
+_SIMPLE = {
+    "embed_tokens.weight": "embed",
+    "norm.weight": "norm",
+    "lm_head.weight": "lm_head",
+    "score.weight": "score",
+}  # score: a *ForSequenceClassification model's head
+LAYER_NAMES = {
+    "input_layernorm.weight": "input_norm",
+    "post_attention_layernorm.weight": "post_norm",
+    "self_attn.o_proj.weight": "o_proj",
+    "mlp.down_proj.weight": "down",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+}  # a family may pass its own
 # HF projection -> our fused projection; parts are concatenated in this order.
-_FUSED = {"self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
-          "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up"}
+_FUSED = {
+    "self_attn.q_proj": "qkv",
+    "self_attn.k_proj": "qkv",
+    "self_attn.v_proj": "qkv",
+    "mlp.gate_proj": "gate_up",
+    "mlp.up_proj": "gate_up",
+}
 _PARTS = {f: [p for p, g in _FUSED.items() if g == f] for f in set(_FUSED.values())}
 
 
@@ -43,10 +58,16 @@ def expected_names(dims: Dims) -> set[str]:
     per_layer += ["qkv_bias"] if dims.qkv_bias else []
     per_layer += ["attn_out_norm", "mlp_out_norm"] if dims.sandwich_norms else []
     moe = dims.moe
-    experts = ["router"] + [f"experts.{e}.{k}" for e in range(moe.num_experts) for k in ("gate_up", "down")] \
-        if moe is not None else []
-    names = {f"layers.{i}.{n}" for i in range(dims.num_layers)
-             for n in per_layer + (experts if moe is not None and moe.sparse_layers[i] else ["gate_up", "down"])}
+    experts = (
+        ["router"] + [f"experts.{e}.{k}" for e in range(moe.num_experts) for k in ("gate_up", "down")]
+        if moe is not None
+        else []
+    )
+    names = {
+        f"layers.{i}.{n}"
+        for i in range(dims.num_layers)
+        for n in per_layer + (experts if moe is not None and moe.sparse_layers[i] else ["gate_up", "down"])
+    }
     names |= {"embed", "norm"}
     if dims.num_labels:
         return names | {"score"}
@@ -78,9 +99,13 @@ def _cat(parts: list[Weight]) -> Weight:
 
 
 class WeightRouter:
-    def __init__(self, dims: Dims, put: Callable[[str, Optional[int], Weight], None],
-                 layer_names: Optional[dict[str, str]] = None,
-                 experts: Optional[tuple[str, dict[str, str]]] = None) -> None:
+    def __init__(
+        self,
+        dims: Dims,
+        put: Callable[[str, Optional[int], Weight], None],
+        layer_names: Optional[dict[str, str]] = None,
+        experts: Optional[tuple[str, dict[str, str]]] = None,
+    ) -> None:
         self.dims, self.put, self.layer_names = dims, put, layer_names or LAYER_NAMES
         self.experts = experts
         self.pending: dict[str, Weight] = {}
@@ -97,12 +122,15 @@ class WeightRouter:
             if target in heads or target not in ("score", "lm_head"):
                 return self._put(target, None, tensor)
         if name.startswith("layers."):
-            idx, rest = name[len("layers."):].split(".", 1)
+            idx, rest = name[len("layers.") :].split(".", 1)
             if rest in self.layer_names:
                 target = self.layer_names[rest]
                 if target in ("q_norm", "k_norm"):  # indexes head_dim (OLMoE: all q or k rows), as the q/k rows do
-                    heads = (self.dims.num_heads if target == "q_norm" else self.dims.num_kv_heads) \
-                        if self.dims.qk_norm_whole else 1
+                    heads = (
+                        (self.dims.num_heads if target == "q_norm" else self.dims.num_kv_heads)
+                        if self.dims.qk_norm_whole
+                        else 1
+                    )
                     if tuple(tensor.shape) == self._shape(target):  # else _put names the shape
                         tensor = pair_rows(tensor, heads, self.dims.head_dim, self.dims.rotary_dim)
                 elif target == "qkv" and tuple(tensor.shape) == self._shape("qkv"):  # else _put names the shape
@@ -119,7 +147,7 @@ class WeightRouter:
     def _add_expert(self, idx: str, rest: str, tensor: Weight) -> None:
         """``<prefix><e>.<part>.weight``: down goes as it is, gate and up once both have come."""
         prefix, parts = self.experts
-        expert, _, name = rest[len(prefix):].partition(".")
+        expert, _, name = rest[len(prefix) :].partition(".")
         role = parts.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
         self.pending[f"layers.{idx}.{rest}"] = tensor
         if role is None or not expert.isdigit():
@@ -136,20 +164,32 @@ class WeightRouter:
             width = d.moe.intermediate
             return (2 * width, d.hidden) if target.endswith("gate_up") else (d.hidden, width)
         qkv = d.q_size + 2 * d.kv_size
-        return {"embed": (d.vocab_size, d.hidden), "lm_head": (d.vocab_size, d.hidden), "norm": (d.hidden,),
-                "score": (d.num_labels, d.hidden),
-                "input_norm": (d.hidden,), "post_norm": (d.hidden,), "attn_out_norm": (d.hidden,),
-                "mlp_out_norm": (d.hidden,), "q_norm": (d.q_size if d.qk_norm_whole else d.head_dim,),
-                "k_norm": (d.kv_size if d.qk_norm_whole else d.head_dim,), "qkv": (qkv, d.hidden),
-                "router": (d.moe.num_experts if d.moe else 0, d.hidden), "qkv_bias": (qkv,),
-                "o_proj": (d.hidden, d.q_size),
-                "gate_up": (2 * d.intermediate, d.hidden), "down": (d.hidden, d.intermediate)}[target]
+        return {
+            "embed": (d.vocab_size, d.hidden),
+            "lm_head": (d.vocab_size, d.hidden),
+            "norm": (d.hidden,),
+            "score": (d.num_labels, d.hidden),
+            "input_norm": (d.hidden,),
+            "post_norm": (d.hidden,),
+            "attn_out_norm": (d.hidden,),
+            "mlp_out_norm": (d.hidden,),
+            "q_norm": (d.q_size if d.qk_norm_whole else d.head_dim,),
+            "k_norm": (d.kv_size if d.qk_norm_whole else d.head_dim,),
+            "qkv": (qkv, d.hidden),
+            "router": (d.moe.num_experts if d.moe else 0, d.hidden),
+            "qkv_bias": (qkv,),
+            "o_proj": (d.hidden, d.q_size),
+            "gate_up": (2 * d.intermediate, d.hidden),
+            "down": (d.hidden, d.intermediate),
+        }[target]
 
     def _put(self, target: str, layer: Optional[int], value: Weight) -> None:
         full = target if layer is None else f"layers.{layer}.{target}"
         if self.dims.moe is not None and full not in self.expected and not target.endswith("_bias"):
-            raise ValueError(f"checkpoint has {full} but the config says the model has no such part "
-                             "(a dense MLP in a sparse layer, experts in a dense one, or an expert past num_experts)")
+            raise ValueError(
+                f"checkpoint has {full} but the config says the model has no such part "
+                "(a dense MLP in a sparse layer, experts in a dense one, or an expert past num_experts)"
+            )
         want = self._shape(target)
         if tuple(value.shape) != want:  # a RuntimeError, as a copy into a tensor of another shape is
             raise RuntimeError(f"{target}: expected shape {list(want)}, got {list(value.shape)}")
@@ -172,5 +212,7 @@ class WeightRouter:
     def finish(self) -> None:
         missing = expected_names(self.dims) - self.done
         if self.pending or missing:
-            raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:8]}, "
-                             f"unexpected {sorted(self.pending)[:8]}")
+            raise ValueError(
+                f"checkpoint does not match the model: missing {sorted(missing)[:8]}, "
+                f"unexpected {sorted(self.pending)[:8]}"
+            )

@@ -15,6 +15,7 @@ The draft model's files are read in the frontend with the target's (a vocabulary
 the target's is a ValueError naming ``speculative_config.model``, engine/config/speculative.py).
 It imports nothing of the engine (config.py reads it at module level).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,15 @@ from typing import Any, Optional
 
 METHODS = ("ngram", "draft_model")
 NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
-KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-        "disable_by_batch_size", "draft_tensor_parallel_size")
+KEYS = (
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+    "draft_tensor_parallel_size",
+)
 NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 
 # Bounds that keep a step's work bounded: the lookup compares up to prompt_lookup_max tokens per
@@ -56,8 +64,10 @@ def resolve_speculative_config(value: Any) -> Optional[SpeculativeConfig]:
     if not isinstance(value, dict):
         raise ValueError(f"speculative_config must be a dict (a JSON object), got {value!r}")
     if value.get("method") in NOT_YET:
-        raise ValueError(f"speculative_config: method {value['method']!r} is not supported; supported: "
-                         f"'ngram' (prompt lookup), 'draft_model' (with model)")
+        raise ValueError(
+            f"speculative_config: method {value['method']!r} is not supported; supported: "
+            f"'ngram' (prompt lookup), 'draft_model' (with model)"
+        )
     unknown = sorted(str(k) for k in value if k not in KEYS)
     if unknown:
         raise ValueError(f"speculative_config: {', '.join(unknown)} not supported; supported keys: {', '.join(KEYS)}")
@@ -71,8 +81,9 @@ def resolve_speculative_config(value: Any) -> Optional[SpeculativeConfig]:
         batch = _int("disable_by_batch_size", batch, 1, None)
     if method == "draft_model":
         if not isinstance(model, str) or not model:
-            raise _bad("model", "a draft model's path (a .gguf file or an HF directory) with method 'draft_model'",
-                       model)
+            raise _bad(
+                "model", "a draft model's path (a .gguf file or an HF directory) with method 'draft_model'", model
+            )
         given = [key for key in NGRAM_KEYS if value.get(key) is not None]
         if given:
             raise ValueError(f"speculative_config: {', '.join(given)} apply to method 'ngram' only")
@@ -81,8 +92,9 @@ def resolve_speculative_config(value: Any) -> Optional[SpeculativeConfig]:
     if model is not None:
         raise ValueError("speculative_config.model: names a draft model, which method 'ngram' does not use")
     if value.get("draft_tensor_parallel_size", 1) != 1:
-        raise _bad("draft_tensor_parallel_size", "1 (and applies to a draft model only)",
-                   value["draft_tensor_parallel_size"])
+        raise _bad(
+            "draft_tensor_parallel_size", "1 (and applies to a draft model only)", value["draft_tensor_parallel_size"]
+        )
     low, high = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
     if low is None and high is None:
         low = high = DEFAULT_LOOKUP

@@ -22,6 +22,7 @@ target's argmax agrees with; random rows draw from the draft's distribution q (t
 temperature, top-k, top-p, min-p over the draft's logits), kept with the draft for the rejection
 sampling (verify.py). A stale or wrong draft KV can only lower acceptance.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,13 @@ def draft_engine_config(config: EngineConfig) -> EngineConfig:
     """The config the draft model loads with: the target's, with the draft's ModelConfig (derived
     in the frontend, engine/config/speculative.py) and nothing of speculation or adapters."""
     assert config.draft_model_config is not None  # set by create_engine_config for method "draft_model"
-    return dataclasses.replace(config, model_config=config.draft_model_config, speculative_config=None,
-                               draft_model_config=None, lora_config=None)
+    return dataclasses.replace(
+        config,
+        model_config=config.draft_model_config,
+        speculative_config=None,
+        draft_model_config=None,
+        lora_config=None,
+    )
 
 
 class _DraftKV:
@@ -78,7 +84,7 @@ class _Tokens:
         n = len(self.known)
         if s.stop <= n:
             return self.known[s]
-        return self.known[s.start:] + self.draft[max(0, s.start - n):s.stop - n]
+        return self.known[s.start :] + self.draft[max(0, s.start - n) : s.stop - n]
 
 
 class _Row:
@@ -147,13 +153,18 @@ class DraftModelProposer:
                 req.spec_state.draft_probs = torch.stack(q) if q else None
         return drafts
 
-    def _step(self, reqs: list[Request], rows: list[_Row],
-              counts: list[int]) -> tuple[list[int], Optional[torch.Tensor]]:
+    def _step(
+        self, reqs: list[Request], rows: list[_Row], counts: list[int]
+    ) -> tuple[list[int], Optional[torch.Tensor]]:
         """One draft forward over ``rows``; each row's next token, and the draft's distributions
         (None when every row is greedy)."""
         step = self.attn_builder.build(rows, counts)
-        hidden = self.model(to_device(step.ids, torch.long, self.device),
-                            to_device(step.positions, torch.long, self.device), self.kv_caches, step.md)
+        hidden = self.model(
+            to_device(step.ids, torch.long, self.device),
+            to_device(step.positions, torch.long, self.device),
+            self.kv_caches,
+            step.md,
+        )
         last = [step.first_row[j] + n - 1 for j, n in enumerate(counts)]
         logits = self.model.compute_logits(hidden.index_select(0, to_device(last, torch.long, self.device)))
         md = self.sampling_metadata(reqs)

@@ -29,6 +29,7 @@ Rules, all here so the scheduler only calls ``add_drafts`` and ``after_step``:
   prefix cache, which only takes computed full blocks), and blocks allocated only for rejected
   drafts go back to the free queue.
 """
+
 from __future__ import annotations
 
 import logging
@@ -95,8 +96,17 @@ class SpecStats:
         self._log(step)
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * len(self.accepted_per_pos)
-        return dict(zip(("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
-                         "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos"), step))
+        return dict(
+            zip(
+                (
+                    "spec_decode_num_drafts",
+                    "spec_decode_num_draft_tokens",
+                    "spec_decode_num_accepted_tokens",
+                    "spec_decode_num_accepted_tokens_per_pos",
+                ),
+                step,
+            )
+        )
 
     def _log(self, step: tuple) -> None:
         since = self._since
@@ -106,29 +116,47 @@ class SpecStats:
         if now - self._logged < LOG_INTERVAL_S or not since[0]:
             return
         drafts, drafted, accepted = since
-        logger.info("SpecDecoding metrics: draft acceptance rate %.1f%%, mean acceptance length %.2f, "
-                    "accepted %d of %d draft tokens in %d drafts", 100.0 * accepted / max(1, drafted),
-                    1 + accepted / drafts, accepted, drafted, drafts)
+        logger.info(
+            "SpecDecoding metrics: draft acceptance rate %.1f%%, mean acceptance length %.2f, "
+            "accepted %d of %d draft tokens in %d drafts",
+            100.0 * accepted / max(1, drafted),
+            1 + accepted / drafts,
+            accepted,
+            drafted,
+            drafts,
+        )
         self._since, self._logged = [0, 0, 0], now
 
 
 def can_speculate(req: Request) -> bool:
     """Whether ``req``'s next tokens can be verified against drafts (the rules above)."""
     p = req.sampling_params
-    return (req.pooling_params is None and req.structured_output is None and p.structured_outputs is None
-            and p.sampling_type != SamplingType.RANDOM_SEED and not has_penalties(p) and not has_logit_controls(p)
-            and req.num_output_tokens >= p.min_tokens)
+    return (
+        req.pooling_params is None
+        and req.structured_output is None
+        and p.structured_outputs is None
+        and p.sampling_type != SamplingType.RANDOM_SEED
+        and not has_penalties(p)
+        and not has_logit_controls(p)
+        and req.num_output_tokens >= p.min_tokens
+    )
 
 
 class DraftScheduler:
-    def __init__(self, config: SpeculativeConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 proposer: Optional[Proposer] = None) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        kv_cache: KVCacheManager,
+        max_model_len: int,
+        proposer: Optional[Proposer] = None,
+    ) -> None:
         self.config = config
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         if proposer is None and config.method != "ngram":
-            raise ValueError(f"speculative_config: method {config.method!r} needs the worker's draft model, "
-                             "and this worker has none")
+            raise ValueError(
+                f"speculative_config: method {config.method!r} needs the worker's draft model, and this worker has none"
+            )
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(config.num_speculative_tokens)
 

@@ -7,6 +7,7 @@ tokens after that occurrence are a guess at what comes next, and a good one wher
 over the context, O(context) for the first token compared and then only over the positions still
 matching, so a step's lookups are bounded by the running requests' lengths.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Sequence
@@ -29,8 +30,9 @@ class NgramProposer:
         self.max_n = prompt_lookup_max
 
     def propose(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> list[list[int]]:
-        return [ngram_draft(_context(r), self.min_n, self.max_n, k) if k > 0 else []
-                for r, k in zip(requests, max_tokens)]
+        return [
+            ngram_draft(_context(r), self.min_n, self.max_n, k) if k > 0 else [] for r, k in zip(requests, max_tokens)
+        ]
 
 
 def _context(req: Request) -> np.ndarray:
@@ -76,4 +78,4 @@ def ngram_draft(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]
     # the suffix and would propose a single token.
     full = best[best + k < length]
     start = int(full[-1] if full.size else best[0]) + 1
-    return tokens[start:start + k].tolist()
+    return tokens[start : start + k].tolist()

@@ -16,6 +16,7 @@ Random, a draft model's drafts drawn from its distribution q: ``rejection_sample
 rule with that q (Leviathan et al. 2023; Chen et al. 2023), so the emitted tokens follow the
 target's p whatever q is. The test suite checks both with chi-square tests.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,7 @@ def accepted_tokens(target: list[int], draft: list[int]) -> list[int]:
     a = 0
     while a < len(draft) and target[a] == draft[a]:
         a += 1
-    return target[:a + 1]
+    return target[: a + 1]
 
 
 def rejection_sample(p: torch.Tensor, q: torch.Tensor, draft: list[int]) -> list[int]:

@@ -1,6 +1,7 @@
 """cffi (API mode) build of csrc/cpu/token_bitmask.c as ``engine.structured_output._bitmask``; run by
 setup.py (or ``python engine/structured_output/_build_bitmask.py`` from the repository root).
 A module of its own, so building it never replaces the kernels a running engine has loaded."""
+
 import os
 
 from cffi import FFI
@@ -18,12 +19,19 @@ def _rel(path):
 
 def _builder(place=_rel) -> FFI:
     ffi = FFI()
-    ffi.cdef("void ringllm_apply_token_bitmask_f32(float *logits, int64_t row_stride, const int32_t *bitmask, "
-             "int64_t words, const int64_t *rows, int64_t n_rows, int64_t vocab);")
-    ffi.set_source("engine.structured_output._bitmask", '#include "token_bitmask.h"\n',
-                   sources=[place(os.path.join(_CSRC, "token_bitmask.c"))], include_dirs=[place(_CSRC)],
-                   depends=[place(os.path.join(_CSRC, "token_bitmask.h"))], libraries=["m"],
-                   extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"])
+    ffi.cdef(
+        "void ringllm_apply_token_bitmask_f32(float *logits, int64_t row_stride, const int32_t *bitmask, "
+        "int64_t words, const int64_t *rows, int64_t n_rows, int64_t vocab);"
+    )
+    ffi.set_source(
+        "engine.structured_output._bitmask",
+        '#include "token_bitmask.h"\n',
+        sources=[place(os.path.join(_CSRC, "token_bitmask.c"))],
+        include_dirs=[place(_CSRC)],
+        depends=[place(os.path.join(_CSRC, "token_bitmask.h"))],
+        libraries=["m"],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
+    )
     return ffi
 
 

@@ -4,6 +4,7 @@ per-vocabulary precomputation) and it takes JSON-schema features and options xgr
 README, "Structured outputs"). It imports no torch, so the frontend validates with it too
 (engine/structured_output/validate.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,9 @@ class GuidanceBackend:
 
         self._llg = llguidance
         self._stop_ids = frozenset(vocab.stop_token_ids)
-        self._tokenizer = llguidance.LLTokenizer(vocab.tokenizer_json, n_vocab=vocab.vocab_size,
-                                                 eos_token=vocab.stop_token_ids or None)
+        self._tokenizer = llguidance.LLTokenizer(
+            vocab.tokenizer_json, n_vocab=vocab.vocab_size, eos_token=vocab.stop_token_ids or None
+        )
 
     def compile(self, params: StructuredOutputsParams) -> "GuidanceGrammar":
         spec = grammar_spec(params)

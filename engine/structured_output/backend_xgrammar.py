@@ -4,6 +4,7 @@ the cheapest to fill (measured in README, "Structured outputs"). Compiling relea
 
 Matchers follow the ``Matcher`` interface of engine/structured_output/backend.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,13 @@ class XgrammarBackend:
 
         self._xgr = xgr
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(vocab.tokenizer_json)
-        info = xgr.TokenizerInfo(vocab.tokens, vocab_type=meta["vocab_type"], vocab_size=vocab.vocab_size,
-                                 stop_token_ids=vocab.stop_token_ids or None,
-                                 add_prefix_space=meta["add_prefix_space"])
+        info = xgr.TokenizerInfo(
+            vocab.tokens,
+            vocab_type=meta["vocab_type"],
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=vocab.stop_token_ids or None,
+            add_prefix_space=meta["add_prefix_space"],
+        )
         # Our compile pool caches by spec; xgrammar's own cache would hold a second copy.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
@@ -53,8 +58,9 @@ class XgrammarBackend:
             elif kind == "choice":
                 compiled = c.compile_grammar(choice_ebnf(params.choice))
             elif kind == "grammar":
-                compiled = (c.compile_grammar(params.grammar) if is_ebnf(params.grammar)
-                            else c.compile_lark(params.grammar))
+                compiled = (
+                    c.compile_grammar(params.grammar) if is_ebnf(params.grammar) else c.compile_lark(params.grammar)
+                )
             else:  # structural_tag
                 compiled = c.compile_structural_tag(to_xgrammar(json.loads(params.structural_tag)))
         except Exception as e:  # xgrammar raises RuntimeError, ValueError and its own types

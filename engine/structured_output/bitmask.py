@@ -3,6 +3,7 @@ that is sampled this step (bit ``t % 32`` of word ``t // 32`` set: token t allow
 both backends fill. The scheduler fills it (``manager.py``); the model runner applies it to the
 logits before sampling, so every sampling stage sees the masked logits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,13 +30,24 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask, row_of:
     xgrammar's kernel."""
     rows = [row_of[r] for r in grammar.req_ids]
     kernel = _c_kernel()
-    if (kernel is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.stride(1) == 1 and grammar.bitmask.is_contiguous()):
+    if (
+        kernel is not None
+        and logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.stride(1) == 1
+        and grammar.bitmask.is_contiguous()
+    ):
         ffi, lib = kernel
         index = torch.tensor(rows, dtype=torch.int64)
-        lib.ringllm_apply_token_bitmask_f32(ffi.cast("float *", logits.data_ptr()), logits.stride(0),
-                                            ffi.cast("int32_t *", grammar.bitmask.data_ptr()), grammar.bitmask.shape[1],
-                                            ffi.cast("int64_t *", index.data_ptr()), len(rows), logits.shape[1])
+        lib.ringllm_apply_token_bitmask_f32(
+            ffi.cast("float *", logits.data_ptr()),
+            logits.stride(0),
+            ffi.cast("int32_t *", grammar.bitmask.data_ptr()),
+            grammar.bitmask.shape[1],
+            ffi.cast("int64_t *", index.data_ptr()),
+            len(rows),
+            logits.shape[1],
+        )
         return
     import xgrammar
 
@@ -53,6 +65,7 @@ def _c_kernel():
     if not _KERNEL:
         try:
             from engine.structured_output._bitmask import ffi, lib
+
             _KERNEL.append((ffi, lib))
         except ImportError:
             _KERNEL.append(None)

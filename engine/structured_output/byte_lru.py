@@ -4,6 +4,7 @@ stay cheap. Each entry's size is given by the caller; the least recently used en
 the total is under the bound again. Not thread safe: its owner uses it from one thread (or under
 its own lock).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -28,6 +28,7 @@ never held more than ~40 ms by a 30k-string enum's compile), so the step loop ru
 The backends, and the vocabulary they are built from, are made lazily by the first compile, on
 a lane thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,8 +38,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 from engine.structured_output.byte_lru import ByteLRU
-from engine.structured_output.config import (LARGE_SPEC_BYTES, MAX_CACHED_GRAMMAR_BYTES, MAX_KNOWN_SLOW,
-                                              MAX_QUEUED_COMPILES, StructuredOutputsConfig)
+from engine.structured_output.config import (
+    LARGE_SPEC_BYTES,
+    MAX_CACHED_GRAMMAR_BYTES,
+    MAX_KNOWN_SLOW,
+    MAX_QUEUED_COMPILES,
+    StructuredOutputsConfig,
+)
 from engine.structured_output.errors import GrammarError
 from engine.structured_output.params import StructuredOutputsParams, key_bytes, key_digest, oversize
 from engine.structured_output.vocab import Vocabulary
@@ -60,12 +66,15 @@ class Job:
 
 
 class CompilePool:
-    def __init__(self, config: StructuredOutputsConfig, load_vocab: Callable[[], Vocabulary],
-                 max_cached_bytes: int = MAX_CACHED_GRAMMAR_BYTES) -> None:
+    def __init__(
+        self,
+        config: StructuredOutputsConfig,
+        load_vocab: Callable[[], Vocabulary],
+        max_cached_bytes: int = MAX_CACHED_GRAMMAR_BYTES,
+    ) -> None:
         self.config = config
         self._load_vocab = load_vocab
-        self._lanes = {name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"grammar-{name}")
-                       for name in LANES}
+        self._lanes = {name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"grammar-{name}") for name in LANES}
         self._waiting: dict[str, list[Future]] = {name: [] for name in LANES}
         self.cache = ByteLRU(max_cached_bytes)  # job key -> finished Job (step loop only: no lock)
         self._in_flight: dict[tuple, Job] = {}  # job key -> Job not yet moved into the cache
@@ -127,14 +136,18 @@ class CompilePool:
         job = self.cache.get(key) or self._in_flight.get(key)
         if job is None:
             if key in self._slow:
-                raise GrammarError(f"structured_outputs.{params.kind}: this spec took longer than "
-                                   f"compile_timeout_s ({self.config.compile_timeout_s:g} s) to compile before "
-                                   "and is not compiled again; simplify it")
+                raise GrammarError(
+                    f"structured_outputs.{params.kind}: this spec took longer than "
+                    f"compile_timeout_s ({self.config.compile_timeout_s:g} s) to compile before "
+                    "and is not compiled again; simplify it"
+                )
             lane = "large" if large else ("small" if backend == "xgrammar" else "quick")
             waiting = self._waiting[lane] = [f for f in self._waiting[lane] if not (f.running() or f.done())]
             if len(waiting) >= MAX_QUEUED_COMPILES:
-                raise GrammarError(f"structured_outputs: {MAX_QUEUED_COMPILES} grammars are already waiting to "
-                                   f"compile on the server's {lane} lane (max_queued_compiles); try again later")
+                raise GrammarError(
+                    f"structured_outputs: {MAX_QUEUED_COMPILES} grammars are already waiting to "
+                    f"compile on the server's {lane} lane (max_queued_compiles); try again later"
+                )
             job = Job(key)
             job.future = self._lanes[lane].submit(self._compile, job, backend, params)
             waiting.append(job.future)

@@ -1,5 +1,6 @@
 """``structured_outputs_config``: the engine-wide choice of backend (vLLM's field), validated in
 the frontend before any process starts. Plain data: it travels to the core in EngineArgs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -68,8 +69,10 @@ def resolve_structured_outputs_config(value: Any) -> StructuredOutputsConfig:
     known = {f.name for f in fields(StructuredOutputsConfig)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"structured_outputs_config: unknown field(s) {', '.join(map(str, unknown))}; "
-                         f"known: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"structured_outputs_config: unknown field(s) {', '.join(map(str, unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
     return StructuredOutputsConfig(**value)
 
 

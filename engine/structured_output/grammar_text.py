@@ -1,4 +1,5 @@
 """Constraint text both backends share: a choice as a grammar, and telling EBNF from Lark."""
+
 from __future__ import annotations
 
 import json

@@ -24,6 +24,7 @@ prefix-cache hits change which tokens are computed, never which are accepted. A 
 aborted request drops its matcher with the request, and ``release`` drops the compiles nobody
 else waits for.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -45,8 +46,14 @@ class GrammarState:
 
     __slots__ = ("future", "quick", "deadline", "matcher", "upgrade", "jobs", "grammar_from")
 
-    def __init__(self, future: concurrent.futures.Future, quick: Optional[concurrent.futures.Future],
-                 deadline: float, jobs: tuple = (), grammar_from: Optional[int] = 0) -> None:
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        quick: Optional[concurrent.futures.Future],
+        deadline: float,
+        jobs: tuple = (),
+        grammar_from: Optional[int] = 0,
+    ) -> None:
         self.future = future  # the grammar the request wants
         self.quick = quick  # llguidance's compile of the same spec to start on (auto), or None
         self.deadline = deadline
@@ -58,8 +65,14 @@ class GrammarState:
 
 
 class StructuredOutputManager:
-    def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 max_num_seqs: int, reasoning: Optional[ReasoningMarkers] = None) -> None:
+    def __init__(
+        self,
+        config: StructuredOutputsConfig,
+        tokenizer_path: str,
+        vocab_size: int,
+        max_num_seqs: int,
+        reasoning: Optional[ReasoningMarkers] = None,
+    ) -> None:
         self.config = config
         self.reasoning = reasoning
         self.vocab_size = vocab_size
@@ -77,9 +90,13 @@ class StructuredOutputManager:
         main, quick = self._pool.submit(params)  # GrammarError: the request is refused
         jobs = (main,) if quick is None else (main, quick)
         reasoning_ended = self.reasoning is None or self.reasoning.ended(req.prompt_token_ids)
-        req.structured_output = GrammarState(main.future, None if quick is None else quick.future,
-                                             time.monotonic() + self.config.compile_timeout_s, jobs,
-                                             0 if reasoning_ended else None)
+        req.structured_output = GrammarState(
+            main.future,
+            None if quick is None else quick.future,
+            time.monotonic() + self.config.compile_timeout_s,
+            jobs,
+            0 if reasoning_ended else None,
+        )
 
     def release(self, req: Any) -> None:
         """``req`` has ended (finished, aborted, failed, timed out): its compiles that nobody
@@ -106,9 +123,11 @@ class StructuredOutputManager:
             return False
         if self._pool is not None:
             self._pool.gave_up(state.jobs)
-        raise GrammarError(f"structured_outputs: the grammar did not compile within "
-                           f"{self.config.compile_timeout_s:g} s (compile_timeout_s); simplify the schema, "
-                           "regex or grammar")
+        raise GrammarError(
+            f"structured_outputs: the grammar did not compile within "
+            f"{self.config.compile_timeout_s:g} s (compile_timeout_s); simplify the schema, "
+            "regex or grammar"
+        )
 
     def wait(self, reqs: list, timeout: float) -> None:
         """Sleep until one of ``reqs``' grammars is compiled, at most ``timeout`` s (the loop has
@@ -128,7 +147,7 @@ class StructuredOutputManager:
 
         if self._bitmask is None:
             self._bitmask = torch.empty((self._max_rows, bitmask_words(self.vocab_size)), dtype=torch.int32)
-        rows = self._bitmask[:len(reqs)]
+        rows = self._bitmask[: len(reqs)]
         for i, req in enumerate(reqs):
             state = req.structured_output
             if state.upgrade and state.future.done():
@@ -159,7 +178,7 @@ class StructuredOutputManager:
         if state.future.cancelled() or state.future.exception() is not None:
             return
         matcher = state.future.result().matcher()
-        if all(matcher.accept(t) for t in req.output_token_ids[state.grammar_from:]):
+        if all(matcher.accept(t) for t in req.output_token_ids[state.grammar_from :]):
             state.matcher = matcher
 
     def shutdown(self) -> None:
@@ -168,9 +187,12 @@ class StructuredOutputManager:
 
     def _with_defaults(self, params: StructuredOutputsParams) -> StructuredOutputsParams:
         c = self.config
-        if (c.disable_any_whitespace and not params.disable_any_whitespace) or \
-                (c.disable_additional_properties and not params.disable_additional_properties):
+        if (c.disable_any_whitespace and not params.disable_any_whitespace) or (
+            c.disable_additional_properties and not params.disable_additional_properties
+        ):
             return msgspec.structs.replace(
-                params, disable_any_whitespace=params.disable_any_whitespace or c.disable_any_whitespace,
-                disable_additional_properties=params.disable_additional_properties or c.disable_additional_properties)
+                params,
+                disable_any_whitespace=params.disable_any_whitespace or c.disable_any_whitespace,
+                disable_additional_properties=params.disable_additional_properties or c.disable_additional_properties,
+            )
         return params

@@ -5,6 +5,7 @@ is set (``json``, ``regex``, ``choice``, ``grammar``, ``json_object`` or ``struc
 the other fields tune how a JSON schema becomes a grammar. ``key()`` is the canonical spelling
 the core caches compiled grammars by, so the same schema sent by many clients compiles once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,12 +45,17 @@ class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=Tru
         """Exactly one constraint, each of the right type; ParameterError naming the field."""
         chosen = [name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name))]
         if not chosen:
-            raise ParameterError("structured_outputs: you must use one kind of structured outputs constraint "
-                                 f"but none are specified (one of {', '.join(CONSTRAINT_FIELDS)})",
-                                 parameter="structured_outputs")
+            raise ParameterError(
+                "structured_outputs: you must use one kind of structured outputs constraint "
+                f"but none are specified (one of {', '.join(CONSTRAINT_FIELDS)})",
+                parameter="structured_outputs",
+            )
         if len(chosen) > 1:
-            raise ParameterError("structured_outputs: you can only use one kind of structured outputs constraint "
-                                 f"but multiple are specified: {', '.join(chosen)}", parameter="structured_outputs")
+            raise ParameterError(
+                "structured_outputs: you can only use one kind of structured outputs constraint "
+                f"but multiple are specified: {', '.join(chosen)}",
+                parameter="structured_outputs",
+            )
         if self.json is not None:
             if isinstance(self.json, str):
                 try:
@@ -65,10 +71,13 @@ class StructuredOutputsParams(msgspec.Struct, array_like=True, omit_defaults=Tru
             if value is not None and (not isinstance(value, str) or (name != "whitespace_pattern" and not value)):
                 raise _bad(name, "a non-empty string")
         if isinstance(self.choice, list) and len(self.choice) > MAX_CHOICES:  # first: O(1) for a huge list
-            raise ParameterError(f"structured_outputs.choice: at most {MAX_CHOICES} choices, got {len(self.choice)}",
-                                 parameter="structured_outputs")
-        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
-                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise ParameterError(
+                f"structured_outputs.choice: at most {MAX_CHOICES} choices, got {len(self.choice)}",
+                parameter="structured_outputs",
+            )
+        if self.choice is not None and (
+            not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice)
+        ):
             raise _bad("choice", "a non-empty list of strings")
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise _bad("json_object", "a bool")
@@ -123,8 +132,7 @@ def oversize(key: tuple) -> str:
     size = key_bytes(key)
     if size <= MAX_SPEC_BYTES:
         return ""
-    return (f"structured_outputs.{key[0]} is {size} bytes, over the server's limit of {MAX_SPEC_BYTES} "
-            "(max_spec_bytes)")
+    return f"structured_outputs.{key[0]} is {size} bytes, over the server's limit of {MAX_SPEC_BYTES} (max_spec_bytes)"
 
 
 def _is_set(value: Any) -> bool:

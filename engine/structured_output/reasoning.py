@@ -9,6 +9,7 @@ token (Qwen3, DeepSeek-R1), else the marker's tokenization, matched as a run of 
 writing a marker in some other spelling of tokens is not seen here (the frontend, reading text,
 would still split there).
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,8 @@ def _last(ids: Any, marker: tuple[int, ...]) -> int:
     n, size = len(marker), len(ids)
     if not n or size < n:
         return -1
-    hits = ids[:size - n + 1] == marker[0]
+    hits = ids[: size - n + 1] == marker[0]
     for k in range(1, n):
-        hits &= ids[k:size - n + 1 + k] == marker[k]
+        hits &= ids[k : size - n + 1 + k] == marker[k]
     found = hits.nonzero()[0]
     return int(found[-1]) if found.size else -1

@@ -8,6 +8,7 @@ checked against xgrammar's own pydantic models, read from the installed package'
 JSON schemas, regexes and grammars inside it are checked by llguidance, as a top-level one is.
 The core's xgrammar compile stays the final word.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,11 +30,22 @@ def to_xgrammar(tag: Any) -> Any:
     """vLLM's legacy form (``structures`` of begin/schema/end, and ``triggers``) as xgrammar's
     ``structural_tag`` format; the current form passes as it is."""
     if isinstance(tag, dict) and "structures" in tag and "format" not in tag:
-        return {"type": "structural_tag", "format": {
-            "type": "triggered_tags", "triggers": tag.get("triggers", []),
-            "tags": [{"begin": s.get("begin", ""), "end": s.get("end", ""),
-                      "content": {"type": "json_schema", "json_schema": s.get("schema", {})}}
-                     for s in tag["structures"] if isinstance(s, dict)]}}
+        return {
+            "type": "structural_tag",
+            "format": {
+                "type": "triggered_tags",
+                "triggers": tag.get("triggers", []),
+                "tags": [
+                    {
+                        "begin": s.get("begin", ""),
+                        "end": s.get("end", ""),
+                        "content": {"type": "json_schema", "json_schema": s.get("schema", {})},
+                    }
+                    for s in tag["structures"]
+                    if isinstance(s, dict)
+                ],
+            },
+        }
     return tag
 
 

@@ -12,6 +12,7 @@ Results are cached by a digest of the spec, so a schema shared by many clients i
 and the cache holds no client's text: each entry costs a few hundred bytes at most, and the
 whole is bounded by bytes (MAX_VALIDATED_BYTES). A spec over MAX_SPEC_BYTES is refused first.
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,10 @@ _ENTRY_OVERHEAD = 100  # the LRU's own record of an entry (a tuple and a dict sl
 
 def validate_structured_outputs(params: StructuredOutputsParams, backend: str = "auto") -> None:
     if params.kind == "structural_tag" and backend == "guidance":
-        raise ParameterError("structured_outputs.structural_tag is supported by the xgrammar backend only",
-                             parameter="structured_outputs")
+        raise ParameterError(
+            "structured_outputs.structural_tag is supported by the xgrammar backend only",
+            parameter="structured_outputs",
+        )
     key = params.key()
     error = oversize(key)
     if error:
@@ -45,7 +48,6 @@ def validate_structured_outputs(params: StructuredOutputsParams, backend: str = 
             _cache.put(digest, error, sys.getsizeof(digest) + sys.getsizeof(error) + _ENTRY_OVERHEAD)
     if error:
         raise ParameterError(error, parameter="structured_outputs")
-
 
 
 def _check(params: StructuredOutputsParams) -> str:

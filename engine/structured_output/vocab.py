@@ -6,6 +6,7 @@ JSON text, and llguidance's ``LLTokenizer`` takes the JSON text itself. Both get
 vocabulary size, which may exceed the tokenizer's (padding rows of the LM head): ids with no
 token are never allowed by a grammar, so those logits are masked too.
 """
+
 from __future__ import annotations
 
 import os

@@ -11,6 +11,7 @@ gives an empty ladder (no graphs).
 
 Not exercised by the CPU suite (graphs need a GPU); covered by the ``gpu`` tests.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,9 +66,14 @@ class DecodeGraphs:
 
     def inputs(self, size: int) -> tuple:
         """The forward's arguments for a step of ``size`` rows, views of the static buffers."""
-        md = AttentionMetadata(slot_mapping=self.slot_mapping[:size], num_decodes=size,
-                               block_tables=self.block_tables[:size], cu_seqlens=self.cu_seqlens[:size + 1],
-                               context_lens=self.context_lens[:size], max_query_len=1)
+        md = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            num_decodes=size,
+            block_tables=self.block_tables[:size],
+            cu_seqlens=self.cu_seqlens[: size + 1],
+            context_lens=self.context_lens[:size],
+            max_query_len=1,
+        )
         return self.input_ids[:size], self.positions[:size], self.kv_caches, md
 
     @torch.inference_mode()
@@ -84,8 +90,12 @@ class DecodeGraphs:
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
         torch.cuda.synchronize()
-        logger.info("captured %d decode CUDA graphs (batch 1..%d) in %.1f s", len(self.sizes), self.sizes[-1],
-                    time.perf_counter() - start)
+        logger.info(
+            "captured %d decode CUDA graphs (batch 1..%d) in %.1f s",
+            len(self.sizes),
+            self.sizes[-1],
+            time.perf_counter() - start,
+        )
 
     def stage(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> Optional[int]:
         """Copy a decode-only step into the static buffers, padded; returns the captured size
@@ -113,4 +123,4 @@ class DecodeGraphs:
         if size is None:
             return None
         self.graphs[size].replay()
-        return self.outputs[size][:input_ids.shape[0]]
+        return self.outputs[size][: input_ids.shape[0]]

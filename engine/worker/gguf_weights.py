@@ -25,6 +25,7 @@ linear of its own.
 
 The file is read by engine/gguf_file.py, not ``gguf.GGUFReader`` (see there why).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,23 +41,47 @@ from engine.models.linear import GGUFBlocks, ggml_type_name
 logger = logging.getLogger(__name__)
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
-_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_GEMMA_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
-                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_ARCH_LAYER_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,  # Phi-3: fused q/k/v and gate/up
-                     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+_GEMMA_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER_NAMES = {
+    "gemma2": _GEMMA_NAMES,
+    "gemma3": _GEMMA_NAMES,  # Phi-3: fused q/k/v and gate/up
+    "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
 _NORMS_PLUS_ONE = ("gemma2", "gemma3")  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
 # stacked expert tensors -> the family's HF names for one expert (<e>), and its router
-_EXPERTS = {"llama": {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
-                      "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
-                      "ffn_down_exps": "block_sparse_moe.experts.{e}.w2", "ffn_gate_inp": "block_sparse_moe.gate"}}
+_EXPERTS = {
+    "llama": {
+        "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+        "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+        "ffn_down_exps": "block_sparse_moe.experts.{e}.w2",
+        "ffn_gate_inp": "block_sparse_moe.gate",
+    }
+}
 _EXPERTS["qwen3moe"] = _EXPERTS["olmoe"] = {
-    "ffn_gate_exps": "mlp.experts.{e}.gate_proj", "ffn_up_exps": "mlp.experts.{e}.up_proj",
-    "ffn_down_exps": "mlp.experts.{e}.down_proj", "ffn_gate_inp": "mlp.gate"}
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -105,8 +130,11 @@ def gguf_weights(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple
             value = GGUFBlocks(data, t.qtype, out_features, in_features).recoded()
             if value.qtype != t.qtype and t.qtype not in recoded:
                 recoded.add(t.qtype)
-                logger.info("GGUF %s tensors run as %s blocks: the same values, in more bytes",
-                            ggml_type_name(t.qtype), ggml_type_name(value.qtype))
+                logger.info(
+                    "GGUF %s tensors run as %s blocks: the same values, in more bytes",
+                    ggml_type_name(t.qtype),
+                    ggml_type_name(value.qtype),
+                )
         if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
             value = value - 1.0
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -126,8 +154,10 @@ def _per_expert(name: str, value: torch.Tensor | GGUFBlocks, experts: int):
     if isinstance(value, GGUFBlocks):
         rows = value.out_features // experts
         for e in range(experts):
-            yield name.format(e=e), GGUFBlocks(value.data[e * rows:(e + 1) * rows], value.qtype, rows,
-                                               value.in_features)
+            yield (
+                name.format(e=e),
+                GGUFBlocks(value.data[e * rows : (e + 1) * rows], value.qtype, rows, value.in_features),
+            )
     else:
         for e in range(experts):
             yield name.format(e=e), value[e]

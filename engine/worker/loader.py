@@ -7,6 +7,7 @@ Three sources, chosen by ``model_config.load_format``:
   quantized tensors stay the file's own blocks and run on them (``quantization="gguf"``);
 - ``dummy``: random weights from the config alone, for tests and overhead benchmarks.
 """
+
 from __future__ import annotations
 
 import glob
@@ -33,9 +34,16 @@ def load_model(config: EngineConfig, backend: str = "auto") -> LlamaForCausalLM:
     mc = config.model_config
     start = time.perf_counter()
     cls = get_model_class(mc.architecture)
-    model = cls(mc.hf_config, getattr(torch, mc.dtype), torch.device(config.device), mc.max_model_len,
-                backend=backend, quantization=mc.quantization, compiled=config.compilation_config.mode >= 1,
-                deterministic=mc.deterministic)
+    model = cls(
+        mc.hf_config,
+        getattr(torch, mc.dtype),
+        torch.device(config.device),
+        mc.max_model_len,
+        backend=backend,
+        quantization=mc.quantization,
+        compiled=config.compilation_config.mode >= 1,
+        deterministic=mc.deterministic,
+    )
     if mc.load_format == "dummy":
         model.init_dummy(mc.seed or 0)
     elif mc.load_format == "gguf":
@@ -44,8 +52,14 @@ def load_model(config: EngineConfig, backend: str = "auto") -> LlamaForCausalLM:
         _load_safetensors(model, mc.model_path)
     else:
         raise ValueError(f"load_format {mc.load_format!r} is not supported by the loader")
-    logger.info("loaded %s (%s, %s) in %.1f s; %s", mc.model, mc.load_format, mc.dtype, time.perf_counter() - start,
-                model.weights_report())
+    logger.info(
+        "loaded %s (%s, %s) in %.1f s; %s",
+        mc.model,
+        mc.load_format,
+        mc.dtype,
+        time.perf_counter() - start,
+        model.weights_report(),
+    )
     return model
 
 
@@ -65,12 +79,15 @@ def _load_safetensors(model: LlamaForCausalLM, path: str) -> None:
     except ModelConfigError:
         raise
     except RuntimeError as e:  # a copy into a parameter of another shape
-        raise ModelConfigError(f"model: {at.file}: tensor {at.name!r} has shape {list(at.shape)}, which does not "
-                               f"fit the model config.json describes ({str(e).splitlines()[0]})") from None
+        raise ModelConfigError(
+            f"model: {at.file}: tensor {at.name!r} has shape {list(at.shape)}, which does not "
+            f"fit the model config.json describes ({str(e).splitlines()[0]})"
+        ) from None
     except ValueError as e:  # the model's own check: tensors missing or left over
         files = ", ".join(os.path.basename(f) for f in _weight_files(path))
-        raise ModelConfigError(f"model: the weights in {os.path.join(path, files)} do not match config.json: "
-                               f"{e}") from None
+        raise ModelConfigError(
+            f"model: the weights in {os.path.join(path, files)} do not match config.json: {e}"
+        ) from None
 
 
 def _weight_files(path: str) -> list[str]:
@@ -82,8 +99,9 @@ def _safetensors_weights(path: str, at: _Reading) -> Iterator[tuple[str, torch.T
 
     files = _weight_files(path)
     if not files:
-        raise ModelConfigError(f"model: no *.safetensors weights in {path!r} "
-                               "(use load_format='dummy' for random weights)")
+        raise ModelConfigError(
+            f"model: no *.safetensors weights in {path!r} (use load_format='dummy' for random weights)"
+        )
     for file in files:
         at.file, at.name, at.shape = file, None, None
         try:

@@ -9,6 +9,7 @@ temperature and top-k/top-p (vLLM v1's order), on the rows that use them only.
   (``bad_words_token_ids``); a one-token word is always banned, a longer one bans its last
   token whenever the output so far ends with the tokens before it.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -32,7 +33,7 @@ def banned_bad_words(output: Sequence[int], words: list[list[int]]) -> list[int]
     banned = []
     for word in words:
         prefix = len(word) - 1
-        if prefix == 0 or (len(output) >= prefix and list(output[len(output) - prefix:]) == word[:-1]):
+        if prefix == 0 or (len(output) >= prefix and list(output[len(output) - prefix :]) == word[:-1]):
             banned.append(word[-1])
     return banned
 
@@ -48,8 +49,9 @@ class LogitControls:
         self.allowed_tokens: list[list[int]] = []
 
     @classmethod
-    def build(cls, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]],
-              banned: tuple[list[int], list[int]]) -> Optional["LogitControls"]:
+    def build(
+        cls, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]], banned: tuple[list[int], list[int]]
+    ) -> Optional["LogitControls"]:
         """``banned`` (rows, tokens) gets the bad words' bans; the rest is returned."""
         lc = cls()
         for row, (p, out) in enumerate(zip(params, outputs)):
@@ -75,6 +77,8 @@ class LogitControls:
             index = torch.tensor(self.allowed_rows, device=device)
             logits[index] = logits[index].masked_fill(~keep, float("-inf"))
         if self.bias_rows:
-            logits.index_put_((torch.tensor(self.bias_rows, device=device),
-                               torch.tensor(self.bias_tokens, device=device)),
-                              torch.tensor(self.bias_values, dtype=logits.dtype, device=device), accumulate=True)
+            logits.index_put_(
+                (torch.tensor(self.bias_rows, device=device), torch.tensor(self.bias_tokens, device=device)),
+                torch.tensor(self.bias_values, dtype=logits.dtype, device=device),
+                accumulate=True,
+            )

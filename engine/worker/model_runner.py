@@ -12,6 +12,7 @@ repetition penalty. A preempted request comes back without state; its generator
 is rebuilt and fast-forwarded one draw per token already sampled, so a seeded
 request yields the same tokens whether or not it was preempted.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,14 @@ from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
 from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
-from engine.worker.sampler import (Sampler, SamplingMetadata, gather_logprobs, random_probs, replay_draws,
-                                  to_logprobs_lists)
+from engine.worker.sampler import (
+    Sampler,
+    SamplingMetadata,
+    gather_logprobs,
+    random_probs,
+    replay_draws,
+    to_logprobs_lists,
+)
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig  # annotations only: the config does not import the worker back
@@ -105,14 +112,16 @@ class ModelRunner:
         budget = given if given is not None else self._cuda_kv_budget()
         num_blocks = budget // per_block
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory: {budget} bytes cannot hold one KV block "
-                             f"({per_block} bytes for {self.block_size} tokens)")
-        self.kv_caches = _zeros(self.model.kv_cache_shape(num_blocks, self.block_size), self.model.dtype,
-                                self.device)
+            raise ValueError(
+                f"kv_cache_memory: {budget} bytes cannot hold one KV block "
+                f"({per_block} bytes for {self.block_size} tokens)"
+            )
+        self.kv_caches = _zeros(self.model.kv_cache_shape(num_blocks, self.block_size), self.model.dtype, self.device)
         if self.drafter is not None:
             self.drafter.allocate(num_blocks, _zeros)
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
-                    num_blocks * per_block / 2**20)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size, num_blocks * per_block / 2**20
+        )
         if self.lora is None:  # a graph would freeze one step's rows of each adapter
             self.decode_graphs = capture_decode_graphs(self.config, self.model, self.kv_caches)
         return num_blocks
@@ -133,13 +142,14 @@ class ModelRunner:
         sc, max_len = self.config.scheduler_config, self.config.model_config.max_model_len
         tokens = sc.max_num_batched_tokens
         blocks = -(-min(tokens, max_len) // self.block_size)
-        self.kv_caches = torch.zeros(self.model.kv_cache_shape(blocks, self.block_size),
-                                     dtype=self.model.dtype, device=self.device)
+        self.kv_caches = torch.zeros(
+            self.model.kv_cache_shape(blocks, self.block_size), dtype=self.model.dtype, device=self.device
+        )
         lens = [min(max_len, tokens - start) for start in range(0, tokens, max_len)]
         positions = torch.cat([torch.arange(n) for n in lens]).to(self.device)
         md = self.attn_builder.profile(lens, blocks)
         hidden = self.model.forward(torch.zeros_like(positions), positions, self.kv_caches, md)
-        rows = hidden[:min(sc.max_num_seqs, tokens)]
+        rows = hidden[: min(sc.max_num_seqs, tokens)]
         if self.model.score is None:  # a classification model has no LM head to sample with
             self.model.compute_logits(rows).softmax(dim=-1)
         self.kv_caches = None
@@ -180,10 +190,11 @@ class ModelRunner:
                 starts.append(j)
                 out.sampled_token_ids.append(sampled[j])
                 if req.spec_token_ids:
-                    emitted = accepted_tokens(sampled[j:j + 1 + len(req.spec_token_ids)], req.spec_token_ids)
+                    emitted = accepted_tokens(sampled[j : j + 1 + len(req.spec_token_ids)], req.spec_token_ids)
                     if req.request_id in drafted:
-                        emitted = rejection_sample(drafted[req.request_id][0], req.spec_state.draft_probs,
-                                                   req.spec_token_ids)
+                        emitted = rejection_sample(
+                            drafted[req.request_id][0], req.spec_state.draft_probs, req.spec_token_ids
+                        )
                         out.sampled_token_ids[-1] = emitted[0]
                     out.accepted_token_ids[req.request_id] = emitted
                 j += 1 + len(req.spec_token_ids)
@@ -195,16 +206,17 @@ class ModelRunner:
                         end = j + len(out.accepted_token_ids.get(req.request_id, (0,)))
                         out.logprobs[req.request_id] = to_logprobs_lists(ids[j:end], lps[j:end], ranks[j:end], num)
                         if req.request_id in drafted:  # the emitted tokens are not the sampler's
-                            raw = drafted[req.request_id][1][:end - j]
+                            raw = drafted[req.request_id][1][: end - j]
                             emitted = torch.tensor(out.accepted_token_ids[req.request_id], device=self.device)
                             out.logprobs[req.request_id] = to_logprobs_lists(*gather_logprobs(raw, emitted, num), num)
         for req, row, n, last in batch.pooling:
-            pooled = self._pool(req, hidden[row:row + n], last)
+            pooled = self._pool(req, hidden[row : row + n], last)
             if pooled is not None:
                 out.pooler_output[req.request_id] = pooled
         for req, row, targets in batch.prompt_lp:
-            out.prompt_logprobs[req.request_id] = self._prompt_logprobs(hidden, row, targets,
-                                                                        req.sampling_params.prompt_logprobs)
+            out.prompt_logprobs[req.request_id] = self._prompt_logprobs(
+                hidden, row, targets, req.sampling_params.prompt_logprobs
+            )
         return out
 
     def _draft_distributions(self, sampled: list[Request], logits: torch.Tensor) -> dict[str, tuple]:
@@ -215,7 +227,7 @@ class ModelRunner:
         for req in sampled:
             k = len(req.spec_token_ids)
             if k and req.spec_state.draft_probs is not None:
-                rows = logits[j:j + 1 + k].clone()
+                rows = logits[j : j + 1 + k].clone()
                 raw = torch.log_softmax(rows, dim=-1) if req.sampling_params.logprobs is not None else None
                 out[req.request_id] = (random_probs(rows, self._sampling_metadata([req] * (1 + k))), raw)
             j += 1 + k
@@ -227,8 +239,9 @@ class ModelRunner:
         chunk), L2-normalised unless the request says otherwise; float32 bytes for the wire."""
         pooler = self.config.model_config.pooler_config
         if self.model.score is not None:  # classification: always the last token (resolve_runner)
-            return _bytes(classify_activation(self.model.classify_rows(rows[-1:])[0],
-                                              req.pooling_params.use_activation))
+            return _bytes(
+                classify_activation(self.model.classify_rows(rows[-1:])[0], req.pooling_params.use_activation)
+            )
         if pooler.pooling_type == "LAST":
             vec = self.model.norm_rows(rows[-1:])[0]
         else:
@@ -248,10 +261,11 @@ class ModelRunner:
         (a scheduler that chunks prefill hands at most one slice a step: sched_output.py)."""
         rows = LogprobsLists([], [], [])
         for start in range(0, len(targets), MAX_PROMPT_LOGPROBS_ROWS):
-            chunk = targets[start:start + MAX_PROMPT_LOGPROBS_ROWS]
-            logits = self.model.compute_logits(hidden[row + start:row + start + len(chunk)])
-            part = to_logprobs_lists(*gather_logprobs(torch.log_softmax(logits, dim=-1),
-                                                      torch.tensor(chunk, device=self.device), num), num)
+            chunk = targets[start : start + MAX_PROMPT_LOGPROBS_ROWS]
+            logits = self.model.compute_logits(hidden[row + start : row + start + len(chunk)])
+            part = to_logprobs_lists(
+                *gather_logprobs(torch.log_softmax(logits, dim=-1), torch.tensor(chunk, device=self.device), num), num
+            )
             rows.token_ids += part.token_ids
             rows.logprobs += part.logprobs
             rows.ranks += part.ranks
@@ -280,10 +294,16 @@ class ModelRunner:
             if r.sampling_params.prompt_logprobs is not None:
                 end = min(p0 + n, r.num_prompt_tokens - 1)  # the last prompt token has no next one
                 if end > p0:
-                    prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1:end + 1]))
-        return _Batch(to_device(step_rows.ids, torch.long, self.device),
-                      to_device(step_rows.positions, torch.long, self.device), md, sampled,
-                      to_device(rows, torch.long, self.device), prompt_lp, pooling)
+                    prompt_lp.append((r, first_row[i], r.prompt_token_ids[p0 + 1 : end + 1]))
+        return _Batch(
+            to_device(step_rows.ids, torch.long, self.device),
+            to_device(step_rows.positions, torch.long, self.device),
+            md,
+            sampled,
+            to_device(rows, torch.long, self.device),
+            prompt_lp,
+            pooling,
+        )
 
     # ------------------------------------------------------------------ sampling inputs
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
@@ -341,7 +361,9 @@ class ModelRunner:
         width = max(1, max(r.num_output_tokens for r in picked))
         md.output_tokens = torch.tensor(
             [r.output_token_ids + [self.vocab_size] * (width - r.num_output_tokens) for r in picked],
-            dtype=torch.long, device=self.device)
+            dtype=torch.long,
+            device=self.device,
+        )
 
     def _prompt_mask(self, req: Request) -> torch.Tensor:
         state = self._state(req)
@@ -364,8 +386,9 @@ class ModelRunner:
             rows.extend([j] * len(stop))
             tokens.extend(stop)
         if any(has_logit_controls(r.sampling_params) for r in reqs):  # bad words join the bans
-            md.logit_controls = LogitControls.build([r.sampling_params for r in reqs],
-                                                    [r.output_token_ids for r in reqs], (rows, tokens))
+            md.logit_controls = LogitControls.build(
+                [r.sampling_params for r in reqs], [r.output_token_ids for r in reqs], (rows, tokens)
+            )
         if rows:
             md.banned_rows = torch.tensor(rows, device=self.device)
             md.banned_tokens = torch.tensor(tokens, device=self.device)
@@ -384,8 +407,10 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     nbytes = max(1, math.prod(shape) * dtype.itemsize)
     available = _available_memory()
     if available is not None and nbytes > available:
-        raise ValueError(f"kv_cache_memory_bytes: a {nbytes / 2**30:.2f} GiB KV cache does not fit in the "
-                         f"{available / 2**30:.2f} GiB of memory available; give a smaller kv_cache_memory_bytes")
+        raise ValueError(
+            f"kv_cache_memory_bytes: a {nbytes / 2**30:.2f} GiB KV cache does not fit in the "
+            f"{available / 2**30:.2f} GiB of memory available; give a smaller kv_cache_memory_bytes"
+        )
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return torch.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=dtype).view(shape)
 

@@ -22,6 +22,7 @@ of 64 x 49152 costs ~0.5 s here); rows whose candidates fall short are sorted in
 
 Each stage runs only on the rows that use it, so the common all-greedy step is an argmax.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -163,8 +164,9 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 TOP_P_CANDIDATES = 1024
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
-                      top_p: Optional[torch.Tensor]) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
+) -> torch.Tensor:
     """Keep the k largest logits (ties at the k-th all kept) and the smallest set whose
     probability reaches p (the top token always kept); -inf elsewhere. A k above the
     vocabulary size keeps everything (vLLM's meaning), so it is clamped to it first."""
@@ -175,8 +177,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
     return _top_k_top_p_sorted(logits, top_k, top_p)
 
 
-def _top_p_from_candidates(logits: torch.Tensor, top_k: Optional[torch.Tensor],
-                           top_p: torch.Tensor) -> torch.Tensor:
+def _top_p_from_candidates(logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: torch.Tensor) -> torch.Tensor:
     """``apply_top_k_top_p`` for a large vocabulary: rows that filter nothing are left
     alone, rows whose kept set provably lies inside their top ``TOP_P_CANDIDATES`` are cut
     from those candidates, the rest go through the full sort."""
@@ -211,8 +212,9 @@ def _top_p_from_candidates(logits: torch.Tensor, top_k: Optional[torch.Tensor],
     return logits
 
 
-def _top_k_top_p_sorted(logits: torch.Tensor, top_k: Optional[torch.Tensor],
-                        top_p: Optional[torch.Tensor]) -> torch.Tensor:
+def _top_k_top_p_sorted(
+    logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]
+) -> torch.Tensor:
     """The reference: a full sort of every row."""
     if top_p is None:
         # top-k alone needs only the k-th largest value per row, not a full sort.
@@ -232,8 +234,9 @@ def _top_k_top_p_sorted(logits: torch.Tensor, top_k: Optional[torch.Tensor],
     return logits.scatter_(1, order, sorted_logits)
 
 
-def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,
-                    num: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather_logprobs(
+    logprobs: torch.Tensor, chosen: torch.Tensor, num: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of [chosen, top-num] token ids and logprobs, and the chosen token's rank.
     ``num`` is at most the vocabulary size; a negative one (vLLM's -1) means all of it."""
     num = logprobs.shape[1] if num < 0 else min(num, logprobs.shape[1])

@@ -18,6 +18,7 @@ A step that raises fails the requests it ran, not the engine (engine/core/engine
 
 This module imports no torch: the frontend imports it to check a ``worker_cls``.
 """
+
 from __future__ import annotations
 
 import importlib

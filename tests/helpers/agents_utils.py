@@ -1,5 +1,6 @@
 """The OpenAI Agents SDK against ``ringllm serve`` on the default model: the weather tool its agents
 call, the server they run on (hermes tool parser, auto tool choice) and a streamed run."""
+
 from __future__ import annotations
 
 import asyncio

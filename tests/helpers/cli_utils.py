@@ -1,5 +1,6 @@
 """``ringllm serve``'s argument parser, built as the command builds it, for the tests that parse
 flags without starting a server (test_cli.py, test_prefill_pacer.py)."""
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ the call must end with ChannelClosed, nothing else. It prints one JSON line of c
 unexpected errors. A crash (SIGSEGV, SIGBUS) kills only this process: faulthandler prints the
 stacks and the test sees the signal in the exit status.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,6 +51,7 @@ def _close_soon(ch: Any) -> threading.Thread:
         if delay > 0.0005:
             time.sleep(delay)
         ch.close()
+
     t = threading.Thread(target=run)
     t.start()
     return t
@@ -115,6 +117,7 @@ def wakeup(a: Any, b: Any) -> threading.Thread:
     def kick() -> None:
         while not stop.is_set():
             b.wakeup()
+
     kicker = threading.Thread(target=kick)
     kicker.start()
     try:
@@ -179,7 +182,8 @@ def main() -> None:
     global _loop
     faulthandler.enable(all_threads=True)
     threading.excepthook = lambda a: ERRORS.append(
-        f"thread {a.thread.name}: {''.join(traceback.format_exception(a.exc_value))}")
+        f"thread {a.thread.name}: {''.join(traceback.format_exception(a.exc_value))}"
+    )
     transport, seconds, min_rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     scenarios = SCENARIOS
     if len(sys.argv) > 4:

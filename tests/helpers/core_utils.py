@@ -1,5 +1,6 @@
 """Factories for scheduler and KV-cache unit tests (plain CPU objects, no model), in the
 manner of vLLM's tests/v1/core/utils.py."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -15,12 +16,24 @@ from engine.wire_messages import EngineCoreOutput
 EOS = 2
 
 
-def make_scheduler(*, num_blocks: int = 1000, block_size: int = 16, max_num_seqs: int = 16,
-                   max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                   enable_prefix_caching: bool = True, policy: str = "fcfs",
-                   max_model_len: int = 8192, speculative_config: Optional[dict] = None) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             enable_chunked_prefill=enable_chunked_prefill, policy=policy)
+def make_scheduler(
+    *,
+    num_blocks: int = 1000,
+    block_size: int = 16,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 8192,
+    enable_chunked_prefill: bool = True,
+    enable_prefix_caching: bool = True,
+    policy: str = "fcfs",
+    max_model_len: int = 8192,
+    speculative_config: Optional[dict] = None,
+) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy,
+    )
     kv_cache = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
     drafts = None
     if speculative_config is not None:
@@ -31,17 +44,37 @@ def make_scheduler(*, num_blocks: int = 1000, block_size: int = 16, max_num_seqs
     return Scheduler(config, kv_cache, max_model_len, speculative=drafts)
 
 
-def make_request(request_id: str, prompt: list[int], max_model_len: Optional[int] = 8192,
-                 priority: int = 0, arrival_time: Optional[float] = None, **params) -> Request:
+def make_request(
+    request_id: str,
+    prompt: list[int],
+    max_model_len: Optional[int] = 8192,
+    priority: int = 0,
+    arrival_time: Optional[float] = None,
+    **params,
+) -> Request:
     params.setdefault("max_tokens", 16)
-    return Request(request_id, prompt, SamplingParams(**params), eos_token_id=EOS,
-                   arrival_time=arrival_time, priority=priority, max_model_len=max_model_len)
+    return Request(
+        request_id,
+        prompt,
+        SamplingParams(**params),
+        eos_token_id=EOS,
+        arrival_time=arrival_time,
+        priority=priority,
+        max_model_len=max_model_len,
+    )
 
 
 def make_requests(num: int, prompt_len: int, *, distinct: bool = True, **params) -> list[Request]:
     """``num`` requests of ``prompt_len`` tokens; distinct prompts share no full block."""
-    return [make_request(str(i), [100 + (i * prompt_len + j if distinct else j) for j in range(prompt_len)],
-                         arrival_time=float(i), **params) for i in range(num)]
+    return [
+        make_request(
+            str(i),
+            [100 + (i * prompt_len + j if distinct else j) for j in range(prompt_len)],
+            arrival_time=float(i),
+            **params,
+        )
+        for i in range(num)
+    ]
 
 
 def fake_runner_output(sched: SchedulerOutput, token_fn: Callable[[Request], int] = lambda r: 7) -> ModelRunnerOutput:
@@ -54,14 +87,16 @@ def fake_runner_output(sched: SchedulerOutput, token_fn: Callable[[Request], int
     return out
 
 
-def step(scheduler: Scheduler, token_fn: Callable[[Request], int] = lambda r: 7
-         ) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
+def step(
+    scheduler: Scheduler, token_fn: Callable[[Request], int] = lambda r: 7
+) -> tuple[SchedulerOutput, list[EngineCoreOutput]]:
     sched = scheduler.schedule()
     return sched, scheduler.update_from_output(sched, fake_runner_output(sched, token_fn))
 
 
-def run_to_completion(scheduler: Scheduler, token_fn: Callable[[Request], int] = lambda r: 7,
-                      max_steps: int = 10_000) -> dict[str, list[int]]:
+def run_to_completion(
+    scheduler: Scheduler, token_fn: Callable[[Request], int] = lambda r: 7, max_steps: int = 10_000
+) -> dict[str, list[int]]:
     """Step until nothing is left; returns every request's generated tokens."""
     generated: dict[str, list[int]] = {}
     for _ in range(max_steps):

@@ -3,6 +3,7 @@ shared part of the engine modules (test_engine_proc.py, test_llm_mp.py, test_asy
 Starting a core imports torch, so those modules build their engines once per module, and
 ``nothing_left_behind`` checks for leaks again once the module's engines are gone (conftest.py
 checks after each test, before module fixtures are torn down)."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,15 @@ from tests.helpers.process_utils import live_children
 
 # Dummy weights on a tiny Llama: a step costs about a millisecond, so these tests measure
 # the process and transport machinery, not the model. Rings at their smallest by default.
-TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20,
-            num_threads=1, ring_capacity=4096, seed=0)
+TINY = dict(
+    load_format="dummy",
+    dtype="float32",
+    max_model_len=256,
+    kv_cache_memory=16 << 20,
+    num_threads=1,
+    ring_capacity=4096,
+    seed=0,
+)
 
 
 def tiny_config(model: str, **overrides):
@@ -59,8 +67,9 @@ def nothing_left_behind():
     children_before = set(live_children())
     yield
     deadline = time.monotonic() + EXIT_DEADLINE_S
-    while (left := {p: c for p, c in live_children().items() if p not in children_before}) and \
-            time.monotonic() < deadline:
+    while (
+        left := {p: c for p, c in live_children().items() if p not in children_before}
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in left:  # named below; killed so that later modules start clean
         os.kill(pid, signal.SIGKILL)

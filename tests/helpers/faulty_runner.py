@@ -1,6 +1,7 @@
 """Workers with injected faults, for the failure tests. Top-level classes of an importable
 module, so both forms of ``worker_cls`` work: the class (cloudpickled by reference) and its
 dotted path ``tests.helpers.faulty_runner.FaultyWorker`` (``ringllm serve --worker-cls``)."""
+
 from __future__ import annotations
 
 from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput

@@ -6,6 +6,7 @@ listed here with at least one test, so a field cannot be claimed without evidenc
 tests/integration/test_field_support.py checks that each named test exists and that together
 the two tables place every field of vLLM's list.
 """
+
 from __future__ import annotations
 
 from engine.entrypoints.openai.field_support import PLACEMENT
@@ -29,8 +30,9 @@ _SCORING = "tests/integration/test_scoring.py::"
 _RESPONSES = "tests/integration/test_responses_api.py::"
 _MESSAGES = "tests/integration/test_messages_api.py::"
 _SHARED_POOLING = _impl(_SCORING + "test_shared_pooling_fields_act_on_classify_score_and_rerank")
-_SCORE_FORMS = _impl(_SCORING + "test_score_is_the_cosine_of_the_embeddings",
-                     _SCORING + "test_bad_input_is_a_400_naming_the_field")
+_SCORE_FORMS = _impl(
+    _SCORING + "test_score_is_the_cosine_of_the_embeddings", _SCORING + "test_bad_input_is_a_400_naming_the_field"
+)
 
 # What /v1/completions and /v1/chat/completions share.
 _GENERATION: dict[str, Tests] = {
@@ -47,25 +49,37 @@ _GENERATION: dict[str, Tests] = {
     "stop": _impl(_SERVER + "test_stop_string_cuts_the_text_before_it"),
     "stop_token_ids": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
     "min_tokens": _impl(_FIELDS + "test_stop_token_ids_and_min_tokens_over_http"),
-    "ignore_eos": _impl(_MAPPING,
-                        "tests/unit/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"),
-    "include_stop_str_in_output": _impl(_MAPPING, "tests/unit/test_output_processor.py::"
-                                        "test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort"),
+    "ignore_eos": _impl(
+        _MAPPING, "tests/unit/test_scheduler.py::test_eos_stops_unless_ignored_and_stop_token_sets_stop_reason"
+    ),
+    "include_stop_str_in_output": _impl(
+        _MAPPING,
+        "tests/unit/test_output_processor.py::"
+        "test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort",
+    ),
     "skip_special_tokens": _impl(_MAPPING, "tests/unit/test_detokenizer.py::test_same_pieces_as_decode_stream"),
     "stream": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one"),
-    "stream_options": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
-                            _FIELDS + "test_stream_options_without_stream_is_400"),
-    "max_tokens": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage",
-                        _FIELDS + "test_max_tokens_beyond_the_context_is_400"),
+    "stream_options": _impl(
+        _SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+        _FIELDS + "test_stream_options_without_stream_is_400",
+    ),
+    "max_tokens": _impl(
+        _SERVER + "test_completion_reports_text_finish_reason_and_usage",
+        _FIELDS + "test_max_tokens_beyond_the_context_is_400",
+    ),
     "use_beam_search": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds"),
-    "length_penalty": _impl(_FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds",
-                            _FIELDS + "test_length_penalty_divides_the_score_by_length_to_its_power"),
+    "length_penalty": _impl(
+        _FIELDS + "test_use_beam_search_gives_the_beams_llm_beam_search_finds",
+        _FIELDS + "test_length_penalty_divides_the_score_by_length_to_its_power",
+    ),
     "logit_bias": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "allowed_token_ids": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
     "bad_words": _impl(_SO + "test_logit_bias_allowed_token_ids_and_bad_words"),
-    "response_format": _impl(_SO + "test_response_format_json_schema_strict",
-                             _SO + "test_response_format_json_object_and_text",
-                             _TOOLS + "test_auto_and_none_answer_in_the_response_format"),
+    "response_format": _impl(
+        _SO + "test_response_format_json_schema_strict",
+        _SO + "test_response_format_json_object_and_text",
+        _TOOLS + "test_auto_and_none_answer_in_the_response_format",
+    ),
     "structured_outputs": _impl(_SO + "test_structured_outputs_field_on_completions_and_chat_streams"),
     "truncate_prompt_tokens": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
     "truncation_side": _impl(_FIELDS + "test_truncate_prompt_tokens_keeps_the_chosen_side"),
@@ -74,16 +88,19 @@ _GENERATION: dict[str, Tests] = {
     "return_token_ids": _impl(_FIELDS + "test_return_token_ids_whole_and_streamed"),
     "priority": _impl(_FIELDS + "test_priority_needs_the_priority_policy_and_is_honoured"),
     "request_id": _impl(_FIELDS + "test_request_id_and_the_x_request_id_header"),
-    "cache_salt": _impl(_FIELDS + "test_cache_salt_separates_prefix_cache_hits",
-                        _FIELDS + "test_salted_blocks_hash_apart"),
+    "cache_salt": _impl(
+        _FIELDS + "test_cache_salt_separates_prefix_cache_hits", _FIELDS + "test_salted_blocks_hash_apart"
+    ),
     "add_special_tokens": _impl(_FIELDS + "test_add_special_tokens_adds_the_tokenizers_bos_or_not"),
     "stream_interval": _impl(_FIELDS + "test_stream_interval_batches_the_streamed_tokens"),
 }
 COMPLETION: dict[str, Tests] = {
     **_GENERATION,
     "prompt": _impl(_SERVER + "test_completion_reports_text_finish_reason_and_usage"),
-    "echo": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs",
-                  _SERVER + "test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs"),
+    "echo": _impl(
+        _SERVER + "test_token_id_prompt_with_echo_and_logprobs",
+        _SERVER + "test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs",
+    ),
     "logprobs": _impl(_SERVER + "test_token_id_prompt_with_echo_and_logprobs"),
 }
 CHAT: dict[str, Tests] = {
@@ -97,11 +114,15 @@ CHAT: dict[str, Tests] = {
     "reasoning_effort": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "documents": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
     "return_prompt_text": _impl(_FIELDS + "test_documents_reasoning_effort_and_return_prompt_text"),
-    "tools": _impl(_TOOLS + "test_tools_and_a_tool_call_history_reach_the_chat_template",
-                   _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not"),
-    "tool_choice": _impl(_TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
-                         _TOOLS + "test_named_choice_calls_that_function_streamed_and_not",
-                         _TOOLS + "test_a_forced_call_takes_the_place_of_a_response_format"),
+    "tools": _impl(
+        _TOOLS + "test_tools_and_a_tool_call_history_reach_the_chat_template",
+        _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
+    ),
+    "tool_choice": _impl(
+        _TOOLS + "test_required_gives_calls_of_the_tools_streamed_and_not",
+        _TOOLS + "test_named_choice_calls_that_function_streamed_and_not",
+        _TOOLS + "test_a_forced_call_takes_the_place_of_a_response_format",
+    ),
     "parallel_tool_calls": _impl(_TOOLS + "test_parallel_tool_calls_false_gives_one_call"),
     "chat_template": _impl(_TEMPLATES + "test_a_request_chat_template_is_rendered"),
     "continue_final_message": _impl(_TEMPLATES + "test_continue_final_message_leaves_the_last_message_open"),
@@ -125,8 +146,17 @@ EMBEDDING: dict[str, Tests] = {
 # vLLM's PoolingBasicRequestMixin + ClassifyRequestMixin: what every pooling and scoring route takes.
 POOLING_BASIC: dict[str, Tests] = {
     "model": _impl(_SCORING + "test_classify_matches_transformers_in_float32"),
-    **{name: _SHARED_POOLING for name in ("use_activation", "truncate_prompt_tokens", "truncation_side", "request_id",
-                                          "priority", "cache_salt")},
+    **{
+        name: _SHARED_POOLING
+        for name in (
+            "use_activation",
+            "truncate_prompt_tokens",
+            "truncation_side",
+            "request_id",
+            "priority",
+            "cache_salt",
+        )
+    },
 }
 CLASSIFICATION: dict[str, Tests] = {
     **POOLING_BASIC,
@@ -138,8 +168,9 @@ POOLING: dict[str, Tests] = {
     "model": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
     "input": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
     "encoding_format": _impl(_SCORING + "test_pooling_returns_what_the_model_pools"),
-    "task": _impl(_SCORING + "test_pooling_returns_what_the_model_pools",
-                  _SCORING + "test_bad_input_is_a_400_naming_the_field"),
+    "task": _impl(
+        _SCORING + "test_pooling_returns_what_the_model_pools", _SCORING + "test_bad_input_is_a_400_naming_the_field"
+    ),
 }
 SCORE: dict[str, Tests] = {
     **POOLING_BASIC,
@@ -147,8 +178,10 @@ SCORE: dict[str, Tests] = {
 }
 RERANK: dict[str, Tests] = {
     **POOLING_BASIC,
-    **{name: _impl(_SCORING + "test_rerank_orders_documents_by_score_and_keeps_top_n")
-       for name in ("query", "documents", "top_n")},
+    **{
+        name: _impl(_SCORING + "test_rerank_orders_documents_by_score_and_keeps_top_n")
+        for name in ("query", "documents", "top_n")
+    },
 }
 RESPONSES: dict[str, Tests] = {
     "input": _impl(_RESPONSES + "test_string_and_item_input_with_instructions"),
@@ -194,10 +227,14 @@ COUNT_TOKENS: dict[str, Tests] = {
     **_CONVERSATION,
 }
 STREAM_OPTIONS: dict[str, Tests] = {
-    "include_usage": _impl(_SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
-                           _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does"),
-    "continuous_usage_stats": _impl(_FIELDS + "test_continuous_usage_stats_in_every_chunk",
-                                    _FIELDS + "test_continuous_usage_starts_at_the_chat_role_chunk"),
+    "include_usage": _impl(
+        _SERVER + "test_streamed_completion_concatenates_to_the_whole_one",
+        _FIELDS + "test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does",
+    ),
+    "continuous_usage_stats": _impl(
+        _FIELDS + "test_continuous_usage_stats_in_every_chunk",
+        _FIELDS + "test_continuous_usage_starts_at_the_chat_role_chunk",
+    ),
 }
 
 # SamplingParams fields whose effect a test observes through the engine (LLM), not over HTTP.
@@ -207,9 +244,9 @@ _ENGINE_TESTS = {
     "skip_reading_prefix_cache": _FIELDS + "test_llm_truncates_prompts_and_refuses_multi_modal_data",
     "detokenize": "tests/unit/test_output_processor.py::test_detokenize_false_gives_token_ids_only",
     "output_kind": "tests/integration/test_async_llm.py::"
-                   "test_delta_concatenates_to_cumulative_and_final_only_yields_once",
+    "test_delta_concatenates_to_cumulative_and_final_only_yields_once",
     "structured_outputs": "tests/integration/test_structured_outputs.py::"
-                          "test_every_constraint_type_is_matched_by_every_output",
+    "test_every_constraint_type_is_matched_by_every_output",
     "logprobs": _SAMPLER + "test_logprobs_are_raw_with_ranks_of_the_sampled_token",
     "logit_bias": "tests/integration/test_logit_controls.py::test_logit_bias_forces_a_token",
     "allowed_token_ids": "tests/integration/test_logit_controls.py::test_allowed_token_ids_are_the_only_ones_sampled",
@@ -217,14 +254,25 @@ _ENGINE_TESTS = {
 }
 # Every SamplingParams field vLLM has that the server's table does not refuse or ignore.
 SAMPLING_PARAMS: dict[str, Tests] = {
-    name: _impl("tests/integration/test_field_support.py::test_sampling_params_fields_are_implemented_by_the_struct",
-                *([_ENGINE_TESTS[name]] if name in _ENGINE_TESTS else
-                  [t for t in _GENERATION.get(name, ()) if t != _MAPPING]))
-    for name in VLLM_FIELDS["SamplingParams"] if name not in PLACEMENT["SamplingParams"]}
+    name: _impl(
+        "tests/integration/test_field_support.py::test_sampling_params_fields_are_implemented_by_the_struct",
+        *([_ENGINE_TESTS[name]] if name in _ENGINE_TESTS else [t for t in _GENERATION.get(name, ()) if t != _MAPPING]),
+    )
+    for name in VLLM_FIELDS["SamplingParams"]
+    if name not in PLACEMENT["SamplingParams"]
+}
 
 IMPLEMENTED: dict[str, dict[str, Tests]] = {
-    "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
-    "StreamOptions": STREAM_OPTIONS, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
-    "PoolingRequest": POOLING, "ClassificationRequest": CLASSIFICATION, "ScoreRequest": SCORE, "RerankRequest": RERANK,
-    "AnthropicMessagesRequest": MESSAGES, "AnthropicCountTokensRequest": COUNT_TOKENS,
+    "ChatCompletionRequest": CHAT,
+    "CompletionRequest": COMPLETION,
+    "EmbeddingRequest": EMBEDDING,
+    "StreamOptions": STREAM_OPTIONS,
+    "SamplingParams": SAMPLING_PARAMS,
+    "ResponsesRequest": RESPONSES,
+    "PoolingRequest": POOLING,
+    "ClassificationRequest": CLASSIFICATION,
+    "ScoreRequest": SCORE,
+    "RerankRequest": RERANK,
+    "AnthropicMessagesRequest": MESSAGES,
+    "AnthropicCountTokensRequest": COUNT_TOKENS,
 }

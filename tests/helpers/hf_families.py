@@ -1,6 +1,7 @@
 """Tiny random-weight transformers checkpoints for the model-family tests: building them, running a
 runner's prompts over them, writing their weights as GGUF files (llama.cpp's layout) and the values
 a GGUF type reads back as, and ``LLM`` end to end on a directory of them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,7 @@ def random_hf_model(config_cls, config: dict, adjust: Callable[[str, torch.nn.Pa
     """An eager float32 transformers model of ``config``, seeded; ``adjust(name, param)`` runs on each
     parameter under no_grad (non-default norms, scaled routers)."""
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config_cls(**config), dtype=torch.float32,
-                                          attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_config(config_cls(**config), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         for pname, p in hf.named_parameters():
             adjust(pname, p)
@@ -45,8 +45,12 @@ def use_torch_ops(monkeypatch) -> None:
     monkeypatch.setattr(paged_attention, "supports", lambda *a: False)
 
 
-def chunked_prompt_logprobs(runner, prompts: list[list[int]], chunk: Optional[int],
-                            around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+def chunked_prompt_logprobs(
+    runner,
+    prompts: list[list[int]],
+    chunk: Optional[int],
+    around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+):
     """(requests, {request id: each prompt token's logprob}): the prompts prefilled in steps of
     ``chunk`` tokens (all at once with None), each step inside ``around()``."""
     reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(prompts)]
@@ -67,6 +71,7 @@ def generate_prompts(runner, prompts: list[list[int]], n: int, chunk: Optional[i
 
 
 # ---------------------------------------------------------------- GGUF files
+
 
 def gguf_writer(path: str, arch: str, cfg):
     """A ``gguf.GGUFWriter`` with the metadata every family's file has, read from ``cfg``."""
@@ -136,13 +141,17 @@ def as_read_back(hf, qtype_name: str, keep: Callable[[str], bool] = lambda pname
         for pname, p in hf.named_parameters():
             if p.dim() >= 2 and qtype_name != "F32" and not keep(pname):
                 data = p.numpy()
-                back = (data.astype(np.float16).astype(np.float32) if qtype_name == "F16"
-                        else gguf.quants.dequantize(quantize(data, qtype_name), qtype))
+                back = (
+                    data.astype(np.float16).astype(np.float32)
+                    if qtype_name == "F16"
+                    else gguf.quants.dequantize(quantize(data, qtype_name), qtype)
+                )
                 p.copy_(torch.from_numpy(back))
     return hf
 
 
 # ---------------------------------------------------------------- end to end
+
 
 def llm_generate_texts(hf, path: str):
     """``hf`` saved to ``path`` and run by ``LLM`` (float32, CPU, the default model's tokenizer) on
@@ -154,8 +163,15 @@ def llm_generate_texts(hf, path: str):
 
     hf.save_pretrained(path)
     tok = AutoTokenizer.from_pretrained(default_tokenizer_path())
-    llm = LLM(model=path, tokenizer=default_tokenizer_path(), dtype="float32", device="cpu",
-              max_model_len=256, kv_cache_memory=32 << 20, block_size=16)
+    llm = LLM(
+        model=path,
+        tokenizer=default_tokenizer_path(),
+        dtype="float32",
+        device="cpu",
+        max_model_len=256,
+        kv_cache_memory=32 << 20,
+        block_size=16,
+    )
     try:
         outs = llm.generate(TEXTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     finally:

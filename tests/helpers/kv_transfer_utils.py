@@ -1,5 +1,6 @@
 """What the KV-transfer tests share (the engines end to end, test_kv_transfer.py; the store and
 the scheduler's side without a model, test_kv_connector.py)."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,11 @@ NOBODY = 65534  # another user (tests run as root, who can chown to it)
 
 
 def kv_config(path, role: str, **extra) -> dict:
-    return {"kv_connector": "SharedStorageConnector", "kv_role": role,
-            "kv_connector_extra_config": {"shared_storage_path": str(path), **extra}}
+    return {
+        "kv_connector": "SharedStorageConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {"shared_storage_path": str(path), **extra},
+    }
 
 
 def call_within(deadline_s: float, fifo: str, fn):

@@ -7,6 +7,7 @@ nothing is configured in the test runner's own namespace. Names carry the runner
 runs never meet. Creating namespaces needs CAP_NET_ADMIN; without it ``available()`` says why,
 and the tests fall back to ``LoopbackHosts`` (every host is 127.0.0.1, on its own port).
 """
+
 from __future__ import annotations
 
 import os

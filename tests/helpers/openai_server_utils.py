@@ -5,6 +5,7 @@ the app through ``build_app``), on a free loopback port, and is waited for throu
 with a deadline. On exit it gets SIGTERM, as a process manager would send, and must be gone,
 its EngineCore with it, within the deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,18 @@ from typing import Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 # The tiny dummy-weight Llama: a step costs about a millisecond, so tests measure the server.
-TINY_SERVE_ARGS = ["--load-format", "dummy", "--dtype", "float32", "--num-threads", "1",
-                   "--kv-cache-memory", str(64 << 20), "--seed", "0"]
+TINY_SERVE_ARGS = [
+    "--load-format",
+    "dummy",
+    "--dtype",
+    "float32",
+    "--num-threads",
+    "1",
+    "--kv-cache-memory",
+    str(64 << 20),
+    "--seed",
+    "0",
+]
 START_TIMEOUT_S = 180.0
 RINGLLM = [sys.executable, "-c", "import sys; from engine.entrypoints.cli import main; sys.exit(main())"]
 
@@ -70,8 +81,13 @@ class RemoteServer:
     def __enter__(self) -> "RemoteServer":
         out = None if self.log is None else open(self.log, "ab")
         try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=None if out is None else subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=None if out is None else subprocess.STDOUT,
+            )
         finally:
             if out is not None:
                 out.close()  # the child has its own copy
@@ -119,8 +135,9 @@ class RemoteServer:
     def get(self, path: str, headers: Optional[dict] = None) -> tuple[int, bytes, dict]:
         return self.request("GET", path, None, headers)
 
-    def request(self, method: str, path: str, body: Optional[bytes], headers: Optional[dict] = None,
-                timeout: float = 30.0) -> tuple[int, bytes, dict]:
+    def request(
+        self, method: str, path: str, body: Optional[bytes], headers: Optional[dict] = None, timeout: float = 30.0
+    ) -> tuple[int, bytes, dict]:
         req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -128,11 +145,13 @@ class RemoteServer:
         except urllib.error.HTTPError as err:
             return err.code, err.read(), dict(err.headers)
 
-    def post_json(self, path: str, payload, headers: Optional[dict] = None,
-                  timeout: float = 30.0) -> tuple[int, dict, dict]:
+    def post_json(
+        self, path: str, payload, headers: Optional[dict] = None, timeout: float = 30.0
+    ) -> tuple[int, dict, dict]:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        status, data, resp_headers = self.request("POST", path, body,
-                                                  {"Content-Type": "application/json", **(headers or {})}, timeout)
+        status, data, resp_headers = self.request(
+            "POST", path, body, {"Content-Type": "application/json", **(headers or {})}, timeout
+        )
         return status, json.loads(data) if data else {}, resp_headers
 
     def metrics(self) -> dict[str, float]:
@@ -154,10 +173,21 @@ def constrained_tiny_server(model_dir: str, api_key: str, body_limit: int) -> Re
     """The tiny model served as "tiny" behind ``api_key``, bodies up to ``body_limit`` bytes, auto
     tool choice with the hermes parser, and free JSON whitespace off (so constrained output cannot
     pad forever): the Responses and Messages API tests' server."""
-    return RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", api_key,
-                        "--max-request-body-bytes", str(body_limit), "--enable-auto-tool-choice",
-                        "--tool-call-parser", "hermes",
-                        "--structured-outputs-config", '{"disable_any_whitespace": true}')
+    return RemoteServer(
+        model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--api-key",
+        api_key,
+        "--max-request-body-bytes",
+        str(body_limit),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--structured-outputs-config",
+        '{"disable_any_whitespace": true}',
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -186,7 +216,7 @@ def parse_sse(raw: bytes) -> list:
     events = []
     for block in text.split("\n\n")[:-1]:
         assert block.startswith("data: ") and "\n" not in block, f"malformed SSE event {block!r}"
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     assert events and events[-1] == "[DONE]" and events.count("[DONE]") == 1
     return events[:-1]
@@ -201,14 +231,15 @@ def parse_anthropic_sse(raw: bytes) -> list[dict]:
     for block in text.split("\n\n")[:-1]:
         kind, data = block.split("\n")
         assert kind.startswith("event: ") and data.startswith("data: "), f"malformed SSE event {block!r}"
-        payload = json.loads(data[len("data: "):])
-        assert payload["type"] == kind[len("event: "):], block
+        payload = json.loads(data[len("data: ") :])
+        assert payload["type"] == kind[len("event: ") :], block
         events.append(payload)
     return events
 
 
-def post_while_probing_health(server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0,
-                              interval: float = 0.0) -> tuple[tuple, list[tuple[int, float]]]:
+def post_while_probing_health(
+    server: "RemoteServer", path: str, payload: dict, timeout: float = 30.0, interval: float = 0.0
+) -> tuple[tuple, list[tuple[int, float]]]:
     """POST ``payload`` to ``path`` (answered within ``timeout``), and GET /health every
     ``interval`` s (back to back by default) while it runs: the answer, and each probe's
     (status, round trip in s)."""

@@ -1,4 +1,5 @@
 """This process's children, for the tests' leak checks (conftest.py and the engine modules' own)."""
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@ Job: {"router": url, "replicas": [url...], "model": name, "prompts": [...], "max
 Result: {"answered": n, "errors": [text...], "hung": n, "killed": bool,
          "before": {url: {"hits": x, "queries": y}}, "after": {...}}
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,7 @@ async def main() -> dict:
 
         async def one(prompt: str) -> None:
             async with gate:
-                body = {"model": job["model"], "prompt": prompt, "max_tokens": job["max_tokens"],
-                        "temperature": 0.0}
+                body = {"model": job["model"], "prompt": prompt, "max_tokens": job["max_tokens"], "temperature": 0.0}
                 try:
                     async with session.post(job["router"] + "/v1/completions", json=body, timeout=timeout) as r:
                         text = await r.text()

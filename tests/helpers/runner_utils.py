@@ -1,5 +1,6 @@
 """Drive a ModelRunner by hand (no scheduler): trivial block allocation, optional
 chunked prefill, greedy or sampled steps. For the model, loader and sampler tests."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,8 +29,9 @@ def make_request(req_id: str, prompt: list[int], **params) -> Request:
     return Request(req_id, prompt, SamplingParams(**params), eos_token_id=2)
 
 
-def step(runner: ModelRunner, reqs: list[Request], chunk: Optional[int] = None,
-         finished: frozenset[str] = frozenset()) -> ModelRunnerOutput:
+def step(
+    runner: ModelRunner, reqs: list[Request], chunk: Optional[int] = None, finished: frozenset[str] = frozenset()
+) -> ModelRunnerOutput:
     """Schedule every request (at most ``chunk`` tokens each), run, and apply the result."""
     so = SchedulerOutput(finished_req_ids=set(finished))
     bs = runner.block_size
@@ -51,8 +53,9 @@ def step(runner: ModelRunner, reqs: list[Request], chunk: Optional[int] = None,
     return out
 
 
-def generate(runner: ModelRunner, reqs: list[Request], num_tokens: int,
-             chunk: Optional[int] = None) -> list[ModelRunnerOutput]:
+def generate(
+    runner: ModelRunner, reqs: list[Request], num_tokens: int, chunk: Optional[int] = None
+) -> list[ModelRunnerOutput]:
     """Step until every request has ``num_tokens`` outputs; returns each step's output."""
     outs = []
     while any(r.num_output_tokens < num_tokens for r in reqs):

@@ -1,18 +1,20 @@
 """Speculative decoding through LLM, shared by the n-gram and draft-model tests
 (tests/integration/test_spec_decode_llm.py, test_draft_model_llm.py): the tiny engine's
 settings, prompts whose continuations repeat, and the check that two runs gave the same outputs."""
+
 from __future__ import annotations
 
 import pytest
 
 from engine.llm import LLM
 
-TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20, num_threads=1,
-            seed=0)
-PROMPTS = [[11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
-           [500, 600, 700, 500, 600, 700, 500, 600],
-           [9, 8, 7, 6, 5, 4, 3],
-           list(range(1000, 1040)) + list(range(1000, 1010))]
+TINY = dict(load_format="dummy", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20, num_threads=1, seed=0)
+PROMPTS = [
+    [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13],
+    [500, 600, 700, 500, 600, 700, 500, 600],
+    [9, 8, 7, 6, 5, 4, 3],
+    list(range(1000, 1040)) + list(range(1000, 1010)),
+]
 
 
 def write_untied_model(dst: str, **overrides) -> str:

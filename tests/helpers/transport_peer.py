@@ -3,6 +3,7 @@
 Also imported by the tests for the message types and the stress stream (sender and checker),
 so both processes run exactly the same code.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -74,7 +75,7 @@ class Stream:
     def message(self, seq: int) -> Data:
         size = self.sizes[seq & 0xFFFF]
         off = (seq * 7) & 4095
-        payload = self.pool[off:off + size]
+        payload = self.pool[off : off + size]
         return Data(seq, zlib.crc32(payload), payload)
 
 
@@ -241,8 +242,9 @@ def main() -> None:
 
 def spawn_grandchild(pdeathsig: bool) -> subprocess.Popen:
     gch = Channel.create(codec(), capacity=1 << 16)
-    proc = subprocess.Popen([sys.executable, HERE, "block", gch.peer_token(), "1" if pdeathsig else "0"],
-                            pass_fds=gch.peer_fds())
+    proc = subprocess.Popen(
+        [sys.executable, HERE, "block", gch.peer_token(), "1" if pdeathsig else "0"], pass_fds=gch.peer_fds()
+    )
     gch.set_peer(proc.pid)
     gch.close_peer_fds()
     gch.recv(timeout=30)  # "ready"

@@ -1,5 +1,6 @@
 """Aborting through AsyncLLM: a consumer waiting on an aborted request ends with an "abort"
 output, and a thousand aborts made at once reach the core as one message."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,15 @@ async def until(cond, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@pytest.mark.parametrize("kind,n", [(RequestOutputKind.DELTA, 1), (RequestOutputKind.FINAL_ONLY, 1),
-                                    (RequestOutputKind.FINAL_ONLY, 2), (RequestOutputKind.CUMULATIVE, 1)])
+@pytest.mark.parametrize(
+    "kind,n",
+    [
+        (RequestOutputKind.DELTA, 1),
+        (RequestOutputKind.FINAL_ONLY, 1),
+        (RequestOutputKind.FINAL_ONLY, 2),
+        (RequestOutputKind.CUMULATIVE, 1),
+    ],
+)
 async def test_abort_ends_the_waiting_consumer_with_an_abort_output(engine, kind, n):
     params = SamplingParams(max_tokens=240, temperature=0.0, ignore_eos=True, output_kind=kind, n=n)
     request_id = f"aborted-{kind.name}-{n}"

@@ -7,6 +7,7 @@ tokenized in one pool job, its ids then admitted inline; echoing a token-id prom
 its ids on the pool, not on the event loop. One AsyncLLM serves the module, built outside the
 loop (its output handler starts with the first request).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,12 +57,20 @@ async def test_a_token_id_prompt_is_admitted_while_the_pool_is_full(engine):
         full.shutdown()
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_tokens=2, bad_words=[f"word{i}" for i in range(1000)]),
-    SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(choice=[f"c{i}" for i in range(4000)])),
-    SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(
-        json={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}))],
-    ids=["bad_words", "choice", "json"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=2, bad_words=[f"word{i}" for i in range(1000)]),
+        SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(choice=[f"c{i}" for i in range(4000)])),
+        SamplingParams(
+            max_tokens=2,
+            structured_outputs=StructuredOutputsParams(
+                json={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+            ),
+        ),
+    ],
+    ids=["bad_words", "choice", "json"],
+)
 async def test_a_short_prompt_with_long_params_is_admitted_on_the_pool(engine, params):
     shared, full = engine.renderer, Renderer(1, max_pending_jobs=1)
     release = threading.Event()

@@ -2,6 +2,7 @@
 only), never in any process's command line, the EngineCore's included, nor in the core's
 environment. --api-key still works, with a warning. Real ``ringllm serve`` processes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,13 @@ def test_the_key_from_a_private_key_file_guards_the_api_and_is_in_no_cmdline(tin
 @pytest.mark.parametrize("mode", [0o644, 0o620])  # world-readable; group-writable
 def test_a_key_file_others_can_read_or_write_is_refused_naming_it(tiny_model_dir, tmp_path, mode):
     path = _key_file(tmp_path, mode)
-    out = subprocess.run([*RINGLLM, "serve", tiny_model_dir, *TINY_SERVE_ARGS, "--api-key-file", path],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [*RINGLLM, "serve", tiny_model_dir, *TINY_SERVE_ARGS, "--api-key-file", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode != 0
     assert path in out.stderr and f"{mode:04o}" in out.stderr and "chmod 600" in out.stderr
     assert "Traceback" not in out.stderr
@@ -80,11 +86,14 @@ def test_key_sources_take_the_flags_first_then_the_environment(tmp_path, monkeyp
     assert server_settings_from(_parse()).api_key is None
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda p: None, "No such file"),
-    (lambda p: open(p, "w").close() or os.chmod(p, 0o600), "holds no key"),
-    (lambda p: os.symlink("/etc/hostname", p), "api-key"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda p: None, "No such file"),
+        (lambda p: open(p, "w").close() or os.chmod(p, 0o600), "holds no key"),
+        (lambda p: os.symlink("/etc/hostname", p), "api-key"),
+    ],
+)
 def test_a_missing_empty_or_symlinked_key_file_is_refused_naming_it(tmp_path, setup, message):
     path = str(tmp_path / "api-key")
     setup(path)

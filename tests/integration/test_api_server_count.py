@@ -6,6 +6,7 @@ server costs only its own streams (the core aborts them and frees their KV block
 server's streams go on) and is replaced in its slot; a killed core ends every API server and
 the launcher exits 1, leaving nothing behind (the conftest leak fixture).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ def long_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(long_model, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("asc-tmp"))  # the launcher's private metrics directory lands here
-    with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
-                      env={"TMPDIR": tmp}) as remote:
+    with RemoteServer(
+        long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2", env={"TMPDIR": tmp}
+    ) as remote:
         remote.tmp = tmp
         assert wait_for(lambda: _both_serving(remote), 60, 0.1)  # /health answered: one of them, at least
         yield remote
@@ -122,17 +124,23 @@ def test_what_several_api_servers_cannot_share_is_refused_naming_the_flag():
 
 
 def test_merge_sums_counters_and_histograms_and_keeps_the_first_gauge():
-    a = ('# HELP c_total c\n# TYPE c_total counter\nc_total{x="1"} 2.0\n'
-         '# HELP g g\n# TYPE g gauge\ng 5.0\n'
-         '# HELP h h\n# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\nh_count 2.0\nh_sum 3.0\n')
-    b = a.replace("c_total{x=\"1\"} 2.0", "c_total{x=\"1\"} 3.0").replace("g 5.0", "g 7.0")
+    a = (
+        '# HELP c_total c\n# TYPE c_total counter\nc_total{x="1"} 2.0\n'
+        "# HELP g g\n# TYPE g gauge\ng 5.0\n"
+        '# HELP h h\n# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\nh_count 2.0\nh_sum 3.0\n'
+    )
+    b = a.replace('c_total{x="1"} 2.0', 'c_total{x="1"} 3.0').replace("g 5.0", "g 7.0")
     merged = _samples(merge([a, b]))
     assert merged == {"c_total": 5.0, "g": 5.0, "h_bucket": 6.0, "h_count": 4.0, "h_sum": 6.0}
 
 
 def test_a_share_below_one_per_api_server_is_refused_at_start(long_model):
-    run = subprocess.run([*RINGLLM, "serve", long_model, *TINY_SERVE_ARGS, "--api-server-count", "2",
-                          "--max-waiting-requests", "1"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [*RINGLLM, "serve", long_model, *TINY_SERVE_ARGS, "--api-server-count", "2", "--max-waiting-requests", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode != 0 and "--max-waiting-requests 1 cannot be shared" in run.stderr
 
 
@@ -141,15 +149,19 @@ def test_connections_reach_both_api_servers_and_metrics_on_either_sum_them(serve
     answers = [_fresh_completion(server) for _ in range(12)]
     assert all(a.usage.completion_tokens == 3 for a in answers)
     after = local_metrics(server)
-    served = {pid: after[pid]["vllm:request_success_total"] - before[pid]["vllm:request_success_total"]
-              for pid in after}
+    served = {
+        pid: after[pid]["vllm:request_success_total"] - before[pid]["vllm:request_success_total"] for pid in after
+    }
     assert sum(served.values()) == 12 and all(n > 0 for n in served.values()), served
     total = server.metrics()  # whichever server the scrape reaches answers for both
     assert total["vllm:request_success_total"] == sum(m["vllm:request_success_total"] for m in after.values())
     assert total["vllm:generation_tokens_total"] == sum(m["vllm:generation_tokens_total"] for m in after.values())
     # the core's step counters reach one server only: the sum counts each prompt's lookup once
-    assert total["vllm:prefix_cache_queries_total"] == sum(m["vllm:prefix_cache_queries_total"]
-                                                           for m in after.values()) > 0
+    assert (
+        total["vllm:prefix_cache_queries_total"]
+        == sum(m["vllm:prefix_cache_queries_total"] for m in after.values())
+        > 0
+    )
 
 
 def _server_of(server, resp: aiohttp.ClientResponse) -> int:
@@ -236,8 +248,12 @@ def test_a_killed_api_server_costs_only_its_streams_and_is_replaced(server):
 
     victim, counted = asyncio.run(scenario())
     assert wait_for(lambda: len(api_pids(server)) == 2 and victim not in api_pids(server), 60, 0.1)
-    assert wait_for(lambda: (lambda m: m.get("vllm:num_requests_running") == 0 and m["vllm:kv_cache_usage_perc"] == 0)(
-        _scrape(server)), 10)  # every KV block freed, the victim's included
+    assert wait_for(
+        lambda: (lambda m: m.get("vllm:num_requests_running") == 0 and m["vllm:kv_cache_usage_perc"] == 0)(
+            _scrape(server)
+        ),
+        10,
+    )  # every KV block freed, the victim's included
     assert all(_fresh_completion(server).usage.completion_tokens == 3 for _ in range(4))
     # counters never go down: the dead server's part of the sum stays beside the living's counts
     assert wait_for(lambda: _both_serving(server), 30)  # the replacement listens on its socket
@@ -267,8 +283,9 @@ def test_the_launcher_stopped_or_killed_leaves_nothing_running(long_model, sig):
     """SIGTERM: each API server drains (a stream still running at the drain timeout ends with an
     error event and [DONE]), then the core is told SHUTDOWN and the launcher exits 0. SIGKILL:
     the core and the API servers follow the launcher through their parent-death signal."""
-    with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
-                      "--drain-timeout", "1") as remote:
+    with RemoteServer(
+        long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2", "--drain-timeout", "1"
+    ) as remote:
         below = descendants(remote.proc.pid)
         assert len(below) == 3
 
@@ -304,8 +321,17 @@ def test_api_servers_over_two_data_parallel_cores_use_both_and_a_dead_rank_stops
     """--api-server-count 2 --data-parallel-size 2: each API server has a ring pair to each core
     and balances its requests over them; a core killed ends everything, nothing left behind."""
     tmp = str(tmp_path_factory.mktemp("asc-dp"))  # short: the metrics sockets' paths must fit AF_UNIX's 108 bytes
-    with RemoteServer(long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-server-count", "2",
-                      "--data-parallel-size", "2", env={"TMPDIR": tmp}) as remote:
+    with RemoteServer(
+        long_model,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--api-server-count",
+        "2",
+        "--data-parallel-size",
+        "2",
+        env={"TMPDIR": tmp},
+    ) as remote:
         remote.tmp = tmp
         assert wait_for(lambda: _both_serving(remote), 60, 0.1)
         cores = [p for p in descendants(remote.proc.pid) if "engine.core" in _cmdline(p)]
@@ -313,10 +339,12 @@ def test_api_servers_over_two_data_parallel_cores_use_both_and_a_dead_rank_stops
 
         async def burst():  # concurrent, so each server's balancer spreads its share over both ranks
             async with aiohttp.ClientSession() as session:
+
                 async def one():
                     body = dict(LONG, max_tokens=16, stream=False)
                     async with session.post(remote.url + "/v1/completions", json=body) as resp:
                         return resp.status, await resp.json()
+
                 return await asyncio.gather(*(one() for _ in range(16)))
 
         answers = asyncio.run(burst())

@@ -5,6 +5,7 @@ One engine per transport serves most tests (built outside the event loop, so its
 handler starts lazily on the first request, as in a script that builds it before
 ``asyncio.run``); tests that kill a core or need two build their own.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,8 +68,7 @@ async def test_delta_concatenates_to_cumulative_and_final_only_yields_once(engin
     prompt = "The capital of France is"
     cumulative = await collect(engine, prompt, greedy(max_tokens=12), "cum")
     delta = await collect(engine, prompt, greedy(max_tokens=12, output_kind=RequestOutputKind.DELTA), "delta")
-    final = await collect(engine, prompt, greedy(max_tokens=12, output_kind=RequestOutputKind.FINAL_ONLY),
-                          "final")
+    final = await collect(engine, prompt, greedy(max_tokens=12, output_kind=RequestOutputKind.FINAL_ONLY), "final")
     assert engine.output_handler is not None and engine.is_running
     latencies = engine.take_transport_latencies()
     assert latencies and all(0 < t < 1 for t in latencies) and not engine.take_transport_latencies()
@@ -81,8 +81,11 @@ async def test_delta_concatenates_to_cumulative_and_final_only_yields_once(engin
 
 
 async def test_slow_delta_consumer_gets_every_token_merged(engine):
-    collector = await engine.add_request("slow", "Once upon a time", greedy(
-        max_tokens=20, output_kind=RequestOutputKind.DELTA, n=2, temperature=0.8, seed=3))
+    collector = await engine.add_request(
+        "slow",
+        "Once upon a time",
+        greedy(max_tokens=20, output_kind=RequestOutputKind.DELTA, n=2, temperature=0.8, seed=3),
+    )
     while await unfinished_in_core(engine):
         await asyncio.sleep(0.01)  # the core finishes while nobody reads
     await asyncio.sleep(0.05)
@@ -181,6 +184,7 @@ async def test_external_lb_rank_serves_through_its_own_core(tiny_model_dir):
 async def test_default_model_streams_an_answer():
     async with build_async_engine_client_from_engine_args(AsyncEngineArgs(max_model_len=512)) as llm:
         prompt = llm.input_processor.render_chat([{"role": "user", "content": "What is the capital of France?"}])
-        deltas = await collect(llm, prompt, greedy(max_tokens=24, ignore_eos=False,
-                                                   output_kind=RequestOutputKind.DELTA), "paris")
+        deltas = await collect(
+            llm, prompt, greedy(max_tokens=24, ignore_eos=False, output_kind=RequestOutputKind.DELTA), "paris"
+        )
         assert "Paris" in "".join(o.outputs[0].text for o in deltas)

@@ -2,6 +2,7 @@
 ``EngineShutdownError`` at once (it used to await for ever, its output handler cancelled),
 whether shutdown is called on the loop or from another thread, and later requests are refused
 with it; the core is gone and nothing is left behind (conftest's and the module's checks)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -2,6 +2,7 @@
 from_vllm_config / start_engine_loop, shutdown's timeout and the shutdown_timeout setting,
 data_parallel_rank routing, lora_request / tokenization_kwargs, and an abort seen through the
 OpenAI server (the stream ends with a finish_reason "abort" chunk and [DONE])."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,9 @@ async def test_lora_request_and_tokenization_kwargs_on_generate(tiny_model_dir):
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY))
     try:
         text = "one two three four five six seven eight"
-        outs = await collect(engine, text, "t", tokenization_kwargs={"truncation": True, "max_length": 4},
-                             lora_request=None)
+        outs = await collect(
+            engine, text, "t", tokenization_kwargs={"truncation": True, "max_length": 4}, lora_request=None
+        )
         assert len(outs[-1].prompt_token_ids) == 4 and outs[-1].prompt == text
         with pytest.raises(ValueError, match="LoRA"):
             await collect(engine, text, "l", lora_request=object())
@@ -84,17 +86,19 @@ async def test_an_aborted_request_streams_a_final_abort_chunk_and_done_through_t
     from engine.async_llm import build_async_engine_client_from_engine_args
     from engine.entrypoints.openai.server import SERVING, ServerSettings, build_app
 
-    app = build_app(build_async_engine_client_from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY)),
-                    ServerSettings())
+    app = build_app(
+        build_async_engine_client_from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY)), ServerSettings()
+    )
     async with TestServer(app) as server, aiohttp.ClientSession() as session:
         engine = app[SERVING].completion.engine
         for route, body, engine_id in [
-                ("/v1/completions", {"prompt": "hello"}, lambda chunk_id: f"{chunk_id}-0"),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}, lambda c: c)]:
+            ("/v1/completions", {"prompt": "hello"}, lambda chunk_id: f"{chunk_id}-0"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}, lambda c: c),
+        ]:
             payload = {**body, "max_tokens": 200, "ignore_eos": True, "stream": True}
             async with session.post(str(server.make_url(route)), json=payload) as resp:
                 assert resp.status == 200
-                first = json.loads((await resp.content.readuntil(b"\n\n"))[len(b"data: "):])
+                first = json.loads((await resp.content.readuntil(b"\n\n"))[len(b"data: ") :])
                 await engine.abort(engine_id(first["id"]))
                 events = [e for e in (await asyncio.wait_for(resp.content.read(), 60)).decode().split("\n\n") if e]
             assert events[-1] == "data: [DONE]"

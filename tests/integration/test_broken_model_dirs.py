@@ -5,6 +5,7 @@ the tokenizer, or the EngineCore loading the weights) finds the fault.
 Each case starts from a tiny Llama with real (random) safetensors weights and the default
 model's tokenizer, and breaks one thing.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def _edit_json(name: str, change):
         change(data)
         with open(os.path.join(path, name), "w") as f:
             json.dump(data, f)
+
     return edit
 
 
@@ -46,6 +48,7 @@ def _write(name: str, content: bytes):
     def edit(path: str) -> None:
         with open(os.path.join(path, name), "wb") as f:
             f.write(content)
+
     return edit
 
 
@@ -53,6 +56,7 @@ def _remove(*names: str):
     def edit(path: str) -> None:
         for name in names:
             os.remove(os.path.join(path, name))
+
     return edit
 
 
@@ -60,11 +64,13 @@ def _truncate(name: str):
     def edit(path: str) -> None:
         file = os.path.join(path, name)
         os.truncate(file, os.path.getsize(file) // 2)
+
     return edit
 
 
 def _weights_of(other: dict):
     """The weights of another config (a mismatch with config.json's sizes)."""
+
     def edit(path: str) -> None:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -76,8 +82,11 @@ def _weights_of(other: dict):
         model = LlamaForCausalLM(config)
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
-                  os.path.join(path, "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+            os.path.join(path, "model.safetensors"),
+        )
+
     return edit
 
 
@@ -89,6 +98,7 @@ def _drop_tensor(name: str):
         tensors = load_file(file)
         del tensors[name]
         save_file(tensors, file)
+
     return edit
 
 
@@ -97,19 +107,34 @@ CASES = [
     ("config-not-json", _write("config.json", b"{not json"), "config.json", "not valid JSON"),
     ("config-not-object", _write("config.json", b"[1, 2]"), "config.json", "not a JSON object"),
     ("config-missing", _remove("config.json"), "config.json", "no config.json"),
-    ("config-no-model-type", _edit_json("config.json", lambda c: (c.pop("model_type"), c.pop("architectures"))),
-     "config.json", "model_type"),
+    (
+        "config-no-model-type",
+        _edit_json("config.json", lambda c: (c.pop("model_type"), c.pop("architectures"))),
+        "config.json",
+        "model_type",
+    ),
     ("negative-vocab", _edit_json("config.json", lambda c: c.update(vocab_size=-5)), "config.json", "vocab_size"),
-    ("hidden-size-a-string", _edit_json("config.json", lambda c: c.update(hidden_size="big")), "config.json",
-     "hidden_size"),
-    ("no-layers", _edit_json("config.json", lambda c: c.update(num_hidden_layers=0)), "config.json",
-     "num_hidden_layers must be a positive integer, got 0"),
-    ("unknown-architecture", _edit_json("config.json", lambda c: c.update(architectures=["FooForCausalLM"])),
-     "config.json", "FooForCausalLM"),
+    (
+        "hidden-size-a-string",
+        _edit_json("config.json", lambda c: c.update(hidden_size="big")),
+        "config.json",
+        "hidden_size",
+    ),
+    (
+        "no-layers",
+        _edit_json("config.json", lambda c: c.update(num_hidden_layers=0)),
+        "config.json",
+        "num_hidden_layers must be a positive integer, got 0",
+    ),
+    (
+        "unknown-architecture",
+        _edit_json("config.json", lambda c: c.update(architectures=["FooForCausalLM"])),
+        "config.json",
+        "FooForCausalLM",
+    ),
     ("weights-truncated", _truncate("model.safetensors"), "model.safetensors", "safetensors"),
     ("weights-garbage", _write("model.safetensors", b"\x00" * 64), "model.safetensors", "safetensors"),
-    ("weights-hidden-size-mismatch", _weights_of({"hidden_size": 32, "head_dim": 8}), "model.safetensors",
-     "shape"),
+    ("weights-hidden-size-mismatch", _weights_of({"hidden_size": 32, "head_dim": 8}), "model.safetensors", "shape"),
     ("weights-missing-tensor", _drop_tensor("model.norm.weight"), "model.safetensors", "missing ['norm']"),
     ("tokenizer-json-garbage", _write("tokenizer.json", b"\x89garbage"), "tokenizer.json", "tokenizer"),
     ("tokenizer-config-not-json", _write("tokenizer_config.json", b"{{"), "tokenizer_config.json", "JSON"),
@@ -128,9 +153,25 @@ def _broken(weighted_model_dir: str, tmp_path, edit) -> str:
 @pytest.mark.parametrize("edit,file,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_serve_names_the_file_and_the_problem_in_one_line(weighted_model_dir, tmp_path, edit, file, words):
     path = _broken(weighted_model_dir, tmp_path, edit)
-    proc = subprocess.run([*RINGLLM, "serve", path, "--dtype", "float32", "--num-threads", "1",
-                           "--kv-cache-memory", str(64 << 20), "--port", str(free_port())],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            *RINGLLM,
+            "serve",
+            path,
+            "--dtype",
+            "float32",
+            "--num-threads",
+            "1",
+            "--kv-cache-memory",
+            str(64 << 20),
+            "--port",
+            str(free_port()),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ringllm serve: error:")]

@@ -1,4 +1,5 @@
 """Channel: typed messages between processes, backpressure, timeouts, close, peer death, bad input."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,7 @@ import msgspec
 import pytest
 import uvloop
 
-from shm_transport import (Channel, ChannelClosed, CorruptRing, MessageTooLarge, MsgspecCodec, PeerDied,
-                           TransportError)
+from shm_transport import Channel, ChannelClosed, CorruptRing, MessageTooLarge, MsgspecCodec, PeerDied, TransportError
 
 from tests.helpers import ROOT, transport_peer as peer
 from tests.helpers.transport_peer import Ctl, Data
@@ -430,13 +430,16 @@ def test_engine_protocol_kinds_are_pinned():
     assert set(MESSAGE_TYPES) == set(MessageKind)
 
 
-@pytest.mark.parametrize("kwargs, err, match", [
-    ({"capacity": 5000}, ValueError, "power of two"),
-    ({"capacity": 64}, ValueError, "between"),
-    ({"capacity": "big"}, TypeError, "int"),
-    ({"recv_capacity": 3}, ValueError, "recv_capacity"),
-    ({"max_message_size": 0}, ValueError, "max_message_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, err, match",
+    [
+        ({"capacity": 5000}, ValueError, "power of two"),
+        ({"capacity": 64}, ValueError, "between"),
+        ({"capacity": "big"}, TypeError, "int"),
+        ({"recv_capacity": 3}, ValueError, "recv_capacity"),
+        ({"max_message_size": 0}, ValueError, "max_message_size"),
+    ],
+)
 def test_bad_channel_arguments_are_named(kwargs, err, match):
     with pytest.raises(err, match=match):
         Channel.create(peer.codec(), **kwargs)
@@ -453,11 +456,14 @@ def test_message_over_max_message_size_is_refused_at_send():
         a.close(), b.close()
 
 
-@pytest.mark.parametrize("token, err, match", [
-    ("zmq:abc", ValueError, "not a ringllm"),
-    ("ringllm1:pid=1", ValueError, "malformed"),
-    (42, TypeError, "str"),
-])
+@pytest.mark.parametrize(
+    "token, err, match",
+    [
+        ("zmq:abc", ValueError, "not a ringllm"),
+        ("ringllm1:pid=1", ValueError, "malformed"),
+        (42, TypeError, "str"),
+    ],
+)
 def test_bad_tokens_are_refused(token, err, match):
     with pytest.raises(err, match=match):
         Channel.attach(peer.codec(), token)
@@ -467,14 +473,22 @@ def test_attach_with_fds_that_were_not_passed_names_the_problem():
     ch = Channel.create(peer.codec(), capacity=4096)
     token = ch.peer_token()
     try:
-        res = subprocess.run([sys.executable, "-c",
-                              "import sys, transport_peer as p\n"
-                              "from shm_transport import Channel\n"
-                              "try:\n Channel.attach(p.codec(), sys.argv[1])\n"
-                              "except Exception as e: print(type(e).__name__, e)", token],
-                             capture_output=True, text=True, timeout=60,
-                             cwd=os.path.dirname(peer.HERE),  # no pass_fds
-                             env=dict(os.environ, PYTHONPATH=ROOT))
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys, transport_peer as p\n"
+                "from shm_transport import Channel\n"
+                "try:\n Channel.attach(p.codec(), sys.argv[1])\n"
+                "except Exception as e: print(type(e).__name__, e)",
+                token,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=os.path.dirname(peer.HERE),  # no pass_fds
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         assert "SegmentError" in res.stdout and "pass_fds" in res.stdout, res.stdout + res.stderr
     finally:
         ch.close()

@@ -6,6 +6,7 @@ runs thousands of times in a child process under CPU load, so that the closer an
 it wakes interleave in every order. A segment unmapped under either of them is a SIGSEGV: it
 kills the child, not pytest, and shows here as its exit status with faulthandler's stacks.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,17 +30,25 @@ def _cpu_hogs(n: int, seconds: float) -> list[subprocess.Popen]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("transport, min_rounds", [
-    ("ring", 150),  # x 8 scenarios: 1,200 closes
-    ("zmq", 25),  # a zmq context takes milliseconds to set up and tear down
-])
+@pytest.mark.parametrize(
+    "transport, min_rounds",
+    [
+        ("ring", 150),  # x 8 scenarios: 1,200 closes
+        ("zmq", 25),  # a zmq context takes milliseconds to set up and tear down
+    ],
+)
 def test_close_from_another_thread_never_crashes_a_busy_call(transport, min_rounds):
     hogs = _cpu_hogs(2, 120)
     try:
         env = dict(os.environ, PYTHONPATH=ROOT, PYTHONFAULTHANDLER="1")
-        proc = subprocess.run([sys.executable, WORKER, transport,
-                               str(SECONDS), str(min_rounds)],
-                              capture_output=True, text=True, timeout=140, env=env, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, WORKER, transport, str(SECONDS), str(min_rounds)],
+            capture_output=True,
+            text=True,
+            timeout=140,
+            env=env,
+            cwd=ROOT,
+        )
     finally:
         for hog in hogs:
             hog.kill()

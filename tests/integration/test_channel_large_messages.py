@@ -6,6 +6,7 @@ end; a reader on the other end must receive it within a generous deadline. Both 
 pair (the creator's ring and the attached side's), in-band and out-of-band bodies (the two write
 paths: one buffer, or a gather of parts), the sync and the asyncio ends, and the zmq baseline.
 """
+
 from __future__ import annotations
 
 import asyncio

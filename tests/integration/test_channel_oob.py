@@ -2,6 +2,7 @@
 receiver copies each once into an owned ``bytes``. Exact round trips (single records, wrap-around,
 fragments, several fields, frozen and optional ones), the in-band fallbacks, corrupt frames, and
 the receive batch's byte budget."""
+
 from __future__ import annotations
 
 import asyncio
@@ -110,8 +111,12 @@ def test_oob_min_setting_turns_it_off(big_pair):
 def test_several_fields_frozen_optional_and_defaults(big_pair):
     a, b = big_pair
     one, two = os.urandom(OOB_MIN), os.urandom(3 * OOB_MIN + 5)
-    sent = [Multi("both", one, two, b"tiny", [1, 2]), Multi("second only", second=two),
-            Multi("first only", first=one, second=None), Multi("none big", b"x", b"y", b"z")]
+    sent = [
+        Multi("both", one, two, b"tiny", [1, 2]),
+        Multi("second only", second=two),
+        Multi("first only", first=one, second=None),
+        Multi("none big", b"x", b"y", b"z"),
+    ]
     for m in sent:
         a.send(m)
     got = [b.recv(timeout=5) for _ in sent]
@@ -144,9 +149,15 @@ def test_receiver_owns_what_it_got_after_the_ring_is_overwritten():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, 300_000), st.integers(0, 2 * OOB_MIN), st.booleans(), st.booleans()),
-                min_size=1, max_size=12),
-       st.sampled_from([1 << 16, 1 << 17, 1 << 18]), st.integers(0, 2 ** 32))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 300_000), st.integers(0, 2 * OOB_MIN), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([1 << 16, 1 << 17, 1 << 18]),
+    st.integers(0, 2**32),
+)
 def test_random_sizes_round_trip_across_wrap_and_fragments(sizes, capacity, seed):
     """Payload sizes around the threshold and up to several times the ring (fragments), in
     rings of 64-256 KiB so records wrap with PADs; sent with send and with try_send (a
@@ -158,13 +169,17 @@ def test_random_sizes_round_trip_across_wrap_and_fragments(sizes, capacity, seed
     def reader():
         while not got or got[-1] != Ctl("end"):
             got.extend(b.recv_batch(timeout=10))
+
     t = threading.Thread(target=reader)
     t.start()
     try:
         sent = []
         for i, (big, small, frozen, nonblocking) in enumerate(sizes):
-            m = (Multi(str(i), rng.randbytes(big), rng.randbytes(small) if i % 2 else None, b"k" * (i % 5))
-                 if frozen else Data(i, small, rng.randbytes(big)))
+            m = (
+                Multi(str(i), rng.randbytes(big), rng.randbytes(small) if i % 2 else None, b"k" * (i % 5))
+                if frozen
+                else Data(i, small, rng.randbytes(big))
+            )
             sent.append(m)
             if nonblocking:
                 while not a.try_send(m):
@@ -201,6 +216,7 @@ def test_send_async_goes_out_of_band():
             reader = asyncio.get_running_loop().run_in_executor(None, lambda: b.recv(timeout=10))
             await a.send_async(Data(1, 2, payload), timeout=10)
             return await reader
+
         assert asyncio.run(main()) == Data(1, 2, payload)
     finally:
         a.close()
@@ -218,17 +234,20 @@ def oob_frame(kind: int, fields: list[tuple[int, int]], body: bytes, payload: by
 BODY = msgspec.msgpack.encode(Data(1, 2, b""))
 
 
-@pytest.mark.parametrize("frame, why", [
-    (oob_frame(0, [(0, 4)], BODY, b"abcd")[:-1], "overruns"),
-    (oob_frame(0, [(0, 4)], BODY, b"abcde"), "stray"),
-    (oob_frame(0, [(1, 4)], BODY, b"abcd"), "slot"),
-    (oob_frame(0, [], BODY, b""), "0 fields"),
-    (oob_frame(1, [(0, 4)], msgspec.msgpack.encode(Ctl("x")), b"abcd"), "eligible"),
-    (oob_frame(9, [(0, 4)], BODY, b"abcd"), "eligible"),
-    (oob_frame(0, [(0, 4)], BODY + b"\xc1", b"abcd"), "decode"),
-    (oob_frame(2, [(0, 1), (0, 1)], msgspec.msgpack.encode(Multi("m")), b"ab"), "repeats"),
-    (HEAD.pack(0, 1, 3)[:4], "decode"),
-])
+@pytest.mark.parametrize(
+    "frame, why",
+    [
+        (oob_frame(0, [(0, 4)], BODY, b"abcd")[:-1], "overruns"),
+        (oob_frame(0, [(0, 4)], BODY, b"abcde"), "stray"),
+        (oob_frame(0, [(1, 4)], BODY, b"abcd"), "slot"),
+        (oob_frame(0, [], BODY, b""), "0 fields"),
+        (oob_frame(1, [(0, 4)], msgspec.msgpack.encode(Ctl("x")), b"abcd"), "eligible"),
+        (oob_frame(9, [(0, 4)], BODY, b"abcd"), "eligible"),
+        (oob_frame(0, [(0, 4)], BODY + b"\xc1", b"abcd"), "decode"),
+        (oob_frame(2, [(0, 1), (0, 1)], msgspec.msgpack.encode(Multi("m")), b"ab"), "repeats"),
+        (HEAD.pack(0, 1, 3)[:4], "decode"),
+    ],
+)
 def test_corrupt_out_of_band_frames_are_errors_and_the_stream_goes_on(big_pair, frame, why):
     a, b = big_pair
     a.send(Data(1, 0, b"before"))

@@ -1,6 +1,7 @@
 """Two-process stress of the channel under a hard timeout: a million numbered, checksummed
 messages with a skewed size mix, both directions at once, for the futex reader and the asyncio
 reader; and a lost-wake-up hunt with jittered timing on both sides of every sleep."""
+
 from __future__ import annotations
 
 import asyncio

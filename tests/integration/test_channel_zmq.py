@@ -1,4 +1,5 @@
 """ZmqChannel (the --transport zmq baseline): its sockets are reachable by this user only."""
+
 from __future__ import annotations
 
 import os
@@ -65,14 +66,16 @@ def test_sockets_live_in_a_private_directory_that_close_removes(pair):
 
 def _connect_as(uid: int, path: str) -> subprocess.CompletedProcess:
     """Connect to the unix socket ``path`` from a child running as ``uid`` (exit 13: EACCES)."""
-    code = ("import os, socket, sys\n"
-            f"if {uid} != os.getuid():\n"
-            f"    os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
-            "s = socket.socket(socket.AF_UNIX)\n"
-            "try:\n"
-            f"    s.connect({path!r})\n"
-            "except PermissionError:\n"
-            "    sys.exit(13)\n")
+    code = (
+        "import os, socket, sys\n"
+        f"if {uid} != os.getuid():\n"
+        f"    os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        f"    s.connect({path!r})\n"
+        "except PermissionError:\n"
+        "    sys.exit(13)\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
 
 

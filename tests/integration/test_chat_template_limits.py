@@ -5,6 +5,7 @@ Through a real ``ringllm serve`` (the tiny dummy-weight model, whose tokenizer d
 given a pathological template), a real ``LLM``, and the sandbox itself
 (engine/frontend/chat_template.py) for each bound it enforces.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,16 +30,16 @@ PATHOLOGICAL = {
     "nested loops": NESTED,
     "nested loops writing nothing": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     "loop filtering out everything": "{% set l = range(100000)|list %}{% for i in l %}{% for j in l if false %}"
-                                     "{% endfor %}{% endfor %}",
+    "{% endfor %}{% endfor %}",
     "string times a big number": "{{ 'x' * 10**10 }}",
     "string method with a big width": "{{ 'x'.ljust(10**10) }}",
     "filter with a big width": "{{ 'x'|center(1000000000) }}",
     "string doubled with ~": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
-                             "{% endfor %}{{ ns.s|length }}",
+    "{% endfor %}{{ ns.s|length }}",
     "string doubled with +": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
-                             "{% endfor %}{{ ns.s|length }}",
+    "{% endfor %}{{ ns.s|length }}",
     "self-sharing list written out": "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}"
-                                     "{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l|tojson|length }}",
+    "{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l|tojson|length }}",
     "binary recursion": "{% macro f(n) %}{{ f(n) }}{{ f(n) }}{% endmacro %}{{ f(1) }}",
     "format width": "{{ '{:>1000000000}'.format('x') }}",
     "percent width": "{{ '%1000000000s' % 'x' }}",
@@ -47,7 +48,7 @@ PATHOLOGICAL = {
     "indent growing": "{% set s = '\n' * 100000 %}{{ s|indent(100000) }}",
     "tabs growing": "{% set s = '\t' * 100000 %}{{ s.expandtabs(100000) }}",
     "integer power": "{% set ns = namespace(n=10) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}"
-                     "{% endfor %}{{ ns.n }}",
+    "{% endfor %}{{ ns.n }}",
 }
 
 
@@ -58,7 +59,7 @@ def test_each_pathological_template_is_stopped_by_a_bound(name):
 
 
 def test_the_time_bound_stops_a_render_that_stays_within_its_steps():
-    limits = TemplateLimits(timeout_s=0.2, max_iterations=10 ** 12)
+    limits = TemplateLimits(timeout_s=0.2, max_iterations=10**12)
     with pytest.raises(TemplateLimitError, match="longer than 0.2 s"):
         render_chat(PATHOLOGICAL["nested loops writing nothing"], USER, special_tokens={}, limits=limits)
 
@@ -101,7 +102,8 @@ def test_a_pathological_model_template_is_a_400_and_health_answers_meanwhile(tin
     model = _model_with_template(tiny_model_dir, str(tmp_path / "model"), template)
     with RemoteServer(model, *TINY_SERVE_ARGS, "--served-model-name", "tiny") as server:
         (status, body, _), probes = _chat_while_probing_health(
-            server, {"model": "tiny", "messages": USER, "max_tokens": 2})
+            server, {"model": "tiny", "messages": USER, "max_tokens": 2}
+        )
         assert status == 400, body
         assert body["error"]["param"] == "messages" and "chat template" in body["error"]["message"]
         # /health answered throughout. Its round trip is ~1 ms on an idle machine; 5 s is a
@@ -116,8 +118,11 @@ def test_sigterm_during_a_pathological_render_stops_the_server(tiny_model_dir, t
     model = _model_with_template(tiny_model_dir, str(tmp_path / "model"), NESTED)
     with RemoteServer(model, *TINY_SERVE_ARGS, "--served-model-name", "tiny") as server:
         result: dict = {}
-        request = threading.Thread(target=lambda: result.update(answer=server.post_json(
-            "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 2})))
+        request = threading.Thread(
+            target=lambda: result.update(
+                answer=server.post_json("/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 2})
+            )
+        )
         request.start()
         for _ in range(3):  # the loop has run while the request is in its render
             assert server.get("/health")[0] == 200
@@ -140,8 +145,9 @@ def tokenizer(tiny_model_dir):
 
 
 def _chat(server, **fields) -> tuple[int, dict]:
-    status, body, _ = server.post_json("/v1/chat/completions", {"model": "tiny", "messages": USER,
-                                                                 "max_tokens": 1, **fields})
+    status, body, _ = server.post_json(
+        "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 1, **fields}
+    )
     return status, body
 
 
@@ -158,11 +164,15 @@ def test_a_request_chat_template_is_never_read_as_a_path(server, tokenizer):
     assert body["usage"]["prompt_tokens"] == len(tokenizer.encode("/etc/passwd", add_special_tokens=False))
 
 
-@pytest.mark.parametrize("template,param", [("{% for m in messages %}", "chat_template"),
-                                            (NESTED, "chat_template"),
-                                            ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
-                                             "chat_template"),
-                                            ("{{ raise_exception('no system message') }}", "chat_template")])
+@pytest.mark.parametrize(
+    "template,param",
+    [
+        ("{% for m in messages %}", "chat_template"),
+        (NESTED, "chat_template"),
+        ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "chat_template"),
+        ("{{ raise_exception('no system message') }}", "chat_template"),
+    ],
+)
 def test_a_bad_request_template_is_a_400_naming_it(server, template, param):
     status, body = _chat(server, chat_template=template)
     assert status == 400, body
@@ -203,8 +213,9 @@ def test_chat_template_kwargs_cannot_set_the_request_fields(server, key):
 
 def test_chat_template_kwargs_override_the_named_arguments_as_in_vllm(server, tokenizer):
     template = "{{ messages[0].content }}{% if add_generation_prompt %}+{% endif %}{{ tokenize }}"
-    status, body = _chat(server, chat_template=template, chat_template_kwargs={"add_generation_prompt": False,
-                                                                               "tokenize": "?"})
+    status, body = _chat(
+        server, chat_template=template, chat_template_kwargs={"add_generation_prompt": False, "tokenize": "?"}
+    )
     assert status == 200, body
     assert body["usage"]["prompt_tokens"] == len(tokenizer.encode("hi?", add_special_tokens=False))
 

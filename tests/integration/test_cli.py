@@ -1,5 +1,6 @@
 """The ``ringllm`` command line: flags generated from EngineArgs, complete help on every
 command, and ``ringllm generate`` end to end on the tiny model."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,22 +24,54 @@ def test_every_engine_arg_has_a_flag_with_help_and_defaults_round_trip():
 
 
 def test_flags_parse_into_the_same_schema_as_llm():
-    args = serve_parser().parse_args([
-        "/models/x", "--no-enable-prefix-caching", "--transport", "zmq", "--max-num-seqs", "8",
-        "--gpu-memory-utilization", "0.5", "--compilation-config", '{"mode": 1}', "--hf-overrides", '{"a": 1}',
-        "--data-parallel-size", "2", "--enable-log-requests", "--api-key", "k", "--max-waiting-requests", "3",
-        "--request-timeout", "2.5", "--host", "0.0.0.0"])
+    args = serve_parser().parse_args(
+        [
+            "/models/x",
+            "--no-enable-prefix-caching",
+            "--transport",
+            "zmq",
+            "--max-num-seqs",
+            "8",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--compilation-config",
+            '{"mode": 1}',
+            "--hf-overrides",
+            '{"a": 1}',
+            "--data-parallel-size",
+            "2",
+            "--enable-log-requests",
+            "--api-key",
+            "k",
+            "--max-waiting-requests",
+            "3",
+            "--request-timeout",
+            "2.5",
+            "--host",
+            "0.0.0.0",
+        ]
+    )
     assert engine_args_from(args, AsyncEngineArgs) == AsyncEngineArgs(
-        model="/models/x", enable_prefix_caching=False, transport="zmq", max_num_seqs=8,
-        gpu_memory_utilization=0.5, compilation_config={"mode": 1}, hf_overrides={"a": 1}, data_parallel_size=2,
-        enable_log_requests=True)
-    assert server_settings_from(args) == ServerSettings(host="0.0.0.0", api_key="k", max_waiting_requests=3,
-                                                        request_timeout_s=2.5)
+        model="/models/x",
+        enable_prefix_caching=False,
+        transport="zmq",
+        max_num_seqs=8,
+        gpu_memory_utilization=0.5,
+        compilation_config={"mode": 1},
+        hf_overrides={"a": 1},
+        data_parallel_size=2,
+        enable_log_requests=True,
+    )
+    assert server_settings_from(args) == ServerSettings(
+        host="0.0.0.0", api_key="k", max_waiting_requests=3, request_timeout_s=2.5
+    )
     assert serve_parser().parse_args(["--compilation-config", "2"]).compilation_config == 2
 
 
-@pytest.mark.parametrize("flags", [["--transport", "tcp"], ["--hf-overrides", "[1]"], ["--max-num-seqs", "many"],
-                                   ["--scheduling-policy", "lifo"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["--transport", "tcp"], ["--hf-overrides", "[1]"], ["--max-num-seqs", "many"], ["--scheduling-policy", "lifo"]],
+)
 def test_bad_flag_values_are_refused_by_the_parser(flags):
     with pytest.raises((argparse.ArgumentError, SystemExit)):
         serve_parser().parse_args(flags)
@@ -51,15 +84,34 @@ def test_bad_server_settings_name_the_field():
         ServerSettings(max_waiting_requests=-1)
 
 
-@pytest.mark.parametrize("command,expected", [
-    ("serve", ["MODEL", "--host", "--port", "--api-key", "--max-waiting-requests", "--request-timeout",
-               "--drain-timeout", "--api-key-file", "--header-timeout", "--body-timeout", "--keep-alive-timeout",
-               "--max-connections", "--health-busy-timeout", "--health-idle-timeout",
-               *(f"--{f.replace('_', '-')}" for f in ENGINE_ARG_HELP)]),
-    ("generate", ["PROMPT", "--max-tokens", "--chat", "--model", "--transport"]),
-    ("chat", ["--url", "--api-key", "--model", "--system-prompt", "--quick"]),
-    ("complete", ["--url", "--api-key", "--model", "--quick"]),
-])
+@pytest.mark.parametrize(
+    "command,expected",
+    [
+        (
+            "serve",
+            [
+                "MODEL",
+                "--host",
+                "--port",
+                "--api-key",
+                "--max-waiting-requests",
+                "--request-timeout",
+                "--drain-timeout",
+                "--api-key-file",
+                "--header-timeout",
+                "--body-timeout",
+                "--keep-alive-timeout",
+                "--max-connections",
+                "--health-busy-timeout",
+                "--health-idle-timeout",
+                *(f"--{f.replace('_', '-')}" for f in ENGINE_ARG_HELP),
+            ],
+        ),
+        ("generate", ["PROMPT", "--max-tokens", "--chat", "--model", "--transport"]),
+        ("chat", ["--url", "--api-key", "--model", "--system-prompt", "--quick"]),
+        ("complete", ["--url", "--api-key", "--model", "--quick"]),
+    ],
+)
 def test_help_of_every_command_lists_its_options(command, expected):
     out = subprocess.run([*RINGLLM, command, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -70,13 +122,29 @@ def test_help_of_every_command_lists_its_options(command, expected):
 
 
 def test_generate_prints_the_text_and_the_speed(tiny_model_dir):
-    out = subprocess.run([*RINGLLM, "generate", "Hello there", "Once upon a time", "--model", tiny_model_dir,
-                          "--load-format", "dummy", "--max-tokens", "6", "--ignore-eos", "--kv-cache-memory",
-                          str(16 << 20)], capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            *RINGLLM,
+            "generate",
+            "Hello there",
+            "Once upon a time",
+            "--model",
+            tiny_model_dir,
+            "--load-format",
+            "dummy",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--kv-cache-memory",
+            str(16 << 20),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert "--- 'Hello there'" in out.stdout and "--- 'Once upon a time'" in out.stdout
     assert "2 prompt(s)" in out.stdout and "12 generated tokens" in out.stdout and "tokens/s" in out.stdout
-
 
 
 def test_serve_on_cpu_caps_prompt_tokens_per_step_unless_told_otherwise(monkeypatch):

@@ -3,6 +3,7 @@ LLM, AsyncLLM and the server: greedy output (tokens and logprobs) the same as wi
 max_tokens, stop ids and strings, n, preemption, structured outputs and abort behave as without drafts;
 random sampling emits the right count with the emitted tokens' logprobs; a draft equal to the
 target accepts everything; a draft of another vocabulary is refused naming the key."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,15 @@ import pytest
 from engine.async_llm import AsyncLLM
 from engine.config import AsyncEngineArgs
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from tests.helpers.spec_decode_utils import (PROMPTS, TINY, assert_same, generate, make_llm, spec_stats,
-                                             write_untied_model)
+from tests.helpers.spec_decode_utils import (
+    PROMPTS,
+    TINY,
+    assert_same,
+    generate,
+    make_llm,
+    spec_stats,
+    write_untied_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +50,10 @@ def llms(dirs):
 def test_greedy_output_is_the_same_with_a_draft_model(llms):
     base, spec = llms
     stats = spec_stats(spec)
-    for p in (SamplingParams(max_tokens=48, temperature=0, logprobs=2, ignore_eos=True),
-              SamplingParams(max_tokens=37, temperature=0, n=2, ignore_eos=True)):
+    for p in (
+        SamplingParams(max_tokens=48, temperature=0, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=37, temperature=0, n=2, ignore_eos=True),
+    ):
         out = generate(spec, PROMPTS, p)
         assert_same(generate(base, PROMPTS, p), out)
         assert all(len(o.token_ids) == p.max_tokens for r in out for o in r.outputs)
@@ -55,12 +65,14 @@ def test_stop_ids_max_tokens_and_structured_outputs_end_as_without_drafts(llms):
     base, spec = llms
     ref = generate(base, PROMPTS, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     for prompt, r in zip(PROMPTS, ref):
-        for params in (SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[r.outputs[0].token_ids[17]],
-                                      ignore_eos=True),
-                       SamplingParams(max_tokens=11, temperature=0, ignore_eos=True)):
+        for params in (
+            SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[r.outputs[0].token_ids[17]], ignore_eos=True),
+            SamplingParams(max_tokens=11, temperature=0, ignore_eos=True),
+        ):
             assert_same(generate(base, [prompt], params), generate(spec, [prompt], params))
-    constrained = SamplingParams(max_tokens=20, temperature=0,
-                                 structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]))
+    constrained = SamplingParams(
+        max_tokens=20, temperature=0, structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"])
+    )
     out = generate(spec, PROMPTS[:2], constrained)
     assert_same(generate(base, PROMPTS[:2], constrained), out)
     assert all(r.outputs[0].text in ("yes", "no", "maybe") for r in out)
@@ -70,8 +82,7 @@ def test_sampling_with_a_draft_model_emits_the_count_asked_with_the_emitted_toke
     _, spec = llms
     stats = spec_stats(spec)
     before = stats.num_draft_tokens
-    out = generate(spec, PROMPTS, SamplingParams(max_tokens=30, temperature=0.8, top_k=50, logprobs=1,
-                                                 ignore_eos=True))
+    out = generate(spec, PROMPTS, SamplingParams(max_tokens=30, temperature=0.8, top_k=50, logprobs=1, ignore_eos=True))
     assert stats.num_draft_tokens > before
     for r in out:
         o = r.outputs[0]
@@ -150,16 +161,24 @@ def test_the_server_serves_a_draft_model_and_counts_its_drafts(dirs, llms):
     target, draft = dirs
     base, _ = llms
     ref = generate(base, PROMPTS[:1], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].outputs[0]
-    with RemoteServer(target, *TINY_SERVE_ARGS, "--max-model-len", "256", "--served-model-name", "tiny",
-                      "--speculative-config", json.dumps(draft_config(draft))) as server:
+    with RemoteServer(
+        target,
+        *TINY_SERVE_ARGS,
+        "--max-model-len",
+        "256",
+        "--served-model-name",
+        "tiny",
+        "--speculative-config",
+        json.dumps(draft_config(draft)),
+    ) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0.0, extra_body={"ignore_eos": True})
         whole = client.completions.create(**kw).choices[0]
         streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
         assert whole.text == streamed == ref.text
-        stop = ref.text[len(ref.text) // 2:len(ref.text) // 2 + 3]
+        stop = ref.text[len(ref.text) // 2 : len(ref.text) // 2 + 3]
         cut = client.completions.create(stop=[stop], **kw).choices[0]
-        assert cut.text == ref.text[:ref.text.index(stop)] and cut.finish_reason == "stop"
+        assert cut.text == ref.text[: ref.text.index(stop)] and cut.finish_reason == "stop"
         status, body, _ = server.get("/metrics")
         assert status == 200
         lines = [line for line in body.decode().splitlines() if line.startswith("vllm:spec_decode_num_")]

@@ -4,6 +4,7 @@ ends with ENGINE_DEAD and is reaped at once; ``worker_cls`` is checked before an
 Faults are injected in a real EngineCore process through ``worker_cls`` (tests/helpers/faulty_runner.py,
 Worker subclasses), not by mocking.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,14 @@ from engine.exceptions import EngineDeadError, EngineStepError
 from engine.sampling_params import SamplingParams
 from engine.wire_messages import FinishReason
 from tests.helpers.faulty_runner import FAULT_TEXT, POISON, BrokenWorker, FaultyWorker, NotAWorker
-from tests.helpers.engine_utils import (EXIT_DEADLINE_S, TINY, nothing_left_behind,  # noqa: F401 (a fixture)
-                                        request, tiny_config, wait_until)
+from tests.helpers.engine_utils import (
+    EXIT_DEADLINE_S,
+    TINY,
+    nothing_left_behind,  # noqa: F401 (a fixture)
+    request,
+    tiny_config,
+    wait_until,
+)
 
 
 def reaped(pid: int) -> bool:
@@ -57,7 +64,9 @@ def test_a_failed_step_fails_its_request_and_the_core_serves_on(tiny_model_dir, 
         assert failed.finish_reason is FinishReason.ERROR and failed.internal_error and not tokens
         assert "RuntimeError" in failed.error and "/" not in failed.error and "Traceback" not in failed.error
         assert [(len(results[i][0]), results[i][1].finish_reason) for i in ("a", "b")] == [
-            (5, FinishReason.LENGTH), (6, FinishReason.LENGTH)]
+            (5, FinishReason.LENGTH),
+            (6, FinishReason.LENGTH),
+        ]
         client.add_request(request("later", max_tokens=3))
         assert len(final_outputs(client, {"later"})["later"][0]) == 3
         stats = client.call_utility("get_stats")
@@ -105,16 +114,21 @@ def test_a_core_whose_every_step_fails_dies_with_engine_dead_and_is_reaped(tiny_
 
 
 async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=FaultyWorker,
-                                                       **{**TINY, "max_num_seqs": 1}))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=tiny_model_dir, worker_cls=FaultyWorker, **{**TINY, "max_num_seqs": 1})
+    )
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
     async def run(prompt, request_id):
         return [out async for out in engine.generate(prompt, params, request_id)]
 
     try:
-        results = await asyncio.gather(run("before", "a"), run({"prompt_token_ids": [1, POISON]}, "poisoned"),
-                                       run("after", "b"), return_exceptions=True)
+        results = await asyncio.gather(
+            run("before", "a"),
+            run({"prompt_token_ids": [1, POISON]}, "poisoned"),
+            run("after", "b"),
+            return_exceptions=True,
+        )
         assert isinstance(results[1], EngineStepError) and "/" not in str(results[1])
         assert [len(r[-1].outputs[0].token_ids) for r in (results[0], results[2])] == [4, 4]
         await engine.check_health()
@@ -126,8 +140,9 @@ async def test_async_engine_fails_the_poisoned_request_alone_and_stays_healthy(t
 
 
 async def test_async_engine_dead_of_failed_steps_reaps_its_core(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=BrokenWorker,
-                                                       **{**TINY, "max_num_seqs": 1}))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=tiny_model_dir, worker_cls=BrokenWorker, **{**TINY, "max_num_seqs": 1})
+    )
     pid = engine.engine_core.ready.pid
 
     async def run(i):
@@ -148,10 +163,14 @@ def test_worker_cls_must_be_a_worker_before_any_launch(tiny_model_dir):
     class Local(FaultyWorker):  # not importable by name: cloudpickled by value at launch
         pass
 
-    for bad, match in [(NotAWorker, "subclass of engine.worker.Worker"),
-                       ("tests.helpers.faulty_runner.NotAWorker", "subclass"),
-                       ("no_such_module.Worker", "cannot import"), ("tests.helpers.faulty_runner.Missing", "has no"),
-                       ("Worker", "dotted path"), (3, "worker_cls")]:
+    for bad, match in [
+        (NotAWorker, "subclass of engine.worker.Worker"),
+        ("tests.helpers.faulty_runner.NotAWorker", "subclass"),
+        ("no_such_module.Worker", "cannot import"),
+        ("tests.helpers.faulty_runner.Missing", "has no"),
+        ("Worker", "dotted path"),
+        (3, "worker_cls"),
+    ]:
         with pytest.raises(ValueError, match=match):
             EngineArgs(model=tiny_model_dir, worker_cls=bad, **TINY).create_engine_config()
     for good in (FaultyWorker, "tests.helpers.faulty_runner.FaultyWorker", Local, "engine.worker.Worker"):

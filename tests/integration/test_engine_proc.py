@@ -5,6 +5,7 @@ Real processes over real rings (and the zmq baseline). The tiny engine and the l
 shared with test_llm_mp.py, test_async_llm.py and the other engine modules are in
 tests/helpers/engine_utils.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,13 @@ import time
 import pytest
 
 from engine.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, merge_outputs
-from tests.helpers.engine_utils import (TINY, nothing_left_behind, pid_gone, request,  # noqa: F401 (a fixture)
-                                        tiny_config, wait_until)
+from tests.helpers.engine_utils import (
+    TINY,
+    pid_gone,
+    request,  # noqa: F401 (a fixture)
+    tiny_config,
+    wait_until,
+)
 from tests.helpers.process_utils import live_children
 
 
@@ -175,8 +181,9 @@ _FRONTEND = textwrap.dedent("""
 
 def test_core_exits_within_1s_when_the_frontend_is_killed(tiny_model_dir):
     # The exit does not depend on the transport (PR_SET_PDEATHSIG and a parent pidfd watch).
-    frontend = subprocess.Popen([sys.executable, "-c", _FRONTEND, tiny_model_dir, "shm", repr(TINY)],
-                                stdout=subprocess.PIPE, text=True)
+    frontend = subprocess.Popen(
+        [sys.executable, "-c", _FRONTEND, tiny_model_dir, "shm", repr(TINY)], stdout=subprocess.PIPE, text=True
+    )
     try:
         core_pid = int(frontend.stdout.readline())
         os.kill(frontend.pid, signal.SIGKILL)
@@ -190,20 +197,23 @@ def test_core_exits_within_1s_when_the_frontend_is_killed(tiny_model_dir):
 
 def _out(req_id, tokens, finish=None, logprob_rows=0):
     lp = LogprobsLists([[t] for t in tokens][:logprob_rows], [[-1.0]] * logprob_rows, [1] * logprob_rows)
-    return EngineCoreOutput(req_id, list(tokens), new_logprobs=lp if logprob_rows else None,
-                            finish_reason=finish)
+    return EngineCoreOutput(req_id, list(tokens), new_logprobs=lp if logprob_rows else None, finish_reason=finish)
 
 
 def test_held_outputs_merge_into_one_entry_per_request():
     held = EngineCoreOutputs(outputs=[_out("a", [1], logprob_rows=1), _out("b", [5], FinishReason.LENGTH)])
     merge_outputs(held, EngineCoreOutputs(outputs=[_out("a", [2], logprob_rows=1), _out("c", [9])]))
-    merge_outputs(held, EngineCoreOutputs(outputs=[_out("a", [3], FinishReason.STOP, logprob_rows=1),
-                                                   _out("b", [7])]))  # "b" again: a reused id
+    merge_outputs(
+        held, EngineCoreOutputs(outputs=[_out("a", [3], FinishReason.STOP, logprob_rows=1), _out("b", [7])])
+    )  # "b" again: a reused id
     by_id = [(o.request_id, o.new_token_ids, o.finish_reason) for o in held.outputs]
-    assert by_id == [("a", [1, 2, 3], FinishReason.STOP), ("b", [5], FinishReason.LENGTH),
-                     ("c", [9], None), ("b", [7], None)]
+    assert by_id == [
+        ("a", [1, 2, 3], FinishReason.STOP),
+        ("b", [5], FinishReason.LENGTH),
+        ("c", [9], None),
+        ("b", [7], None),
+    ]
     assert held.outputs[0].new_logprobs.token_ids == [[1], [2], [3]]
-
 
 
 def test_held_stats_sum_their_counters_and_keep_the_newest_gauges():
@@ -211,12 +221,20 @@ def test_held_stats_sum_their_counters_and_keep_the_newest_gauges():
     frontend's counters see every step, its gauges the newest state; events concatenate."""
     from engine.wire_messages import EngineCoreEvent, EngineCoreEventType, SchedulerStats
 
-    queued, scheduled = (EngineCoreEvent(EngineCoreEventType.QUEUED, 1.0),
-                         EngineCoreEvent(EngineCoreEventType.SCHEDULED, 2.0))
-    held = EngineCoreOutputs(outputs=[EngineCoreOutput("a", [1], events=[queued])],
-                             scheduler_stats=SchedulerStats(3, 1, 0.5, 10, 4, 1))
-    merge_outputs(held, EngineCoreOutputs(outputs=[EngineCoreOutput("a", [2], events=[scheduled])],
-                                          scheduler_stats=SchedulerStats(2, 0, 0.25, 6, 6, 0)))
+    queued, scheduled = (
+        EngineCoreEvent(EngineCoreEventType.QUEUED, 1.0),
+        EngineCoreEvent(EngineCoreEventType.SCHEDULED, 2.0),
+    )
+    held = EngineCoreOutputs(
+        outputs=[EngineCoreOutput("a", [1], events=[queued])], scheduler_stats=SchedulerStats(3, 1, 0.5, 10, 4, 1)
+    )
+    merge_outputs(
+        held,
+        EngineCoreOutputs(
+            outputs=[EngineCoreOutput("a", [2], events=[scheduled])],
+            scheduler_stats=SchedulerStats(2, 0, 0.25, 6, 6, 0),
+        ),
+    )
     merge_outputs(held, EngineCoreOutputs(outputs=[], scheduler_stats=SchedulerStats(1, 0, 0.125, 0, 0, 2)))
     assert held.scheduler_stats == SchedulerStats(1, 0, 0.125, 16, 10, 3)
     assert held.outputs[0].events == [queued, scheduled]

@@ -1,6 +1,7 @@
 """The field list walked: every field of vLLM's request models and SamplingParams has a place
 (implemented, refused, or a no-op with its reason), and the server does what the place says.
 Real ``ringllm serve`` processes on the tiny model (one generating, one pooling)."""
+
 from __future__ import annotations
 
 import os
@@ -16,46 +17,73 @@ from tests.helpers.field_evidence import IMPLEMENTED
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
 from tests.helpers import ROOT
 
-STRUCTS = {"ChatCompletionRequest": http_bodies.ChatCompletionRequest,
-           "CompletionRequest": http_bodies.CompletionRequest,
-           "EmbeddingRequest": http_bodies.EmbeddingRequest, "StreamOptions": http_bodies.StreamOptions,
-           "SamplingParams": SamplingParams, "ResponsesRequest": responses_bodies.ResponsesRequest,
-           "PoolingRequest": pooling_bodies.PoolingRequest,
-           "ClassificationRequest": pooling_bodies.ClassificationRequest,
-           "ScoreRequest": pooling_bodies.ScoreRequest, "RerankRequest": pooling_bodies.RerankRequest,
-           "AnthropicMessagesRequest": messages_bodies.AnthropicMessagesRequest,
-           "AnthropicCountTokensRequest": messages_bodies.AnthropicCountTokensRequest}
-ROUTES = {"ChatCompletionRequest": "/v1/chat/completions", "CompletionRequest": "/v1/completions",
-          "EmbeddingRequest": "/v1/embeddings", "ResponsesRequest": "/v1/responses", "PoolingRequest": "/pooling",
-          "ClassificationRequest": "/classify", "ScoreRequest": "/score", "RerankRequest": "/rerank",
-          "AnthropicMessagesRequest": "/v1/messages", "AnthropicCountTokensRequest": "/v1/messages/count_tokens"}
+STRUCTS = {
+    "ChatCompletionRequest": http_bodies.ChatCompletionRequest,
+    "CompletionRequest": http_bodies.CompletionRequest,
+    "EmbeddingRequest": http_bodies.EmbeddingRequest,
+    "StreamOptions": http_bodies.StreamOptions,
+    "SamplingParams": SamplingParams,
+    "ResponsesRequest": responses_bodies.ResponsesRequest,
+    "PoolingRequest": pooling_bodies.PoolingRequest,
+    "ClassificationRequest": pooling_bodies.ClassificationRequest,
+    "ScoreRequest": pooling_bodies.ScoreRequest,
+    "RerankRequest": pooling_bodies.RerankRequest,
+    "AnthropicMessagesRequest": messages_bodies.AnthropicMessagesRequest,
+    "AnthropicCountTokensRequest": messages_bodies.AnthropicCountTokensRequest,
+}
+ROUTES = {
+    "ChatCompletionRequest": "/v1/chat/completions",
+    "CompletionRequest": "/v1/completions",
+    "EmbeddingRequest": "/v1/embeddings",
+    "ResponsesRequest": "/v1/responses",
+    "PoolingRequest": "/pooling",
+    "ClassificationRequest": "/classify",
+    "ScoreRequest": "/score",
+    "RerankRequest": "/rerank",
+    "AnthropicMessagesRequest": "/v1/messages",
+    "AnthropicCountTokensRequest": "/v1/messages/count_tokens",
+}
 _HI = [{"role": "user", "content": "Hi"}]
-BASE = {"ChatCompletionRequest": {"messages": _HI, "max_tokens": 2},
-        "CompletionRequest": {"prompt": "Hi", "max_tokens": 2}, "EmbeddingRequest": {"input": "Hi"},
-        "ResponsesRequest": {"input": "Hi", "max_output_tokens": 2}, "PoolingRequest": {"input": "Hi"},
-        "ClassificationRequest": {"input": "Hi"}, "ScoreRequest": {"text_1": "Hi", "text_2": "Ho"},
-        "RerankRequest": {"query": "Hi", "documents": ["Ho"]},
-        "AnthropicMessagesRequest": {"model": "tiny", "messages": _HI, "max_tokens": 2},
-        "AnthropicCountTokensRequest": {"model": "tiny", "messages": _HI}}
+BASE = {
+    "ChatCompletionRequest": {"messages": _HI, "max_tokens": 2},
+    "CompletionRequest": {"prompt": "Hi", "max_tokens": 2},
+    "EmbeddingRequest": {"input": "Hi"},
+    "ResponsesRequest": {"input": "Hi", "max_output_tokens": 2},
+    "PoolingRequest": {"input": "Hi"},
+    "ClassificationRequest": {"input": "Hi"},
+    "ScoreRequest": {"text_1": "Hi", "text_2": "Ho"},
+    "RerankRequest": {"query": "Hi", "documents": ["Ho"]},
+    "AnthropicMessagesRequest": {"model": "tiny", "messages": _HI, "max_tokens": 2},
+    "AnthropicCountTokensRequest": {"model": "tiny", "messages": _HI},
+}
 # Declared by the struct but refused by the serving code for every value that asks something.
-REFUSED_BY_SERVING = {("CompletionRequest", "suffix"), ("EmbeddingRequest", "dimensions"),
-                      ("PoolingRequest", "dimensions")}
+REFUSED_BY_SERVING = {
+    ("CompletionRequest", "suffix"),
+    ("EmbeddingRequest", "dimensions"),
+    ("PoolingRequest", "dimensions"),
+}
 # Served by a one-label classification model (a cross-encoder); the other pooling routes by an
 # embedding model.
 CLASSIFIER_ROUTES = ("ClassificationRequest", "ScoreRequest", "RerankRequest")
 
 
 def _placed(kind):
-    return [(cls, name, place) for cls, fields in PLACEMENT.items() for name, place in fields.items()
-            if isinstance(place, kind)]
+    return [
+        (cls, name, place)
+        for cls, fields in PLACEMENT.items()
+        for name, place in fields.items()
+        if isinstance(place, kind)
+    ]
 
 
 def test_every_vllm_field_has_a_place():
     """Fails when vLLM's list (vllm_fields.py) gains a field that ours does not place."""
     for cls, names in VLLM_FIELDS.items():
         missing = sorted(set(names) - set(PLACEMENT[cls]) - set(IMPLEMENTED[cls]))
-        assert not missing, f"{cls}: vLLM's fields {missing} are neither placed in field_support.PLACEMENT " \
-                            "nor proven implemented in tests/helpers/field_evidence.py"
+        assert not missing, (
+            f"{cls}: vLLM's fields {missing} are neither placed in field_support.PLACEMENT "
+            "nor proven implemented in tests/helpers/field_evidence.py"
+        )
 
 
 def test_no_field_is_both_implemented_and_refused_or_ignored():
@@ -92,8 +120,9 @@ def test_an_implemented_field_is_declared_and_names_tests_that_exist(cls, name, 
 def test_a_refused_field_is_undeclared_unless_the_serving_code_refuses_it():
     for cls, name, _ in _placed(Refused):
         if cls in ROUTES:
-            assert (name not in STRUCTS[cls].__struct_fields__) or (cls, name) in REFUSED_BY_SERVING, \
+            assert (name not in STRUCTS[cls].__struct_fields__) or (cls, name) in REFUSED_BY_SERVING, (
                 f"{cls}.{name} is declared (so perhaps implemented) but placed as refused"
+            )
 
 
 def test_sampling_params_fields_are_implemented_by_the_struct():
@@ -112,6 +141,7 @@ def test_sampling_params_fields_are_implemented_by_the_struct():
 
 
 # ---- over HTTP ----
+
 
 @pytest.fixture(scope="module")
 def log_path(tmp_path_factory):
@@ -134,8 +164,9 @@ def pooling_server(tiny_model_dir):
 def classifier_server(tmp_path_factory):
     from engine.models.default_model import write_tiny_model
 
-    model = write_tiny_model(str(tmp_path_factory.mktemp("cross-encoder")),
-                             architectures=["LlamaForSequenceClassification"], num_labels=1)
+    model = write_tiny_model(
+        str(tmp_path_factory.mktemp("cross-encoder")), architectures=["LlamaForSequenceClassification"], num_labels=1
+    )
     with RemoteServer(model, *TINY_SERVE_ARGS) as remote:
         yield remote
 
@@ -162,16 +193,18 @@ def test_a_refused_field_is_400_naming_it(cls, name, place, servers):
 
 @pytest.mark.parametrize("cls", list(ROUTES))
 def test_refused_fields_at_values_that_ask_nothing_are_accepted(cls, servers):
-    inert = {name: place.inert[-1] for c, name, place in _REFUSED_HTTP if c == cls
-             and (cls, name) not in REFUSED_BY_SERVING}
+    inert = {
+        name: place.inert[-1] for c, name, place in _REFUSED_HTTP if c == cls and (cls, name) not in REFUSED_BY_SERVING
+    }
     status, body, _ = servers.post_json(ROUTES[cls], {**BASE[cls], **inert})
     assert status == 200, body
 
 
 def test_a_field_vllm_does_not_know_is_ignored_with_one_warning(server, log_path):
     for _ in range(3):
-        status, body, _ = server.post_json(ROUTES["CompletionRequest"], {**BASE["CompletionRequest"],
-                                                                       "no_such_field_anywhere": 1})
+        status, body, _ = server.post_json(
+            ROUTES["CompletionRequest"], {**BASE["CompletionRequest"], "no_such_field_anywhere": 1}
+        )
         assert status == 200 and body["choices"]
     with open(log_path) as f:
         warnings = [line for line in f if "no_such_field_anywhere" in line]

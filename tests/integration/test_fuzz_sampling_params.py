@@ -5,6 +5,7 @@ survives it. Whatever SamplingParams accepts must also cross the wire to the cor
 One LLM and one AsyncLLM serve the whole module; examples are bounded (max_examples) so
 the module stays within about a minute on the tiny dummy-weight model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,10 +27,16 @@ PROMPT = "The capital of France is"
 SANE = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 # Derandomized and without shrinking: a CI run is repeatable and a failure costs one example, not
 # a search (shrinking once re-ran a 2**31-way fan-out for minutes before n was bounded).
-FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None,
-                phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
-HUGE = st.sampled_from([2 ** 31, 2 ** 63 - 1, 2 ** 63, 2 ** 64, -(2 ** 63) - 1, 10 ** 30, -(10 ** 30)])
+HUGE = st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**30, -(10**30)])
 JUNK = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.floats(allow_nan=True, allow_infinity=True))
 
 
@@ -39,8 +46,7 @@ def ints(low: int, high: int) -> st.SearchStrategy:
 
 
 def floats(low: float, high: float) -> st.SearchStrategy:
-    return st.one_of(st.floats(low, high), st.floats(low, high), st.integers(-3, 3), HUGE, JUNK,
-                     st.just(10 ** 400))
+    return st.one_of(st.floats(low, high), st.floats(low, high), st.integers(-3, 3), HUGE, JUNK, st.just(10**400))
 
 
 def flags() -> st.SearchStrategy:
@@ -56,7 +62,7 @@ FIELDS = {
     "top_p": floats(-0.5, 1.5),
     "top_k": st.one_of(ints(-2, 60000), st.integers(49000, 49300)),  # around the vocabulary size too
     "min_p": floats(-0.5, 1.5),
-    "seed": ints(-5, 2 ** 40),
+    "seed": ints(-5, 2**40),
     "stop": st.one_of(st.text(max_size=3), st.lists(st.one_of(st.text(max_size=3), HUGE), max_size=3), JUNK),
     "stop_token_ids": st.one_of(st.lists(ints(-1, 50000), max_size=3), JUNK),
     "ignore_eos": flags(),
@@ -101,6 +107,7 @@ def test_whatever_sampling_params_accepts_crosses_the_wire_intact(kwargs):
 
 # ---- through LLM (EngineCore process) ----
 
+
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, **TINY)
@@ -130,6 +137,7 @@ def test_llm_still_serves_after_the_fuzzing(llm):
 
 
 # ---- through AsyncLLM (EngineCore process, one event loop for the module) ----
+
 
 @pytest.fixture(scope="module")
 def async_llm(tiny_model_dir):

@@ -3,6 +3,7 @@ so only a liveness probe can see it. /health turns 503 within the bound while a 
 flight, answers at once meanwhile (it never waits on the core), and turns 200 again when the
 core is continued, and the request then finishes. A real ``ringllm serve`` on the tiny model.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,26 @@ def _health(remote: RemoteServer) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_health_turns_503_while_the_core_is_stopped_and_200_when_it_continues(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--health-busy-timeout", str(BUSY_TIMEOUT_S)) as remote:
+    with RemoteServer(
+        tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--health-busy-timeout", str(BUSY_TIMEOUT_S)
+    ) as remote:
         (core,) = remote.core_pids()
         started, result = threading.Event(), {}
 
         def generate() -> None:  # a stream long enough to be in flight throughout
-            body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                               "stream": True, "stream_options": {"include_usage": True}})
-            request = urllib.request.Request(remote.url + "/v1/completions", data=body.encode(),
-                                             headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "model": "tiny",
+                    "prompt": "Hello",
+                    "max_tokens": MAX_TOKENS,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            )
+            request = urllib.request.Request(
+                remote.url + "/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=300) as response:  # it waits out the stop
                 first = response.readline()  # the first event: the request is running in the core
                 started.set()
@@ -49,8 +60,9 @@ def test_health_turns_503_while_the_core_is_stopped_and_200_when_it_continues(ti
             os.kill(core, signal.SIGSTOP)
             try:
                 seen: list = []
-                assert wait_for(lambda: seen.append(_health(remote)) or seen[-1][0] == 503, PROBE_DEADLINE_S), \
+                assert wait_for(lambda: seen.append(_health(remote)) or seen[-1][0] == 503, PROBE_DEADLINE_S), (
                     f"/health stayed {seen[-1]} with the core stopped"
+                )
                 error = seen[-1][1]["error"]
                 assert error["code"] == "engine_unresponsive" and "with requests in flight" in error["message"]
                 # Answered, not left waiting on the stopped core (from the last verdict).
@@ -67,8 +79,9 @@ def test_health_turns_503_while_the_core_is_stopped_and_200_when_it_continues(ti
 
 @pytest.mark.slow
 def test_an_idle_stopped_core_is_reported_after_the_idle_bound(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--health-busy-timeout", "1",
-                      "--health-idle-timeout", "3") as remote:
+    with RemoteServer(
+        tiny_model_dir, *TINY_SERVE_ARGS, "--health-busy-timeout", "1", "--health-idle-timeout", "3"
+    ) as remote:
         (core,) = remote.core_pids()
         os.kill(core, signal.SIGSTOP)
         try:

@@ -6,6 +6,7 @@ not ringllm's own classes, so the test fails if the wire drifts from vLLM's. The
 real ``LLM`` with its EngineCore in its own process, on the tiny model with a 12-block cache,
 so new prompts must evict the old ones' blocks.
 """
+
 from __future__ import annotations
 
 import time
@@ -100,7 +101,7 @@ def chain(tokens: list[int]) -> list[bytes]:
     """The prefix cache's digests of the full blocks of ``tokens``."""
     hashes, parent = [], b""
     for i in range(len(tokens) // BLOCK):
-        parent = hash_block(parent, tokens[i * BLOCK:(i + 1) * BLOCK])
+        parent = hash_block(parent, tokens[i * BLOCK : (i + 1) * BLOCK])
         hashes.append(parent)
     return hashes
 
@@ -117,10 +118,22 @@ def subscriber():
 
 
 def test_a_subscriber_follows_the_cache_stored_evicted_and_cleared(tiny_model_dir, subscriber):
-    llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32",
-              kv_cache_memory=12 * (8 << 10), max_model_len=128, block_size=BLOCK,
-              kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
-                                "endpoint": subscriber.endpoint, "topic": TOPIC, "include_token_ids": True})
+    llm = LLM(
+        model=tiny_model_dir,
+        load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        kv_cache_memory=12 * (8 << 10),
+        max_model_len=128,
+        block_size=BLOCK,
+        kv_events_config={
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": subscriber.endpoint,
+            "topic": TOPIC,
+            "include_token_ids": True,
+        },
+    )
     greedy = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     try:
         # PUB/SUB drops what is sent before the subscription arrives: warm up until a batch lands
@@ -141,17 +154,18 @@ def test_a_subscriber_follows_the_cache_stored_evicted_and_cleared(tiny_model_di
         assert [h for e in stores for h in e.block_hashes] == expected
         first = stores[0]
         assert first.parent_block_hash is None and first.block_size == BLOCK and first.medium == "GPU"
-        assert first.token_ids == prompt[:len(first.block_hashes) * BLOCK]
+        assert first.token_ids == prompt[: len(first.block_hashes) * BLOCK]
         assert all(len(h) == 16 for h in expected)  # blake2b-128 digests, sent as bytes
 
         # 2) the same prefix again: a hit, nothing stored
         subscriber.events.clear()
-        llm.generate({"prompt_token_ids": prompt[:2 * BLOCK] + [9, 9]}, greedy, use_tqdm=False)
+        llm.generate({"prompt_token_ids": prompt[: 2 * BLOCK] + [9, 9]}, greedy, use_tqdm=False)
         # 3) prompts that need every block: the old ones are evicted, BlockRemoved names them
         for i in range(3):
             llm.generate({"prompt_token_ids": [300 + i] * (6 * BLOCK) + [1]}, greedy, use_tqdm=False)
-        events = subscriber.drain(lambda ev: set(expected) <= {h for e in ev if isinstance(e, BlockRemoved)
-                                                              for h in e.block_hashes})
+        events = subscriber.drain(
+            lambda ev: set(expected) <= {h for e in ev if isinstance(e, BlockRemoved) for h in e.block_hashes}
+        )
         assert not set(expected) & set(stored_hashes(events))  # the hit stored nothing new of it
         assert all(e.medium == "GPU" for e in events if isinstance(e, BlockRemoved))
 
@@ -165,16 +179,22 @@ def test_a_subscriber_follows_the_cache_stored_evicted_and_cleared(tiny_model_di
 def test_cache_salt_is_the_first_blocks_extra_key():
     from engine.core import kv_events
 
-    event = msgspec.msgpack.decode(msgspec.msgpack.encode(kv_events.stored([b"a" * 16, b"b" * 16], None,
-                                                                           list(range(32)), BLOCK, "tenant")),
-                                   type=BlockStored)
+    event = msgspec.msgpack.decode(
+        msgspec.msgpack.encode(kv_events.stored([b"a" * 16, b"b" * 16], None, list(range(32)), BLOCK, "tenant")),
+        type=BlockStored,
+    )
     assert event.extra_keys == [["tenant"], None] and event.kv_cache_spec_kind == "full_attention"
 
 
-@pytest.mark.parametrize("config, field", [({"enable_kv_cache_events": True, "publisher": "kafka"}, "publisher"),
-                                           ({"enable_kv_cache_events": True, "endpoint": "udp://x"}, "endpoint"),
-                                           ({"enable_kv_cache_events": True, "hwm": 0}, "hwm"),
-                                           ({"enable_kv_cache_events": True, "topics": "x"}, "topics")])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"enable_kv_cache_events": True, "publisher": "kafka"}, "publisher"),
+        ({"enable_kv_cache_events": True, "endpoint": "udp://x"}, "endpoint"),
+        ({"enable_kv_cache_events": True, "hwm": 0}, "hwm"),
+        ({"enable_kv_cache_events": True, "topics": "x"}, "topics"),
+    ],
+)
 def test_a_bad_kv_events_config_is_refused_naming_the_field(config, field):
     from engine.config import EngineArgs
 
@@ -188,8 +208,14 @@ def test_replay_serves_the_missed_batches_then_the_end_marker(tmp_path):
     from engine.core.kv_events import END_SEQ, ZmqEventPublisher
     from engine.kv_events_config import resolve_kv_events_config
 
-    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
-                                       "replay_endpoint": f"ipc://{tmp_path}/replay", "topic": TOPIC})
+    config = resolve_kv_events_config(
+        {
+            "enable_kv_cache_events": True,
+            "endpoint": f"ipc://{tmp_path}/pub",
+            "replay_endpoint": f"ipc://{tmp_path}/replay",
+            "topic": TOPIC,
+        }
+    )
     publisher = ZmqEventPublisher(config)
     ctx = zmq.Context()
     req = ctx.socket(zmq.DEALER)
@@ -214,8 +240,10 @@ def test_replay_serves_the_missed_batches_then_the_end_marker(tmp_path):
                     assert payload == b""
                     break
                 replayed.append((int.from_bytes(seq, "big"), decoder.decode(payload)))
-        assert [(n, b.ts, b.events[0].block_hashes) for n, b in replayed] == [(1, 1.0, [b"\x01" * 16]),
-                                                                              (2, 2.0, [b"\x02" * 16])]
+        assert [(n, b.ts, b.events[0].block_hashes) for n, b in replayed] == [
+            (1, 1.0, [b"\x01" * 16]),
+            (2, 2.0, [b"\x02" * 16]),
+        ]
     finally:
         req.close()
         ctx.term()
@@ -226,8 +254,9 @@ def test_a_full_queue_drops_batches_and_counts_them_without_blocking(tmp_path):
     from engine.core import kv_events
     from engine.kv_events_config import resolve_kv_events_config
 
-    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
-                                       "max_queue_size": 1})
+    config = resolve_kv_events_config(
+        {"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub", "max_queue_size": 1}
+    )
     publisher = kv_events.ZmqEventPublisher(config)
     publisher.shutdown()  # its thread gone, nothing drains the queue any more
     for i in range(3):
@@ -237,8 +266,14 @@ def test_a_full_queue_drops_batches_and_counts_them_without_blocking(tmp_path):
 
 def test_an_endpoint_zmq_cannot_open_fails_the_start_naming_kv_events_config(tiny_model_dir):
     with pytest.raises(Exception, match="kv_events_config: cannot open 'ipc:///nonexistent/kv'"):
-        LLM(model=tiny_model_dir, load_format="dummy", device="cpu", kv_cache_memory=1 << 20, max_model_len=128,
-            kv_events_config={"enable_kv_cache_events": True, "endpoint": "ipc:///nonexistent/kv"})
+        LLM(
+            model=tiny_model_dir,
+            load_format="dummy",
+            device="cpu",
+            kv_cache_memory=1 << 20,
+            max_model_len=128,
+            kv_events_config={"enable_kv_cache_events": True, "endpoint": "ipc:///nonexistent/kv"},
+        )
 
 
 def test_the_kv_events_config_flag_takes_vllms_json():
@@ -249,11 +284,17 @@ def test_the_kv_events_config_flag_takes_vllms_json():
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    args = engine_args_from(parser.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true, '
-                                                                    '"endpoint": "tcp://*:5557", "topic": "kv", '
-                                                                    '"allow_remote": true}']))
+    args = engine_args_from(
+        parser.parse_args(
+            [
+                "--kv-events-config",
+                '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv", "allow_remote": true}',
+            ]
+        )
+    )
     assert resolve_kv_events_config(args.kv_events_config) == KVEventsConfig(
-        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://*:5557", topic="kv", allow_remote=True)
+        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://*:5557", topic="kv", allow_remote=True
+    )
     # enabled=false, or the null publisher: nothing is published
     assert resolve_kv_events_config({"enable_kv_cache_events": False}) is None
     assert resolve_kv_events_config({"enable_kv_cache_events": True, "publisher": "null"}) is None

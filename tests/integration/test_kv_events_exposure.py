@@ -6,6 +6,7 @@ a network address, sends ``token_ids`` empty, and refuses an endpoint other host
 unless ``allow_remote`` (engine/kv_events_config.py). The replay socket answers anyone who can
 reach it, so a malformed request costs a counter, not a log line (engine/core/kv_events.py).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -36,7 +37,7 @@ def _socket_inodes(pid: int) -> set[int]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:["):-1]))
+            inodes.add(int(target[len("socket:[") : -1]))
     return inodes
 
 
@@ -50,7 +51,7 @@ def _tcp_listening(pid: int, inodes: set[int]) -> list[str]:
                 if fields[3] == "0A" and int(fields[9]) in inodes:
                     hex_ip = fields[1].split(":")[0]
                     raw = bytes.fromhex(hex_ip)  # the kernel's words, each in host (little-endian) order
-                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                     out.append(str(ipaddress.ip_address(words)))
     return out
 
@@ -91,9 +92,16 @@ def _connects_as_nobody(path: str) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another user needs root")
 def test_by_default_nothing_listens_on_the_network_and_only_this_user_can_subscribe(tiny_model_dir):
     children = set(live_children())
-    llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32",
-              kv_cache_memory=12 * (8 << 10), max_model_len=128, block_size=BLOCK,
-              kv_events_config={"enable_kv_cache_events": True})
+    llm = LLM(
+        model=tiny_model_dir,
+        load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        kv_cache_memory=12 * (8 << 10),
+        max_model_len=128,
+        block_size=BLOCK,
+        kv_events_config={"enable_kv_cache_events": True},
+    )
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -116,8 +124,11 @@ def test_by_default_nothing_listens_on_the_network_and_only_this_user_can_subscr
         deadline = time.monotonic() + 30
         for i in range(50):  # PUB/SUB drops what is sent before the subscription arrives
             assert time.monotonic() < deadline
-            llm.generate({"prompt_token_ids": [1000 + i] * (2 * BLOCK) + [1], "cache_salt": "tenant-secret"},
-                         greedy, use_tqdm=False)
+            llm.generate(
+                {"prompt_token_ids": [1000 + i] * (2 * BLOCK) + [1], "cache_salt": "tenant-secret"},
+                greedy,
+                use_tqdm=False,
+            )
             while sub.poll(200):
                 _, _, payload = sub.recv_multipart()
                 stores += [e for e in decoder.decode(payload).events if isinstance(e, BlockStored)]
@@ -131,13 +142,17 @@ def test_by_default_nothing_listens_on_the_network_and_only_this_user_can_subscr
     assert not os.path.exists(directory)  # removed at shutdown
 
 
-@pytest.mark.parametrize("config, field", [({"endpoint": "tcp://*:5557"}, "endpoint"),
-                                           ({"endpoint": "tcp://0.0.0.0:5557"}, "endpoint"),
-                                           ({"endpoint": "tcp://[::]:5557"}, "endpoint"),
-                                           ({"endpoint": "tcp://eth0:5557"}, "endpoint"),
-                                           ({"endpoint": "tcp://10.1.2.3:5557"}, "endpoint"),  # connects there
-                                           ({"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://*:5558"},
-                                            "replay_endpoint")])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"endpoint": "tcp://*:5557"}, "endpoint"),
+        ({"endpoint": "tcp://0.0.0.0:5557"}, "endpoint"),
+        ({"endpoint": "tcp://[::]:5557"}, "endpoint"),
+        ({"endpoint": "tcp://eth0:5557"}, "endpoint"),
+        ({"endpoint": "tcp://10.1.2.3:5557"}, "endpoint"),  # connects there
+        ({"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://*:5558"}, "replay_endpoint"),
+    ],
+)
 def test_an_endpoint_other_hosts_can_reach_needs_allow_remote(config, field):
     from engine.config import EngineArgs
     from engine.kv_events_config import resolve_kv_events_config
@@ -148,13 +163,19 @@ def test_an_endpoint_other_hosts_can_reach_needs_allow_remote(config, field):
     assert resolve_kv_events_config({**config, "allow_remote": True}).allow_remote
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5557", "tcp://[::1]:5557", "tcp://localhost:5557",
-                                      "ipc:///run/kv", "ipc://@kv", "inproc://kv"])
+@pytest.mark.parametrize(
+    "endpoint",
+    ["tcp://127.0.0.1:5557", "tcp://[::1]:5557", "tcp://localhost:5557", "ipc:///run/kv", "ipc://@kv", "inproc://kv"],
+)
 def test_loopback_ipc_and_inproc_endpoints_need_no_flag(endpoint):
     from engine.kv_events_config import resolve_kv_events_config
 
-    assert resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": endpoint,
-                                     "replay_endpoint": endpoint}).endpoint == endpoint
+    assert (
+        resolve_kv_events_config(
+            {"enable_kv_cache_events": True, "endpoint": endpoint, "replay_endpoint": endpoint}
+        ).endpoint
+        == endpoint
+    )
 
 
 def test_a_remote_endpoint_allowed_is_opened_with_a_warning(caplog):
@@ -174,8 +195,13 @@ def test_an_ipc_socket_file_it_binds_is_this_users_only(tmp_path):
     from engine.core.kv_events import ZmqEventPublisher
     from engine.kv_events_config import resolve_kv_events_config
 
-    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
-                                       "replay_endpoint": f"ipc://{tmp_path}/replay"})
+    config = resolve_kv_events_config(
+        {
+            "enable_kv_cache_events": True,
+            "endpoint": f"ipc://{tmp_path}/pub",
+            "replay_endpoint": f"ipc://{tmp_path}/replay",
+        }
+    )
     publisher = ZmqEventPublisher(config)
     try:
         assert [stat.S_IMODE(os.stat(tmp_path / n).st_mode) for n in ("pub", "replay")] == [0o600, 0o600]
@@ -195,13 +221,17 @@ def _replay(client, start: int) -> list[bytes]:
     return seqs
 
 
-def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one_is_still_answered(tmp_path,
-                                                                                                    caplog):
+def test_a_flood_of_malformed_replay_requests_costs_one_log_line_and_a_valid_one_is_still_answered(tmp_path, caplog):
     from engine.core import kv_events
     from engine.kv_events_config import resolve_kv_events_config
 
-    config = resolve_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/pub",
-                                       "replay_endpoint": f"ipc://{tmp_path}/replay"})
+    config = resolve_kv_events_config(
+        {
+            "enable_kv_cache_events": True,
+            "endpoint": f"ipc://{tmp_path}/pub",
+            "replay_endpoint": f"ipc://{tmp_path}/replay",
+        }
+    )
     publisher = kv_events.ZmqEventPublisher(config)
     ctx = zmq.Context()
     client, hog = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
@@ -260,5 +290,6 @@ def test_block_stored_carries_tokens_and_cache_salt_only_when_asked(contents):
     kv.cache_blocks(req)
     [event] = kv.take_events()
     assert isinstance(event, kv_events.BlockStored) and len(event.block_hashes) == 2
-    assert (event.token_ids, event.extra_keys) == ((list(range(10, 18)), [("tenant-secret",), None]) if contents
-                                                   else ([], None))
+    assert (event.token_ids, event.extra_keys) == (
+        (list(range(10, 18)), [("tenant-secret",), None]) if contents else ([], None)
+    )

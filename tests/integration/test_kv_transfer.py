@@ -7,6 +7,7 @@ store and the scheduler's side, without a model: test_kv_connector.py).
 The tiny dummy-weight model echoes its input token whatever the KV holds, so equal tokens alone
 would not show that the loaded KV is right: the outputs' logprobs are compared too (zeroed KV
 moves them by ~0.02; loaded KV matches computed KV to ~1e-6)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,14 @@ from engine.kv_transfer.entry import HEADER_SIZE, EntryHeader, entry_mac
 from engine.kv_transfer.store_dir import SECRET_NAME
 from tests.helpers.kv_transfer_utils import NOBODY, call_within, kv_config
 
-TINY = dict(load_format="dummy", dtype="float32", max_model_len=1024, kv_cache_memory=16 << 20, num_threads=1,
-            seed=0)
+TINY = dict(load_format="dummy", dtype="float32", max_model_len=1024, kv_cache_memory=16 << 20, num_threads=1, seed=0)
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
 # Long prompts with no common prefix (so that no entry is shared between them): ~370 to ~760 tokens.
-PROMPTS = [f"Inventory {k}: " + " ".join(f"item {i} weighs {i * 7 % 13} kg and costs {i * 11 % 17} euros."
-                                        for i in range(n)) for k, n in enumerate((30, 45, 61))]
+PROMPTS = [
+    f"Inventory {k}: " + " ".join(f"item {i} weighs {i * 7 % 13} kg and costs {i * 11 % 17} euros." for i in range(n))
+    for k, n in enumerate((30, 45, 61))
+]
 
 
 def run(model: str, path, role: str, prompts=PROMPTS, **overrides):
@@ -70,7 +72,7 @@ def entry_files(path, output) -> list[list[str]]:
             by_hash.setdefault(bytes(header.block_hash), []).append(os.path.join(path, name))
     ids, digest, files = output.prompt_token_ids, b"", []
     for i in range(len(ids) // BLOCK):
-        digest = hash_block(digest, ids[i * BLOCK:(i + 1) * BLOCK])
+        digest = hash_block(digest, ids[i * BLOCK : (i + 1) * BLOCK])
         files.append(by_hash.get(digest, []))
     return files
 
@@ -90,21 +92,32 @@ def store_copy(produced, tmp_path):
 
 
 # ---------------------------------------------------------------- the config
-@pytest.mark.parametrize("config, field, cause", [
-    ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector", msgspec.ValidationError),
-    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_server"}, "kv_role", msgspec.ValidationError),
-    ({"kv_connector": "SharedStorageConnector", "kv_role": 1}, "kv_role", msgspec.ValidationError),
-    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_both"}, "shared_storage_path", msgspec.ValidationError),
-    ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", "kv_connector_extra_config": []},
-     "kv_connector_extra_config", msgspec.ValidationError),
-    (kv_config("{tmp}/x", "kv_both", max_bytes="1G"), "max_bytes", msgspec.ValidationError),
-    (kv_config("{tmp}/x", "kv_both", io_timeout_s=0), "io_timeout_s", msgspec.ValidationError),
-    ({**kv_config("{tmp}/x", "kv_both"), "kv_ip": "127.0.0.1"}, "kv_ip", msgspec.ValidationError),
-    (kv_config("{tmp}/file", "kv_producer"), "shared_storage_path", OSError),
-    ("SharedStorageConnector", "kv_transfer_config", msgspec.ValidationError),
-])
+@pytest.mark.parametrize(
+    "config, field, cause",
+    [
+        ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector", msgspec.ValidationError),
+        ({"kv_connector": "SharedStorageConnector", "kv_role": "kv_server"}, "kv_role", msgspec.ValidationError),
+        ({"kv_connector": "SharedStorageConnector", "kv_role": 1}, "kv_role", msgspec.ValidationError),
+        (
+            {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both"},
+            "shared_storage_path",
+            msgspec.ValidationError,
+        ),
+        (
+            {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both", "kv_connector_extra_config": []},
+            "kv_connector_extra_config",
+            msgspec.ValidationError,
+        ),
+        (kv_config("{tmp}/x", "kv_both", max_bytes="1G"), "max_bytes", msgspec.ValidationError),
+        (kv_config("{tmp}/x", "kv_both", io_timeout_s=0), "io_timeout_s", msgspec.ValidationError),
+        ({**kv_config("{tmp}/x", "kv_both"), "kv_ip": "127.0.0.1"}, "kv_ip", msgspec.ValidationError),
+        (kv_config("{tmp}/file", "kv_producer"), "shared_storage_path", OSError),
+        ("SharedStorageConnector", "kv_transfer_config", msgspec.ValidationError),
+    ],
+)
 def test_invalid_config_is_a_value_error_naming_the_field_before_any_process_starts(
-        tiny_model_dir, tmp_path, monkeypatch, config, field, cause):
+    tiny_model_dir, tmp_path, monkeypatch, config, field, cause
+):
     (tmp_path / "file").write_text("not a directory")
     config = msgspec.json.decode(msgspec.json.encode(config).replace(b"{tmp}", str(tmp_path).encode()))
 
@@ -125,8 +138,11 @@ def test_a_kv_transfer_config_object_is_checked_like_a_dict(tiny_model_dir, tmp_
     with pytest.raises(ValueError, match="kv_role") as err:  # no type check at construction: done later
         EngineArgs(model=tiny_model_dir, kv_transfer_config=KVTransferConfig(kv_role=3), **TINY).create_engine_config()
     assert isinstance(err.value.__cause__, msgspec.ValidationError)
-    obj = KVTransferConfig(kv_connector="SharedStorageConnector", kv_role="kv_consumer",
-                           kv_connector_extra_config={"shared_storage_path": str(tmp_path / "new" / "dir")})
+    obj = KVTransferConfig(
+        kv_connector="SharedStorageConnector",
+        kv_role="kv_consumer",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path / "new" / "dir")},
+    )
     old = os.umask(0)  # the modes below are chosen, not the umask's
     try:
         config = EngineArgs(model=tiny_model_dir, kv_transfer_config=obj, **TINY).create_engine_config()
@@ -166,13 +182,22 @@ def make_unsafe(store, problem: str) -> str:
     return str(secret if problem.startswith("secret") else store)
 
 
-@pytest.mark.parametrize("problem, owner", [
-    ("dir_owned_by_another_user", "uid 65534"), ("dir_writable_by_others", "uid 0"),
-    ("dir_writable_by_group", "uid 0"), ("secret_readable_by_others", "uid 0"),
-    ("secret_owned_by_another_user", "uid 65534"), ("secret_a_symlink", None), ("secret_a_fifo", "uid 0")])
+@pytest.mark.parametrize(
+    "problem, owner",
+    [
+        ("dir_owned_by_another_user", "uid 65534"),
+        ("dir_writable_by_others", "uid 0"),
+        ("dir_writable_by_group", "uid 0"),
+        ("secret_readable_by_others", "uid 0"),
+        ("secret_owned_by_another_user", "uid 65534"),
+        ("secret_a_symlink", None),
+        ("secret_a_fifo", "uid 0"),
+    ],
+)
 @pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
 def test_a_store_that_is_not_private_to_this_user_is_refused_naming_path_and_owner_before_any_process_starts(
-        tiny_model_dir, tmp_path, monkeypatch, problem, owner, role):
+    tiny_model_dir, tmp_path, monkeypatch, problem, owner, role
+):
     named = make_unsafe(tmp_path / "kv", problem)
     before = sorted(os.listdir(tmp_path / "kv"))
 
@@ -199,8 +224,7 @@ def test_serve_flag_takes_the_config_as_json(tiny_model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------- two engines, one directory
-def test_a_consumer_loads_every_full_prompt_block_and_gives_the_producers_outputs(tiny_model_dir, produced,
-                                                                                  store_copy):
+def test_a_consumer_loads_every_full_prompt_block_and_gives_the_producers_outputs(tiny_model_dir, produced, store_copy):
     path, cold = produced
     assert [o.num_cached_tokens for o in cold] == [0, 0, 0]
     assert all(len(o.prompt_token_ids) > 350 for o in cold)
@@ -236,8 +260,9 @@ def forge_entry(path: str, payload: bytes) -> None:
         f.write(bytes(header) + payload)
 
 
-def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_outputs(tiny_model_dir, produced,
-                                                                                    store_copy):
+def test_planted_and_forged_entries_are_misses_and_the_engine_serves_correct_outputs(
+    tiny_model_dir, produced, store_copy
+):
     _, cold = produced  # the producer computed every token: the outputs of a run without the store
     files = [entry_files(store_copy, out) for out in cold]
     fifo = files[0][2][0]  # prompt 0: a FIFO at block 2's name (it froze the engine in open())
@@ -300,8 +325,7 @@ def test_the_default_model_gives_the_same_greedy_text_from_loaded_kv_and_ignores
     for role in ("kv_producer", "kv_consumer"):
         llm = LLM(kv_transfer_config=kv_config(tmp_path, role), dtype="float32", max_model_len=2048)
         try:
-            outs[role] = llm.generate([prompt, other] if role == "kv_producer" else [prompt], params,
-                                      use_tqdm=False)
+            outs[role] = llm.generate([prompt, other] if role == "kv_producer" else [prompt], params, use_tqdm=False)
         finally:
             llm.shutdown()
     (cold, source), (warm,) = outs["kv_producer"], outs["kv_consumer"]

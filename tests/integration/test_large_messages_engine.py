@@ -2,6 +2,7 @@
 larger than the request ring and an output larger than the output ring both complete without
 any other message pushing them out (shm_transport/pusher.py). Both transports for the output.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,10 @@ def test_prompt_logprobs_larger_than_the_output_ring_complete_on_an_idle_engine(
         prompt = [1 + (i * 37) % 1000 for i in range(200)]
         params = SamplingParams(max_tokens=1, prompt_logprobs=20, temperature=0.0)
         done: list = []
-        worker = threading.Thread(target=lambda: done.extend(
-            llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)), daemon=True)
+        worker = threading.Thread(
+            target=lambda: done.extend(llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)),
+            daemon=True,
+        )
         worker.start()
         worker.join(DEADLINE_S)
         assert done, "generate never returned: the output message was never finished"
@@ -45,8 +48,9 @@ def test_a_request_larger_than_the_request_ring_is_answered_on_an_idle_server(ti
         client = openai.OpenAI(base_url=remote.base_url, api_key="none", timeout=DEADLINE_S, max_retries=0)
         stop_token_ids = [1_000_000 + i for i in range(480_000)]
         try:
-            completion = client.completions.create(model=tiny_model_dir, prompt="Hello", max_tokens=2,
-                                                   extra_body={"stop_token_ids": stop_token_ids})
+            completion = client.completions.create(
+                model=tiny_model_dir, prompt="Hello", max_tokens=2, extra_body={"stop_token_ids": stop_token_ids}
+            )
         except openai.BadRequestError as e:
             assert e.status_code == 400
         else:

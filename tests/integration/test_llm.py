@@ -1,5 +1,6 @@
 """LLM / LLMEngine / EngineCore end to end, in-process, on the tiny dummy-weight model:
 scheduling features change nothing in the output, bad input harms only its own request."""
+
 from __future__ import annotations
 
 import pytest
@@ -109,11 +110,11 @@ def test_forced_preemption_with_a_tiny_kv_cache_agrees(llm, model_dir, caching):
 
 def test_stop_string_ends_the_text_and_names_the_string(llm):
     text = llm.generate("Once upon", GREEDY, use_tqdm=False)[0].outputs[0].text
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), "the dummy model's text should have something to stop on"
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop])
     out = llm.generate("Once upon", params, use_tqdm=False)[0].outputs[0]
-    assert out.text == text[:text.index(stop)]
+    assert out.text == text[: text.index(stop)]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
     assert not llm.llm_engine.has_unfinished_requests()
     assert llm.llm_engine.get_stats()["num_running_reqs"] == 0  # aborted in the core too
@@ -128,7 +129,8 @@ def test_n_samples_and_logprobs(llm):
         for token, row in zip(completion.token_ids, completion.logprobs):
             assert next(iter(row)) == token and 2 <= len(row) <= 3
         assert completion.cumulative_logprob == pytest.approx(
-            sum(row[t].logprob for t, row in zip(completion.token_ids, completion.logprobs)))
+            sum(row[t].logprob for t, row in zip(completion.token_ids, completion.logprobs))
+        )
     assert llm.generate("Pick a word:", params, use_tqdm=False)[0].outputs[1].token_ids == out.outputs[1].token_ids
 
 
@@ -138,10 +140,13 @@ def test_chat_renders_the_template(llm):
     assert out[0].prompt_token_ids[0] == 1  # <|im_start|>, written by the template
 
 
-@pytest.mark.parametrize("prompt,params,match", [
-    ("x " * 300, GREEDY, "max_model_len=256"),
-    ("", GREEDY, "empty"),
-])
+@pytest.mark.parametrize(
+    "prompt,params,match",
+    [
+        ("x " * 300, GREEDY, "max_model_len=256"),
+        ("", GREEDY, "empty"),
+    ],
+)
 def test_bad_prompt_is_refused_and_the_engine_keeps_serving(llm, prompt, params, match):
     with pytest.raises(ValueError, match=match):
         llm.generate(["fine prompt", prompt], params, use_tqdm=False)
@@ -150,10 +155,16 @@ def test_bad_prompt_is_refused_and_the_engine_keeps_serving(llm, prompt, params,
     assert len(llm.generate("fine prompt", GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
-    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_sampling_params_name_their_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
         SamplingParams(**kwargs)
@@ -177,8 +188,13 @@ def test_core_answers_invalid_requests_with_an_error_output(llm):
     bad_params.temperature = -1.0  # as if it arrived undecoded: the core checks again
     good = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     core.add_request(EngineCoreRequest("ok", [5, 6, 7], good, 2))
-    for req_id, ids, params in (("empty", [], good), ("long", [5] * 300, good), ("vocab", [49152], good),
-                                ("temp", [5], bad_params), ("ok", [5], good)):
+    for req_id, ids, params in (
+        ("empty", [], good),
+        ("long", [5] * 300, good),
+        ("vocab", [49152], good),
+        ("temp", [5], bad_params),
+        ("ok", [5], good),
+    ):
         core.add_request(EngineCoreRequest(req_id, ids, params, 2))
     outputs = {}
     while core.has_unfinished_requests():
@@ -191,11 +207,16 @@ def test_core_answers_invalid_requests_with_an_error_output(llm):
     assert sum(len(o.new_token_ids) for o in outputs["ok"]) == 4  # the first "ok" ran to the end
 
 
-@pytest.mark.parametrize("case,ids,params", [
-    ("empty", [], GREEDY), ("long", [5] * 300, GREEDY), ("vocab", [49152], GREEDY),
-    ("logprobs", [5], SamplingParams(max_tokens=2, logprobs=21)),
-    ("logit_bias", [5], SamplingParams(max_tokens=2, logit_bias={49152: 1.0})),
-])
+@pytest.mark.parametrize(
+    "case,ids,params",
+    [
+        ("empty", [], GREEDY),
+        ("long", [5] * 300, GREEDY),
+        ("vocab", [49152], GREEDY),
+        ("logprobs", [5], SamplingParams(max_tokens=2, logprobs=21)),
+        ("logit_bias", [5], SamplingParams(max_tokens=2, logit_bias={49152: 1.0})),
+    ],
+)
 def test_the_core_refuses_with_the_frontends_own_message(llm, case, ids, params):
     """One check (engine.request_check) on both sides of the ring: a request that reaches the
     core without the frontend's validation is refused in the words a caller would have got."""
@@ -238,16 +259,20 @@ def test_wrong_model_path_and_unsupported_architecture_fail_at_construction(tmp_
 
 
 def test_from_engine_args(model_dir):
-    llm = LLM.from_engine_args(EngineArgs(model=model_dir, load_format="dummy", device="cpu",
-                                          max_model_len=64, kv_cache_memory=1 << 20))
+    llm = LLM.from_engine_args(
+        EngineArgs(model=model_dir, load_format="dummy", device="cpu", max_model_len=64, kv_cache_memory=1 << 20)
+    )
     assert len(llm.generate("Hi", GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
 @pytest.mark.model
 def test_default_model_answers_a_question():
     llm = LLM(max_model_len=512)
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0.0, max_tokens=24),
+        use_tqdm=False,
+    )
     assert "Paris" in out[0].outputs[0].text
 
 

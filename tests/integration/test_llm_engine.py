@@ -1,6 +1,7 @@
 """LLMEngine driven step by step with its EngineCore in another process: a request id may be
 reused at once after the earlier request with that id was aborted or finished by a stop
 string, while the core's outputs for the earlier one are still on their way."""
+
 from __future__ import annotations
 
 import time
@@ -14,14 +15,14 @@ from tests.helpers.engine_utils import TINY
 
 
 def greedy(**kw) -> SamplingParams:
-    return SamplingParams(**{"temperature": 0.0, "ignore_eos": True,
-                             "output_kind": RequestOutputKind.FINAL_ONLY, **kw})
+    return SamplingParams(**{"temperature": 0.0, "ignore_eos": True, "output_kind": RequestOutputKind.FINAL_ONLY, **kw})
 
 
 @pytest.fixture(scope="module", params=["shm", "zmq"])
 def engine(request, tiny_model_dir):
-    engine = LLMEngine.from_engine_args(EngineArgs(model=tiny_model_dir, transport=request.param, **TINY),
-                                        enable_multiprocessing=True)
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=tiny_model_dir, transport=request.param, **TINY), enable_multiprocessing=True
+    )
     yield engine
     engine.shutdown()
 

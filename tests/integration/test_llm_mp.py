@@ -1,6 +1,7 @@
 """LLM with its EngineCore in another process (the default), on the ring and on zmq:
 same results as in-process, backpressure with tiny rings, Ctrl-C, kill -9, clean-up, and
 the keyword normalisation LLM does before it builds the engine."""
+
 from __future__ import annotations
 
 import gc
@@ -83,8 +84,11 @@ def _interrupt_a_long_generate(llm) -> None:
     timer = threading.Timer(0.3, interrupt)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        llm.generate([f"long {i}" for i in range(200)],
-                     SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0), use_tqdm=False)
+        llm.generate(
+            [f"long {i}" for i in range(200)],
+            SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
+            use_tqdm=False,
+        )
     assert time.monotonic() - fired[0] < 1.0
     stats = llm.llm_engine.get_stats()
     assert stats["num_running_reqs"] == stats["num_waiting_reqs"] == 0
@@ -100,12 +104,16 @@ def test_ctrl_c_at_random_moments_never_desyncs_the_channel(llm):
     rng = __import__("random").Random(7)
     try:
         for _ in range(12):
-            timer = threading.Timer(rng.uniform(0.0, 0.05),
-                                    lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+            timer = threading.Timer(
+                rng.uniform(0.0, 0.05), lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            )
             try:
                 timer.start()  # it may fire before start() returns
-                llm.generate([f"p {i}" for i in range(200)],
-                             SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0), use_tqdm=False)
+                llm.generate(
+                    [f"p {i}" for i in range(200)],
+                    SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0),
+                    use_tqdm=False,
+                )
             except KeyboardInterrupt:
                 pass
             while timer.is_alive() or not timer.finished.is_set():  # the signal may come after generate returned
@@ -122,8 +130,9 @@ def test_ctrl_c_at_random_moments_never_desyncs_the_channel(llm):
 
 
 def test_beam_search_keeps_the_best_beams(llm):
-    outputs = llm.beam_search([{"prompt": "Once upon a time"}],
-                              BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
+    outputs = llm.beam_search(
+        [{"prompt": "Once upon a time"}], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True)
+    )
     sequences = outputs[0].sequences
     assert len(sequences) == 3
     scores = [s.cum_logprob for s in sequences]
@@ -143,8 +152,11 @@ def test_kill9_of_core_mid_generate_raises_engine_dead_within_1s(tiny_model_dir,
 
     threading.Timer(0.3, kill).start()
     with pytest.raises(EngineDeadError, match="SIGKILL"):
-        llm.generate([f"long {i}" for i in range(200)],
-                     SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0), use_tqdm=False)
+        llm.generate(
+            [f"long {i}" for i in range(200)],
+            SamplingParams(max_tokens=240, ignore_eos=True, temperature=0.0),
+            use_tqdm=False,
+        )
     assert time.monotonic() - killed[0] < 1.0
     with pytest.raises(EngineDeadError):
         llm.generate("after", GREEDY, use_tqdm=False)
@@ -166,8 +178,11 @@ def test_keyword_normalisation_and_del_frees_the_core_and_its_fds(tiny_model_dir
 @pytest.mark.model
 def test_default_model_over_zmq_answers_a_question():
     llm = LLM(transport="zmq", max_model_len=512)
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0.0, max_tokens=24),
+        use_tqdm=False,
+    )
     llm.shutdown()
     assert "Paris" in out[0].outputs[0].text
 
@@ -178,8 +193,11 @@ def test_default_model_with_quantization_gguf_runs_from_its_gguf_file():
     llm = LLM(quantization="gguf", max_model_len=512)
     try:
         assert llm.llm_engine.config.model_config.model_path.endswith(".gguf")
-        out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                       SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+        out = llm.chat(
+            [{"role": "user", "content": "What is the capital of France?"}],
+            SamplingParams(temperature=0.0, max_tokens=24),
+            use_tqdm=False,
+        )
     finally:
         llm.shutdown()
     assert "Paris" in out[0].outputs[0].text
@@ -202,18 +220,25 @@ def test_data_parallel_is_refused_with_the_route_to_use(tiny_model_dir):
 def run_script(script, **env) -> subprocess.CompletedProcess:
     """Run a user script with this checkout's ``engine`` (a script's own directory, not the
     working directory, heads its sys.path)."""
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT, **env),
+    )
 
 
 def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_path):
     script = tmp_path / "no_guard.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from engine import LLM, SamplingParams
         llm = LLM(model={tiny_model_dir!r}, **{TINY!r})
         out = llm.generate(["hi"], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0), use_tqdm=False)
         print(len(out[0].outputs[0].token_ids))
-    """))
+    """)
+    )
     done = run_script(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["3"]
@@ -221,12 +246,14 @@ def test_script_without_main_guard_runs_and_exits_cleanly(tiny_model_dir, tmp_pa
 
 def test_each_core_log_line_is_printed_once_with_the_core_prefix(tiny_model_dir, tmp_path):
     script = tmp_path / "logs.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from engine import LLM, SamplingParams
         llm = LLM(model={tiny_model_dir!r}, **{TINY!r})
         llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
         llm.shutdown()
-    """))
+    """)
+    )
     done = run_script(script, RINGLLM_LOGGING_LEVEL="INFO")
     assert done.returncode == 0, done.stderr[-3000:]
     # Two messages only the core logs: its KV cache and its readiness.

@@ -3,6 +3,7 @@ engine run one at a time, each thread gets exactly its own outputs, nothing hang
 reaches a call waiting for its turn, and ``shutdown()`` from another thread ends a running
 call at once with ``EngineShutdownError``. With the core in another process (the ring and zmq)
 and in this one (``RINGLLM_ENABLE_MULTIPROCESSING=0``)."""
+
 from __future__ import annotations
 
 import os
@@ -95,8 +96,9 @@ def test_four_threads_each_get_their_own_outputs(llm):
 def test_ctrl_c_while_waiting_for_another_threads_call_raises_promptly(llm):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a script sees it
     outputs: list = []
-    worker = threading.Thread(target=lambda: outputs.extend(
-        llm.generate([f"long {i}" for i in range(24)], LONG, use_tqdm=False)), daemon=True)
+    worker = threading.Thread(
+        target=lambda: outputs.extend(llm.generate([f"long {i}" for i in range(24)], LONG, use_tqdm=False)), daemon=True
+    )
     fired: list[float] = []
 
     def interrupt() -> None:

@@ -1,4 +1,5 @@
 """Weights loading and the embedded default model's one-time conversion."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ def test_dummy_weights_are_deterministic_per_seed(tiny_model_dir):
     wa, wb, wc = (r.model.layers[0].qkv.method.rows(ids) for r in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
 
+
 def test_tiny_model_dir_has_config_and_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
@@ -25,6 +27,7 @@ def test_tiny_model_dir_has_config_and_tokenizer(tiny_model_dir):
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["architectures"]) == (2, 64, ["LlamaForCausalLM"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert tok.eos_token_id == 2 and tok.decode(tok.encode("Hello world")) == "Hello world"
+
 
 _RACER = """
 import os, sys, time
@@ -39,13 +42,18 @@ def build(dst):
 print(cached_dir("model", build))
 """
 
+
 def test_racing_processes_convert_once_and_agree(tmp_path):
     """Two processes ask for the same conversion at once: one converts, both get the same
     complete directory, and no temp directory is left behind."""
     cache = tmp_path / "cache"
     env = dict(os.environ, RINGLLM_CACHE=str(cache))
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert paths == {str(cache / "model")}

@@ -1,5 +1,6 @@
 """logit_bias, allowed_token_ids and bad_words (vLLM's SamplingParams fields), observed in the
 tokens the engine samples: the tiny random-weight model, in-process, and AsyncLLM over the ring."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,14 @@ BANANA = 21285  # " banana" in the default tokenizer
 def llm(tiny_model_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RINGLLM_ENABLE_MULTIPROCESSING", "0")
-        llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32", max_model_len=256,
-                  kv_cache_memory=32 << 20)
+        llm = LLM(
+            model=tiny_model_dir,
+            load_format="dummy",
+            device="cpu",
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_memory=32 << 20,
+        )
     yield llm
     llm.shutdown()
 
@@ -64,11 +71,17 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space(tiny_model_dir
     assert tokenize_bad_words(tok, ["banana"]) == [tok.encode("banana", add_special_tokens=False)]
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"logit_bias": {5: 101}}, "logit_bias"), ({"logit_bias": {5: float("nan")}}, "logit_bias"),
-    ({"logit_bias": {-1: 1.0}}, "logit_bias"), ({"allowed_token_ids": []}, "allowed_token_ids"),
-    ({"allowed_token_ids": [-3]}, "allowed_token_ids"), ({"bad_words": [""]}, "bad_words"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"logit_bias": {5: 101}}, "logit_bias"),
+        ({"logit_bias": {5: float("nan")}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [-3]}, "allowed_token_ids"),
+        ({"bad_words": [""]}, "bad_words"),
+    ],
+)
 def test_bad_values_name_their_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
         SamplingParams(**kwargs)
@@ -84,9 +97,18 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_the_engine(llm, fie
 
 @pytest.mark.slow
 async def test_async_llm_carries_the_controls_and_a_constraint_over_the_ring(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, load_format="dummy", device="cpu",
-                                                       dtype="float32", max_model_len=256, kv_cache_memory=32 << 20))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=tiny_model_dir,
+            load_format="dummy",
+            device="cpu",
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_memory=32 << 20,
+        )
+    )
     try:
+
         async def run(rid, params):
             async for out in engine.generate("The fruit is", params, rid):
                 last = out
@@ -94,8 +116,11 @@ async def test_async_llm_carries_the_controls_and_a_constraint_over_the_ring(tin
 
         forced, choice = await asyncio.gather(
             run("bias", SamplingParams(max_tokens=4, ignore_eos=True, logit_bias={BANANA: 100})),
-            run("choice", SamplingParams(max_tokens=20, structured_outputs=StructuredOutputsParams(
-                choice=["red", "green"]))))
+            run(
+                "choice",
+                SamplingParams(max_tokens=20, structured_outputs=StructuredOutputsParams(choice=["red", "green"])),
+            ),
+        )
     finally:
         engine.shutdown()
     assert forced.token_ids == [BANANA] * 4

@@ -2,6 +2,7 @@
 and chat, per prompt, against transformers with each adapter merged (float32); bad adapters and
 a disabled engine refused with a ValueError naming the problem; prefix-cache blocks kept per
 adapter."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,9 @@ def test_generate_takes_one_lora_request_per_prompt(setup):
     llm, hf, loras = setup
     prompt = [5, 17, 300, 111, 77, 9, 12, 400]
     cases = [(None, hf), *loras.values()]  # three adapters over max_loras=2 slots: scheduled over steps
-    outputs = llm.generate([{"prompt_token_ids": prompt}] * len(cases), GREEDY, use_tqdm=False,
-                           lora_request=[lora for lora, _ in cases])
+    outputs = llm.generate(
+        [{"prompt_token_ids": prompt}] * len(cases), GREEDY, use_tqdm=False, lora_request=[lora for lora, _ in cases]
+    )
     assert [o.outputs[0].token_ids for o in outputs] == [hf_greedy(model, prompt, NUM_TOKENS) for _, model in cases]
 
 

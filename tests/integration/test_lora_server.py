@@ -3,6 +3,7 @@
 answers equal to transformers with the adapter merged (float32); adapters loaded and unloaded at
 run time while other requests run; bad adapters answered 400, unknown names 404; the routes
 behind the API key and absent without VLLM_ALLOW_RUNTIME_LORA_UPDATING; vllm:lora_requests_info."""
+
 from __future__ import annotations
 
 import threading
@@ -17,9 +18,25 @@ API_KEY = "sk-lora-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 NUM_TOKENS = 10
 PROMPT = [5, 17, 300, 111, 77, 9, 12, 400]
-SERVE = ["--dtype", "float32", "--num-threads", "1", "--kv-cache-memory", str(64 << 20), "--seed", "0",
-         "--served-model-name", "base", "--api-key", API_KEY, "--enable-lora", "--max-loras", "2",
-         "--max-lora-rank", "16"]
+SERVE = [
+    "--dtype",
+    "float32",
+    "--num-threads",
+    "1",
+    "--kv-cache-memory",
+    str(64 << 20),
+    "--seed",
+    "0",
+    "--served-model-name",
+    "base",
+    "--api-key",
+    API_KEY,
+    "--enable-lora",
+    "--max-loras",
+    "2",
+    "--max-lora-rank",
+    "16",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +48,14 @@ def models(tmp_path_factory):
 def server(models):
     base, _, adapters = models
     module = '{"name": "qv", "path": "%s", "base_model_name": "base"}' % adapters["qv-rslora"][0]
-    with RemoteServer(base, *SERVE, "--lora-modules", f"all={adapters['all'][0]}", module,
-                      env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}) as remote:
+    with RemoteServer(
+        base,
+        *SERVE,
+        "--lora-modules",
+        f"all={adapters['all'][0]}",
+        module,
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"},
+    ) as remote:
         yield remote
 
 
@@ -42,8 +65,13 @@ def client(server):
 
 
 def _complete(client, model: str, max_tokens: int = NUM_TOKENS) -> list[int]:
-    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0.0,
-                                    extra_body={"ignore_eos": True, "return_token_ids": True})
+    out = client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     return list(out.choices[0].token_ids)
 
 
@@ -64,25 +92,32 @@ def test_model_names_the_adapter_with_the_openai_client(models, client):
 
 
 def test_chat_with_an_adapter(client):
-    out = client.chat.completions.create(model="all", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                         temperature=0.0)
+    out = client.chat.completions.create(
+        model="all", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0.0
+    )
     assert out.model == "all" and out.choices[0].finish_reason in ("length", "stop")
 
 
 def test_load_and_unload_at_run_time_while_other_requests_run(models, server, client):
     _, _, adapters = models
     results: list = []
-    streams = [threading.Thread(target=lambda m=m: results.append((m, _complete(client, m, 200))))
-               for m in ("base", "all", "base", "qv")]
+    streams = [
+        threading.Thread(target=lambda m=m: results.append((m, _complete(client, m, 200))))
+        for m in ("base", "all", "base", "qv")
+    ]
     for t in streams:
         t.start()
-    status, body, _ = server.request("POST", "/v1/load_lora_adapter",
-                                     b'{"lora_name": "mlp", "lora_path": "%s"}' % adapters["mlp"][0].encode(),
-                                     {"Content-Type": "application/json", **AUTH})
+    status, body, _ = server.request(
+        "POST",
+        "/v1/load_lora_adapter",
+        b'{"lora_name": "mlp", "lora_path": "%s"}' % adapters["mlp"][0].encode(),
+        {"Content-Type": "application/json", **AUTH},
+    )
     assert status == 200 and b"added successfully" in body
     assert _complete(client, "mlp") == hf_greedy(adapters["mlp"][1], PROMPT, NUM_TOKENS)
-    status, body, _ = server.request("POST", "/v1/unload_lora_adapter", b'{"lora_name": "mlp"}',
-                                     {"Content-Type": "application/json", **AUTH})
+    status, body, _ = server.request(
+        "POST", "/v1/unload_lora_adapter", b'{"lora_name": "mlp"}', {"Content-Type": "application/json", **AUTH}
+    )
     assert status == 200 and b"removed successfully" in body
     with pytest.raises(openai.NotFoundError):
         _complete(client, "mlp")
@@ -94,11 +129,13 @@ def test_load_and_unload_at_run_time_while_other_requests_run(models, server, cl
 def test_bad_loads_are_400_unknown_unloads_404_and_the_routes_need_the_key(models, server, tmp_path):
     _, _, adapters = models
     (tmp_path / "empty").mkdir()
-    status, body, _ = server.post_json("/v1/load_lora_adapter",
-                                       {"lora_name": "e", "lora_path": str(tmp_path / "empty")}, AUTH)
+    status, body, _ = server.post_json(
+        "/v1/load_lora_adapter", {"lora_name": "e", "lora_path": str(tmp_path / "empty")}, AUTH
+    )
     assert status == 400 and body["error"]["param"] == "lora_path" and "adapter_config.json" in body["error"]["message"]
-    status, body, _ = server.post_json("/v1/load_lora_adapter", {"lora_name": "all", "lora_path": adapters["all"][0]},
-                                       AUTH)
+    status, body, _ = server.post_json(
+        "/v1/load_lora_adapter", {"lora_name": "all", "lora_path": adapters["all"][0]}, AUTH
+    )
     assert status == 400 and "already been loaded" in body["error"]["message"]
     status, _, _ = server.post_json("/v1/load_lora_adapter", {"lora_name": "x"}, AUTH)
     assert status == 400
@@ -115,8 +152,18 @@ def test_lora_requests_info_names_the_adapters(server, client):
 
 
 def test_runtime_routes_are_404_without_the_environment_variable(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, "--load-format", "dummy", "--dtype", "float32", "--num-threads", "1",
-                      "--kv-cache-memory", str(32 << 20), "--enable-lora",
-                      env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"}) as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--num-threads",
+        "1",
+        "--kv-cache-memory",
+        str(32 << 20),
+        "--enable-lora",
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"},
+    ) as remote:
         assert remote.post_json("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"})[0] == 404
         assert remote.post_json("/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 404

@@ -7,6 +7,7 @@ The tiny model writes gibberish: tool calls and JSON come from the constraints (
 What the conversion sends to the model is observed through ``/tokenize``: a messages request must
 cost exactly the tokens of the chat conversation it stands for.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,20 @@ from tests.helpers.openai_server_utils import constrained_tiny_server, parse_ant
 API_KEY = "sk-messages"
 AUTH = {"x-api-key": API_KEY}
 BODY_LIMIT = 64 << 10
-CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-        "required": ["city"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 WEATHER = {"name": "get_weather", "description": "The weather in a city", "input_schema": CITY}
 FORCED = {"type": "tool", "name": "get_weather"}
-SCHEMA = {"type": "object", "properties": {"capital": {"type": "boolean"},
-                                           "rank": {"type": "integer", "minimum": 0, "maximum": 9}},
-          "required": ["capital", "rank"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"capital": {"type": "boolean"}, "rank": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["capital", "rank"],
+    "additionalProperties": False,
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 DEEP = json.loads("[" * 600 + "]" * 600)  # deeper than the chat template's helpers can recurse
 
@@ -43,9 +51,11 @@ def client(server):
 
 
 def tokens(server, messages, add_generation_prompt: bool = True) -> int:
-    status, body, _ = server.post_json("/tokenize", {"messages": messages,
-                                                     "add_generation_prompt": add_generation_prompt},
-                                       {"Authorization": f"Bearer {API_KEY}"})
+    status, body, _ = server.post_json(
+        "/tokenize",
+        {"messages": messages, "add_generation_prompt": add_generation_prompt},
+        {"Authorization": f"Bearer {API_KEY}"},
+    )
     assert status == 200, body
     return body["count"]
 
@@ -66,19 +76,26 @@ def text_of(message) -> str:
 
 # ---- create ----
 
+
 def test_create_with_system_reports_usage_as_tokenize_counts(server, client):
     out = create(client, system="Answer briefly.")
     assert out.type == "message" and out.role == "assistant" and out.id.startswith("msg_") and out.model == "tiny"
     assert [block.type for block in out.content] == ["text"] and out.content[0].text
-    assert out.usage.input_tokens == tokens(server, [{"role": "system", "content": "Answer briefly."},
-                                                     {"role": "user", "content": "Hello there"}])
+    assert out.usage.input_tokens == tokens(
+        server, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello there"}]
+    )
     assert out.usage.output_tokens == 8 and out.stop_reason == "max_tokens" and out.stop_sequence is None
-    blocks = create(client, system=[{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}],
-                    messages=[{"role": "user", "content": [{"type": "text", "text": "Hello "},
-                                                           {"type": "text", "text": "there"}]}])
+    blocks = create(
+        client,
+        system=[{"type": "text", "text": "Answer "}, {"type": "text", "text": "briefly."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]}],
+    )
     assert blocks.usage.input_tokens == out.usage.input_tokens and text_of(blocks) == text_of(out)
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-               {"role": "user", "content": "Again"}]
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Again"},
+    ]
     assert create(client, messages=history).usage.input_tokens == tokens(server, history)
 
 
@@ -100,8 +117,9 @@ def test_temperature_top_p_and_top_k_reach_the_sampler(client):
 
 
 def test_output_config_format_gives_json_of_the_schema(client):
-    out = create(client, max_tokens=100, extra_body={"output_config": {"format": {"type": "json_schema",
-                                                                                   "schema": SCHEMA}}})
+    out = create(
+        client, max_tokens=100, extra_body={"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    )
     assert out.stop_reason == "end_turn"
     jsonschema.validate(json.loads(text_of(out)), SCHEMA)
 
@@ -112,25 +130,54 @@ def test_forced_tool_use_and_a_tool_result_round_trip(server, client):
     assert first.stop_reason == "tool_use" and [u.name for u in uses] == ["get_weather"]
     assert isinstance(uses[0].input, dict)
     jsonschema.validate(uses[0].input, CITY)
-    one = create(client, messages=ASK, tools=[WEATHER], max_tokens=64,
-                 tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    one = create(
+        client,
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=64,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
     assert one.stop_reason == "tool_use" and [b.type for b in one.content].count("tool_use") == 1
 
     use = uses[0]
-    history = [*ASK, {"role": "assistant", "content": [use.model_dump()]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                             "content": [{"type": "text", "text": "18 C and sunny"}]}]}]
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [use.model_dump()]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "18 C and sunny"}]}
+            ],
+        },
+    ]
     answer = create(client, messages=history, tools=[WEATHER])  # auto: hermes reads the reply
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    as_chat = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}]},
-               {"role": "tool", "tool_call_id": use.id, "content": "18 C and sunny"}]
-    status, chat, _ = server.post_json("/v1/chat/completions", {"model": "tiny", "messages": as_chat, "max_tokens": 1,
-                                                                 "tools": [{"type": "function", "function": {
-                                                                     "name": "get_weather",
-                                                                     "description": "The weather in a city",
-                                                                     "parameters": CITY}}]},
-                                       {"Authorization": f"Bearer {API_KEY}"})
+    as_chat = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": use.id, "content": "18 C and sunny"},
+    ]
+    status, chat, _ = server.post_json(
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": as_chat,
+            "max_tokens": 1,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "description": "The weather in a city", "parameters": CITY},
+                }
+            ],
+        },
+        {"Authorization": f"Bearer {API_KEY}"},
+    )
     assert status == 200, chat
     assert answer.usage.input_tokens == chat["usage"]["prompt_tokens"]
     counted = client.messages.count_tokens(model="tiny", messages=history, tools=[WEATHER])
@@ -140,29 +187,59 @@ def test_forced_tool_use_and_a_tool_result_round_trip(server, client):
 
 
 def test_count_tokens_counts_the_conversation_and_its_template_kwargs(server, client):
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-               {"role": "user", "content": "Again"}]
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Again"},
+    ]
     counted = client.messages.count_tokens(model="tiny", system="Be kind.", messages=history)
     as_chat = [{"role": "system", "content": "Be kind."}, *history]
     assert counted.input_tokens == tokens(server, as_chat)
-    bare = client.messages.count_tokens(model="tiny", system="Be kind.", messages=history,
-                                        extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    bare = client.messages.count_tokens(
+        model="tiny",
+        system="Be kind.",
+        messages=history,
+        extra_body={"chat_template_kwargs": {"add_generation_prompt": False}},
+    )
     assert bare.input_tokens == tokens(server, as_chat, add_generation_prompt=False) < counted.input_tokens
 
 
 # ---- streams ----
 
+
 def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
     whole = create(client, max_tokens=10)
-    status, raw, headers = server.request("POST", "/v1/messages", json.dumps(
-        {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 10,
-         "temperature": 0.0, "stream": True}).encode(), {**AUTH, "Content-Type": "application/json"})
+    status, raw, headers = server.request(
+        "POST",
+        "/v1/messages",
+        json.dumps(
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "Hello there"}],
+                "max_tokens": 10,
+                "temperature": 0.0,
+                "stream": True,
+            }
+        ).encode(),
+        {**AUTH, "Content-Type": "application/json"},
+    )
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = [(e["type"], e) for e in parse_anthropic_sse(raw)]
     kinds = [kind for kind, _ in events]
     deltas = kinds.count("content_block_delta")
-    assert kinds == ["message_start", "ping", "content_block_start", *["content_block_delta"] * deltas,
-                     "content_block_stop", "message_delta", "message_stop"] and deltas >= 1
+    assert (
+        kinds
+        == [
+            "message_start",
+            "ping",
+            "content_block_start",
+            *["content_block_delta"] * deltas,
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+        and deltas >= 1
+    )
     start = events[0][1]["message"]
     assert start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None
     assert start["usage"]["input_tokens"] == whole.usage.input_tokens
@@ -170,12 +247,14 @@ def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
     end = events[-2][1]
     assert end["delta"]["stop_reason"] == "max_tokens" and end["usage"]["output_tokens"] == 10
 
-    with client.messages.stream(model="tiny", messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=64,
-                                extra_body={"temperature": 0.0}) as stream:
+    with client.messages.stream(
+        model="tiny", messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=64, extra_body={"temperature": 0.0}
+    ) as stream:
         seen = list(stream)
         final = stream.get_final_message()
-    pieces = "".join(e.delta.partial_json for e in seen
-                     if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+    pieces = "".join(
+        e.delta.partial_json for e in seen if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    )
     uses = [block for block in final.content if block.type == "tool_use"]
     assert final.stop_reason == "tool_use" and uses and json.loads(pieces) == uses[0].input
     jsonschema.validate(uses[0].input, CITY)
@@ -183,32 +262,81 @@ def test_stream_events_in_order_and_deltas_join_to_the_message(server, client):
 
 # ---- refusals and auth ----
 
-@pytest.mark.parametrize("fields,param", [
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
-        "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}, "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {
-        "type": "text", "media_type": "text/plain", "data": "x"}}]}]}, "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{"x": 1}]}]}]},
-     "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
-     "messages.0.content.0"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"system": [{"type": "image", "source": {}}]}, "system.0"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-    ({"container": "container_1"}, "container"),
-    ({"mcp_servers": [{"type": "url", "url": "https://example.com/mcp", "name": "x"}]}, "mcp_servers"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
-    ({"messages": [*ASK, {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t", "name": "f", "input": {"a": DEEP}}]}]}, "messages"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {
-        "a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}}}}}, "output_config"),
-    ({"max_tokens": 1 << 20}, "max_tokens"),
-    ({"max_tokens": None}, "max_tokens"),
-    ({"temperature": 9}, "temperature"),
-])
+
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+                        ],
+                    }
+                ]
+            },
+            "messages.0.content.0",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+                        ],
+                    }
+                ]
+            },
+            "messages.0.content.0",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{"x": 1}]}]}]},
+            "messages.0.content.0",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+            "messages.0.content.0",
+        ),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"system": [{"type": "image", "source": {}}]}, "system.0"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"container": "container_1"}, "container"),
+        ({"mcp_servers": [{"type": "url", "url": "https://example.com/mcp", "name": "x"}]}, "mcp_servers"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": DEEP}}],
+                    },
+                ]
+            },
+            "messages",
+        ),
+        (
+            {
+                "output_config": {
+                    "format": {
+                        "type": "json_schema",
+                        "schema": {"type": "object", "properties": {"a": json.loads('{"x": ' * 900 + "1" + "}" * 900)}},
+                    }
+                }
+            },
+            "output_config",
+        ),
+        ({"max_tokens": 1 << 20}, "max_tokens"),
+        ({"max_tokens": None}, "max_tokens"),
+        ({"temperature": 9}, "temperature"),
+    ],
+)
 def test_bad_input_is_400_in_anthropic_shape_naming_the_field(server, fields, param):
     payload = {"model": "tiny", "max_tokens": 4, "messages": ASK, **fields}
     payload = {k: v for k, v in payload.items() if v is not None}
@@ -237,12 +365,12 @@ def test_the_key_is_taken_as_x_api_key_or_bearer_and_required(server):
         anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(**payload)
 
 
-
 def test_an_oversize_body_and_an_unknown_route_method_answer_in_anthropic_shape(server):
-    status, body, _ = server.post_json("/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": [
-        {"role": "user", "content": "x" * BODY_LIMIT}]}, AUTH)
+    status, body, _ = server.post_json(
+        "/v1/messages",
+        {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x" * BODY_LIMIT}]},
+        AUTH,
+    )
     assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large"
     status, raw, _ = server.get("/v1/messages", AUTH)
     assert status == 405 and json.loads(raw)["type"] == "error"
-
-

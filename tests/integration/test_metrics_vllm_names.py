@@ -4,6 +4,7 @@ A real ``ringllm serve`` (tiny dummy-weight model, a KV cache of 20 blocks so th
 long requests must preempt), driven by the ``openai`` client with token-id prompts, so every
 count is known in advance; the scrape is parsed with prometheus_client's own parser.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,30 +14,57 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.entrypoints.openai.metrics import (INTER_TOKEN_LATENCY_BUCKETS, REQUEST_LATENCY_BUCKETS,
-                                               TIME_TO_FIRST_TOKEN_BUCKETS, build_1_2_5_buckets)
+from engine.entrypoints.openai.metrics import (
+    INTER_TOKEN_LATENCY_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+    build_1_2_5_buckets,
+)
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer, wait_for
 
 MAX_MODEL_LEN = 256
 BLOCK = 16
 KV_BLOCKS = 20  # the tiny model's KV takes 8 KiB per block of 16 tokens
 LABELS = {"model_name": "tiny", "engine": "0"}
-VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-              "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
-              "vllm:generation_tokens", "vllm:request_success", "vllm:time_to_first_token_seconds",
-              "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
-              "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-              "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
-              "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
-              "vllm:request_params_max_tokens", "vllm:iteration_tokens_total")
+VLLM_NAMES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_preemptions",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_n",
+    "vllm:request_params_max_tokens",
+    "vllm:iteration_tokens_total",
+)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     args = list(TINY_SERVE_ARGS)
     args[args.index("--kv-cache-memory") + 1] = str(KV_BLOCKS * (8 << 10))
-    with RemoteServer(tiny_model_dir, *args, "--served-model-name", "tiny", "--max-model-len", str(MAX_MODEL_LEN),
-                      "--block-size", str(BLOCK)) as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        *args,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--block-size",
+        str(BLOCK),
+    ) as remote:
         yield remote
 
 
@@ -62,8 +90,9 @@ def value(samples: dict, name: str, **labels) -> float:
 
 
 def complete(client, prompt: list[int], max_tokens: int, n: int = 1):
-    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, n=n, temperature=0.0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=max_tokens, n=n, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     assert all(c.finish_reason == "length" for c in out.choices) and len(out.choices) == n
     return out
 
@@ -79,6 +108,7 @@ def test_every_vllm_metric_counts_the_requests_sent(server, client):
 
     def finished():
         return value(scrape(server)[0], "vllm:request_success_total", finished_reason="length") == len(children)
+
     assert wait_for(finished, 30), "the finished requests never all reached /metrics"
     m, families = scrape(server)
 
@@ -87,7 +117,10 @@ def test_every_vllm_metric_counts_the_requests_sent(server, client):
         assert name in families, name
         assert all({**s.labels}.items() >= LABELS.items() for s in families[name].samples), name
     assert {n for n in families if n.startswith("ringllm:") and not n.endswith("_created")} == {
-        "ringllm:http_requests", "ringllm:request_rejected", "ringllm:transport_latency_seconds"}
+        "ringllm:http_requests",
+        "ringllm:request_rejected",
+        "ringllm:transport_latency_seconds",
+    }
 
     # counters: exactly what was sent
     assert value(m, "vllm:prompt_tokens_total") == prompt_tokens
@@ -102,22 +135,34 @@ def test_every_vllm_metric_counts_the_requests_sent(server, client):
         assert value(m, gauge) == 0
 
     # histograms: one sample per finished (child) request, sums that add up
-    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-                 "request_prefill_time_seconds", "request_decode_time_seconds", "request_inference_time_seconds",
-                 "request_prompt_tokens", "request_generation_tokens", "request_params_max_tokens"):
+    for name in (
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "request_params_max_tokens",
+    ):
         assert value(m, f"vllm:{name}_count") == len(children), name
     assert value(m, "vllm:request_prompt_tokens_sum") == prompt_tokens
     assert value(m, "vllm:request_generation_tokens_sum") == generated
     assert value(m, "vllm:request_params_max_tokens_sum") == generated
-    assert (value(m, "vllm:request_params_n_count"), value(m, "vllm:request_params_n_sum")) == \
-        (len(sent), sum(n for _, _, n in sent))
+    assert (value(m, "vllm:request_params_n_count"), value(m, "vllm:request_params_n_sum")) == (
+        len(sent),
+        sum(n for _, _, n in sent),
+    )
     assert value(m, "vllm:iteration_tokens_total_sum") == prompt_tokens + generated
     # a request's inter-token gaps add up to its decode time; prefill + decode is its inference time
     itl, decode = value(m, "vllm:inter_token_latency_seconds_sum"), value(m, "vllm:request_decode_time_seconds_sum")
     assert 0 < value(m, "vllm:inter_token_latency_seconds_count") <= sum(g - 1 for _, g in children)
     assert itl == pytest.approx(decode, abs=1e-6)
-    prefill, inference = (value(m, "vllm:request_prefill_time_seconds_sum"),
-                          value(m, "vllm:request_inference_time_seconds_sum"))
+    prefill, inference = (
+        value(m, "vllm:request_prefill_time_seconds_sum"),
+        value(m, "vllm:request_inference_time_seconds_sum"),
+    )
     assert prefill > 0 and inference == pytest.approx(prefill + decode, abs=1e-6)
     queue, e2e = value(m, "vllm:request_queue_time_seconds_sum"), value(m, "vllm:e2e_request_latency_seconds_sum")
     assert 0 <= queue and queue + inference <= e2e
@@ -126,11 +171,11 @@ def test_every_vllm_metric_counts_the_requests_sent(server, client):
     # vLLM's buckets
     def bounds(name):
         return [float(s.labels["le"]) for s in families[name].samples if s.name == name + "_bucket"][:-1]
+
     assert bounds("vllm:time_to_first_token_seconds") == list(TIME_TO_FIRST_TOKEN_BUCKETS)
     assert bounds("vllm:inter_token_latency_seconds") == list(INTER_TOKEN_LATENCY_BUCKETS)
     assert bounds("vllm:e2e_request_latency_seconds") == list(REQUEST_LATENCY_BUCKETS)
-    assert bounds("vllm:request_prompt_tokens") == build_1_2_5_buckets(MAX_MODEL_LEN) == [1, 2, 5, 10, 20, 50, 100,
-                                                                                            200]
+    assert bounds("vllm:request_prompt_tokens") == build_1_2_5_buckets(MAX_MODEL_LEN) == [1, 2, 5, 10, 20, 50, 100, 200]
     assert bounds("vllm:request_params_n") == [1, 2, 5, 10, 20]
     assert bounds("vllm:iteration_tokens_total")[:3] == [1, 8, 16]
     # ringllm's own, for what vLLM has no name: the ring's latency, one sample per outputs message
@@ -139,9 +184,18 @@ def test_every_vllm_metric_counts_the_requests_sent(server, client):
 
 async def _concurrent_long_requests(server, count: int, max_tokens: int) -> None:
     async with openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as aclient:
-        outs = await asyncio.gather(*(aclient.completions.create(
-            model="tiny", prompt=[100 + i] * BLOCK, max_tokens=max_tokens, temperature=0.0,
-            extra_body={"ignore_eos": True}) for i in range(count)))
+        outs = await asyncio.gather(
+            *(
+                aclient.completions.create(
+                    model="tiny",
+                    prompt=[100 + i] * BLOCK,
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                    extra_body={"ignore_eos": True},
+                )
+                for i in range(count)
+            )
+        )
     assert all(o.choices[0].finish_reason == "length" for o in outs)
 
 
@@ -150,14 +204,14 @@ def test_preemptions_and_busy_gauges_come_from_the_cores_steps(server):
     before, _ = scrape(server)
     done_before = value(before, "vllm:request_success_total", finished_reason="length")
     asyncio.run(_concurrent_long_requests(server, 4, 200))
-    assert wait_for(lambda: value(scrape(server)[0], "vllm:request_success_total", finished_reason="length")
-                    == done_before + 4, 30)
+    assert wait_for(
+        lambda: value(scrape(server)[0], "vllm:request_success_total", finished_reason="length") == done_before + 4, 30
+    )
     m, _ = scrape(server)
     assert value(m, "vllm:num_preemptions_total") > 0
     assert value(m, "vllm:generation_tokens_total") - value(before, "vllm:generation_tokens_total") == 800
     # recomputed prompts are looked up again: more queries than prompt tokens
-    assert (value(m, "vllm:prefix_cache_queries_total") - value(before, "vllm:prefix_cache_queries_total")
-            > 4 * BLOCK)
+    assert value(m, "vllm:prefix_cache_queries_total") - value(before, "vllm:prefix_cache_queries_total") > 4 * BLOCK
     assert value(m, "vllm:num_requests_running") == 0 and value(m, "vllm:kv_cache_usage_perc") == 0
 
 
@@ -197,27 +251,34 @@ async def test_each_data_parallel_rank_is_its_own_engine_series(tiny_model_dir):
         made.append(Ranks(config, index))
         return made[-1]
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, data_parallel_size=2, **TINY),
-                                       stat_loggers=[factory])
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=tiny_model_dir, data_parallel_size=2, **TINY), stat_loggers=[factory]
+    )
     metrics = ServerMetrics("tiny", engine.config.model_config.max_model_len, [0, 1])
     engine.add_stat_logger(metrics)
     try:
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         for rank, count in ((0, 1), (1, 2)):
             for i in range(count):
-                async for _ in engine.generate({"prompt_token_ids": [5, 6, 7 + i]}, params, f"r{rank}-{i}",
-                                               data_parallel_rank=rank):
+                async for _ in engine.generate(
+                    {"prompt_token_ids": [5, 6, 7 + i]}, params, f"r{rank}-{i}", data_parallel_rank=rank
+                ):
                     pass
         deadline = time.monotonic() + 30
         while sum(s.success["length"] for s in metrics.engines.values()) < 3:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        samples = {(s.name, s.labels.get("engine"), s.labels.get("finished_reason")): s.value
-                   for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+        samples = {
+            (s.name, s.labels.get("engine"), s.labels.get("finished_reason")): s.value
+            for f in text_string_to_metric_families(metrics.render().decode())
+            for s in f.samples
+        }
         assert samples[("vllm:request_success_total", "0", "length")] == 1
         assert samples[("vllm:request_success_total", "1", "length")] == 2
-        assert (samples[("vllm:generation_tokens_total", "0", None)],
-                samples[("vllm:generation_tokens_total", "1", None)]) == (3, 6)
+        assert (
+            samples[("vllm:generation_tokens_total", "0", None)],
+            samples[("vllm:generation_tokens_total", "1", None)],
+        ) == (3, 6)
         assert [(r.engine_index, r.seen) for r in made] == [(0, {0}), (1, {1})]
     finally:
         engine.shutdown()

@@ -2,6 +2,7 @@
 random-weight Gemma 2 and Phi-4-mini directory with the default model's tokenizer (Gemma's own is
 not available offline; the vocabulary is sized to match it), greedy tokens equal to transformers'
 float32 on real text, through the frontend's config reading (transformers for these types)."""
+
 from __future__ import annotations
 
 import pytest

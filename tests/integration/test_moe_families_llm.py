@@ -3,6 +3,7 @@ random-weight Qwen3-MoE directory (4 experts, top-2, a dense layer among sparse 
 default model's tokenizer (the vocabulary sized to match it), greedy tokens equal to
 transformers' float32 on real text, through the frontend's config reading (transformers for
 this type)."""
+
 from __future__ import annotations
 
 from tests.helpers.hf_families import llm_generate_texts

@@ -2,6 +2,7 @@
 dummy-weight model, driven by the real ``openai`` package (and by raw HTTP where the wire
 format itself is under test). One server serves the whole module.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,16 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--api-key", API_KEY,
-                      "--max-request-body-bytes", str(BODY_LIMIT)) as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--api-key",
+        API_KEY,
+        "--max-request-body-bytes",
+        str(BODY_LIMIT),
+    ) as remote:
         yield remote
 
 
@@ -42,19 +51,26 @@ def greedy(**kw):
 
 # ---- completions ----
 
+
 def test_completion_reports_text_finish_reason_and_usage(server, client):
     out = client.completions.create(prompt=PROMPT, max_tokens=7, extra_body={"ignore_eos": True}, **greedy())
     prompt_tokens = server.post_json("/tokenize", {"prompt": PROMPT}, AUTH)[1]["count"]
     assert out.object == "text_completion" and out.model == "tiny" and out.id.startswith("cmpl-")
     assert len(out.choices) == 1 and out.choices[0].finish_reason == "length"
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
-        (prompt_tokens, 7, prompt_tokens + 7)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+        prompt_tokens,
+        7,
+        prompt_tokens + 7,
+    )
 
 
 def test_streamed_completion_concatenates_to_the_whole_one(client):
     whole = client.completions.create(prompt=PROMPT, max_tokens=12, **greedy()).choices[0]
-    chunks = list(client.completions.create(prompt=PROMPT, max_tokens=12, stream=True,
-                                            stream_options={"include_usage": True}, **greedy()))
+    chunks = list(
+        client.completions.create(
+            prompt=PROMPT, max_tokens=12, stream=True, stream_options={"include_usage": True}, **greedy()
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
@@ -63,8 +79,15 @@ def test_streamed_completion_concatenates_to_the_whole_one(client):
 
 
 def test_batch_of_prompts_with_n_numbers_choices_prompt_major(client):
-    out = client.completions.create(prompt=[PROMPT, "Once upon a time"], n=2, max_tokens=4, seed=1,
-                                    model="tiny", temperature=1.0, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        prompt=[PROMPT, "Once upon a time"],
+        n=2,
+        max_tokens=4,
+        seed=1,
+        model="tiny",
+        temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
     assert out.usage.completion_tokens == 16
 
@@ -93,8 +116,11 @@ def test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs(server, clie
     assert len(lp.tokens) == len(ids) and "".join(lp.tokens) == PROMPT and lp.token_logprobs[0] is None
     assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:])
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 0)
-    chunks = [c for c in client.completions.create(prompt=PROMPT, echo=True, logprobs=1, max_tokens=0, stream=True,
-                                                   **greedy()) if c.choices]
+    chunks = [
+        c
+        for c in client.completions.create(prompt=PROMPT, echo=True, logprobs=1, max_tokens=0, stream=True, **greedy())
+        if c.choices
+    ]
     assert "".join(c.choices[0].text for c in chunks) == PROMPT and chunks[-1].choices[0].finish_reason == "length"
     assert sum(len(c.choices[0].logprobs.tokens) for c in chunks) == len(ids)
     with pytest.raises(openai.BadRequestError) as info:
@@ -103,15 +129,23 @@ def test_echo_with_max_tokens_0_answers_the_prompt_and_its_logprobs(server, clie
 
 
 def test_stop_string_cuts_the_text_before_it(client):
-    text = client.completions.create(prompt=PROMPT, max_tokens=24, **greedy(),
-                                     extra_body={"ignore_eos": True}).choices[0].text
-    start = next(i for i in range(len(text) // 2, len(text) - 3) if text[i:i + 3].strip())
-    stop = text[start:start + 3]
-    out = client.completions.create(prompt=PROMPT, max_tokens=24, stop=[stop], **greedy(),
-                                    extra_body={"ignore_eos": True}).choices[0]
-    assert out.finish_reason == "stop" and out.text == text[:text.index(stop)]
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        prompt=PROMPT, max_tokens=24, stop=[stop], stream=True, **greedy(), extra_body={"ignore_eos": True}))
+    text = (
+        client.completions.create(prompt=PROMPT, max_tokens=24, **greedy(), extra_body={"ignore_eos": True})
+        .choices[0]
+        .text
+    )
+    start = next(i for i in range(len(text) // 2, len(text) - 3) if text[i : i + 3].strip())
+    stop = text[start : start + 3]
+    out = client.completions.create(
+        prompt=PROMPT, max_tokens=24, stop=[stop], **greedy(), extra_body={"ignore_eos": True}
+    ).choices[0]
+    assert out.finish_reason == "stop" and out.text == text[: text.index(stop)]
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            prompt=PROMPT, max_tokens=24, stop=[stop], stream=True, **greedy(), extra_body={"ignore_eos": True}
+        )
+    )
     assert streamed == out.text
 
 
@@ -130,8 +164,7 @@ def test_chat_completion_uses_the_tokenizer_chat_template(server, client):
 
 def test_streamed_chat_opens_with_the_role_and_ends_with_finish_reason(server, client):
     whole = client.chat.completions.create(messages=MESSAGES, max_completion_tokens=10, **greedy())
-    chunks = list(client.chat.completions.create(messages=MESSAGES, max_completion_tokens=10, stream=True,
-                                                 **greedy()))
+    chunks = list(client.chat.completions.create(messages=MESSAGES, max_completion_tokens=10, stream=True, **greedy()))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].object == "chat.completion.chunk"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
@@ -139,8 +172,17 @@ def test_streamed_chat_opens_with_the_role_and_ends_with_finish_reason(server, c
 
 
 def test_chat_n_and_logprobs(client):
-    out = client.chat.completions.create(messages=MESSAGES, n=3, max_tokens=5, logprobs=True, top_logprobs=2,
-                                         model="tiny", temperature=0.8, seed=7, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(
+        messages=MESSAGES,
+        n=3,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=2,
+        model="tiny",
+        temperature=0.8,
+        seed=7,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2]
     for choice in out.choices:
         content = choice.logprobs.content
@@ -150,6 +192,7 @@ def test_chat_n_and_logprobs(client):
 
 
 # ---- the small endpoints ----
+
 
 def test_models_health_version_tokenize_detokenize(server, client):
     models = client.models.list().data
@@ -172,6 +215,7 @@ def test_metrics_count_requests_and_latencies(server, client):
 
 # ---- errors, in OpenAI's shape ----
 
+
 def _error(status_body):
     status, body, _ = status_body
     assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -181,40 +225,51 @@ def _error(status_body):
 def test_invalid_json_and_invalid_fields_are_400_naming_the_field(server):
     status, err = _error(server.post_json("/v1/completions", b"{not json", AUTH))
     assert status == 400 and err["code"] == "invalid_json"
-    for payload, field in [({"model": "tiny", "prompt": "x", "temperature": 5}, "temperature"),
-                           ({"model": "tiny", "prompt": "x", "max_tokens": "many"}, "max_tokens"),
-                           ({"model": "tiny"}, "prompt"),
-                           ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
-                           ({"model": "tiny", "prompt": [1, [2]]}, "prompt"),
-                           ({"model": "tiny", "prompt": "x", "n": 0}, "n")]:
+    for payload, field in [
+        ({"model": "tiny", "prompt": "x", "temperature": 5}, "temperature"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": "many"}, "max_tokens"),
+        ({"model": "tiny"}, "prompt"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
+        ({"model": "tiny", "prompt": [1, [2]]}, "prompt"),
+        ({"model": "tiny", "prompt": "x", "n": 0}, "n"),
+    ]:
         status, err = _error(server.post_json("/v1/completions", payload, AUTH))
         assert (status, err["param"]) == (400, field), (payload, err)
-    status, err = _error(server.post_json("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]},
-                                          AUTH))
+    status, err = _error(server.post_json("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]}, AUTH))
     assert status == 400 and err["param"] == "messages"
 
 
 def test_top_k_above_the_vocabulary_with_top_p_is_served(server):
     """It used to kill the EngineCore (an index past the end of the row in the top-p path)."""
-    for top_k in (49153, 10 ** 6):
-        status, body, _ = server.post_json("/v1/completions", {"prompt": PROMPT, "top_k": top_k, "top_p": 0.9999,
-                                                               "max_tokens": 3, "ignore_eos": True}, AUTH)
+    for top_k in (49153, 10**6):
+        status, body, _ = server.post_json(
+            "/v1/completions",
+            {"prompt": PROMPT, "top_k": top_k, "top_p": 0.9999, "max_tokens": 3, "ignore_eos": True},
+            AUTH,
+        )
         assert status == 200 and body["usage"]["completion_tokens"] == 3, body
     assert server.get("/health")[0] == 200
 
 
-@pytest.mark.parametrize("path,extra,field", [
-    ("/v1/completions", {"seed": 2 ** 64}, "seed"), ("/v1/completions", {"seed": -(2 ** 63) - 1}, "seed"),
-    ("/v1/completions", {"max_tokens": 2 ** 64}, "max_tokens"),
-    ("/v1/completions", {"min_tokens": 2 ** 64}, "min_tokens"),
-    ("/v1/completions", {"stop_token_ids": [1, 2 ** 64]}, "stop_token_ids"),
-    ("/v1/completions", {"top_k": 2 ** 64}, "top_k"), ("/v1/completions", {"logprobs": 2 ** 64}, "logprobs"),
-    ("/v1/completions", {"prompt": [1, 2 ** 64]}, "prompt"), ("/v1/completions", {"n": 2 ** 64}, "n"),
-    ("/v1/completions", {"max_tokens": True}, "max_tokens"), ("/v1/completions", {"seed": 1.5}, "seed"),
-    ("/v1/chat/completions", {"max_completion_tokens": 2 ** 64}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2 ** 64}, "top_logprobs"),
-    ("/v1/chat/completions", {"seed": 2 ** 70}, "seed"),
-])
+@pytest.mark.parametrize(
+    "path,extra,field",
+    [
+        ("/v1/completions", {"seed": 2**64}, "seed"),
+        ("/v1/completions", {"seed": -(2**63) - 1}, "seed"),
+        ("/v1/completions", {"max_tokens": 2**64}, "max_tokens"),
+        ("/v1/completions", {"min_tokens": 2**64}, "min_tokens"),
+        ("/v1/completions", {"stop_token_ids": [1, 2**64]}, "stop_token_ids"),
+        ("/v1/completions", {"top_k": 2**64}, "top_k"),
+        ("/v1/completions", {"logprobs": 2**64}, "logprobs"),
+        ("/v1/completions", {"prompt": [1, 2**64]}, "prompt"),
+        ("/v1/completions", {"n": 2**64}, "n"),
+        ("/v1/completions", {"max_tokens": True}, "max_tokens"),
+        ("/v1/completions", {"seed": 1.5}, "seed"),
+        ("/v1/chat/completions", {"max_completion_tokens": 2**64}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2**64}, "top_logprobs"),
+        ("/v1/chat/completions", {"seed": 2**70}, "seed"),
+    ],
+)
 def test_integers_beyond_64_bits_or_of_the_wrong_type_are_400_naming_the_field(server, path, extra, field):
     """Such ints used to pass the decoder and fail as 500 when sent to the core (msgpack overflow)."""
     base = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
@@ -222,10 +277,16 @@ def test_integers_beyond_64_bits_or_of_the_wrong_type_are_400_naming_the_field(s
     assert (status, err["param"], err["type"]) == (400, field, "invalid_request_error"), err
 
 
-@pytest.mark.parametrize("extra,field", [
-    ({"min_tokens": 5, "max_tokens": 3}, "min_tokens"), ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"stop": [""]}, "stop"), ({"top_k": -2}, "top_k"), ({"logprobs": 21}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"min_tokens": 5, "max_tokens": 3}, "min_tokens"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": [""]}, "stop"),
+        ({"top_k": -2}, "top_k"),
+        ({"logprobs": 21}, "logprobs"),
+    ],
+)
 def test_sampling_params_refusals_name_their_field(server, extra, field):
     status, err = _error(server.post_json("/v1/completions", {"prompt": PROMPT, **extra}, AUTH))
     assert (status, err["param"]) == (400, field), err
@@ -235,9 +296,13 @@ def test_deeply_nested_json_is_400_and_the_server_keeps_serving(server):
     """It used to be a 500 (msgspec's RecursionError), nested in a known field or an unknown one."""
     depth = (BODY_LIMIT - 200) // 2
     nested = b"[" * depth + b"]" * depth
-    for path, body in [("/v1/completions", b'{"prompt": "x", "junk": ' + nested + b"}"),
-                       ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], '
-                                                b'"chat_template_kwargs": {"a": ' + nested + b"}}")]:
+    for path, body in [
+        ("/v1/completions", b'{"prompt": "x", "junk": ' + nested + b"}"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"a": ' + nested + b"}}",
+        ),
+    ]:
         status, err = _error(server.post_json(path, body, AUTH))
         assert status == 400 and err["code"] == "invalid_json", err
     assert _error(server.post_json("/v1/completions", nested, AUTH))[0] == 400  # not even an object
@@ -279,8 +344,12 @@ def test_missing_or_wrong_api_key_is_401(server):
     bad = openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
-    for path, payload in [("/v1/completions", {"prompt": "x"}), ("/tokenize", {"prompt": "x"}),
-                          ("/detokenize", {"tokens": [1]}), ("/v1/nothing-here", {})]:
+    for path, payload in [
+        ("/v1/completions", {"prompt": "x"}),
+        ("/tokenize", {"prompt": "x"}),
+        ("/detokenize", {"tokens": [1]}),
+        ("/v1/nothing-here", {}),
+    ]:
         status, err = _error(server.post_json(path, payload))
         assert status == 401 and err["type"] == "authentication_error", path
     # The probes stay open: a load balancer or a scraper holds no key.
@@ -316,6 +385,7 @@ def test_body_over_the_limit_is_413_and_unknown_route_404(server):
 
 # ---- disconnects and concurrency ----
 
+
 async def _stream_then_drop(url: str) -> None:
     payload = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1900, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as session:
@@ -343,8 +413,14 @@ def test_client_disconnect_aborts_the_request_in_the_core(server, drop):
 
 def test_64_concurrent_streams_all_complete_well_formed(server):
     async def one(session: aiohttp.ClientSession, i: int) -> list:
-        payload = {"model": "tiny", "prompt": f"{PROMPT} {i}", "max_tokens": 32, "ignore_eos": True,
-                   "stream": True, "stream_options": {"include_usage": True}}
+        payload = {
+            "model": "tiny",
+            "prompt": f"{PROMPT} {i}",
+            "max_tokens": 32,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with session.post(server.url + "/v1/completions", json=payload, headers=AUTH) as resp:
             assert resp.status == 200 and resp.content_type == "text/event-stream"
             return parse_sse(await resp.read())
@@ -363,17 +439,37 @@ def test_64_concurrent_streams_all_complete_well_formed(server):
 
 # ---- the command-line clients ----
 
+
 def test_ringllm_complete_quick_prints_a_completion(server):
-    out = subprocess.run([*RINGLLM, "complete", "--url", server.base_url, "--api-key", API_KEY, "--max-tokens", "4",
-                          "--quick", PROMPT], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*RINGLLM, "complete", "--url", server.base_url, "--api-key", API_KEY, "--max-tokens", "4", "--quick", PROMPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
 
 
 def test_ringllm_chat_keeps_a_conversation_over_stdin(server):
-    out = subprocess.run([*RINGLLM, "chat", "--url", server.base_url, "--api-key", API_KEY, "--max-tokens", "4",
-                          "--system-prompt", "Be brief."], input="Hello\nAnd then?\n", capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [
+            *RINGLLM,
+            "chat",
+            "--url",
+            server.base_url,
+            "--api-key",
+            API_KEY,
+            "--max-tokens",
+            "4",
+            "--system-prompt",
+            "Be brief.",
+        ],
+        input="Hello\nAnd then?\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("> ") == 3  # two turns answered, then the prompt that read end-of-input
 
@@ -382,6 +478,10 @@ def test_ringllm_chat_keeps_a_conversation_over_stdin(server):
 def test_default_model_answers_a_chat_question():
     with RemoteServer("--max-model-len", "512") as remote:  # no MODEL: the embedded default model
         client = openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0)
-        out = client.chat.completions.create(model=client.models.list().data[0].id, temperature=0.0, max_tokens=20,
-                                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+        out = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            temperature=0.0,
+            max_tokens=20,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert "Paris" in out.choices[0].message.content

@@ -4,6 +4,7 @@ refuses before anything reaches the core, a batch's disconnect is one abort mess
 SIGTERM drain ends the requests still running cleanly. Real ``ringllm serve`` processes on the
 tiny dummy-weight model (one in-process app where the core's messages are counted).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,16 @@ def big_text(size: int = BIG_BYTES) -> str:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--max-request-body-bytes", str(2 * BIG_BYTES), "--max-waiting-requests", "8") as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--max-request-body-bytes",
+        str(2 * BIG_BYTES),
+        "--max-waiting-requests",
+        "8",
+    ) as remote:
         yield remote
 
 
@@ -65,8 +74,13 @@ print(json.dumps(probes))
 
 class HealthProber:
     def __init__(self, port: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", PROBER, str(port)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PROBER, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def wait_started(self, probes: int = 3) -> None:
         for _ in range(probes):
@@ -79,18 +93,19 @@ class HealthProber:
 
 def test_health_answers_within_200ms_while_4mb_prompts_are_refused_or_tokenized(server):
     text = big_text()
-    bodies = [("/tokenize", {"prompt": text}), ("/tokenize", {"messages": [{"role": "user", "content": text}]}),
-              ("/v1/completions", {"prompt": text, "max_tokens": 1}),
-              ("/v1/completions", {"prompt": [text, PROMPT], "max_tokens": 1}),
-              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
-              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1,
-                                        "stream": True})]
+    bodies = [
+        ("/tokenize", {"prompt": text}),
+        ("/tokenize", {"messages": [{"role": "user", "content": text}]}),
+        ("/v1/completions", {"prompt": text, "max_tokens": 1}),
+        ("/v1/completions", {"prompt": [text, PROMPT], "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "stream": True}),
+    ]
     encoded = [(path, json.dumps(body).encode()) for path, body in bodies]
 
     async def send_all() -> list[tuple[str, int, dict]]:
         async def one(session: aiohttp.ClientSession, path: str, data: bytes):
-            async with session.post(server.url + path, data=data,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(server.url + path, data=data, headers={"Content-Type": "application/json"}) as resp:
                 return path, resp.status, await resp.json()
 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -117,8 +132,10 @@ def test_health_answers_within_200ms_while_4mb_prompts_are_refused_or_tokenized(
 
 
 def test_a_prompt_too_long_for_the_model_is_refused_from_its_size(server):
-    for payload in ({"prompt": "x " * (BIG_BYTES // 2), "max_tokens": 1},
-                    {"prompt": ["hi", "y" * BIG_BYTES], "max_tokens": 1}):
+    for payload in (
+        {"prompt": "x " * (BIG_BYTES // 2), "max_tokens": 1},
+        {"prompt": ["hi", "y" * BIG_BYTES], "max_tokens": 1},
+    ):
         status, body, _ = server.post_json("/v1/completions", payload)
         assert status == 400 and body["error"]["param"] == "prompt" and "bytes" in body["error"]["message"]
 
@@ -134,8 +151,9 @@ def test_admission_counts_sequences_and_refuses_before_the_core(server):
     status, body, _ = server.post_json("/v1/completions", payload)
     assert status == 400 and body["error"]["code"] == "too_many_sequences"
     assert set(body["error"]) == {"message", "type", "param", "code"}
-    status, body, headers = server.post_json("/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "n": 9, "max_tokens": 1})
+    status, body, headers = server.post_json(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 9, "max_tokens": 1}
+    )
     assert status == 503 and "Retry-After" in headers
     # Nothing reached the core: no prompt was processed.
     assert server.metrics().get("vllm:prompt_tokens_total", 0.0) == before
@@ -154,6 +172,7 @@ def test_tokenize_and_detokenize_of_large_inputs_round_trip(server):
 
 # ---- one abort message for a whole batch ----
 
+
 async def test_a_batch_disconnect_is_one_abort_message_to_the_core(tiny_model_dir):
     from aiohttp.test_utils import TestServer
 
@@ -161,8 +180,9 @@ async def test_a_batch_disconnect_is_one_abort_message_to_the_core(tiny_model_di
     from engine.config import AsyncEngineArgs
     from engine.entrypoints.openai.server import SERVING, ServerSettings, build_app
 
-    args = AsyncEngineArgs(model=tiny_model_dir, load_format="dummy", dtype="float32", num_threads=1,
-                           kv_cache_memory=64 << 20, seed=0)
+    args = AsyncEngineArgs(
+        model=tiny_model_dir, load_format="dummy", dtype="float32", num_threads=1, kv_cache_memory=64 << 20, seed=0
+    )
     app = build_app(build_async_engine_client_from_engine_args(args), ServerSettings())
     async with TestServer(app) as test_server, aiohttp.ClientSession() as session:
         engine = app[SERVING].completion.engine
@@ -176,8 +196,13 @@ async def test_a_batch_disconnect_is_one_abort_message_to_the_core(tiny_model_di
             return send_abort(request_ids)
 
         core.abort_requests_nowait = counting_abort
-        payload = {"prompt": [f"{PROMPT} {i}" for i in range(16)], "n": 2, "max_tokens": 1900,
-                   "ignore_eos": True, "stream": True}
+        payload = {
+            "prompt": [f"{PROMPT} {i}" for i in range(16)],
+            "n": 2,
+            "max_tokens": 1900,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with session.post(str(test_server.make_url("/v1/completions")), json=payload) as resp:
             assert resp.status == 200
             for _ in range(4):
@@ -197,6 +222,7 @@ async def test_a_batch_disconnect_is_one_abort_message_to_the_core(tiny_model_di
 
 # ---- the end of a drain ----
 
+
 @pytest.fixture(scope="module")
 def tiny_long_model(tmp_path_factory) -> str:
     from engine.models.default_model import write_tiny_model
@@ -206,14 +232,22 @@ def tiny_long_model(tmp_path_factory) -> str:
 
 def test_streams_still_running_at_the_end_of_the_drain_get_an_error_event_and_done(tiny_long_model):
     long = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8000, "ignore_eos": True}
-    with RemoteServer(tiny_long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--drain-timeout", "1") as remote:
+    with RemoteServer(
+        tiny_long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--drain-timeout", "1"
+    ) as remote:
+
         async def scenario():
             async with aiohttp.ClientSession() as session:
-                streams = [await session.post(remote.url + path, json=body) for path, body in [
-                    ("/v1/completions", {**long, "stream": True}),
-                    ("/v1/chat/completions", {**long, "messages": [{"role": "user", "content": "Hi"}],
-                                              "stream": True})]]
+                streams = [
+                    await session.post(remote.url + path, json=body)
+                    for path, body in [
+                        ("/v1/completions", {**long, "stream": True}),
+                        (
+                            "/v1/chat/completions",
+                            {**long, "messages": [{"role": "user", "content": "Hi"}], "stream": True},
+                        ),
+                    ]
+                ]
                 firsts = [await s.content.readuntil(b"\n\n") for s in streams]
                 whole = asyncio.create_task(session.post(remote.url + "/v1/completions", json=long))
                 assert await asyncio.to_thread(wait_for, lambda: remote.unfinished_in_core() == 3, 10)
@@ -232,6 +266,7 @@ def test_streams_still_running_at_the_end_of_the_drain_get_an_error_event_and_do
 
 
 # ---- routes ----
+
 
 def test_routes_call_their_serving_methods_directly():
     """Each route's handler is a module-level function of server.py, found by its name (no

@@ -2,6 +2,7 @@
 per-request timeout, the EngineCore dying under it, and a SIGTERM drain. Real processes,
 the tiny dummy-weight model; the tests of one server run in file order, the death last.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,13 +37,22 @@ def tiny_long_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(tiny_long_model):
     # Two sequences at a time, so further requests wait in the scheduler: a deterministic queue.
-    with RemoteServer(tiny_long_model, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-num-seqs", "2",
-                      "--max-waiting-requests", "2", "--request-timeout", str(TIMEOUT_S)) as remote:
+    with RemoteServer(
+        tiny_long_model,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--max-num-seqs",
+        "2",
+        "--max-waiting-requests",
+        "2",
+        "--request-timeout",
+        str(TIMEOUT_S),
+    ) as remote:
         yield remote
 
 
-async def _first_event(session: aiohttp.ClientSession, url: str, payload: dict
-                       ) -> tuple[aiohttp.ClientResponse, bytes]:
+async def _first_event(session: aiohttp.ClientSession, url: str, payload: dict) -> tuple[aiohttp.ClientResponse, bytes]:
     """Open a stream; return it with its first event, once that has arrived (the request runs)."""
     resp = await session.post(url + "/v1/completions", json={**payload, "stream": True})
     assert resp.status == 200
@@ -61,10 +71,8 @@ def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(server):
     async def scenario():
         async with aiohttp.ClientSession() as session:
             running = [(await _first_event(session, server.url, LONG))[0] for _ in range(2)]
-            waiting = [asyncio.create_task(session.post(server.url + "/v1/completions", json=LONG))
-                       for _ in range(2)]
-            assert await asyncio.to_thread(wait_for, lambda: server.metrics()["vllm:num_requests_waiting"] == 2,
-                                           5.0)
+            waiting = [asyncio.create_task(session.post(server.url + "/v1/completions", json=LONG)) for _ in range(2)]
+            assert await asyncio.to_thread(wait_for, lambda: server.metrics()["vllm:num_requests_waiting"] == 2, 5.0)
             async with session.post(server.url + "/v1/completions", json=LONG) as refused:
                 body = await refused.json()
                 assert refused.status == 503 and int(refused.headers["Retry-After"]) >= 1
@@ -84,8 +92,9 @@ def test_request_timeout_is_504_or_an_error_event_and_aborts(server):
     status, body, _ = server.post_json("/v1/completions", LONG)
     assert status == 504 and body["error"]["code"] == "timeout"
     assert time.monotonic() - start < TIMEOUT_S + 2
-    status, raw, headers = server.request("POST", "/v1/completions", _json({**LONG, "stream": True}),
-                                          {"Content-Type": "application/json"})
+    status, raw, headers = server.request(
+        "POST", "/v1/completions", _json({**LONG, "stream": True}), {"Content-Type": "application/json"}
+    )
     events = parse_sse(raw)
     assert status == 200 and events[-1]["error"]["code"] == "timeout"
     assert all("choices" in e for e in events[:-1]) and len(events) > 1
@@ -135,8 +144,12 @@ class SessionLeaderServer(RemoteServer):
 
     def __init__(self, *serve_args: str) -> None:
         super().__init__(*serve_args)
-        self.argv = [sys.executable, "-c", "import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])",
-                     *self.argv]
+        self.argv = [
+            sys.executable,
+            "-c",
+            "import os, sys; os.setsid(); os.execv(sys.argv[1], sys.argv[1:])",
+            *self.argv,
+        ]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

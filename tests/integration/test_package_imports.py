@@ -3,6 +3,7 @@ effects), the EngineCore process never loads the frontend, and no two modules of
 import each other (an import circle makes the import order matter and hides which layer is below
 which). A function-level import counts as much as one at the top: it only moves the circle to
 run time. ``ALLOWED_DEFERRED`` names the few that exist to delay loading torch."""
+
 from __future__ import annotations
 
 import ast
@@ -22,18 +23,26 @@ def test_import_engine_loads_no_torch_no_aiohttp_and_changes_nothing():
         "before = dict(os.environ)\n"
         "import engine\n"
         "print(json.dumps({'modules': sorted(sys.modules), 'env_changed': dict(os.environ) != before,\n"
-        "                  'handlers': [len(logging.getLogger(n).handlers) for n in ('engine', 'shm_transport')]}))\n")
+        "                  'handlers': [len(logging.getLogger(n).handlers) for n in ('engine', 'shm_transport')]}))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                    env=env, cwd=ROOT).stdout)
+    out = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
+        ).stdout
+    )
     heavy = [m for m in out["modules"] if m.split(".")[0] in ("torch", "aiohttp", "transformers", "numpy")]
     assert heavy == []
     assert not out["env_changed"], "import engine must not set environment variables"
     assert out["handlers"] == [0, 0], "import engine must not install log handlers"
     # the public names still resolve, on first use
-    names = subprocess.run([sys.executable, "-c",
-                            "import engine; print(all(getattr(engine, n) for n in engine.__all__))"],
-                           capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    names = subprocess.run(
+        [sys.executable, "-c", "import engine; print(all(getattr(engine, n) for n in engine.__all__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
     assert names.strip() == "True"
 
 
@@ -44,9 +53,21 @@ def test_a_real_core_imports_no_frontend_module(tiny_model_dir):
     finally:
         llm.shutdown()
     assert "engine.core.engine_core" in modules  # it is the core's view
-    frontend = [m for m in modules if m.startswith(("engine.entrypoints", "engine.frontend", "engine.llm",
-                                                    "engine.async_llm", "engine.llm_engine", "engine.client"))
-                or m.split(".")[0] == "aiohttp"]
+    frontend = [
+        m
+        for m in modules
+        if m.startswith(
+            (
+                "engine.entrypoints",
+                "engine.frontend",
+                "engine.llm",
+                "engine.async_llm",
+                "engine.llm_engine",
+                "engine.client",
+            )
+        )
+        or m.split(".")[0] == "aiohttp"
+    ]
     assert frontend == []
     assert "tests.helpers.modules_worker" in modules  # the report came from the worker asked for
 
@@ -113,7 +134,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -139,8 +160,10 @@ def test_find_cycle_sees_a_circle_and_a_clean_graph():
 # import that exists to delay loading torch (or another heavy library) belongs here; a deferred
 # import that merely hides a circle is a circle, and the test names it.
 ALLOWED_DEFERRED = {
-    ("engine.worker.worker", "engine.worker.model_runner"):
-        "delays torch: the frontend imports engine.worker to check a worker_cls, and must not load torch",
+    (
+        "engine.worker.worker",
+        "engine.worker.model_runner",
+    ): "delays torch: the frontend imports engine.worker to check a worker_cls, and must not load torch",
 }
 
 
@@ -164,8 +187,10 @@ def test_imports_are_read_as_module_level_deferred_or_never_run(tmp_path):
     for name in ("__init__", "a", "b", "c", "d"):
         (tmp_path / "pkg" / f"{name}.py").write_text("")
     path = tmp_path / "pkg" / "a.py"
-    path.write_text("from typing import TYPE_CHECKING\nfrom pkg import b\nif TYPE_CHECKING:\n    import pkg.d\n"
-                    "def f():\n    from pkg.c import x\n")
+    path.write_text(
+        "from typing import TYPE_CHECKING\nfrom pkg import b\nif TYPE_CHECKING:\n    import pkg.d\n"
+        "def f():\n    from pkg.c import x\n"
+    )
     known = {"pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d"}
     assert _engine_imports("pkg.a", str(path), known) == ({"pkg", "pkg.b"}, {"pkg.c"})
 
@@ -182,9 +207,13 @@ def test_no_import_circle_among_engine_modules_deferred_imports_included():
     module_level, deferred = _engine_graph()
     assert module_level["engine.llm"], "the graph builder found no imports at all"
     assert deferred["engine.worker.worker"], "the graph builder found no deferred imports"
-    graph = {name: module_level[name] | {m for m in deferred[name] if (name, m) not in ALLOWED_DEFERRED}
-             for name in module_level}
+    graph = {
+        name: module_level[name] | {m for m in deferred[name] if (name, m) not in ALLOWED_DEFERRED}
+        for name in module_level
+    }
     cycle = find_cycle(graph)
-    assert cycle == [], (f"import circle {' -> '.join(cycle)}; deferred edges in it: "
-                         f"{[(a, b) for a, b in zip(cycle, cycle[1:]) if b in deferred[a]]} "
-                         f"({sum(map(len, deferred.values()))} deferred imports between engine modules in all)")
+    assert cycle == [], (
+        f"import circle {' -> '.join(cycle)}; deferred edges in it: "
+        f"{[(a, b) for a, b in zip(cycle, cycle[1:]) if b in deferred[a]]} "
+        f"({sum(map(len, deferred.values()))} deferred imports between engine modules in all)"
+    )

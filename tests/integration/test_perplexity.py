@@ -7,6 +7,7 @@ within +5%. int8 (W8A8, per-channel weight and per-token activation scales) is h
 is known to stay under, not the +1% asked of it: its per-token activation scales cost +5.5% on
 this model (RESULTS.md shows the arithmetic), so this test guards against it getting worse.
 """
+
 import pytest
 
 from benchmarks.perplexity import format_kwargs, ringllm_score, text_windows, transformers_score

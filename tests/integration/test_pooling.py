@@ -2,6 +2,7 @@
 "embed"). The pooled vectors come from a real EngineCore process over the ring (and from a real
 ``ringllm serve --runner pooling`` through the ``openai`` client) and must match transformers'
 final hidden states; the runner check refuses calls and routes that need the other runner."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,15 @@ import openai
 import pytest
 import torch
 
-from engine import (LLM, AsyncEngineArgs, AsyncLLM, EmbeddingRequestOutput, PoolingParams, PoolingRequestOutput,
-                    SamplingParams)
+from engine import (
+    LLM,
+    AsyncEngineArgs,
+    AsyncLLM,
+    EmbeddingRequestOutput,
+    PoolingParams,
+    PoolingRequestOutput,
+    SamplingParams,
+)
 from engine.config import EngineArgs
 from engine.sampling_params import BeamSearchParams
 from tests.helpers.openai_server_utils import TINY_SERVE_ARGS, RemoteServer
@@ -62,8 +70,15 @@ def hf_states(model_dir):
 def pooling_llm(model_dir, **kwargs):
     # A tiny step budget: the longer prompts are computed in several chunks (chunked prefill).
     kwargs.setdefault("max_num_batched_tokens", 16)
-    return LLM(model=model_dir, runner="pooling", dtype="float32", device="cpu", max_model_len=256,
-               kv_cache_memory=16 << 20, **kwargs)
+    return LLM(
+        model=model_dir,
+        runner="pooling",
+        dtype="float32",
+        device="cpu",
+        max_model_len=256,
+        kv_cache_memory=16 << 20,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +122,9 @@ def test_encode_without_normalisation_and_kv_blocks_are_freed(last_llm, hf_state
 def test_mean_pooling_over_chunks_matches_transformers(model_dir, hf_states):
     llm = pooling_llm(model_dir, pooler_config={"pooling_type": "MEAN"})
     try:
-        outputs = llm.encode(PROMPTS[:3], [PoolingParams(normalize=False), PoolingParams(), PoolingParams()],
-                             use_tqdm=False)
+        outputs = llm.encode(
+            PROMPTS[:3], [PoolingParams(normalize=False), PoolingParams(), PoolingParams()], use_tqdm=False
+        )
         means = [hf_states[p][1].mean(dim=0) for p in PROMPTS[:3]]
         assert close(outputs[0].outputs.data, means[0])
         for output, mean in zip(outputs[1:], means[1:]):
@@ -120,9 +136,11 @@ def test_mean_pooling_over_chunks_matches_transformers(model_dir, hf_states):
 
 
 def test_pooling_llm_refuses_generation_calls(last_llm):
-    for call in (lambda: last_llm.generate("Hi", SamplingParams(max_tokens=2)),
-                 lambda: last_llm.chat([{"role": "user", "content": "Hi"}]),
-                 lambda: last_llm.beam_search(["Hi"], BeamSearchParams(beam_width=2, max_tokens=2))):
+    for call in (
+        lambda: last_llm.generate("Hi", SamplingParams(max_tokens=2)),
+        lambda: last_llm.chat([{"role": "user", "content": "Hi"}]),
+        lambda: last_llm.beam_search(["Hi"], BeamSearchParams(beam_width=2, max_tokens=2)),
+    ):
         with pytest.raises(ValueError, match=r"only supported for generative models.*--runner generate"):
             call()
 
@@ -140,23 +158,27 @@ def test_generating_llm_refuses_embed_and_encode(model_dir):
     try:
         assert llm.llm_engine.config.model_config.runner_type == "generate"  # "auto" on a *ForCausalLM
         for call in (lambda: llm.embed("Hi"), lambda: llm.encode("Hi", pooling_task="embed")):
-            with pytest.raises(ValueError,
-                               match=r"LLM\.e\w+\(\) is only supported for pooling models.*--runner pooling"):
+            with pytest.raises(
+                ValueError, match=r"LLM\.e\w+\(\) is only supported for pooling models.*--runner pooling"
+            ):
                 call()
         assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
     finally:
         llm.shutdown()
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(runner="embedding"), "runner"),
-    (dict(convert="classify"), "convert"),
-    (dict(runner="pooling", convert="none"), "convert"),
-    (dict(runner="generate", convert="embed"), "convert"),
-    (dict(pooler_config={"pooling_type": "MEAN"}), "pooler_config"),
-    (dict(runner="pooling", pooler_config={"pooling_type": "CLS"}), "pooler_config.pooling_type"),
-    (dict(runner="pooling", pooler_config={"pooling": "MEAN"}), "pooler_config"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(runner="embedding"), "runner"),
+        (dict(convert="classify"), "convert"),
+        (dict(runner="pooling", convert="none"), "convert"),
+        (dict(runner="generate", convert="embed"), "convert"),
+        (dict(pooler_config={"pooling_type": "MEAN"}), "pooler_config"),
+        (dict(runner="pooling", pooler_config={"pooling_type": "CLS"}), "pooler_config.pooling_type"),
+        (dict(runner="pooling", pooler_config={"pooling": "MEAN"}), "pooler_config"),
+    ],
+)
 def test_bad_runner_settings_name_their_field(model_dir, kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field}\b"):
         EngineArgs(model=model_dir, device="cpu", **kwargs).create_engine_config()
@@ -165,19 +187,32 @@ def test_bad_runner_settings_name_their_field(model_dir, kwargs, field):
 def test_convert_embed_resolves_auto_runner_to_pooling(model_dir):
     config = EngineArgs(model=model_dir, device="cpu", convert="embed").create_engine_config()
     mc = config.model_config
-    assert (mc.runner_type, mc.convert_type, mc.pooler_config.pooling_type, mc.pooler_config.normalize) == \
-        ("pooling", "embed", "LAST", True)
+    assert (mc.runner_type, mc.convert_type, mc.pooler_config.pooling_type, mc.pooler_config.normalize) == (
+        "pooling",
+        "embed",
+        "LAST",
+        True,
+    )
     assert config.cache_config.enable_prefix_caching
-    mean = EngineArgs(model=model_dir, device="cpu", runner="pooling",
-                      pooler_config={"pooling_type": "mean"}).create_engine_config()
+    mean = EngineArgs(
+        model=model_dir, device="cpu", runner="pooling", pooler_config={"pooling_type": "mean"}
+    ).create_engine_config()
     assert not mean.cache_config.enable_prefix_caching  # MEAN needs every prompt row computed
 
 
 def test_async_llm_encode_yields_one_final_output(model_dir, hf_states):
     async def run():
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=model_dir, runner="pooling", dtype="float32", device="cpu", max_model_len=256,
-            kv_cache_memory=16 << 20, max_num_batched_tokens=16))
+        engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(
+                model=model_dir,
+                runner="pooling",
+                dtype="float32",
+                device="cpu",
+                max_model_len=256,
+                kv_cache_memory=16 << 20,
+                max_num_batched_tokens=16,
+            )
+        )
         try:
             outputs = [o async for o in engine.encode(PROMPTS[1], PoolingParams(), "r1")]
             with pytest.raises(ValueError, match="--runner generate"):
@@ -197,9 +232,23 @@ API_KEY = "sk-pool"
 
 @pytest.fixture(scope="module")
 def pooling_server(model_dir):
-    with RemoteServer(model_dir, "--runner", "pooling", "--dtype", "float32", "--num-threads", "1",
-                      "--kv-cache-memory", str(16 << 20), "--max-num-batched-tokens", "16",
-                      "--served-model-name", "tiny-embed", "--api-key", API_KEY) as remote:
+    with RemoteServer(
+        model_dir,
+        "--runner",
+        "pooling",
+        "--dtype",
+        "float32",
+        "--num-threads",
+        "1",
+        "--kv-cache-memory",
+        str(16 << 20),
+        "--max-num-batched-tokens",
+        "16",
+        "--served-model-name",
+        "tiny-embed",
+        "--api-key",
+        API_KEY,
+    ) as remote:
         yield remote
 
 
@@ -226,7 +275,8 @@ def test_openai_client_embeddings_match_transformers(pooling_server, hf_states):
         client.embeddings.create(input="Hi", model="other")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=pooling_server.base_url, api_key="wrong", max_retries=0).embeddings.create(
-            input="Hi", model="tiny-embed")
+            input="Hi", model="tiny-embed"
+        )
 
 
 def test_pooling_server_refuses_generation_routes(pooling_server):
@@ -271,10 +321,18 @@ def test_default_model_embeddings_match_transformers_in_float32():
 
 
 def test_mean_pooling_refuses_a_kv_connector(model_dir, tmp_path):
-    kv = {"kv_connector": "SharedStorageConnector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+    kv = {
+        "kv_connector": "SharedStorageConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
     with pytest.raises(ValueError, match="^kv_transfer_config: MEAN pooling"):
-        EngineArgs(model=model_dir, device="cpu", runner="pooling", pooler_config={"pooling_type": "MEAN"},
-                   kv_transfer_config=kv).create_engine_config()
+        EngineArgs(
+            model=model_dir,
+            device="cpu",
+            runner="pooling",
+            pooler_config={"pooling_type": "MEAN"},
+            kv_transfer_config=kv,
+        ).create_engine_config()
     config = EngineArgs(model=model_dir, device="cpu", runner="pooling", kv_transfer_config=kv).create_engine_config()
     assert config.kv_transfer_config is not None  # LAST pooling always computes the last token: allowed

@@ -4,6 +4,7 @@ request sent during a 3,640-token prefill waited 10.6 s), on the default model w
 
 The step time comes from the engine's own output timestamps: a decoding stream gets one token
 per step, so the gaps between its outputs are the steps, whatever the machine's load."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,16 @@ STEP_TOKENS = 256  # the paced cap's ceiling: the long prompt is a dozen steps o
 
 
 def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens,
-                          output_kind=RequestOutputKind.DELTA)
+    return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA)
 
 
 async def test_a_short_request_answers_within_two_steps_of_a_long_prefill():
-    args = AsyncEngineArgs(max_model_len=4096, max_num_prefill_tokens="auto", max_num_batched_tokens=STEP_TOKENS,
-                           enable_prefix_caching=False)
+    args = AsyncEngineArgs(
+        max_model_len=4096,
+        max_num_prefill_tokens="auto",
+        max_num_batched_tokens=STEP_TOKENS,
+        enable_prefix_caching=False,
+    )
     async with build_async_engine_client_from_engine_args(args) as llm:
         ticks: list[float] = []  # when each of the ticker's outputs was made: one per step
         ticking = asyncio.Event()
@@ -53,6 +57,6 @@ async def test_a_short_request_answers_within_two_steps_of_a_long_prefill():
         await asyncio.gather(ticker_task, long_task, return_exceptions=True)
 
     assert short.finished and long_was_running
-    steps = [b - a for a, b in zip(ticks[ticks_at_long:], ticks[ticks_at_long + 1:])]
+    steps = [b - a for a, b in zip(ticks[ticks_at_long:], ticks[ticks_at_long + 1 :])]
     waited = short.metrics.first_token_ts - short.metrics.arrival_time
     assert waited <= sum(sorted(steps)[-2:]), (waited, steps)

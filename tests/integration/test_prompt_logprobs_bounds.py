@@ -4,6 +4,7 @@ answered, other streams keep their pace), and refused with a 400 naming the serv
 (``--max-prompt-logprobs-entries``) beyond prompt tokens x (k + 1) entries. A real
 ``ringllm serve`` on the tiny model, whose full-vocabulary rows cost ~50x its prompt tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,12 @@ def long_model_dir(tmp_path_factory) -> str:
 
 def _stream_gaps(remote: RemoteServer, stop: threading.Event, arrivals: list, started: threading.Event) -> None:
     """A stream that runs until ``stop``: when each of its events arrived."""
-    body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 8000, "ignore_eos": True,
-                       "stream": True}).encode()
-    request = urllib.request.Request(remote.url + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": "tiny", "prompt": "Hello", "max_tokens": 8000, "ignore_eos": True, "stream": True}
+    ).encode()
+    request = urllib.request.Request(
+        remote.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         for line in response:
             if line.startswith(b"data: "):
@@ -52,10 +55,19 @@ def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_di
     # A step budget that fits the whole prompt, and a pacer that has learned what plain prompt
     # tokens cost (next to nothing on the tiny model): priced as those, the rows would all go in
     # one step of seconds.
-    with RemoteServer(long_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--health-busy-timeout", str(BUSY_TIMEOUT_S), "--max-num-batched-tokens", "8192") as remote:
-        status, _, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": prompt[:2000][::-1],
-                                                            "max_tokens": 1})
+    with RemoteServer(
+        long_model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--health-busy-timeout",
+        str(BUSY_TIMEOUT_S),
+        "--max-num-batched-tokens",
+        "8192",
+    ) as remote:
+        status, _, _ = remote.post_json(
+            "/v1/completions", {"model": "tiny", "prompt": prompt[:2000][::-1], "max_tokens": 1}
+        )
         assert status == 200
         stop, started, arrivals = threading.Event(), threading.Event(), []
         other = threading.Thread(target=_stream_gaps, args=(remote, stop, arrivals, started))
@@ -64,9 +76,12 @@ def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_di
             assert started.wait(60), "the other stream never started"
             sent = time.monotonic()
             (status, body, _), probes = post_while_probing_health(
-                remote, "/v1/completions",
+                remote,
+                "/v1/completions",
                 {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": TOP_K},
-                timeout=ANSWER_TIMEOUT_S, interval=PROBE_INTERVAL_S)
+                timeout=ANSWER_TIMEOUT_S,
+                interval=PROBE_INTERVAL_S,
+            )
             done = time.monotonic()
         finally:
             stop.set()
@@ -83,17 +98,22 @@ def test_long_prompt_logprobs_leave_health_and_other_streams_alone(long_model_di
 
 def test_prompt_logprobs_beyond_the_limit_are_a_400_naming_it(tiny_model_dir):
     prompt = list(range(100, 150))  # 50 x (20 + 1) = 1050 entries
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--max-prompt-logprobs-entries", "1000") as remote:
+    with RemoteServer(
+        tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-prompt-logprobs-entries", "1000"
+    ) as remote:
         for path, body in [
-                ("/v1/completions", {"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20}),
-                ("/v1/completions", {"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 20}),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 60}], "max_tokens": 1,
-                                          "prompt_logprobs": 20})]:
+            ("/v1/completions", {"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 20}),
+            ("/v1/completions", {"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 20}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi " * 60}], "max_tokens": 1, "prompt_logprobs": 20},
+            ),
+        ]:
             status, answer, _ = remote.post_json(path, {"model": "tiny", **body})
             assert status == 400, (path, body, answer)
             error = answer["error"]
             assert error["param"] == "prompt_logprobs" and "max_prompt_logprobs_entries=1000" in error["message"]
-        status, answer, _ = remote.post_json("/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1,
-                                                                  "prompt_logprobs": 19})  # 1000: at the limit
+        status, answer, _ = remote.post_json(
+            "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 19}
+        )  # 1000: at the limit
         assert status == 200 and len(answer["choices"][0]["prompt_logprobs"]) == len(prompt)

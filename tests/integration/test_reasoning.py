@@ -6,6 +6,7 @@ the model write them in some order until the run ``</think>`` comes out: everyth
 its reasoning, everything after its answer. The chat template opens ``<think>`` in the prompt, or
 writes an empty ``<think></think>`` when ``enable_thinking`` is false, as Qwen3's does.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,25 @@ from tokenizers import Tokenizer
 END_IDS = (9617, 17400, 46)  # "</", "think", ">"
 BIAS = {str(i): 30 for i in END_IDS}
 ASK = [{"role": "user", "content": "Is it ok?"}]
-TEMPLATE = ("{% if reasoning_effort %}<effort {{ reasoning_effort }}>{% endif %}"
-            "{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
-            "{% endif %}{{ m.content }}|{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
-            "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-          "additionalProperties": False}
-ECHO = {"type": "function", "function": {"name": "echo", "parameters": {
-    "type": "object", "properties": {"text": {"type": "string"}}}}}
+TEMPLATE = (
+    "{% if reasoning_effort %}<effort {{ reasoning_effort }}>{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}[thought {{ m.reasoning_content }}]"
+    "{% endif %}{{ m.content }}|{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+ECHO = {
+    "type": "function",
+    "function": {"name": "echo", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
+}
 # A tool parser that reads every reply as one call of `echo` with the text it is given.
-ECHO_PLUGIN = textwrap.dedent('''
+ECHO_PLUGIN = textwrap.dedent("""
     import json
 
     from engine.entrypoints.openai.tool_parsers import ParsedCall, ParsedReply, ToolParser, ToolParserManager
@@ -43,7 +52,7 @@ ECHO_PLUGIN = textwrap.dedent('''
         def parse(self, text, final):
             arguments = json.dumps({"text": text}, ensure_ascii=False)
             return ParsedReply("", [ParsedCall("echo", arguments if final else arguments[:-2], final)])
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +69,21 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 def server(model_dir, tmp_path_factory):
     plugin = tmp_path_factory.mktemp("plugin") / "echo_text.py"
     plugin.write_text(ECHO_PLUGIN)
-    with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--reasoning-parser", "qwen3",
-                      "--structured-outputs-config", '{"disable_any_whitespace": true}',
-                      "--enable-auto-tool-choice", "--tool-call-parser", "echo_text",
-                      "--tool-parser-plugin", str(plugin)) as remote:
+    with RemoteServer(
+        model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--reasoning-parser",
+        "qwen3",
+        "--structured-outputs-config",
+        '{"disable_any_whitespace": true}',
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "echo_text",
+        "--tool-parser-plugin",
+        str(plugin),
+    ) as remote:
         yield remote
 
 
@@ -133,8 +153,11 @@ def test_json_schema_applies_after_the_reasoning(client):
     assert message.reasoning_content and "</think>" not in message.reasoning_content
     assert out.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(message.content), SCHEMA)
-    streamed = "".join(c.choices[0].delta.content or "" for c in chat(client, max_tokens=120, stream=True,
-                                                                      response_format=format_) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in chat(client, max_tokens=120, stream=True, response_format=format_)
+        if c.choices
+    )
     assert streamed == message.content
 
 
@@ -177,15 +200,23 @@ def test_reasoning_sent_back_reaches_the_template(client, tokenizer):
     responses (with the answer after it), and a previous response's reasoning item."""
     for field in ("reasoning_content", "reasoning"):
         history = [*ASK, {"role": "assistant", "content": "yes", field: "it is"}, {"role": "user", "content": "Sure?"}]
-        out = client.chat.completions.create(model="tiny", messages=history, max_tokens=1,
-                                             extra_body={"return_prompt_text": True})
+        out = client.chat.completions.create(
+            model="tiny", messages=history, max_tokens=1, extra_body={"return_prompt_text": True}
+        )
         assert "<assistant>[thought it is]yes|<user>Sure?|" in out.prompt_text
 
     def items(reasoning, answer):
-        return [{"role": "user", "content": "Is it ok?"},
-                {"type": "reasoning", "id": "rs_1", "summary": [],
-                 "content": [{"type": "reasoning_text", "text": reasoning}]},
-                {"role": "assistant", "content": answer}, {"role": "user", "content": "Sure?"}]
+        return [
+            {"role": "user", "content": "Is it ok?"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+            },
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Sure?"},
+        ]
 
     def input_tokens(**ask):
         return client.responses.create(model="tiny", max_output_tokens=1, **ask).usage.input_tokens
@@ -195,16 +226,18 @@ def test_reasoning_sent_back_reaches_the_template(client, tokenizer):
     del without[1]
     assert input_tokens(input=items("it is", "yes")) == input_tokens(input=without) + thought
 
-    first = client.responses.create(model="tiny", input="Is it ok?", max_output_tokens=80,
-                                    extra_body={"seed": 3, "logit_bias": BIAS})
+    first = client.responses.create(
+        model="tiny", input="Is it ok?", max_output_tokens=80, extra_body={"seed": 3, "logit_bias": BIAS}
+    )
     reasoning, answer = first.output[0].content[0].text, first.output[1].content[0].text
     assert input_tokens(input="Sure?", previous_response_id=first.id) == input_tokens(input=items(reasoning, answer))
 
 
 def test_reasoning_effort_reaches_the_template(client):
     """Chat's reasoning_effort and responses' reasoning.effort, as vLLM passes them."""
-    out = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=1, reasoning_effort="high",
-                                         extra_body={"return_prompt_text": True})
+    out = client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=1, reasoning_effort="high", extra_body={"return_prompt_text": True}
+    )
     assert out.prompt_text.startswith("<effort high><user>Is it ok?|")
 
     def input_tokens(**ask):
@@ -217,8 +250,9 @@ def test_reasoning_effort_reaches_the_template(client):
 
 
 def test_unknown_reasoning_parser_is_a_clear_error(model_dir):
-    run = subprocess.run([*RINGLLM, "serve", model_dir, "--reasoning-parser", "nope"], capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [*RINGLLM, "serve", model_dir, "--reasoning-parser", "nope"], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode != 0
     assert "invalid reasoning parser: nope (choose from deepseek_r1, qwen3)" in run.stderr
     assert "Traceback" not in run.stderr

@@ -1,6 +1,7 @@
 """vLLM's extra request fields, each observed doing what it asks: over real ``ringllm serve``
 processes on the tiny model (one generating, one pooling with the priority policy) and through
 ``LLM``/``AsyncLLM``. tests/helpers/field_evidence.py names these tests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ def server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def pooling_server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, "--runner", "pooling", "--scheduling-policy", "priority",
-                      *TINY_SERVE_ARGS) as remote:
+    with RemoteServer(
+        tiny_model_dir, "--runner", "pooling", "--scheduling-policy", "priority", *TINY_SERVE_ARGS
+    ) as remote:
         yield remote
 
 
@@ -57,8 +59,9 @@ def chat(server, **kw):
 
 
 def stream(server, path, payload):
-    code, raw, _ = server.request("POST", path, json.dumps({**payload, "stream": True}).encode(),
-                                  {"Content-Type": "application/json"})
+    code, raw, _ = server.request(
+        "POST", path, json.dumps({**payload, "stream": True}).encode(), {"Content-Type": "application/json"}
+    )
     assert code == 200, raw
     return parse_sse(raw)
 
@@ -74,15 +77,28 @@ def assert_400(server, path, payload, param):
 
 # ---- what every sampling field turns into ----
 
-SAMPLING = [("temperature", 0.5, 0.5), ("top_p", 0.5, 0.5), ("top_k", 3, 3), ("min_p", 0.2, 0.2),
-            ("repetition_penalty", 1.3, 1.3), ("presence_penalty", 0.5, 0.5), ("frequency_penalty", 0.5, 0.5),
-            ("seed", 7, 7), ("ignore_eos", True, True), ("include_stop_str_in_output", True, True),
-            ("skip_special_tokens", False, False), ("min_tokens", 2, 2), ("stop_token_ids", [5], [5]),
-            ("truncate_prompt_tokens", 3, 3), ("truncation_side", "right", "right")]
+SAMPLING = [
+    ("temperature", 0.5, 0.5),
+    ("top_p", 0.5, 0.5),
+    ("top_k", 3, 3),
+    ("min_p", 0.2, 0.2),
+    ("repetition_penalty", 1.3, 1.3),
+    ("presence_penalty", 0.5, 0.5),
+    ("frequency_penalty", 0.5, 0.5),
+    ("seed", 7, 7),
+    ("ignore_eos", True, True),
+    ("include_stop_str_in_output", True, True),
+    ("skip_special_tokens", False, False),
+    ("min_tokens", 2, 2),
+    ("stop_token_ids", [5], [5]),
+    ("truncate_prompt_tokens", 3, 3),
+    ("truncation_side", "right", "right"),
+]
 
 
-@pytest.mark.parametrize("cls,base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest,
-                                                                             {"messages": MESSAGES})])
+@pytest.mark.parametrize(
+    "cls,base", [(CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest, {"messages": MESSAGES})]
+)
 @pytest.mark.parametrize("field,value,expected", SAMPLING, ids=[s[0] for s in SAMPLING])
 def test_sampling_fields_reach_the_engine(cls, base, field, value, expected):
     """Each field lands in the SamplingParams the engine runs (the sampler tests observe each
@@ -101,10 +117,9 @@ def test_stop_token_ids_and_min_tokens_over_http(server):
     seeded = dict(temperature=1.0, seed=3)  # the tiny model's greedy text repeats one token
     ids = complete(server, max_tokens=12, ignore_eos=True, return_token_ids=True, **seeded)["choices"][0]["token_ids"]
     i = _first_new(ids)
-    stopped = complete(server, max_tokens=12, ignore_eos=True, return_token_ids=True, stop_token_ids=[ids[i]],
-                       **seeded)
+    stopped = complete(server, max_tokens=12, ignore_eos=True, return_token_ids=True, stop_token_ids=[ids[i]], **seeded)
     choice = stopped["choices"][0]
-    assert choice["token_ids"] == ids[:i + 1] and choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == ids[: i + 1] and choice["finish_reason"] == "stop"
     assert choice["stop_reason"] == ids[i]
     first = complete(server, max_tokens=12, return_token_ids=True, stop_token_ids=[ids[0]], **seeded)["choices"][0]
     assert len(first["token_ids"]) == 1
@@ -121,8 +136,12 @@ def test_stream_options_without_stream_is_400(server):
 def test_max_tokens_beyond_the_context_is_400(server):
     limit = json.loads(server.get("/v1/models")[1])["data"][0]["max_model_len"]
     assert_400(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": limit + 1}, "max_tokens")
-    assert_400(server, "/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": limit + 1},
-               "max_completion_tokens")
+    assert_400(
+        server,
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "max_completion_tokens": limit + 1},
+        "max_completion_tokens",
+    )
     assert_400(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": limit + 1}, "max_tokens")
 
 
@@ -145,8 +164,9 @@ def test_truncate_prompt_tokens_keeps_the_chosen_side(server):
     cut = chat(server, return_token_ids=True, truncate_prompt_tokens=5)
     assert cut["prompt_token_ids"] == whole[-5:] and cut["usage"]["prompt_tokens"] == 5
     limit = json.loads(server.get("/v1/models")[1])["data"][0]["max_model_len"]
-    assert_400(server, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": limit + 1},
-               "truncate_prompt_tokens")
+    assert_400(
+        server, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": limit + 1}, "truncate_prompt_tokens"
+    )
 
 
 def test_prompt_logprobs_without_echo_and_in_chat(server):
@@ -183,16 +203,22 @@ def test_return_token_ids_whole_and_streamed(server):
     choice = whole["choices"][0]
     assert choice["prompt_token_ids"] == tokenize(server) and len(choice["token_ids"]) == 6
     assert complete(server)["choices"][0]["token_ids"] is None
-    chunks = stream(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0,
-                                                "ignore_eos": True, "return_token_ids": True})
+    chunks = stream(
+        server,
+        "/v1/completions",
+        {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True},
+    )
     assert chunks[0]["choices"][0]["prompt_token_ids"] == choice["prompt_token_ids"]
     assert all(c["choices"][0]["prompt_token_ids"] is None for c in chunks[1:])
     assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == choice["token_ids"]
     answer = chat(server, max_tokens=6, ignore_eos=True, return_token_ids=True)
     assert len(answer["prompt_token_ids"]) == answer["usage"]["prompt_tokens"]
     assert len(answer["choices"][0]["token_ids"]) == 6
-    chunks = stream(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 6, "temperature": 0.0,
-                                                     "ignore_eos": True, "return_token_ids": True})
+    chunks = stream(
+        server,
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True},
+    )
     assert chunks[0]["prompt_token_ids"] == answer["prompt_token_ids"]
     assert sum((c["choices"][0]["token_ids"] or [] for c in chunks), []) == answer["choices"][0]["token_ids"]
 
@@ -210,14 +236,18 @@ def test_priority_needs_the_priority_policy_and_is_honoured(server, pooling_serv
 def test_request_id_and_the_x_request_id_header(server):
     body, headers = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "request_id": "abc"}, {})
     assert body["id"] == "cmpl-abc" and headers["X-Request-Id"] == "abc"
-    body, headers = post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2},
-                         {"X-Request-Id": "hdr-1"})
+    body, headers = post(
+        server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2}, {"X-Request-Id": "hdr-1"}
+    )
     assert body["id"] == "chatcmpl-hdr-1" and headers["X-Request-Id"] == "hdr-1"
     body, headers = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, {})
     assert body["id"] == f"cmpl-{headers['X-Request-Id']}"
-    code, raw, headers = server.request("POST", "/v1/completions", json.dumps(
-        {"prompt": PROMPT, "max_tokens": 2, "stream": True, "request_id": "s-1"}).encode(),
-        {"Content-Type": "application/json"})
+    code, raw, headers = server.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({"prompt": PROMPT, "max_tokens": 2, "stream": True, "request_id": "s-1"}).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert code == 200 and headers["X-Request-Id"] == "s-1" and parse_sse(raw)[0]["id"] == "cmpl-s-1"
     with ThreadPoolExecutor(4) as pool:  # one id sent by several clients at once: all are served
         bodies = list(pool.map(lambda _: complete(server, max_tokens=8, request_id="same"), range(4)))
@@ -255,6 +285,7 @@ def test_cache_salt_separates_prefix_cache_hits(server):
 
 # ---- chat echo and continuous usage ----
 
+
 def test_chat_echo_starts_with_the_assistant_message(server):
     started = MESSAGES + [{"role": "assistant", "content": "I am"}]
     plain = chat(server, messages=started, continue_final_message=True, add_generation_prompt=False)
@@ -262,28 +293,50 @@ def test_chat_echo_starts_with_the_assistant_message(server):
     assert echoed["choices"][0]["message"]["content"] == "I am" + plain["choices"][0]["message"]["content"]
     content = chat(server)["choices"][0]["message"]["content"]
     assert chat(server, echo=True)["choices"][0]["message"]["content"] == content  # the last message is the user's
-    chunks = stream(server, "/v1/chat/completions", {"messages": started, "max_tokens": 4, "temperature": 0.0,
-                                                     "continue_final_message": True, "add_generation_prompt": False,
-                                                     "echo": True})
+    chunks = stream(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": started,
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "echo": True,
+        },
+    )
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert chunks[1]["choices"][0]["delta"]["content"] == "I am" and text == echoed["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize("path,base", [("/v1/completions", {"prompt": PROMPT}),
-                                       ("/v1/chat/completions", {"messages": MESSAGES})])
+@pytest.mark.parametrize(
+    "path,base", [("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES})]
+)
 def test_continuous_usage_stats_in_every_chunk(server, path, base):
-    payload = {**base, "max_tokens": 5, "temperature": 0.0, "ignore_eos": True,
-               "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    payload = {
+        **base,
+        "max_tokens": 5,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     chunks = [c for c in stream(server, path, payload)]
-    with_text = [c for c in chunks if c["choices"] and (c["choices"][0].get("text") or
-                                                       c["choices"][0].get("delta", {}).get("content"))]
+    with_text = [
+        c
+        for c in chunks
+        if c["choices"] and (c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content"))
+    ]
     assert with_text and all(c["usage"] is not None for c in with_text)
     counts = [c["usage"]["completion_tokens"] for c in with_text]
     assert counts == sorted(counts) and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
     if path == "/v1/chat/completions":  # as vLLM's, the role chunk says the prompt's tokens
         prompt = chunks[-1]["usage"]["prompt_tokens"]
-        assert chunks[0]["usage"] == {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
-                                      "prompt_tokens_details": None}
+        assert chunks[0]["usage"] == {
+            "prompt_tokens": prompt,
+            "completion_tokens": 0,
+            "total_tokens": prompt,
+            "prompt_tokens_details": None,
+        }
     plain = stream(server, path, {**payload, "stream_options": {"include_usage": True}})
     assert all(c["usage"] is None for c in plain if c["choices"])
 
@@ -291,18 +344,32 @@ def test_continuous_usage_stats_in_every_chunk(server, path, base):
 def test_continuous_usage_starts_at_the_chat_role_chunk(server):
     """vLLM's: the opening (role) chunk carries the prompt's usage, nothing generated yet;
     before, its usage was null."""
-    chunks = stream(server, "/v1/chat/completions", {
-        "messages": MESSAGES, "max_tokens": 3, "temperature": 0.0,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = stream(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "max_tokens": 3,
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     role, prompt = chunks[0], chunks[-1]["usage"]["prompt_tokens"]
     assert role["choices"][0]["delta"]["role"] == "assistant" and prompt > 0
     assert {k: role["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
-        "prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+        "prompt_tokens": prompt,
+        "completion_tokens": 0,
+        "total_tokens": prompt,
+    }
 
 
-@pytest.mark.parametrize("path,base", [
-    ("/v1/completions", {"prompt": PROMPT * 4}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT * 4}]})])
+@pytest.mark.parametrize(
+    "path,base",
+    [
+        ("/v1/completions", {"prompt": PROMPT * 4}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT * 4}]}),
+    ],
+)
 def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does(server, path, base):
     """Before, a stream's usage had ``prompt_tokens_details`` null where the whole response's
     counted the prompt tokens found in the prefix cache."""
@@ -317,6 +384,7 @@ def test_streamed_usage_reports_cached_prompt_tokens_as_the_whole_one_does(serve
 
 # ---- embeddings ----
 
+
 def _embed(pooling_server, **kw):
     return post(pooling_server, "/v1/embeddings", {"input": PROMPT, **kw})
 
@@ -329,8 +397,9 @@ def test_embedding_dtype_endianness_and_activation(pooling_server):
     assert torch.allclose(torch.nn.functional.normalize(torch.tensor(raw), dim=0), reference, atol=1e-6)
     for dtype, numpy_dtype in (("float32", "f4"), ("float16", "f2")):
         for endianness, mark in (("little", "<"), ("big", ">")):
-            encoded = _embed(pooling_server, encoding_format="base64", embed_dtype=dtype,
-                             endianness=endianness)["data"][0]["embedding"]
+            encoded = _embed(pooling_server, encoding_format="base64", embed_dtype=dtype, endianness=endianness)[
+                "data"
+            ][0]["embedding"]
             values = np.frombuffer(base64.b64decode(encoded), mark + numpy_dtype)
             assert np.array_equal(values.astype(np.float32), reference.to(getattr(torch, dtype)).float().numpy())
     bf16 = _embed(pooling_server, encoding_format="base64", embed_dtype="bfloat16", endianness="big")
@@ -357,13 +426,17 @@ def test_embedding_input_of_strings_and_token_ids_mixed_is_a_400_naming_input(po
     README's example once written as ``["some text", [1, 2, 3]]`` could not work: it says why."""
     for mixed in (["some text", [1, 2, 3]], [[1, 2, 3], "some text"], ["some text", 7]):
         code, body, _ = pooling_server.post_json("/v1/embeddings", {"input": mixed})
-        assert code == 400 and body["error"]["param"] == "input" and "mixes strings and token ids" in \
-            body["error"]["message"], body
+        assert (
+            code == 400
+            and body["error"]["param"] == "input"
+            and "mixes strings and token ids" in body["error"]["message"]
+        ), body
     texts, ids = _embed(pooling_server, input=["some text", "more"]), _embed(pooling_server, input=[[1, 2, 3], [4]])
     assert len(texts["data"]) == len(ids["data"]) == 2
 
 
 # ---- the Python API ----
+
 
 def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, **TINY)
@@ -372,14 +445,19 @@ def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
         params = SamplingParams(max_tokens=1, truncate_prompt_tokens=4)
         (out,) = llm.generate(PROMPT, params, use_tqdm=False)
         assert out.prompt_token_ids == full[-4:]
-        (out,) = llm.generate(PROMPT, SamplingParams(max_tokens=1, truncate_prompt_tokens=4, truncation_side="right"),
-                              use_tqdm=False)
+        (out,) = llm.generate(
+            PROMPT, SamplingParams(max_tokens=1, truncate_prompt_tokens=4, truncation_side="right"), use_tqdm=False
+        )
         assert out.prompt_token_ids == full[:4]
         salted = {"prompt": PROMPT * 4, "cache_salt": "a"}
         llm.generate(salted, SamplingParams(max_tokens=1), use_tqdm=False)
         assert llm.generate(salted, SamplingParams(max_tokens=1), use_tqdm=False)[0].num_cached_tokens > 0
-        assert llm.generate({**salted, "cache_salt": "b"}, SamplingParams(max_tokens=1),
-                            use_tqdm=False)[0].num_cached_tokens == 0
+        assert (
+            llm.generate({**salted, "cache_salt": "b"}, SamplingParams(max_tokens=1), use_tqdm=False)[
+                0
+            ].num_cached_tokens
+            == 0
+        )
         skipping = SamplingParams(max_tokens=1, skip_reading_prefix_cache=True)
         assert llm.generate(salted, skipping, use_tqdm=False)[0].num_cached_tokens == 0
         for key in ("multi_modal_data", "mm_processor_kwargs"):
@@ -393,8 +471,9 @@ def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY))
         try:
             with pytest.raises(ValueError, match="multi_modal_data"):
-                async for _ in engine.generate({"prompt": PROMPT, "multi_modal_data": {"image": [0]}},
-                                               SamplingParams(max_tokens=1), "mm"):
+                async for _ in engine.generate(
+                    {"prompt": PROMPT, "multi_modal_data": {"image": [0]}}, SamplingParams(max_tokens=1), "mm"
+                ):
                     pass
         finally:
             engine.shutdown()
@@ -403,6 +482,7 @@ def test_llm_truncates_prompts_and_refuses_multi_modal_data(tiny_model_dir):
 
 
 # ---- beam search over HTTP ----
+
 
 def test_use_beam_search_gives_the_beams_llm_beam_search_finds(server, tiny_model_dir):
     """The n best beams, best first, exactly those of LLM.beam_search on the same model and
@@ -416,8 +496,9 @@ def test_use_beam_search_gives_the_beams_llm_beam_search_finds(server, tiny_mode
     assert len(answer["choices"]) == 3 and all(len(c["token_ids"]) == 4 for c in answer["choices"])
     llm = LLM(model=tiny_model_dir, **TINY)
     try:
-        (expected,) = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True,
-                                                                 length_penalty=0.5))
+        (expected,) = llm.beam_search(
+            [PROMPT], BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True, length_penalty=0.5)
+        )
         prompt_len = len(llm.get_tokenizer().encode(PROMPT))
     finally:
         llm.shutdown()
@@ -429,7 +510,7 @@ def test_use_beam_search_gives_the_beams_llm_beam_search_finds(server, tiny_mode
 def test_length_penalty_divides_the_score_by_length_to_its_power():
     search = BeamSearch([[1, 2]], BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=0.5), eos_token_id=0)
     beam = BeamSearchSequence([1, 2, 3, 4], cum_logprob=-8.0)
-    assert search.score(beam) == -8.0 / 4 ** 0.5
+    assert search.score(beam) == -8.0 / 4**0.5
     search.params = BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=2.0)
     assert search.score(beam) == -8.0 / 16
 
@@ -444,11 +525,13 @@ def test_a_prompt_longer_than_the_context_fits_once_truncated(server):
     assert out["usage"]["prompt_tokens"] == 8
     answer = chat(server, messages=[{"role": "user", "content": text}], max_tokens=1, truncate_prompt_tokens=8)
     assert answer["usage"]["prompt_tokens"] == 8
-    assert_400(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
-               "messages")
+    assert_400(
+        server, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 1}, "messages"
+    )
 
 
 # ---- add_special_tokens, on a tokenizer that adds a BOS ----
+
 
 @pytest.fixture(scope="module")
 def bos_model_dir(tiny_model_dir, tmp_path_factory):
@@ -459,8 +542,9 @@ def bos_model_dir(tiny_model_dir, tmp_path_factory):
     tokenizer = json.loads((path / "tokenizer.json").read_text())
     bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
     tokenizer["post_processor"]["single"] = [bos, *tokenizer["post_processor"]["single"]]
-    tokenizer["post_processor"]["special_tokens"] = {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
-                                                                     "tokens": ["<|im_start|>"]}}
+    tokenizer["post_processor"]["special_tokens"] = {
+        "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}
+    }
     (path / "tokenizer.json").write_text(json.dumps(tokenizer))
     return str(path)
 
@@ -473,8 +557,10 @@ def test_add_special_tokens_adds_the_tokenizers_bos_or_not(bos_model_dir):
         without = complete(remote, return_token_ids=True, add_special_tokens=False)["choices"][0]["prompt_token_ids"]
         assert with_bos == full and without == full[1:]
         rendered = chat(remote, return_token_ids=True)["prompt_token_ids"]
-        assert rendered[0] == 1 and chat(remote, return_token_ids=True, add_special_tokens=True)[
-            "prompt_token_ids"] == [1] + rendered
+        assert (
+            rendered[0] == 1
+            and chat(remote, return_token_ids=True, add_special_tokens=True)["prompt_token_ids"] == [1] + rendered
+        )
     with RemoteServer(bos_model_dir, "--runner", "pooling", *TINY_SERVE_ARGS) as remote:
         usage = post(remote, "/v1/embeddings", {"input": PROMPT})["usage"]["prompt_tokens"]
         plain = post(remote, "/v1/embeddings", {"input": PROMPT, "add_special_tokens": False})
@@ -486,10 +572,16 @@ def test_add_special_tokens_adds_the_tokenizers_bos_or_not(bos_model_dir):
 def test_documents_reasoning_effort_and_return_prompt_text(server):
     """documents and reasoning_effort reach the template as vLLM passes them; return_prompt_text
     sends back what it rendered (whole, and in a stream's first chunk)."""
-    template = ("{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}<{{ reasoning_effort }}>"
-                "{% for m in messages %}{{ m.content }}{% endfor %}")
-    ask = dict(chat_template=template, documents=[{"title": "T", "text": "body"}], reasoning_effort="high",
-               return_prompt_text=True)
+    template = (
+        "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}<{{ reasoning_effort }}>"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    ask = dict(
+        chat_template=template,
+        documents=[{"title": "T", "text": "body"}],
+        reasoning_effort="high",
+        return_prompt_text=True,
+    )
     answer = chat(server, **ask)
     assert answer["prompt_text"] == "[T: body]<high>" + MESSAGES[0]["content"]
     assert answer["usage"]["prompt_tokens"] == len(tokenize(server, answer["prompt_text"]))
@@ -521,8 +613,9 @@ def test_stream_interval_batches_the_streamed_tokens(server, tiny_model_dir):
     async def run(kind):
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, **TINY))
         try:
-            params = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0, stream_interval=3,
-                                    output_kind=kind)
+            params = SamplingParams(
+                max_tokens=10, ignore_eos=True, temperature=0.0, stream_interval=3, output_kind=kind
+            )
             return [[len(c.token_ids) for c in out.outputs] async for out in engine.generate(PROMPT, params, "si")]
         finally:
             engine.shutdown()

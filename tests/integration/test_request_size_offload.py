@@ -4,6 +4,7 @@ a huge ``choice``, ``bad_words`` or ``allowed_token_ids`` list leaves /health an
 ``choice`` are bounded). A real ``ringllm serve`` process on the tiny dummy-weight model, probed by
 a process of its own (test_openai_server_hardening.py's).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,9 @@ def test_bad_words_and_choices_are_bounded_naming_the_field():
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--max-request-body-bytes", str(8 << 20)) as remote:
+    with RemoteServer(
+        tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-request-body-bytes", str(8 << 20)
+    ) as remote:
         yield remote
 
 
@@ -43,8 +45,7 @@ def _probed(server: RemoteServer, path: str, body: dict) -> tuple[int, dict, lis
 
     async def send() -> tuple[int, dict]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            async with session.post(server.url + path, data=data,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(server.url + path, data=data, headers={"Content-Type": "application/json"}) as resp:
                 return resp.status, await resp.json()
 
     prober = HealthProber(server.port)
@@ -65,10 +66,14 @@ def _assert_health_kept_answering(probes: list[tuple[float, object]], what: str)
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_health_answers_while_an_80k_item_choice_is_refused(server, path):
     choices = [f"option number {i}" for i in range(80_000)]
-    prompt = {"prompt": "Pick one:"} if path == "/v1/completions" else {
-        "messages": [{"role": "user", "content": "Pick one:"}]}
-    status, answer, probes = _probed(server, path, {**prompt, "max_tokens": 4,
-                                                    "structured_outputs": {"choice": choices}})
+    prompt = (
+        {"prompt": "Pick one:"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "Pick one:"}]}
+    )
+    status, answer, probes = _probed(
+        server, path, {**prompt, "max_tokens": 4, "structured_outputs": {"choice": choices}}
+    )
     _assert_health_kept_answering(probes, "an 80k-item choice")
     assert status == 400 and answer["error"]["param"] == "structured_outputs", answer
     assert f"{MAX_CHOICES} choices" in answer["error"]["message"]
@@ -76,15 +81,19 @@ def test_health_answers_while_an_80k_item_choice_is_refused(server, path):
 
 def test_health_answers_while_200k_bad_words_are_refused(server):
     words = [f"word{i}" for i in range(200_000)]
-    status, answer, probes = _probed(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2,
-                                                                 "bad_words": words})
+    status, answer, probes = _probed(
+        server, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "bad_words": words}
+    )
     _assert_health_kept_answering(probes, "a request with 200k bad_words")
     assert status == 400 and answer["error"]["param"] == "bad_words", answer
 
 
 def test_health_answers_while_500k_allowed_token_ids_are_checked(server):
     ids = [i % 1000 for i in range(500_000)]
-    status, answer, probes = _probed(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, "allowed_token_ids": ids})
+    status, answer, probes = _probed(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, "allowed_token_ids": ids},
+    )
     _assert_health_kept_answering(probes, "a request with 500k allowed_token_ids")
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer

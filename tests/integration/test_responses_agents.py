@@ -4,6 +4,7 @@ first turn (``tool_choice="required"``). The SDK runs the tool, sends its result
 ``function_call_output`` item, resets the choice to auto (hence the hermes parser), and the run
 must end with a final output; once with whole responses, once streamed. Tracing is off: nothing
 leaves loopback."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,15 @@ def test_responses_model_agent_calls_its_tool_then_gives_a_final_output():
     get_weather = weather_tool(cities)
 
     with agent_server() as (remote, name):
+
         def agent() -> Agent:  # an async client belongs to one event loop: one per run
-            return Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
-                         model=OpenAIResponsesModel(model=name, openai_client=async_client(remote)),
-                         model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=256))
+            return Agent(
+                name="weather",
+                instructions="You answer questions about the weather.",
+                tools=[get_weather],
+                model=OpenAIResponsesModel(model=name, openai_client=async_client(remote)),
+                model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=256),
+            )
 
         result = Runner.run_sync(agent(), "What is the weather in Paris?", max_turns=4)
         assert len(cities) >= 1 and all(isinstance(city, str) and city for city in cities)

@@ -1,5 +1,6 @@
 """The ring itself, in one process: exact record sequences, a property test against a pure-Python
 reference model, corrupt-segment fuzzing, header checks, and a warning-free C build."""
+
 from __future__ import annotations
 
 import errno
@@ -283,22 +284,25 @@ def test_ring_matches_reference_model(operations):
 
 # ---------------------------------------------------------------- trust nothing
 def poke(seg, offset: int, data: bytes) -> None:
-    seg.view()[offset:offset + len(data)] = data
+    seg.view()[offset : offset + len(data)] = data
 
 
 def set_tail(seg, value: int) -> None:
     poke(seg, 128, struct.pack("<Q", value))
 
 
-@pytest.mark.parametrize("header, tail, why", [
-    ((100, 9), 112, "unknown record type"),
-    ((CAP, MSG), 16, "length beyond capacity"),
-    ((CAP // 2, MSG), CAP, "record larger than capacity/2"),
-    ((200, MSG), 64, "record beyond the published tail"),
-    ((100, PAD), 112, "PAD at index 0 / wrong PAD length"),
-    ((8, MSG), CAP + 8, "tail more than capacity ahead"),
-    ((8, MSG), 13, "unaligned tail"),
-])
+@pytest.mark.parametrize(
+    "header, tail, why",
+    [
+        ((100, 9), 112, "unknown record type"),
+        ((CAP, MSG), 16, "length beyond capacity"),
+        ((CAP // 2, MSG), CAP, "record larger than capacity/2"),
+        ((200, MSG), 64, "record beyond the published tail"),
+        ((100, PAD), 112, "PAD at index 0 / wrong PAD length"),
+        ((8, MSG), CAP + 8, "tail more than capacity ahead"),
+        ((8, MSG), 13, "unaligned tail"),
+    ],
+)
 def test_reader_rejects_corrupt_records(ring, header, tail, why):
     seg, p, c = ring
     poke(seg, HEADER_SIZE, struct.pack("<II", *header))
@@ -313,14 +317,17 @@ def test_writer_rejects_impossible_head(ring):
     seg, p, c = ring
     while p.write(b"x" * 100):
         pass
-    poke(seg, 256, struct.pack("<Q", 10 ** 9))  # head ahead of tail
+    poke(seg, 256, struct.pack("<Q", 10**9))  # head ahead of tail
     with pytest.raises(CorruptRing):
         p.write(b"y" * 100)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(min_size=0, max_size=512), st.integers(0, CAP // 8),
-       st.one_of(st.integers(0, CAP + 16), st.integers(0, 2 ** 64 - 1)))
+@given(
+    st.binary(min_size=0, max_size=512),
+    st.integers(0, CAP // 8),
+    st.one_of(st.integers(0, CAP + 16), st.integers(0, 2**64 - 1)),
+)
 def test_fuzzed_segment_never_reads_out_of_bounds(garbage, where, tail):
     seg = new_ring(CAP)
     try:
@@ -381,10 +388,16 @@ def test_attach_to_foreign_file_names_the_problem(tmp_path):
         os.close(fd)
 
 
-@pytest.mark.parametrize("cap, err, match", [
-    (6144, ValueError, "power of two"), (1024, ValueError, "between"), (1 << 40, ValueError, "between"),
-    ("4096", TypeError, "int"), (4096.0, TypeError, "int"),
-])
+@pytest.mark.parametrize(
+    "cap, err, match",
+    [
+        (6144, ValueError, "power of two"),
+        (1024, ValueError, "between"),
+        (1 << 40, ValueError, "between"),
+        ("4096", TypeError, "int"),
+        (4096.0, TypeError, "int"),
+    ],
+)
 def test_bad_capacity_is_refused(cap, err, match):
     with pytest.raises(err, match=match):
         check_capacity(cap)
@@ -399,6 +412,7 @@ def test_segment_is_unlinked_and_private(ring):
 def test_too_small_dev_shm_is_a_clear_error(monkeypatch):
     def no_space(fd, offset, size):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(segment_mod.os, "posix_fallocate", no_space)
     with pytest.raises(SegmentError, match="/dev/shm is too small.*shm-size"):
         new_ring(CAP)
@@ -407,6 +421,9 @@ def test_too_small_dev_shm_is_a_clear_error(monkeypatch):
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
 def test_c_sources_compile_without_warnings():
     srcs = [os.path.join(ROOT, "csrc", "ring", n) for n in ("ring.c", "producer.c", "consumer.c", "wake.c")]
-    res = subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *srcs],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *srcs],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr

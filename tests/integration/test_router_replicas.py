@@ -11,6 +11,7 @@ cache-aware policy gets a higher prefix-cache hit rate on the replicas' own coun
 round-robin on the same workload shape; a replica killed mid-run costs at most the requests it had
 in flight (errors, never hangs), and the other replica keeps serving.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ def shared_prefix_prompts(tag: str, systems: int = 8, questions: int = 6, seed: 
     """``systems`` long system prompts (~100 tokens: several full KV blocks), each asked
     ``questions`` short questions, in a seeded shuffled order."""
     rng = random.Random(seed)
-    heads = [f"System {tag}-{k}: you are assistant number {k}. " + " ".join(rng.choice(_WORDS) for _ in range(90))
-             for k in range(systems)]
+    heads = [
+        f"System {tag}-{k}: you are assistant number {k}. " + " ".join(rng.choice(_WORDS) for _ in range(90))
+        for k in range(systems)
+    ]
     prompts = [f"{head}\nQuestion {q}: what is {q} plus {k}?" for k, head in enumerate(heads) for q in range(questions)]
     rng.shuffle(prompts)
     return prompts
@@ -59,31 +62,69 @@ class Deployment:
         for i, (addr, port) in enumerate(zip(self.hosts.host_addrs, self.ports)):
             argv = [*RINGLLM, "serve", self.model_dir, *TINY_SERVE_ARGS, "--host", addr, "--port", str(port)]
             with open(os.path.join(self.log_dir, f"replica{i}.log"), "ab") as log:
-                self.replicas.append(subprocess.Popen(self.hosts.on_host(i, argv), stdin=subprocess.DEVNULL,
-                                                      stdout=log, stderr=subprocess.STDOUT))
+                self.replicas.append(
+                    subprocess.Popen(
+                        self.hosts.on_host(i, argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
         return self
 
-    def route(self, policy: str, prompts: list[str], *, concurrency: int, max_tokens: int,
-              kill_replica: int | None = None, kill_after: int = 0) -> dict:
+    def route(
+        self,
+        policy: str,
+        prompts: list[str],
+        *,
+        concurrency: int,
+        max_tokens: int,
+        kill_replica: int | None = None,
+        kill_after: int = 0,
+    ) -> dict:
         """Run the workload through a fresh router with ``policy``; the workload's result."""
         port = free_port() if isinstance(self.hosts, netns_hosts.LoopbackHosts) else 8100
         url = f"http://{self.hosts.client_addr}:{port}"
         live = [u for u, proc in zip(self.urls, self.replicas) if proc.poll() is None]
-        argv = [ROUTER, "--host", self.hosts.client_addr, "--port", str(port), "--policy", policy,
-                "--worker-urls", *live, "--log-level", "warning",
-                # its own metrics listener, on a port of its own (the default one may be taken)
-                "--prometheus-host", self.hosts.client_addr, "--prometheus-port", str(free_port())]
+        argv = [
+            ROUTER,
+            "--host",
+            self.hosts.client_addr,
+            "--port",
+            str(port),
+            "--policy",
+            policy,
+            "--worker-urls",
+            *live,
+            "--log-level",
+            "warning",
+            # its own metrics listener, on a port of its own (the default one may be taken)
+            "--prometheus-host",
+            self.hosts.client_addr,
+            "--prometheus-port",
+            str(free_port()),
+        ]
         with open(os.path.join(self.log_dir, f"router-{policy}.log"), "ab") as log:
-            router = subprocess.Popen(self.hosts.in_client(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT)
-        job = {"router": url, "replicas": live, "model": self.model_dir, "prompts": prompts,
-               "max_tokens": max_tokens, "concurrency": concurrency, "request_timeout_s": 60,
-               "ready_timeout_s": 240,
-               "kill_pid": self.replicas[kill_replica].pid if kill_replica is not None else None,
-               "kill_after": kill_after}
+            router = subprocess.Popen(
+                self.hosts.in_client(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        job = {
+            "router": url,
+            "replicas": live,
+            "model": self.model_dir,
+            "prompts": prompts,
+            "max_tokens": max_tokens,
+            "concurrency": concurrency,
+            "request_timeout_s": 60,
+            "ready_timeout_s": 240,
+            "kill_pid": self.replicas[kill_replica].pid if kill_replica is not None else None,
+            "kill_after": kill_after,
+        }
         try:
-            done = subprocess.run(self.hosts.in_client([sys.executable, WORKLOAD]), input=json.dumps(job),
-                                  capture_output=True, text=True, timeout=480)
+            done = subprocess.run(
+                self.hosts.in_client([sys.executable, WORKLOAD]),
+                input=json.dumps(job),
+                capture_output=True,
+                text=True,
+                timeout=480,
+            )
         finally:
             router.send_signal(signal.SIGTERM)
             try:
@@ -157,13 +198,15 @@ def test_cache_aware_routing_beats_round_robin_on_the_replicas_own_prefix_cache_
 def test_a_replica_killed_mid_run_costs_only_its_in_flight_requests(deployment):
     prompts = shared_prefix_prompts("kill", systems=8, questions=8)
     concurrency = 4
-    result = deployment.route("power_of_two", prompts, concurrency=concurrency, max_tokens=24,
-                              kill_replica=1, kill_after=12)
+    result = deployment.route(
+        "power_of_two", prompts, concurrency=concurrency, max_tokens=24, kill_replica=1, kill_after=12
+    )
     assert result["killed"] and result["hung"] == 0
     assert result["answered"] + len(result["errors"]) == len(prompts)
     assert len(result["errors"]) <= concurrency, result["errors"]  # at most what was in flight on it
     assert deployment.replicas[1].wait(30) == -signal.SIGKILL
     # a fresh router in front of the one replica left (power_of_two needs two workers)
-    survivor = deployment.route("round_robin", shared_prefix_prompts("after", systems=2, questions=2),
-                                concurrency=2, max_tokens=2)
+    survivor = deployment.route(
+        "round_robin", shared_prefix_prompts("after", systems=2, questions=2), concurrency=2, max_tokens=2
+    )
     assert (survivor["answered"], survivor["hung"]) == (4, 0)

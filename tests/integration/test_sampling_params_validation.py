@@ -3,6 +3,7 @@ EngineCore cannot execute reaches it: values checked with vLLM's ranges, ints th
 bools and fit int64 (the wire and the tensors), finite floats, one SamplingParams per prompt.
 The engine tests run an EngineCore process on the tiny dummy-weight model.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,13 @@ PROMPT = "The capital of France is"
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 INT_FIELDS = ["n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"]
 FLOAT_FIELDS = ["presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"]
-FLAG_FIELDS = ["ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
-               "include_stop_str_in_output"]
+FLAG_FIELDS = [
+    "ignore_eos",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+]
 
 
 def refused(field: str, **kwargs) -> ParameterError:
@@ -32,31 +38,52 @@ def refused(field: str, **kwargs) -> ParameterError:
     return info.value
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"n": 0}, "n"), ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"frequency_penalty": -2.5}, "frequency_penalty"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"),
-    ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
-    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"), ({"logprobs": -2}, "logprobs"),
-    ({"prompt_logprobs": -2}, "prompt_logprobs"), ({"stop": [""]}, "stop"), ({"stop": ["a", 3]}, "stop"),
-    ({"stop": 3}, "stop"), ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop_token_ids": 5}, "stop_token_ids"),
-    ({"output_kind": 7}, "output_kind"), ({"output_kind": "delta"}, "output_kind"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"n": 0}, "n"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"logprobs": -2}, "logprobs"),
+        ({"prompt_logprobs": -2}, "prompt_logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["a", 3]}, "stop"),
+        ({"stop": 3}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stop_token_ids": 5}, "stop_token_ids"),
+        ({"output_kind": 7}, "output_kind"),
+        ({"output_kind": "delta"}, "output_kind"),
+    ],
+)
 def test_out_of_range_values_are_refused_naming_the_field(kwargs, field):
     refused(field, **kwargs)
 
 
 @pytest.mark.parametrize("field", INT_FIELDS)
-@pytest.mark.parametrize("value", [True, False, 1.0, "3", 2 ** 63, 2 ** 64, -(2 ** 63) - 1, 10 ** 5000],
-                         ids=["True", "False", "1.0", "str", "2**63", "2**64", "-2**63-1", "10**5000"])
+@pytest.mark.parametrize(
+    "value",
+    [True, False, 1.0, "3", 2**63, 2**64, -(2**63) - 1, 10**5000],
+    ids=["True", "False", "1.0", "str", "2**63", "2**64", "-2**63-1", "10**5000"],
+)
 def test_int_fields_take_only_ints_within_int64(field, value):
     refused(field, **{field: value})
 
 
 @pytest.mark.parametrize("field", FLOAT_FIELDS)
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, "0.5", None, 10 ** 400],
-                         ids=["nan", "inf", "-inf", "True", "str", "None", "10**400"])
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, -math.inf, True, "0.5", None, 10**400],
+    ids=["nan", "inf", "-inf", "True", "str", "None", "10**400"],
+)
 def test_float_fields_take_only_finite_numbers(field, value):
     refused(field, **{field: value})
 
@@ -68,23 +95,37 @@ def test_flags_take_only_bools(field, value):
 
 
 def test_token_id_lists_take_only_int64_ints():
-    for ids in ([True], [2 ** 64], [1.0], ["1"]):
+    for ids in ([True], [2**64], [1.0], ["1"]):
         refused("stop_token_ids", stop_token_ids=ids)
         refused("all_stop_token_ids", all_stop_token_ids=ids)
 
 
 def test_a_huge_value_makes_a_short_message():
-    assert len(str(refused("top_k", top_k=10 ** 5000))) < 200
+    assert len(str(refused("top_k", top_k=10**5000))) < 200
     assert len(str(refused("stop_token_ids", stop_token_ids=[-1] * 10000))) < 200
 
 
 def test_vllm_shorthands_are_accepted_and_normalised():
-    p = SamplingParams(top_k=-1, temperature=1, top_p=1, stop="end", stop_token_ids=(7,), logprobs=-1,
-                       prompt_logprobs=0, seed=-(2 ** 63), output_kind=1)
-    assert (p.top_k, p.stop, p.stop_token_ids, p.logprobs, p.output_kind) == (0, ["end"], [7], -1,
-                                                                              RequestOutputKind.DELTA)
+    p = SamplingParams(
+        top_k=-1,
+        temperature=1,
+        top_p=1,
+        stop="end",
+        stop_token_ids=(7,),
+        logprobs=-1,
+        prompt_logprobs=0,
+        seed=-(2**63),
+        output_kind=1,
+    )
+    assert (p.top_k, p.stop, p.stop_token_ids, p.logprobs, p.output_kind) == (
+        0,
+        ["end"],
+        [7],
+        -1,
+        RequestOutputKind.DELTA,
+    )
     assert isinstance(p.temperature, float) and isinstance(p.top_p, float)
-    assert SamplingParams(top_k=(2 ** 63) - 1).top_k == (2 ** 63) - 1  # above the vocabulary: no top-k
+    assert SamplingParams(top_k=(2**63) - 1).top_k == (2**63) - 1  # above the vocabulary: no top-k
 
 
 def test_numpy_numbers_become_python_ones_that_the_wire_carries():
@@ -104,6 +145,7 @@ def test_a_value_set_after_construction_is_checked_again_on_copy():
 
 # ---- through LLM, with the EngineCore in its own process ----
 
+
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, **TINY)
@@ -121,14 +163,17 @@ def still_serves(llm: LLM) -> None:
     assert len(llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 3
 
 
-@pytest.mark.parametrize("top_k", [49153, 10 ** 6, (2 ** 63) - 1])
+@pytest.mark.parametrize("top_k", [49153, 10**6, (2**63) - 1])
 def test_top_k_above_the_vocabulary_with_top_p_samples_like_no_top_k(llm, top_k):
     """It used to index past the end of the row in the top-p path and kill the EngineCore."""
     for top_p in (0.5, 0.9999):
         params = SamplingParams(top_k=top_k, top_p=top_p, max_tokens=3, ignore_eos=True, seed=7)
         got = llm.generate([PROMPT, "Once upon a time"], params, use_tqdm=False)
-        want = llm.generate([PROMPT, "Once upon a time"], SamplingParams(top_p=top_p, max_tokens=3, ignore_eos=True,
-                                                                         seed=7), use_tqdm=False)
+        want = llm.generate(
+            [PROMPT, "Once upon a time"],
+            SamplingParams(top_p=top_p, max_tokens=3, ignore_eos=True, seed=7),
+            use_tqdm=False,
+        )
         assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     still_serves(llm)
 
@@ -136,7 +181,7 @@ def test_top_k_above_the_vocabulary_with_top_p_samples_like_no_top_k(llm, top_k)
 def test_an_n_beyond_the_engines_capacity_is_refused_before_the_fan_out(llm):
     """``n=2**31`` used to be fanned out into 2**31 requests in the frontend (tens of GB)."""
     with pytest.raises(ParameterError, match="n must be") as info:
-        llm.generate(PROMPT, SamplingParams(n=2 ** 31, max_tokens=1), use_tqdm=False)
+        llm.generate(PROMPT, SamplingParams(n=2**31, max_tokens=1), use_tqdm=False)
     assert info.value.parameter == "n"
     assert not llm.llm_engine.has_unfinished_requests()
     still_serves(llm)
@@ -162,9 +207,17 @@ def test_logprobs_minus_one_is_the_whole_vocabulary_within_max_logprobs(llm):
     still_serves(llm)
 
 
-@pytest.mark.parametrize("field,value", [("seed", 2 ** 64), ("max_tokens", 2 ** 64), ("min_tokens", 2 ** 64),
-                                         ("stop_token_ids", [2 ** 64]), ("top_k", -(2 ** 64)),
-                                         ("n", 2 ** 63)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("seed", 2**64),
+        ("max_tokens", 2**64),
+        ("min_tokens", 2**64),
+        ("stop_token_ids", [2**64]),
+        ("top_k", -(2**64)),
+        ("n", 2**63),
+    ],
+)
 def test_ints_beyond_64_bits_are_refused_before_the_wire(llm, field, value):
     """They used to fail with OverflowError while being sent to the core."""
     with pytest.raises(ParameterError) as info:
@@ -175,18 +228,21 @@ def test_ints_beyond_64_bits_are_refused_before_the_wire(llm, field, value):
     with pytest.raises(ParameterError):
         llm.generate(PROMPT, params, use_tqdm=False)
     with pytest.raises(ParameterError, match="priority"):
-        llm.generate(PROMPT, GREEDY, priority=[2 ** 64], use_tqdm=False)
+        llm.generate(PROMPT, GREEDY, priority=[2**64], use_tqdm=False)
     still_serves(llm)
 
 
-@pytest.mark.parametrize("params,error,match", [
-    ([GREEDY, {"max_tokens": 3}], TypeError, r"sampling_params\[1\] must be a SamplingParams, got dict"),
-    ([GREEDY, None], TypeError, r"sampling_params\[1\]"),
-    ({"max_tokens": 3}, TypeError, "got dict"),
-    ("greedy", TypeError, "got str"),
-    ([GREEDY], ValueError, "list of 1, but there are 2 prompts"),
-    ([GREEDY] * 3, ValueError, "list of 3, but there are 2 prompts"),
-])
+@pytest.mark.parametrize(
+    "params,error,match",
+    [
+        ([GREEDY, {"max_tokens": 3}], TypeError, r"sampling_params\[1\] must be a SamplingParams, got dict"),
+        ([GREEDY, None], TypeError, r"sampling_params\[1\]"),
+        ({"max_tokens": 3}, TypeError, "got dict"),
+        ("greedy", TypeError, "got str"),
+        ([GREEDY], ValueError, "list of 1, but there are 2 prompts"),
+        ([GREEDY] * 3, ValueError, "list of 3, but there are 2 prompts"),
+    ],
+)
 def test_wrong_sampling_params_for_generate_are_type_or_value_errors(llm, params, error, match):
     with pytest.raises(error, match=match):
         llm.generate(["a", "b"], params, use_tqdm=False)
@@ -194,10 +250,16 @@ def test_wrong_sampling_params_for_generate_are_type_or_value_errors(llm, params
     still_serves(llm)
 
 
-@pytest.mark.parametrize("kwargs,error", [
-    ({"arrival_time": 10 ** 400}, TypeError), ({"arrival_time": math.nan}, TypeError),
-    ({"arrival_time": "now"}, TypeError), ({"priority": True}, TypeError), ({"priority": 2 ** 63}, ParameterError),
-])
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        ({"arrival_time": 10**400}, TypeError),
+        ({"arrival_time": math.nan}, TypeError),
+        ({"arrival_time": "now"}, TypeError),
+        ({"priority": True}, TypeError),
+        ({"priority": 2**63}, ParameterError),
+    ],
+)
 def test_other_request_fields_that_cross_the_wire_are_checked_too(llm, kwargs, error):
     with pytest.raises(error):
         llm.llm_engine.add_request("odd", PROMPT, GREEDY, **kwargs)

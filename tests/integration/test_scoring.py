@@ -8,6 +8,7 @@ three-label ``LlamaForSequenceClassification`` and a one-label ``Qwen3ForSequenc
 and cross-encoder scores must equal transformers' float32 ones on the same input (the pair as
 the tokenizer encodes it), and bad input is a 400 naming its field. One in-process app checks
 that the routes' bodies are parsed on the renderer pool by their size, as main's routes are."""
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,18 @@ from tests.integration.test_pooling import write_real_tiny_model
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["Hello", "What is two plus two?", "Name a color.", "The sky is blue today."]
 QUERY = "What color is the sky?"
-SERVE = ("--dtype", "float32", "--num-threads", "1", "--kv-cache-memory", str(16 << 20), "--max-num-seqs", "4",
-         "--max-model-len", "256")
+SERVE = (
+    "--dtype",
+    "float32",
+    "--num-threads",
+    "1",
+    "--kv-cache-memory",
+    str(16 << 20),
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "256",
+)
 
 
 def write_classifier(dst: str, arch: str, **config) -> str:
@@ -36,8 +47,11 @@ def write_classifier(dst: str, arch: str, **config) -> str:
     from engine.models.default_model import write_tiny_model
 
     write_tiny_model(dst)  # its tokenizer, and the tiny sizes read back below
-    fields = {k: v for k, v in transformers.AutoConfig.from_pretrained(dst).to_diff_dict().items()
-              if k not in ("model_type", "transformers_version", "architectures")}
+    fields = {
+        k: v
+        for k, v in transformers.AutoConfig.from_pretrained(dst).to_diff_dict().items()
+        if k not in ("model_type", "transformers_version", "architectures")
+    }
     fields.update(architectures=[arch], pad_token_id=None, tie_word_embeddings=False, **config)
     cfg = getattr(transformers, arch.split("For")[0] + "Config")(**fields)  # LlamaConfig, Qwen3Config
     cfg.save_pretrained(dst)
@@ -60,8 +74,12 @@ def embed_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
-    return write_classifier(str(tmp_path_factory.mktemp("classifier")), "LlamaForSequenceClassification",
-                            id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    return write_classifier(
+        str(tmp_path_factory.mktemp("classifier")),
+        "LlamaForSequenceClassification",
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +90,10 @@ def cross_dir(tmp_path_factory):
 def hf(model_dir):
     import transformers
 
-    return (transformers.AutoTokenizer.from_pretrained(model_dir),
-            transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval())
+    return (
+        transformers.AutoTokenizer.from_pretrained(model_dir),
+        transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval(),
+    )
 
 
 def hf_logits(model_dir, inputs: list) -> list[list[float]]:
@@ -127,7 +147,8 @@ def test_score_is_the_cosine_of_the_embeddings(embed_server):
         assert d["score"] == pytest.approx(cos(vectors[0], vec), abs=1e-5)
     n_to_n = post(embed_server, "/v1/score", {"queries": TEXTS[:2], "documents": TEXTS[2:]})
     assert [d["score"] for d in n_to_n["data"]] == pytest.approx(
-        [cos(vectors[1], vectors[3]), cos(vectors[2], vectors[4])], abs=1e-5)
+        [cos(vectors[1], vectors[3]), cos(vectors[2], vectors[4])], abs=1e-5
+    )
     assert n_to_n["usage"]["prompt_tokens"] > 0
 
 
@@ -152,8 +173,9 @@ def test_pooling_returns_what_the_model_pools(embed_server):
     for d, vec in zip(pooled["data"], vectors):
         assert torch.allclose(torch.tensor(d["data"]), vec, atol=1e-6)
     raw = post(embed_server, "/pooling", {"input": TEXTS[0], "encoding_format": "base64", "task": "embed"})
-    assert torch.allclose(torch.from_numpy(np.frombuffer(base64.b64decode(raw["data"][0]["data"]), "<f4").copy()),
-                          vectors[0], atol=1e-6)
+    assert torch.allclose(
+        torch.from_numpy(np.frombuffer(base64.b64decode(raw["data"][0]["data"]), "<f4").copy()), vectors[0], atol=1e-6
+    )
 
 
 def test_classify_matches_transformers_in_float32(classifier_server, classifier_dir):
@@ -219,11 +241,14 @@ def test_a_classifier_is_a_pooling_model_without_flags(classifier_dir):
     assert mc.classifier_labels == list(LABELS.values())
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(runner="generate"), "runner"),
-    (dict(convert="embed"), "convert"),
-    (dict(pooler_config={"pooling_type": "MEAN"}), "pooler_config.pooling_type"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(runner="generate"), "runner"),
+        (dict(convert="embed"), "convert"),
+        (dict(pooler_config={"pooling_type": "MEAN"}), "pooler_config.pooling_type"),
+    ],
+)
 def test_classifier_runner_settings_name_their_field(classifier_dir, kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field}\b"):
         EngineArgs(model=classifier_dir, device="cpu", **kwargs).create_engine_config()
@@ -232,26 +257,28 @@ def test_classifier_runner_settings_name_their_field(classifier_dir, kwargs, fie
 def test_an_id2label_with_gaps_is_refused_at_start(tmp_path):
     from engine.models.default_model import write_tiny_model
 
-    model = write_tiny_model(str(tmp_path), architectures=["LlamaForSequenceClassification"],
-                             id2label={0: "a", 2: "b"})
+    model = write_tiny_model(str(tmp_path), architectures=["LlamaForSequenceClassification"], id2label={0: "a", 2: "b"})
     with pytest.raises(ValueError, match="^id2label"):
         EngineArgs(model=model, device="cpu", load_format="dummy").create_engine_config()
 
 
-@pytest.mark.parametrize("path, body, field", [
-    ("/score", {"text_1": TEXTS[:2], "text_2": TEXTS[:3]}, "text_2"),
-    ("/score", {"text_1": QUERY}, "text_2"),
-    ("/score", {"text_1": QUERY, "text_2": []}, "text_2"),
-    ("/score", {"text_1": QUERY, "text_2": "x", "queries": "q", "documents": "d"}, "queries"),
-    ("/score", {"text_1": [{"content": []}], "text_2": "x"}, "text_1"),
-    ("/rerank", {"query": QUERY, "documents": []}, "documents"),
-    ("/rerank", {"query": QUERY, "documents": [f"d{i}" for i in range(33)]}, "documents"),  # > 8 x max_num_seqs
-    ("/rerank", {"query": QUERY, "documents": ["d"], "top_n": "2"}, "top_n"),
-    ("/rerank", {"documents": ["d"]}, "query"),
-    ("/rerank", {"query": "x" * 4000, "documents": ["d"]}, "prompt"),  # longer than max_model_len
-    ("/pooling", {"input": "Hi", "task": "classify"}, "task"),
-    ("/pooling", {"input": "Hi", "dimensions": 8}, "dimensions"),
-])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/score", {"text_1": TEXTS[:2], "text_2": TEXTS[:3]}, "text_2"),
+        ("/score", {"text_1": QUERY}, "text_2"),
+        ("/score", {"text_1": QUERY, "text_2": []}, "text_2"),
+        ("/score", {"text_1": QUERY, "text_2": "x", "queries": "q", "documents": "d"}, "queries"),
+        ("/score", {"text_1": [{"content": []}], "text_2": "x"}, "text_1"),
+        ("/rerank", {"query": QUERY, "documents": []}, "documents"),
+        ("/rerank", {"query": QUERY, "documents": [f"d{i}" for i in range(33)]}, "documents"),  # > 8 x max_num_seqs
+        ("/rerank", {"query": QUERY, "documents": ["d"], "top_n": "2"}, "top_n"),
+        ("/rerank", {"documents": ["d"]}, "query"),
+        ("/rerank", {"query": "x" * 4000, "documents": ["d"]}, "prompt"),  # longer than max_model_len
+        ("/pooling", {"input": "Hi", "task": "classify"}, "task"),
+        ("/pooling", {"input": "Hi", "dimensions": 8}, "dimensions"),
+    ],
+)
 def test_bad_input_is_a_400_naming_the_field(embed_server, path, body, field):
     status, data, _ = embed_server.post_json(path, body)
     assert status == 400, data
@@ -260,10 +287,12 @@ def test_bad_input_is_a_400_naming_the_field(embed_server, path, body, field):
 
 
 def test_routes_of_another_model_kind_are_refused(embed_server, classifier_server, tiny_model_dir):
-    for server, path, body in [(embed_server, "/classify", {"input": "Hi"}),
-                               (classifier_server, "/v1/embeddings", {"input": "Hi"}),
-                               (classifier_server, "/score", {"text_1": "a", "text_2": "b"}),
-                               (classifier_server, "/rerank", {"query": "a", "documents": ["b"]})]:
+    for server, path, body in [
+        (embed_server, "/classify", {"input": "Hi"}),
+        (classifier_server, "/v1/embeddings", {"input": "Hi"}),
+        (classifier_server, "/score", {"text_1": "a", "text_2": "b"}),
+        (classifier_server, "/rerank", {"query": "a", "documents": ["b"]}),
+    ]:
         status, data, _ = server.post_json(path, body)
         assert status == 400 and data["error"]["code"] == "model_not_supported", (path, data)
     with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS) as generating:
@@ -283,12 +312,23 @@ def test_shared_pooling_fields_act_on_classify_score_and_rerank(cross_server, cr
     assert left["usage"]["prompt_tokens"] == 3 and left["data"][0]["probs"][0] == logit(input=ids[-3:])
     assert logit(input=TEXTS[3], truncate_prompt_tokens=3, truncation_side="right") == logit(input=ids[:3])
     pair = tokenizer(QUERY, TEXTS[3]).input_ids
-    cut = post(cross_server, "/score", {"text_1": QUERY, "text_2": TEXTS[3], "truncate_prompt_tokens": 4,
-                                        "use_activation": False, "request_id": "s-1", "cache_salt": "tenant"})
+    cut = post(
+        cross_server,
+        "/score",
+        {
+            "text_1": QUERY,
+            "text_2": TEXTS[3],
+            "truncate_prompt_tokens": 4,
+            "use_activation": False,
+            "request_id": "s-1",
+            "cache_salt": "tenant",
+        },
+    )
     assert cut["id"] == "score-s-1" and cut["usage"]["prompt_tokens"] == 4
     assert cut["data"][0]["score"] == pytest.approx(logit(input=pair[-4:]), abs=1e-6)
-    ranked = post(cross_server, "/rerank", {"query": QUERY, "documents": [TEXTS[3]], "use_activation": False,
-                                            "request_id": "r-1"})
+    ranked = post(
+        cross_server, "/rerank", {"query": QUERY, "documents": [TEXTS[3]], "use_activation": False, "request_id": "r-1"}
+    )
     assert ranked["id"] == "rerank-r-1"
     assert ranked["results"][0]["relevance_score"] == pytest.approx(logit(input=pair), abs=1e-6)
     status, data, _ = cross_server.post_json("/rerank", {"query": QUERY, "documents": ["d"], "priority": 1})
@@ -300,8 +340,16 @@ def cross_engine(cross_dir):
     """An in-process AsyncLLM over the cross-encoder (built outside any loop)."""
     from engine import AsyncEngineArgs, AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cross_dir, dtype="float32", max_model_len=256,
-                                                    kv_cache_memory=16 << 20, num_threads=1, ring_capacity=4096))
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=cross_dir,
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_memory=16 << 20,
+            num_threads=1,
+            ring_capacity=4096,
+        )
+    )
     yield llm
     llm.shutdown()
 
@@ -329,12 +377,13 @@ async def test_pooling_and_scoring_bodies_are_parsed_on_the_renderer_pool_by_the
         yield cross_engine
 
     docs = [f"Document number {i} about the sky." for i in range(4)]
-    bodies = {"/score": ("_parse_score", {"text_1": QUERY, "text_2": docs}),
-              "/rerank": ("_parse_rerank", {"query": QUERY, "documents": docs}),
-              "/classify": ("_parse_classify", {"input": docs}),
-              "/pooling": ("_parse_pooling", {"input": docs})}
-    async with TestServer(build_app(shared_engine(), ServerSettings())) as server, \
-            aiohttp.ClientSession() as session:
+    bodies = {
+        "/score": ("_parse_score", {"text_1": QUERY, "text_2": docs}),
+        "/rerank": ("_parse_rerank", {"query": QUERY, "documents": docs}),
+        "/classify": ("_parse_classify", {"input": docs}),
+        "/pooling": ("_parse_pooling", {"input": docs}),
+    }
+    async with TestServer(build_app(shared_engine(), ServerSettings())) as server, aiohttp.ClientSession() as session:
         for path, (parse, body) in bodies.items():
             jobs.clear()
             async with session.post(str(server.make_url(path)), json=body) as resp:

@@ -3,6 +3,7 @@ stop are closed within their timeouts, the number open is capped below the open-
 more evicts the longest idle; with all busy, a 503), and /health answers throughout. A real
 ``ringllm serve`` under a low open-file limit; every client is on loopback and bounded in count.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -126,18 +127,26 @@ def test_idle_and_slowloris_connections_are_closed_and_health_answers_throughout
     for sock in idle + slow:
         sock.close()
     assert not open_socks, f"{len(open_socks)} of {NUM_IDLE + NUM_SLOWLORIS} connections were never closed"
-    assert prober.results and all(status == 200 for status in prober.results), \
-        [status for status in prober.results if status != 200][:5]
+    assert prober.results and all(status == 200 for status in prober.results), [
+        status for status in prober.results if status != 200
+    ][:5]
 
 
-@pytest.mark.parametrize("head, body", [
-    (b"Content-Length: 100\r\n", b'{"model": "tiny", '),
-    (b"Transfer-Encoding: chunked\r\n", b'12\r\n{"model": "tiny", \r\n'),  # a chunked body that never ends
-])
+@pytest.mark.parametrize(
+    "head, body",
+    [
+        (b"Content-Length: 100\r\n", b'{"model": "tiny", '),
+        (b"Transfer-Encoding: chunked\r\n", b'12\r\n{"model": "tiny", \r\n'),  # a chunked body that never ends
+    ],
+)
 def test_a_body_that_stops_is_a_408_and_the_connection_is_closed(server, head, body):
     sock = _connect(server.port)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + head + b"\r\n" + body)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + head
+        + b"\r\n"
+        + body
+    )
     response = _read_until_closed(sock, CLOSE_DEADLINE_S)  # returns once the server has closed it
     sock.close()
     status_line, _, rest = response.partition(b"\r\n")
@@ -158,18 +167,22 @@ def test_a_keep_alive_connection_is_closed_after_the_keep_alive_timeout(server):
 
 def _start_stream(port: int) -> socket.socket:
     sock = _connect(port)
-    body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True,
-                       "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    body = json.dumps(
+        {"model": "tiny", "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    ).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     assert sock.recv(15) == b"HTTP/1.1 200 OK"  # streaming: the connection is busy until the end
     return sock
 
 
 @pytest.mark.slow
 def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--max-connections", "2") as remote:
+    with RemoteServer(
+        tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-connections", "2"
+    ) as remote:
         busy = [_start_stream(remote.port) for _ in range(2)]
         try:
             sock = _connect(remote.port)
@@ -184,8 +197,16 @@ def test_past_the_cap_with_every_connection_busy_a_new_one_gets_503(tiny_model_d
 
 
 def test_an_idle_connection_past_the_cap_makes_room_for_a_probe(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--max-connections", "2",
-                      "--keep-alive-timeout", "600", "--header-timeout", "600") as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        *TINY_SERVE_ARGS,
+        "--max-connections",
+        "2",
+        "--keep-alive-timeout",
+        "600",
+        "--header-timeout",
+        "600",
+    ) as remote:
         idle = [_connect(remote.port) for _ in range(2)]
         assert remote.get("/health")[0] == 200  # its connection evicted the longest-idle one ...
         assert wait_for(lambda: _closed_by_server(idle[0]), CLOSE_DEADLINE_S)
@@ -196,8 +217,13 @@ def test_an_idle_connection_past_the_cap_makes_room_for_a_probe(tiny_model_dir):
 
 
 def test_connection_flags_are_validated():
-    out = subprocess.run(RemoteServer("x", "--header-timeout", "0").argv, capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        RemoteServer("x", "--header-timeout", "0").argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode != 0 and "header_timeout_s must be > 0" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -10,6 +10,7 @@ RINGLLM_SOAK_SECONDS (20), RINGLLM_SOAK_WARMUP_SECONDS (8), RINGLLM_SOAK_CONCURR
 RINGLLM_SOAK_SEED (0). The figures to record (requests, disconnects, duration, RSS before and
 after) are printed as one JSON line starting ``SOAK`` (``pytest -m slow -s tests/integration/test_soak.py``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,9 +48,14 @@ def random_request(rng: random.Random) -> tuple[str, dict]:
     prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
     if rng.random() < 0.1:
         return "/tokenize", {"prompt": prompt, "add_special_tokens": rng.random() < 0.5, "stream": False}
-    body = {"model": "tiny", "max_tokens": rng.randint(1, 24), "n": rng.choice([1, 1, 1, 1, 2, 3]),
-            "temperature": rng.choice([0.0, 0.7, 1.0]), "ignore_eos": rng.random() < 0.5,
-            "stream": rng.random() < 0.6}
+    body = {
+        "model": "tiny",
+        "max_tokens": rng.randint(1, 24),
+        "n": rng.choice([1, 1, 1, 1, 2, 3]),
+        "temperature": rng.choice([0.0, 0.7, 1.0]),
+        "ignore_eos": rng.random() < 0.5,
+        "stream": rng.random() < 0.6,
+    }
     if rng.random() < 0.3:
         body["top_p"], body["top_k"] = rng.uniform(0.1, 1.0), rng.randint(-1, 50)
     if rng.random() < 0.2:
@@ -68,8 +74,9 @@ def random_request(rng: random.Random) -> tuple[str, dict]:
     return "/v1/completions", {**body, "prompt": prompts[0] if len(prompts) == 1 else prompts}
 
 
-async def one_client(session: aiohttp.ClientSession, url: str, rng: random.Random, until: float,
-                     counts: collections.Counter) -> None:
+async def one_client(
+    session: aiohttp.ClientSession, url: str, rng: random.Random, until: float, counts: collections.Counter
+) -> None:
     """Closed loop: the next request when the last one ends; some are dropped part-way."""
     while time.monotonic() < until:
         path, body = random_request(rng)
@@ -92,14 +99,18 @@ async def drive(url: str, seconds: float, rng: random.Random, counts: collection
     until = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await asyncio.gather(*(one_client(session, url, random.Random(rng.random()), until, counts)
-                               for _ in range(CONCURRENCY)))
+        await asyncio.gather(
+            *(one_client(session, url, random.Random(rng.random()), until, counts) for _ in range(CONCURRENCY))
+        )
 
 
 def quiet(server: RemoteServer) -> bool:
     m = server.metrics()
-    return (m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
-            and m["vllm:kv_cache_usage_perc"] == 0)
+    return (
+        m["vllm:num_requests_running"] == 0
+        and m["vllm:num_requests_waiting"] == 0
+        and m["vllm:kv_cache_usage_perc"] == 0
+    )
 
 
 def settled_rss(pids: dict[str, int], timeout: float = 30.0) -> dict[str, int]:
@@ -124,8 +135,17 @@ def soak(model_dir: str, log: str) -> dict:
     rng = random.Random(SEED)
     counts: collections.Counter = collections.Counter()
     # No prefill cap: the tiny model prefills a whole step's prompts in a millisecond or two.
-    with RemoteServer(model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny", "--max-num-prefill-tokens", "0",
-                      "--max-waiting-requests", str(4 * CONCURRENCY), log=log) as server:
+    with RemoteServer(
+        model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--max-num-prefill-tokens",
+        "0",
+        "--max-waiting-requests",
+        str(4 * CONCURRENCY),
+        log=log,
+    ) as server:
         (core,) = server.core_pids()
         asyncio.run(drive(server.url, WARMUP_SECONDS, rng, collections.Counter()))
         assert wait_for(lambda: quiet(server), timeout=30)
@@ -137,11 +157,15 @@ def soak(model_dir: str, log: str) -> dict:
         after = settled_rss({"server": server.proc.pid, "core": core})
         assert server.get("/health")[0] == 200
         assert server.core_pids() == {core}
-    figures = {"requests": counts["requests"], "disconnects": counts["disconnects"],
-               "statuses": {k: v for k, v in counts.items() if k.startswith("status_")},
-               "duration_s": round(duration, 1), "concurrency": CONCURRENCY,
-               "rss_before_mib": {k: round(v / 2 ** 20, 1) for k, v in before.items()},
-               "rss_after_mib": {k: round(v / 2 ** 20, 1) for k, v in after.items()}}
+    figures = {
+        "requests": counts["requests"],
+        "disconnects": counts["disconnects"],
+        "statuses": {k: v for k, v in counts.items() if k.startswith("status_")},
+        "duration_s": round(duration, 1),
+        "concurrency": CONCURRENCY,
+        "rss_before_mib": {k: round(v / 2**20, 1) for k, v in before.items()},
+        "rss_after_mib": {k: round(v / 2**20, 1) for k, v in after.items()},
+    }
     print("SOAK " + json.dumps(figures))
     return {"figures": figures, "before": before, "after": after}
 

@@ -2,6 +2,7 @@
 does all the work (the model's own choices are noise), so every finished output must match its
 constraint exactly, with either backend, through sampling, preemption, chunked prefill and
 prefix-cache hits; a spec that cannot compile is refused naming structured_outputs."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,18 @@ from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine import sampling_params as sampling_params_module
 from engine.wire_messages import EngineCoreRequest
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 8},
-    "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "pet": {"enum": ["cat", "dog"]},
-    "ok": {"type": "boolean"},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
-}, "required": ["name", "age", "pet", "ok", "tags"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pet": {"enum": ["cat", "dog"]},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
+    },
+    "required": ["name", "age", "pet", "ok", "tags"],
+    "additionalProperties": False,
+}
 REGEX = r"[0-9]{3}-[a-z]{2}"
 CHOICES = ["yes", "no", "maybe so"]
 EBNF = 'root ::= "(" digit+ ("+" digit+)* ")"\ndigit ::= [0-9]'
@@ -53,11 +59,15 @@ def check(so: StructuredOutputsParams, text: str) -> None:
 
 
 # A random model would fill free JSON whitespace forever: these JSON constraints allow none.
-CONSTRAINTS = [StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
-               StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True),
-               StructuredOutputsParams(json_object=True, disable_any_whitespace=True),
-               StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICES),
-               StructuredOutputsParams(grammar=EBNF), StructuredOutputsParams(grammar=LARK)]
+CONSTRAINTS = [
+    StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+    StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True),
+    StructuredOutputsParams(json_object=True, disable_any_whitespace=True),
+    StructuredOutputsParams(regex=REGEX),
+    StructuredOutputsParams(choice=CHOICES),
+    StructuredOutputsParams(grammar=EBNF),
+    StructuredOutputsParams(grammar=LARK),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,8 +80,14 @@ def in_process():
 def make_llm(model_dir, backend="auto", **kwargs):
     kwargs.setdefault("max_model_len", 512)
     kwargs.setdefault("kv_cache_memory", 32 << 20)
-    return LLM(model=model_dir, load_format="dummy", device="cpu", dtype="float32",
-               structured_outputs_config={"backend": backend}, **kwargs)
+    return LLM(
+        model=model_dir,
+        load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        structured_outputs_config={"backend": backend},
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module", params=["xgrammar", "guidance"])
@@ -106,8 +122,9 @@ def test_params_cross_the_wire_and_key_by_content():
     as_text = StructuredOutputsParams(json=json.dumps(SCHEMA, indent=2), disable_any_whitespace=True)
     assert as_text.key() == back.key() != StructuredOutputsParams(json=SCHEMA).key()
     # Property order is the order of generation: a reordered schema is another grammar.
-    reordered = StructuredOutputsParams(json={**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))},
-                                        disable_any_whitespace=True)
+    reordered = StructuredOutputsParams(
+        json={**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}, disable_any_whitespace=True
+    )
     assert reordered.key() != back.key()
 
 
@@ -115,8 +132,9 @@ def test_params_cross_the_wire_and_key_by_content():
 
 
 def test_every_constraint_type_is_matched_by_every_output(llm):
-    outs = llm.generate(["Describe a person:"] * len(CONSTRAINTS), [random_params(c) for c in CONSTRAINTS],
-                        use_tqdm=False)
+    outs = llm.generate(
+        ["Describe a person:"] * len(CONSTRAINTS), [random_params(c) for c in CONSTRAINTS], use_tqdm=False
+    )
     for so, out in zip(CONSTRAINTS, outs):
         completion = out.outputs[0]
         if so.kind != "json_object":  # an object of unbounded size may run out of tokens
@@ -135,8 +153,17 @@ def test_a_choice_of_thousands_of_strings_is_matched(llm):
 
 def test_samples_penalties_and_filters_all_see_the_mask(llm):
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
-    params = random_params(so, n=3, top_k=50, top_p=0.9, min_p=0.01, presence_penalty=0.5,
-                           frequency_penalty=0.5, repetition_penalty=1.2, logprobs=3)
+    params = random_params(
+        so,
+        n=3,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.01,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.2,
+        logprobs=3,
+    )
     (out,) = llm.generate("Describe a person:", params, use_tqdm=False)
     assert len(out.outputs) == 3
     for completion in out.outputs:
@@ -171,17 +198,20 @@ def test_chat_takes_structured_outputs(llm):
 # ---------------------------------------------------------------- scheduling does not disturb the matcher
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {"max_num_batched_tokens": 16, "enable_chunked_prefill": True},  # prompts in chunks
-    {"kv_cache_memory": 40 * 2 * 2 * 16 * 2 * 16 * 4},  # 40 blocks: streams preempt each other
-], ids=["chunked-prefill", "preemption"])
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"max_num_batched_tokens": 16, "enable_chunked_prefill": True},  # prompts in chunks
+        {"kv_cache_memory": 40 * 2 * 2 * 16 * 2 * 16 * 4},  # 40 blocks: streams preempt each other
+    ],
+    ids=["chunked-prefill", "preemption"],
+)
 def test_outputs_stay_valid_and_equal_under_chunked_prefill_and_preemption(tiny_model_dir, llm, engine_kwargs):
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     prompts = [f"Person number {i} " * 20 for i in range(8)]
     params = [random_params(so, seed=i) for i in range(8)]
     reference = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
-    other = make_llm(tiny_model_dir, llm.llm_engine.config.structured_outputs_config.backend,
-                     **engine_kwargs)
+    other = make_llm(tiny_model_dir, llm.llm_engine.config.structured_outputs_config.backend, **engine_kwargs)
     try:
         texts = [o.outputs[0].text for o in other.generate(prompts, params, use_tqdm=False)]
         if "kv_cache_memory" in engine_kwargs:
@@ -216,12 +246,17 @@ def test_padding_rows_of_a_wider_lm_head_are_never_sampled(tmp_path):
 # ---------------------------------------------------------------- failures stay with their request
 
 
-@pytest.mark.parametrize("so,match", [
-    (StructuredOutputsParams(regex="a(b"), "structured_outputs.regex"),
-    (StructuredOutputsParams(grammar="root ::= undefined_rule"), "structured_outputs.grammar"),
-    (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
-     "structured_outputs.json"),
-])
+@pytest.mark.parametrize(
+    "so,match",
+    [
+        (StructuredOutputsParams(regex="a(b"), "structured_outputs.regex"),
+        (StructuredOutputsParams(grammar="root ::= undefined_rule"), "structured_outputs.grammar"),
+        (
+            StructuredOutputsParams(json={"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
+            "structured_outputs.json",
+        ),
+    ],
+)
 def test_a_spec_that_cannot_compile_is_refused_before_the_engine(llm, so, match):
     with pytest.raises(ValueError, match=match):
         llm.generate("x", random_params(so), use_tqdm=False)
@@ -243,8 +278,15 @@ def test_a_request_left_with_no_allowed_token_fails_alone(llm):
 
 
 def test_a_compile_past_its_bound_fails_that_request_and_no_other(tiny_model_dir):
-    llm = LLM(model=tiny_model_dir, load_format="dummy", device="cpu", dtype="float32", max_model_len=256,
-              kv_cache_memory=32 << 20, structured_outputs_config={"compile_timeout_s": 1e-6})
+    llm = LLM(
+        model=tiny_model_dir,
+        load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        max_model_len=256,
+        kv_cache_memory=32 << 20,
+        structured_outputs_config={"compile_timeout_s": 1e-6},
+    )
     try:
         engine = llm.llm_engine
         engine.add_request("slow", "x", random_params(StructuredOutputsParams(json=SCHEMA)))
@@ -324,10 +366,21 @@ def test_auto_starts_on_llguidance_and_moves_to_xgrammar_when_its_compile_is_don
 
 
 def test_structural_tag_on_xgrammar_and_refused_on_guidance(llm):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["n"], "additionalProperties": False}
-    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
-                                                "content": {"type": "json_schema", "json_schema": schema}}}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<call>",
+            "end": "</call>",
+            "content": {"type": "json_schema", "json_schema": schema},
+        },
+    }
     so = StructuredOutputsParams(structural_tag=json.dumps(tag), disable_any_whitespace=True)
     if llm.llm_engine.config.structured_outputs_config.backend == "guidance":
         with pytest.raises(ValueError, match="structural_tag is supported by the xgrammar backend only"):

@@ -2,6 +2,7 @@
 compile, compiles nobody waits for are dropped, a slow compile is not retried, and the caches of
 both processes are bounded by bytes. Over HTTP against a real ``ringllm serve`` where the
 finding was seen there; on the compile pool itself for its bookkeeping."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -30,8 +31,14 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    with RemoteServer(tiny_model_dir, *TINY_SERVE_ARGS, "--served-model-name", "tiny",
-                      "--structured-outputs-config", '{"disable_any_whitespace": true}') as remote:
+    with RemoteServer(
+        tiny_model_dir,
+        *TINY_SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--structured-outputs-config",
+        '{"disable_any_whitespace": true}',
+    ) as remote:
         yield remote
 
 
@@ -41,8 +48,9 @@ def client(server):
 
 
 def complete(client, so: dict, max_tokens: int = 4):
-    return client.completions.create(model="tiny", prompt="Answer:", max_tokens=max_tokens, seed=1,
-                                     extra_body={"structured_outputs": so})
+    return client.completions.create(
+        model="tiny", prompt="Answer:", max_tokens=max_tokens, seed=1, extra_body={"structured_outputs": so}
+    )
 
 
 def test_large_enum_schemas_do_not_hold_up_a_small_regex(server, client):
@@ -72,6 +80,7 @@ def test_a_spec_over_the_size_bound_is_a_400_naming_it(client):
 
 # The compile pool's bookkeeping, on real backends and the default tokenizer.
 
+
 @pytest.fixture(scope="module")
 def vocab():
     from engine.models.default_model import default_tokenizer_path
@@ -96,12 +105,17 @@ def big_enum(tag: int, n: int = 30_000) -> StructuredOutputsParams:
 
 def test_auto_never_makes_a_request_wait_on_xgrammar_unless_it_must(vocab):
     tag = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
-    cases = [({}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", "guidance")),  # starts on the second
-             ({}, big_enum(0), ("guidance", None)),  # large: never xgrammar's
-             ({}, StructuredOutputsParams(structural_tag=tag), ("xgrammar", None)),  # xgrammar's alone
-             ({"disable_fallback": True}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", None)),
-             ({"disable_fallback": True}, StructuredOutputsParams(json_object=True, whitespace_pattern=" ?"),
-              ("guidance", None))]  # what xgrammar cannot take is guidance's even then
+    cases = [
+        ({}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", "guidance")),  # starts on the second
+        ({}, big_enum(0), ("guidance", None)),  # large: never xgrammar's
+        ({}, StructuredOutputsParams(structural_tag=tag), ("xgrammar", None)),  # xgrammar's alone
+        ({"disable_fallback": True}, StructuredOutputsParams(regex="[a-z]+"), ("xgrammar", None)),
+        (
+            {"disable_fallback": True},
+            StructuredOutputsParams(json_object=True, whitespace_pattern=" ?"),
+            ("guidance", None),
+        ),
+    ]  # what xgrammar cannot take is guidance's even then
     for config, so, backends in cases:
         pool = make_pool(vocab, **config)
         try:
@@ -157,8 +171,9 @@ def test_a_compile_slower_than_the_budget_is_not_retried(vocab):
         # Under auto the request is served by llguidance, never again waiting on xgrammar.
         auto = make_pool(vocab, compile_timeout_s=0.05)
         try:
-            schema = StructuredOutputsParams(json={"type": "object", "properties": {
-                f"p{i}": {"type": "string"} for i in range(500)}})  # xgrammar: ~1.1 s, llguidance: ~30 ms
+            schema = StructuredOutputsParams(
+                json={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+            )  # xgrammar: ~1.1 s, llguidance: ~30 ms
             main, quick = auto.submit(schema)
             assert main.key[0] == "xgrammar" and quick.key[0] == "guidance"
             quick.future.result(timeout=60)

@@ -1,5 +1,6 @@
 """The default model (SmolLM2-135M-Instruct, real weights) under every constraint type: the
 output is valid whatever the model would have said, with the default (auto) backend."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,17 @@ from engine import LLM, SamplingParams, StructuredOutputsParams
 
 pytestmark = pytest.mark.model
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
-    "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}, "employed": {"type": "boolean"},
-}, "required": ["name", "age", "city", "languages", "employed"]}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "employed": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "languages", "employed"],
+}
 DATE = r"\d{4}-\d{2}-\d{2}"
 SENTIMENT = ["positive", "negative", "neutral"]
 ARITHMETIC = 'root ::= term "+" term "+" term\nterm ::= [1-9] [0-9]?'

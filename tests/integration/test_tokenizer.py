@@ -4,6 +4,7 @@ Compared with ``AutoTokenizer`` on the same directory: ids, text, special tokens
 prompts; then the directories it must leave to transformers, what users get from
 ``get_tokenizer()``, and a frontend that starts without importing torch or transformers.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,23 @@ import pytest
 from engine.frontend.tokenizer import FastTokenizer
 from engine.models.default_model import default_tokenizer_path
 
-TEXTS = ["Hello, world!", "  leading spaces and\ttabs\n\nnewlines", "wörld 你好 🙂", "<|im_start|>user\nhi<|im_end|>",
-         "don't stop . , ! ?", "", "a" * 3000]
+TEXTS = [
+    "Hello, world!",
+    "  leading spaces and\ttabs\n\nnewlines",
+    "wörld 你好 🙂",
+    "<|im_start|>user\nhi<|im_end|>",
+    "don't stop . , ! ?",
+    "",
+    "a" * 3000,
+]
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Again"},
+    ],
     [{"role": "user", "content": "Say it"}, {"role": "assistant", "content": "Sure, here", "name": None}],
 ]
 
@@ -51,11 +63,17 @@ def test_ids_and_text_are_transformers(pair):
 def test_special_tokens_and_limits_are_transformers(pair):
     fast, hf = pair
     assert fast.special_tokens_map == hf.special_tokens_map
-    assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
-                                                                          hf.pad_token_id)
+    assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
+        hf.eos_token_id,
+        hf.bos_token_id,
+        hf.pad_token_id,
+    )
     assert sorted(fast.all_special_ids) == sorted(hf.all_special_ids)
-    assert (len(fast), fast.model_max_length, fast.truncation_side) == (len(hf), hf.model_max_length,
-                                                                         hf.truncation_side)
+    assert (len(fast), fast.model_max_length, fast.truncation_side) == (
+        len(hf),
+        hf.model_max_length,
+        hf.truncation_side,
+    )
     assert fast.clean_up_tokenization_spaces == hf.clean_up_tokenization_spaces
     assert fast.get_vocab() == hf.get_vocab()
 
@@ -64,12 +82,18 @@ def test_special_tokens_and_limits_are_transformers(pair):
 def test_chat_prompts_are_transformers(pair, chat):
     fast, hf = pair
     messages = CHATS[chat]
-    for kwargs in ({"add_generation_prompt": True}, {"add_generation_prompt": False},
-                   {"continue_final_message": messages[-1]["role"] == "assistant"},
-                   {"add_generation_prompt": True, "custom_flag": "x"},
-                   {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-                   {"chat_template": "{% for m in messages %}[{{ m.role }}|{{ m.content }}|{{ eos_token }}]"
-                                     "{% endfor %}{{ custom_flag }}", "custom_flag": "!"}):
+    for kwargs in (
+        {"add_generation_prompt": True},
+        {"add_generation_prompt": False},
+        {"continue_final_message": messages[-1]["role"] == "assistant"},
+        {"add_generation_prompt": True, "custom_flag": "x"},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {
+            "chat_template": "{% for m in messages %}[{{ m.role }}|{{ m.content }}|{{ eos_token }}]"
+            "{% endfor %}{{ custom_flag }}",
+            "custom_flag": "!",
+        },
+    ):
         expected = hf.apply_chat_template(messages, tokenize=False, **kwargs)
         assert fast.apply_chat_template(messages, tokenize=False, **kwargs) == expected, kwargs
         assert fast.apply_chat_template(messages, **kwargs) == hf.encode(expected, add_special_tokens=False)
@@ -114,18 +138,26 @@ def test_a_transformers_4_fast_tokenizer_that_adds_a_bos_and_cleans_up_spaces(tm
 
     def add_bos(data):
         bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
-        data["post_processor"] = {"type": "TemplateProcessing",
-                                  "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-                                  "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
-                                           {"Sequence": {"id": "B", "type_id": 1}}],
-                                  "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
-                                                                      "tokens": ["<|im_start|>"]}}}
+        data["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}},
+        }
 
-    path = _copy(default_tokenizer_path(), str(tmp_path / "tok"),
-                 {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": True,
-                  "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": force_clean_up,
-                  "model_max_length": 2048, "truncation_side": "left",
-                  "extra_special_tokens": ["<repo_name>"]}, add_bos)
+    path = _copy(
+        default_tokenizer_path(),
+        str(tmp_path / "tok"),
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": True,
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": force_clean_up,
+            "model_max_length": 2048,
+            "truncation_side": "left",
+            "extra_special_tokens": ["<repo_name>"],
+        },
+        add_bos,
+    )
     fast, hf = FastTokenizer.from_dir(path), AutoTokenizer.from_pretrained(path)
     assert fast is not None
     for text in TEXTS:
@@ -137,8 +169,7 @@ def test_a_transformers_4_fast_tokenizer_that_adds_a_bos_and_cleans_up_spaces(tm
     assert sorted(fast.all_special_ids) == sorted(hf.all_special_ids)
 
 
-@pytest.mark.parametrize("changes", [{"tokenizer_class": "LlamaTokenizer"}, {"add_bos_token": True},
-                                     {"legacy": False}])
+@pytest.mark.parametrize("changes", [{"tokenizer_class": "LlamaTokenizer"}, {"add_bos_token": True}, {"legacy": False}])
 def test_tokenizers_transformers_would_change_are_left_to_transformers(tmp_path, changes):
     from engine.config import EngineArgs, create_engine_config
     from engine.frontend.input_processor import get_tokenizer
@@ -169,17 +200,19 @@ def test_users_get_a_transformers_tokenizer(tiny_model_dir):
 def test_the_frontend_imports_neither_torch_nor_transformers(tiny_model_dir):
     """Their imports were most of the time to ready (benchmarks/RESULTS.md, start-up); a chat
     request imports transformers' template renderer, still without torch."""
-    code = ("import sys\n"
-            "from engine import LLM, SamplingParams\n"
-            f"llm = LLM(model={tiny_model_dir!r}, load_format='dummy', max_model_len=256, "
-            "kv_cache_memory_bytes=16 << 20)\n"
-            "out = llm.generate(['Hello'], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)\n"
-            "assert len(out[0].outputs[0].token_ids) == 4, out\n"
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
-            "chat = llm.chat([{'role': 'user', 'content': 'hi'}], SamplingParams(max_tokens=2), use_tqdm=False)\n"
-            "assert chat[0].prompt.startswith('<|im_start|>'), chat[0].prompt\n"
-            "llm.shutdown()\n"
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    code = (
+        "import sys\n"
+        "from engine import LLM, SamplingParams\n"
+        f"llm = LLM(model={tiny_model_dir!r}, load_format='dummy', max_model_len=256, "
+        "kv_cache_memory_bytes=16 << 20)\n"
+        "out = llm.generate(['Hello'], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)\n"
+        "assert len(out[0].outputs[0].token_ids) == 4, out\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        "chat = llm.chat([{'role': 'user', 'content': 'hi'}], SamplingParams(max_tokens=2), use_tqdm=False)\n"
+        "assert chat[0].prompt.startswith('<|im_start|>'), chat[0].prompt\n"
+        "llm.shutdown()\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     # Chat templates are rendered by transformers' renderer, which needs no torch.

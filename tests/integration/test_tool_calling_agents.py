@@ -3,6 +3,7 @@ tool, made to call it on its first turn (``tool_choice="required"``). The SDK ru
 its result back, resets the choice to auto (``reset_tool_choice``, hence the hermes parser), and
 the run must end with a final output; once with whole replies, once streamed. Tracing is off:
 nothing leaves loopback."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,15 @@ def test_agent_calls_its_tool_then_gives_a_final_output():
     get_weather = weather_tool(cities)
 
     with agent_server() as (remote, name):
+
         def agent() -> Agent:  # an async client belongs to one event loop: one per run
-            return Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
-                         model=OpenAIChatCompletionsModel(model=name, openai_client=async_client(remote)),
-                         model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=96))
+            return Agent(
+                name="weather",
+                instructions="You answer questions about the weather.",
+                tools=[get_weather],
+                model=OpenAIChatCompletionsModel(model=name, openai_client=async_client(remote)),
+                model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=96),
+            )
 
         result = Runner.run_sync(agent(), "What is the weather in Paris?", max_turns=4)
         assert len(cities) >= 1 and all(isinstance(city, str) and city for city in cities)
@@ -52,9 +58,14 @@ def test_agent_with_a_required_tool_and_an_output_type_ends_with_that_type():
 
     with agent_server() as (remote, name):
         client = async_client(remote)
-        agent = Agent(name="weather", instructions="You report the weather.", tools=[get_weather],
-                      output_type=WeatherReport, model=OpenAIChatCompletionsModel(model=name, openai_client=client),
-                      model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200))
+        agent = Agent(
+            name="weather",
+            instructions="You report the weather.",
+            tools=[get_weather],
+            output_type=WeatherReport,
+            model=OpenAIChatCompletionsModel(model=name, openai_client=client),
+            model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200),
+        )
         result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
     assert cities and all(isinstance(city, str) and city for city in cities)
     assert isinstance(result.final_output, WeatherReport)

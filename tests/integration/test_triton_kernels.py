@@ -8,6 +8,7 @@ triton use (torch.compile) is unchanged. On a CUDA machine the same tests run th
 kernels on the GPU, and the ``gpu`` tests add what only a GPU has (graph capture). Shapes
 are tiny: the interpreter runs every program in Python.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def _import_kernels():
         return kernels
     loaded = [m for m in sys.modules if m.startswith("engine.kernels.triton.")]
     if loaded:
-        raise RuntimeError(f"{loaded} were imported before this module could set TRITON_INTERPRET=1; "
-                           "without a GPU they cannot run")
+        raise RuntimeError(
+            f"{loaded} were imported before this module could set TRITON_INTERPRET=1; without a GPU they cannot run"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         for name in kernels.__all__:
@@ -66,7 +68,7 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 # Where a GPU rounds exactly as torch does. The interpreter truncates float32 -> bf16 (the GPU
 # rounds to nearest even), which moves a value by at most one bf16 ulp (2 ** -7 relative).
-SAME_ROUNDING = dict(rtol=0, atol=0) if ON_GPU else dict(rtol=2 ** -7, atol=0)
+SAME_ROUNDING = dict(rtol=0, atol=0) if ON_GPU else dict(rtol=2**-7, atol=0)
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
@@ -106,14 +108,21 @@ class Step:
     def write_kv(self) -> None:
         """The torch path's cache write (engine/models/attention.py)."""
         flat = self.cache.view(-1, self.cache.shape[-1])
-        flat.index_copy_(0, self.slots.to(DEVICE), self.qkv[:, self.h * self.d:].to(flat.dtype))
+        flat.index_copy_(0, self.slots.to(DEVICE), self.qkv[:, self.h * self.d :].to(flat.dtype))
 
     def q(self) -> torch.Tensor:
-        return self.qkv[:, :self.h * self.d].view(-1, self.h, self.d)
+        return self.qkv[:, : self.h * self.d].view(-1, self.h, self.d)
 
     def run(self, window=None) -> torch.Tensor:
-        return K.paged_attention(self.q(), self.cache, self.block_tables.to(DEVICE), self.cu_seqlens.to(DEVICE),
-                                 self.context_lens.to(DEVICE), self.d ** -0.5, window)
+        return K.paged_attention(
+            self.q(),
+            self.cache,
+            self.block_tables.to(DEVICE),
+            self.cu_seqlens.to(DEVICE),
+            self.context_lens.to(DEVICE),
+            self.d**-0.5,
+            window,
+        )
 
     def reference(self, window=None) -> torch.Tensor:
         """Dense float64 attention per sequence over keys gathered slot by slot."""
@@ -124,7 +133,7 @@ class Step:
             kv = flat[torch.tensor([self.slot(s, p) for p in range(c + n)])]
             k = kv[:, 0].repeat_interleave(self.h // self.hkv, dim=1)  # query head h reads KV head h // G
             v = kv[:, 1].repeat_interleave(self.h // self.hkv, dim=1)
-            scores = torch.einsum("nhd,khd->hnk", q[row:row + n], k) * self.d ** -0.5
+            scores = torch.einsum("nhd,khd->hnk", q[row : row + n], k) * self.d**-0.5
             q_pos, k_pos = torch.arange(c, c + n)[:, None], torch.arange(c + n)[None, :]
             visible = k_pos <= q_pos
             if window is not None:
@@ -168,8 +177,9 @@ def test_attention_of_a_long_chunk_spanning_many_tiles_and_a_shared_prefix():
     """Odd head_dim (padded), a chunk longer than one program's 16 queries (4 heads per KV
     head in 64 rows), context over many key tiles, and two sequences reading the same cached
     first block."""
-    step = Step([(40, 1), (33, 30), (16, 3)], 8, 2, head_dim=20, block_size=16, dtype=torch.bfloat16,
-                shared_prefix=True, seed=5)
+    step = Step(
+        [(40, 1), (33, 30), (16, 3)], 8, 2, head_dim=20, block_size=16, dtype=torch.bfloat16, shared_prefix=True, seed=5
+    )
     assert step.tables[1][0] == step.tables[0][0]
     step.write_kv()
     torch.testing.assert_close(step.run().double().cpu(), step.reference(), **TOL[torch.bfloat16])
@@ -187,9 +197,10 @@ def test_attention_matches_the_engine_torch_path():
     md.decode_blocks = torch.tensor([(step.tables[s] + [0] * nb)[:nb] for s, _ in decodes]).view(-1).to(DEVICE)
     md.decode_len = nb * bs
     md.decode_mask, md.decode_window_mask = build_decode_masks(
-        torch.tensor([c + 1 for _, c in decodes], device=DEVICE), md.decode_len, window)
+        torch.tensor([c + 1 for _, c in decodes], device=DEVICE), md.decode_len, window
+    )
     row = len(decodes)
-    for s, (c, n) in enumerate(seqs[len(decodes):], start=len(decodes)):
+    for s, (c, n) in enumerate(seqs[len(decodes) :], start=len(decodes)):
         chunk = PrefillChunk(row, n)
         chunk.mask, chunk.window_mask = build_prefill_masks(c, n, window, DEVICE)
         if c:
@@ -197,25 +208,27 @@ def test_attention_matches_the_engine_torch_path():
         md.prefills.append(chunk)
         row += n
     for sliding in (False, True):
-        want = engine_paged_attention(step.qkv, cache, md, heads, kv_heads, d, d ** -0.5, sliding)
-        K.reshape_and_cache(step.qkv[:, heads * d:], step.cache, step.slots.to(DEVICE))
+        want = engine_paged_attention(step.qkv, cache, md, heads, kv_heads, d, d**-0.5, sliding)
+        K.reshape_and_cache(step.qkv[:, heads * d :], step.cache, step.slots.to(DEVICE))
         got = step.run(window if sliding else None)
         torch.testing.assert_close(step.cache, cache, rtol=0, atol=0)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- reshape and cache
-@pytest.mark.parametrize("qkv_dtype,cache_dtype", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
-                                                   (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "qkv_dtype,cache_dtype",
+    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
+)
 def test_reshape_and_cache_writes_each_token_kv_row_into_its_slot(qkv_dtype, cache_dtype):
     step = Step([(3, 1), (0, 5), (6, 3)], 3, 1, head_dim=20, block_size=4, dtype=qkv_dtype, seed=11)
     step.cache = step.cache.to(cache_dtype)
     want = step.cache.clone()
-    want.view(-1, want.shape[-1]).index_copy_(0, step.slots.to(DEVICE), step.qkv[:, 3 * 20:].to(cache_dtype))
+    want.view(-1, want.shape[-1]).index_copy_(0, step.slots.to(DEVICE), step.qkv[:, 3 * 20 :].to(cache_dtype))
     slots = step.slots.clone()
     slots[1] = -1  # a padded token: writes nothing
     want.view(-1, want.shape[-1])[step.slots[1]] = step.cache.view(-1, want.shape[-1])[step.slots[1]]
-    K.reshape_and_cache(step.qkv[:, 3 * 20:], step.cache, slots.to(DEVICE))
+    K.reshape_and_cache(step.qkv[:, 3 * 20 :], step.cache, slots.to(DEVICE))
     torch.testing.assert_close(step.cache, want, **SAME_ROUNDING)
 
 
@@ -255,8 +268,9 @@ def test_rotary_embedding_in_place_matches_the_models_complex_multiply(dtype, he
     from engine.models.llama import rope_inv_freq
 
     tokens, cols = 5, (heads + kv_heads) * head_dim
-    angles = torch.arange(64, dtype=torch.float32)[:, None] * rope_inv_freq(head_dim, {"rope_theta": 10000.0,
-                                                                                       "rope_type": "default"})
+    angles = torch.arange(64, dtype=torch.float32)[:, None] * rope_inv_freq(
+        head_dim, {"rope_theta": 10000.0, "rope_type": "default"}
+    )
     rope_cis = torch.complex(angles.cos(), angles.sin()).to(DEVICE)
     positions = torch.tensor([0, 1, 17, 63, 5], device=DEVICE)
     qkv = _randn(tokens, cols + 2 * kv_heads * head_dim, dtype=dtype, seed=head_dim)
@@ -275,8 +289,7 @@ def test_importing_this_module_leaves_the_environment_as_found():
 def test_import_on_a_cpu_install_is_silent():
     """Importing the package and its kernels without the interpreter flag neither fails nor prints."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import engine.kernels.triton as k; print(k.available()); "
-            "[getattr(k, name) for name in k.__all__]")
+    code = "import engine.kernels.triton as k; print(k.available()); [getattr(k, name) for name in k.__all__]"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(ON_GPU) and proc.stderr == ""
@@ -284,26 +297,79 @@ def test_import_on_a_cpu_install_is_silent():
 
 # Each kernel as the wrappers launch it for the default model (9 query / 3 KV heads of 64,
 # hidden 576, intermediate 1536, blocks of 16): pointer types, scalar types, constexprs.
-_ATTENTION_ARGS = dict(block_tables_ptr="*i32", cu_seqlens_ptr="*i32", context_lens_ptr="*i32", scale="fp32",
-                       num_seqs="i32", window="i32", stride_ot="i32", stride_qt="i32", stride_qh="i32",
-                       stride_cb="i32", stride_cs="i32", stride_bt="i32")
+_ATTENTION_ARGS = dict(
+    block_tables_ptr="*i32",
+    cu_seqlens_ptr="*i32",
+    context_lens_ptr="*i32",
+    scale="fp32",
+    num_seqs="i32",
+    window="i32",
+    stride_ot="i32",
+    stride_qt="i32",
+    stride_qh="i32",
+    stride_cb="i32",
+    stride_cs="i32",
+    stride_bt="i32",
+)
 _ATTENTION_CONST = dict(NUM_KV_HEADS=3, GROUP=3, HEAD_DIM=64, D_PAD=64, BLOCK_SIZE=16, TILE_N=32, UPCAST=False)
 AOT_CASES = [
-    *[("attention", "_unified_attention_kernel",
-       dict(out_ptr=f"*{t}", q_ptr=f"*{t}", cache_ptr=f"*{t}", **_ATTENTION_ARGS),
-       dict(_ATTENTION_CONST, BLOCK_M=m, BLOCK_Q=m // 3, SLIDING=sliding, PRECISION=precision), arch)
-      for t, precision, arch, m, sliding in [("bf16", "tf32", 90, 16, False), ("bf16", "tf32", 90, 64, True),
-                                             ("bf16", "tf32", 80, 64, False), ("fp16", "tf32", 75, 16, True),
-                                             ("fp32", "ieee", 90, 64, False)]],
-    ("cache", "_reshape_and_cache_kernel", dict(kv_ptr="*bf16", cache_ptr="*bf16", slot_ptr="*i64", stride_kv="i32"),
-     dict(WIDTH=384, BLOCK=512), 90),
-    *[("norm", "_rms_norm_kernel", dict(x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16",
-                                        stride_x="i32", stride_r="i32", stride_o="i32", width="i32", eps="fp32"),
-       dict(BLOCK=1024, HAS_RESIDUAL=residual), 90) for residual in (False, True)],
-    ("activation", "_silu_and_mul_kernel", dict(x_ptr="*bf16", out_ptr="*bf16", stride_x="i32", stride_o="i32",
-                                                width="i32"), dict(BLOCK=1024), 90),
-    ("rotary", "_rotary_kernel", dict(x_ptr="*bf16", positions_ptr="*i64", cos_sin_ptr="*fp32", stride_x="i32",
-                                      stride_p="i32"), dict(NUM_HEADS=12, HALF=32, HEADS_PAD=16, HALF_PAD=32), 90),
+    *[
+        (
+            "attention",
+            "_unified_attention_kernel",
+            dict(out_ptr=f"*{t}", q_ptr=f"*{t}", cache_ptr=f"*{t}", **_ATTENTION_ARGS),
+            dict(_ATTENTION_CONST, BLOCK_M=m, BLOCK_Q=m // 3, SLIDING=sliding, PRECISION=precision),
+            arch,
+        )
+        for t, precision, arch, m, sliding in [
+            ("bf16", "tf32", 90, 16, False),
+            ("bf16", "tf32", 90, 64, True),
+            ("bf16", "tf32", 80, 64, False),
+            ("fp16", "tf32", 75, 16, True),
+            ("fp32", "ieee", 90, 64, False),
+        ]
+    ],
+    (
+        "cache",
+        "_reshape_and_cache_kernel",
+        dict(kv_ptr="*bf16", cache_ptr="*bf16", slot_ptr="*i64", stride_kv="i32"),
+        dict(WIDTH=384, BLOCK=512),
+        90,
+    ),
+    *[
+        (
+            "norm",
+            "_rms_norm_kernel",
+            dict(
+                x_ptr="*bf16",
+                residual_ptr="*bf16",
+                weight_ptr="*bf16",
+                out_ptr="*bf16",
+                stride_x="i32",
+                stride_r="i32",
+                stride_o="i32",
+                width="i32",
+                eps="fp32",
+            ),
+            dict(BLOCK=1024, HAS_RESIDUAL=residual),
+            90,
+        )
+        for residual in (False, True)
+    ],
+    (
+        "activation",
+        "_silu_and_mul_kernel",
+        dict(x_ptr="*bf16", out_ptr="*bf16", stride_x="i32", stride_o="i32", width="i32"),
+        dict(BLOCK=1024),
+        90,
+    ),
+    (
+        "rotary",
+        "_rotary_kernel",
+        dict(x_ptr="*bf16", positions_ptr="*i64", cos_sin_ptr="*fp32", stride_x="i32", stride_p="i32"),
+        dict(NUM_HEADS=12, HALF=32, HEADS_PAD=16, HALF_PAD=32),
+        90,
+    ),
 ]
 _AOT_SCRIPT = """
 import json, sys, triton
@@ -327,8 +393,9 @@ def test_every_kernel_compiles_to_a_cubin_for_cuda_gpus(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, json.dumps(AOT_CASES)], capture_output=True,
-                          text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_SCRIPT, json.dumps(AOT_CASES)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Warning" not in proc.stderr, proc.stderr[-4000:]
 
@@ -354,7 +421,7 @@ def test_decode_step_replays_in_a_cuda_graph():
 
     def decode():
         K.reshape_and_cache(qkv[:, 64:], first.cache, slots)
-        return K.paged_attention(qkv[:, :64].view(-1, 4, 16), first.cache, tables, cu, ctx, 16 ** -0.5)
+        return K.paged_attention(qkv[:, :64].view(-1, 4, 16), first.cache, tables, cu, ctx, 16**-0.5)
 
     decode()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

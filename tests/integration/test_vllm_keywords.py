@@ -2,6 +2,7 @@
 real LLM (EngineCore process, real tokenizer): chat_template, lora_request,
 tokenization_kwargs, disable_log_stats, the queued offline API (enqueue / enqueue_chat /
 wait_for_completion), the single-device keywords and their CLI flags."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,14 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}:{{ m['content'] }}>{% endfor
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    llm = LLM(model=tiny_model_dir, chat_template=TEMPLATE, tensor_parallel_size=1, pipeline_parallel_size=1,
-              quantization=None, **TINY)
+    llm = LLM(
+        model=tiny_model_dir,
+        chat_template=TEMPLATE,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        quantization=None,
+        **TINY,
+    )
     yield llm
     llm.shutdown()
 
@@ -48,9 +55,11 @@ def test_chat_template_on_the_constructor_and_on_chat(llm, tmp_path):
 def test_lora_request_none_is_accepted_and_a_lora_request_is_refused(llm):
     (out,) = llm.generate("hello", PARAMS, use_tqdm=False, lora_request=None)
     assert len(out.outputs[0].token_ids) == 2
-    for call in (lambda: llm.generate("hello", PARAMS, lora_request=object()),
-                 lambda: llm.chat([{"role": "user", "content": "x"}], PARAMS, lora_request=object()),
-                 lambda: llm.llm_engine.add_request("x", "hello", PARAMS, lora_request=object())):
+    for call in (
+        lambda: llm.generate("hello", PARAMS, lora_request=object()),
+        lambda: llm.chat([{"role": "user", "content": "x"}], PARAMS, lora_request=object()),
+        lambda: llm.llm_engine.add_request("x", "hello", PARAMS, lora_request=object()),
+    ):
         with pytest.raises(ValueError, match="LoRA"):
             call()
     assert not llm.llm_engine.has_unfinished_requests()
@@ -62,8 +71,11 @@ def test_tokenization_kwargs_truncate_the_prompt_as_the_tokenizer_does(llm, tiny
     reference = AutoTokenizer.from_pretrained(tiny_model_dir)  # its own: encode(truncation=...) changes it
     text = "one two three four five six seven eight nine ten eleven twelve"
     full = reference.encode(text)
-    for kwargs in ({"truncation": True, "max_length": 5}, {"max_length": 3},
-                   {"truncation": True, "max_length": 4, "add_special_tokens": False}):
+    for kwargs in (
+        {"truncation": True, "max_length": 5},
+        {"max_length": 3},
+        {"truncation": True, "max_length": 4, "add_special_tokens": False},
+    ):
         (out,) = llm.generate(text, PARAMS, use_tqdm=False, tokenization_kwargs=kwargs)
         assert out.prompt == text and len(full) > 5
         assert out.prompt_token_ids == reference.encode(text, **kwargs)
@@ -88,10 +100,12 @@ def test_enqueue_then_wait_for_completion_returns_the_queued_outputs_in_order(ll
 
 
 def test_single_device_keywords_other_than_one_are_refused_before_launch(tiny_model_dir):
-    for kwargs, match in [({"tensor_parallel_size": 2}, "tensor_parallel_size=2 is not supported"),
-                          ({"pipeline_parallel_size": 4}, "pipeline_parallel_size=4 is not supported"),
-                          ({"quantization": "awq"}, r"quantization='awq' is not supported; supported: None"),
-                          ({"shutdown_timeout": -1}, "shutdown_timeout")]:
+    for kwargs, match in [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2 is not supported"),
+        ({"pipeline_parallel_size": 4}, "pipeline_parallel_size=4 is not supported"),
+        ({"quantization": "awq"}, r"quantization='awq' is not supported; supported: None"),
+        ({"shutdown_timeout": -1}, "shutdown_timeout"),
+    ]:
         with pytest.raises(ValueError, match=match):
             LLM(model=tiny_model_dir, **{**TINY, **kwargs})
 
@@ -113,11 +127,32 @@ def test_kv_cache_memory_bytes_and_its_alias(tiny_model_dir):
 def test_the_new_engine_args_have_cli_flags():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    args = engine_args_from(parser.parse_args(
-        ["--kv-cache-memory-bytes", "1048576", "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1",
-         "--quantization", "awq", "--shutdown-timeout", "2.5", "--worker-cls", "faulty_runner.FaultyWorker"]))
-    assert (args.kv_cache_memory_bytes, args.tensor_parallel_size, args.pipeline_parallel_size, args.quantization,
-            args.shutdown_timeout, args.worker_cls) == (1 << 20, 1, 1, "awq", 2.5, "faulty_runner.FaultyWorker")
+    args = engine_args_from(
+        parser.parse_args(
+            [
+                "--kv-cache-memory-bytes",
+                "1048576",
+                "--tensor-parallel-size",
+                "1",
+                "--pipeline-parallel-size",
+                "1",
+                "--quantization",
+                "awq",
+                "--shutdown-timeout",
+                "2.5",
+                "--worker-cls",
+                "faulty_runner.FaultyWorker",
+            ]
+        )
+    )
+    assert (
+        args.kv_cache_memory_bytes,
+        args.tensor_parallel_size,
+        args.pipeline_parallel_size,
+        args.quantization,
+        args.shutdown_timeout,
+        args.worker_cls,
+    ) == (1 << 20, 1, 1, "awq", 2.5, "faulty_runner.FaultyWorker")
 
 
 def test_beam_search_params_is_exported_beside_llm(llm):

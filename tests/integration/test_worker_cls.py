@@ -2,6 +2,7 @@
 launch spec by LLM/AsyncLLM, rebuilt in the core, driven once per step, observed from the
 caller through ``collective_rpc``; a worker that fails on a chosen request fails that request
 alone."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,12 @@ def recording_worker_cls():
             self.steps: list[list] = []
 
         def execute_model(self, scheduler_output):
-            self.steps.append([[req.prompt_token_ids, n] for req, n in
-                               zip(scheduler_output.requests, scheduler_output.num_scheduled_tokens)])
+            self.steps.append(
+                [
+                    [req.prompt_token_ids, n]
+                    for req, n in zip(scheduler_output.requests, scheduler_output.num_scheduled_tokens)
+                ]
+            )
             return super().execute_model(scheduler_output)
 
         @rpc_method
@@ -69,8 +74,9 @@ def failing_worker_cls(poison: int):
 def test_a_worker_failing_on_a_chosen_request_fails_that_request_alone(tiny_model_dir):
     llm = LLM(model=tiny_model_dir, worker_cls=failing_worker_cls(999), **{**TINY, "max_num_seqs": 1})
     try:
-        failed, ok = llm.generate([{"prompt_token_ids": [1, 999]}, {"prompt_token_ids": [1, 2]}], GREEDY,
-                                  use_tqdm=False)
+        failed, ok = llm.generate(
+            [{"prompt_token_ids": [1, 999]}, {"prompt_token_ids": [1, 2]}], GREEDY, use_tqdm=False
+        )
         assert failed.outputs[0].finish_reason == "error" and failed.internal_error
         assert "RuntimeError" in failed.error
         assert ok.outputs[0].finish_reason == "length" and len(ok.outputs[0].token_ids) == 3
@@ -79,8 +85,7 @@ def test_a_worker_failing_on_a_chosen_request_fails_that_request_alone(tiny_mode
 
 
 async def test_async_llm_takes_a_worker_class_and_calls_it_on_every_rank(tiny_model_dir):
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=recording_worker_cls(),
-                                                       **TINY))
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, worker_cls=recording_worker_cls(), **TINY))
     try:
         outs = [o async for o in engine.generate({"prompt_token_ids": [9, 8]}, GREEDY, "r")]
         assert outs[-1].finished

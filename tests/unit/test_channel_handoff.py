@@ -1,5 +1,6 @@
 """A channel's peer end handed to a running process (shm_transport/handoff.py) and one reader
 waiting on several channels (channel_set.py): what ``--api-server-count`` builds on."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """The shape of the client layer and of the process boundary: each client has an explicit
 interface, no client imports the factory (or another client that imports it back), and the
 core's entry module never imports the frontend's launcher."""
+
 from __future__ import annotations
 
 import ast
@@ -40,9 +41,11 @@ def test_asyncio_without_multiprocessing_is_not_implemented():
 def test_no_client_module_imports_the_factory_or_a_module_that_imports_it_back():
     clients = ["engine.client.core_client", "engine.client.mp_client", "engine.client.dp_client"]
     graph = {m: imported_modules(m) & set(clients + ["engine.client.factory"]) for m in clients}
-    assert graph == {"engine.client.core_client": set(),
-                     "engine.client.mp_client": {"engine.client.core_client"},
-                     "engine.client.dp_client": {"engine.client.mp_client"}}
+    assert graph == {
+        "engine.client.core_client": set(),
+        "engine.client.mp_client": {"engine.client.core_client"},
+        "engine.client.dp_client": {"engine.client.mp_client"},
+    }
 
 
 def test_the_core_process_side_never_imports_the_frontend_side():

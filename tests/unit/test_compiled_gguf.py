@@ -1,6 +1,7 @@
 """torch.compile with the C kernels: the default model's own Q4_1 file, compiled (mode 3), keeps
 its GGUF blocks (the projections run in the graphs as ``ringllm::quant_matmul``) and answers
 with eager's greedy tokens, without breaking or multiplying its graphs."""
+
 from __future__ import annotations
 
 import pytest

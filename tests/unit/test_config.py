@@ -1,4 +1,5 @@
 """EngineArgs -> create_engine_config: derived defaults, and a named error for every bad value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,14 +27,31 @@ def test_defaults_are_derived_from_the_model(tiny_model_dir):
         cfg.device = "cuda"
 
 
-@pytest.mark.parametrize("field,value", [
-    ("block_size", 0), ("block_size", 24), ("max_model_len", 0), ("max_model_len", 10**6),
-    ("max_num_seqs", 0), ("max_num_batched_tokens", 0), ("dtype", "int8"), ("load_format", "pt"),
-    ("device", "tpu"), ("transport", "tcp"), ("scheduling_policy", "lifo"),
-    ("gpu_memory_utilization", 0.0), ("kv_cache_memory", 0), ("num_threads", 0),
-    ("data_parallel_size", 0), ("ring_capacity", 1000), ("max_logprobs", -1), ("max_prompt_logprobs_entries", -1),
-    ("compilation_config", "fast"), ("renderer_num_workers", 0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("block_size", 0),
+        ("block_size", 24),
+        ("max_model_len", 0),
+        ("max_model_len", 10**6),
+        ("max_num_seqs", 0),
+        ("max_num_batched_tokens", 0),
+        ("dtype", "int8"),
+        ("load_format", "pt"),
+        ("device", "tpu"),
+        ("transport", "tcp"),
+        ("scheduling_policy", "lifo"),
+        ("gpu_memory_utilization", 0.0),
+        ("kv_cache_memory", 0),
+        ("num_threads", 0),
+        ("data_parallel_size", 0),
+        ("ring_capacity", 1000),
+        ("max_logprobs", -1),
+        ("max_prompt_logprobs_entries", -1),
+        ("compilation_config", "fast"),
+        ("renderer_num_workers", 0),
+    ],
+)
 def test_each_invalid_value_names_its_field(tiny_model_dir, field, value):
     with pytest.raises(ValueError, match=field):
         config(tiny_model_dir, **{field: value})

@@ -4,6 +4,7 @@ process): by default it serves the launch channel alone; with an attacher each A
 channel arrives over the attach socket and gets READY, outputs go back only to the ring their
 request came from, and an API server that closes its channel has its requests aborted while the
 others are served on."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ from engine.core.engine_core_proc import EngineCoreProc
 from engine.core.frontends import FrontendAttacher
 from engine.core.launch import make_codec
 from engine.sampling_params import SamplingParams
-from engine.wire_messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineReady, FinishReason,
-                                  SchedulerStats, Shutdown)
+from engine.wire_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineReady,
+    FinishReason,
+    SchedulerStats,
+    Shutdown,
+)
 from shm_transport import Channel
 from shm_transport.handoff import send_peer_end
 

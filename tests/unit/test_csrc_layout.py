@@ -1,6 +1,7 @@
 """csrc/'s layout: the ring (csrc/ring/) and the CPU kernels (csrc/cpu/) never include each
 other, neither their includes nor the calls between their .c files form a circle, and every
 kernel source compiles clean under the build's flags."""
+
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ def _circle(graph: dict[str, set[str]]) -> list[str]:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else path + [nxt]
+                return path[path.index(nxt) :] + [nxt] if nxt in path else path + [nxt]
             if nxt not in state and (found := visit(nxt, path + [nxt])):
                 return found
         state[node] = 2
@@ -64,9 +65,11 @@ def test_circle_finder_finds_a_circle():
 def test_cpu_kernel_sources_compile_without_warnings():
     folder = os.path.join(CSRC, "cpu")
     srcs = [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".c")]
-    res = subprocess.run(["gcc", "-std=gnu11", "-O2", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
-                          *srcs],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["gcc", "-std=gnu11", "-O2", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *srcs],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -77,8 +80,10 @@ def _calls(folder: str, out_dir) -> dict[str, set[str]]:
     for name in sorted(n for n in os.listdir(path) if n.endswith(".c")):
         obj = os.path.join(out_dir, name + ".o")
         subprocess.run(["gcc", "-std=gnu11", "-O0", "-c", os.path.join(path, name), "-o", obj], check=True)
-        rows = [line.split() for line in subprocess.run(["nm", obj], capture_output=True, text=True,
-                                                         check=True).stdout.splitlines()]
+        rows = [
+            line.split()
+            for line in subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout.splitlines()
+        ]
         defined.update({r[-1]: name for r in rows if len(r) == 3 and r[1] in "TDBR"})
         used[name] = {r[-1] for r in rows if len(r) == 2 and r[0] == "U"}
     return {name: {defined[s] for s in syms if s in defined} - {name} for name, syms in used.items()}

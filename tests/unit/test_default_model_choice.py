@@ -3,6 +3,7 @@ a batch of 64 faster than bf16 (Zen4: AVX-512 VNNI and BF16, no AMX; benchmarks/
 converted float directory on every other kind and whenever a dtype, quantization or load format
 is asked for (engine/config/model_discovery.py, ``default_runs_its_gguf``). The CPU flags are set per test, so
 each kind is checked on any host."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,6 +23,7 @@ def cpu_flags(monkeypatch):
     def use(flags):
         monkeypatch.setattr(cpu_probe, "cpu_flags", lambda: set(flags))
         monkeypatch.setattr(device_config, "resolve_device", lambda device: "cpu")
+
     return use
 
 
@@ -44,9 +46,17 @@ def test_other_cpu_kinds_keep_the_float_directory(cpu_flags, flags):
     assert (mc.load_format, mc.quantization) == ("safetensors", None)
 
 
-@pytest.mark.parametrize("kwargs", [dict(dtype="bfloat16"), dict(dtype="float32"), dict(quantization="int8"),
-                                    dict(load_format="dummy"), dict(compilation_config=1)],
-                         ids=["bf16", "fp32", "int8", "dummy", "compiled"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dtype="bfloat16"),
+        dict(dtype="float32"),
+        dict(quantization="int8"),
+        dict(load_format="dummy"),
+        dict(compilation_config=1),
+    ],
+    ids=["bf16", "fp32", "int8", "dummy", "compiled"],
+)
 def test_an_explicit_request_keeps_the_float_directory_on_zen4(cpu_flags, kwargs):
     if kwargs.get("quantization") == "int8" and not cpu_probe.int8_kernel_built():
         pytest.skip("the W8A8 kernels are not built")
@@ -56,8 +66,9 @@ def test_an_explicit_request_keeps_the_float_directory_on_zen4(cpu_flags, kwargs
 
 
 @pytest.mark.parametrize("flags", [ZEN4, SPR, AVX2_ONLY], ids=["zen4", "amx", "avx2"])
-@pytest.mark.parametrize("kwargs", [dict(quantization="gguf"), dict(load_format="gguf")],
-                         ids=["quantization", "load_format"])
+@pytest.mark.parametrize(
+    "kwargs", [dict(quantization="gguf"), dict(load_format="gguf")], ids=["quantization", "load_format"]
+)
 def test_asking_for_gguf_runs_the_default_from_its_file_on_any_cpu(cpu_flags, flags, kwargs):
     # Used to be refused ("quantization must be 'gguf' only with a .gguf model file, got 'gguf'"),
     # and load_format="gguf" silently ran the float directory.

@@ -1,14 +1,14 @@
 """The byte-level table detokenizer against the tokenizers library's DecodeStream: the same
 text piece by piece, for any token sequence (characters split across tokens, invalid byte
 sequences, special tokens kept or skipped, ids beyond the vocabulary), and stop strings."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from engine.frontend.detokenizer import (ByteLevelDetokenizer, ByteLevelTable, StreamDetokenizer,
-                                         make_detokenizer)
+from engine.frontend.detokenizer import ByteLevelDetokenizer, ByteLevelTable, StreamDetokenizer, make_detokenizer
 from engine.sampling_params import SamplingParams
 
 
@@ -31,7 +31,7 @@ def table(backend):
 def pieces(detokenizer, token_ids, per_step):
     out = []
     for i in range(0, len(token_ids), per_step):
-        detokenizer.update(token_ids[i:i + per_step], False)
+        detokenizer.update(token_ids[i : i + per_step], False)
         out.append(detokenizer.get_next_output_text(False, True))
     return out
 
@@ -75,7 +75,6 @@ def test_a_tokenizer_of_another_kind_gets_no_table():
 def test_stop_string_after_min_tokens_in_one_update(backend, table, cls):
     ids = backend.encode(" stop here stop there").ids
     params = SamplingParams(stop=["stop"], min_tokens=2)
-    detokenizer = (ByteLevelDetokenizer(table, [], params) if cls == "table"
-                   else StreamDetokenizer(backend, [], params))
+    detokenizer = ByteLevelDetokenizer(table, [], params) if cls == "table" else StreamDetokenizer(backend, [], params)
     assert detokenizer.update(ids, False) == "stop"  # the first " stop" is inside min_tokens
     assert detokenizer.output_text == " stop here "

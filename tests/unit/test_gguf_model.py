@@ -1,6 +1,7 @@
 """Quantized execution: ``quantization="gguf"`` (a .gguf model on the file's own blocks,
 engine/models/linear.py, engine/worker/gguf_weights.py) against transformers on the dequantized
 model, and ``quantization="int8"`` (W8A8 from a float checkpoint) against transformers on it."""
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,8 @@ def test_a_type_without_a_kernel_is_dequantized_once_with_a_warning(caplog):
         methods = [place.choose(blocks, "wide") for _ in range(2)]
     assert all(not isinstance(m, linear.GGUFLinear) for m in methods)
     assert [r.getMessage() for r in caplog.records].count(
-        "GGUF Q5_1 weights have no quantized kernel here: dequantized once at load") == 1
+        "GGUF Q5_1 weights have no quantized kernel here: dequantized once at load"
+    ) == 1
     x = torch.randn(3, 64)
     torch.testing.assert_close(methods[0].apply(x), x @ blocks.dequantize().t())
 
@@ -67,8 +69,12 @@ def test_q5_0_is_read_as_q8_0_blocks_of_the_same_values_and_runs_on_their_kernel
     for layer in (0, 1):
         w = np.random.default_rng(layer).standard_normal((96, 128)).astype(np.float32) * 0.1
         q5[layer] = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q5_0)
-        writer.add_tensor(f"blk.{layer}.ffn_down.weight", q5[layer], raw_shape=q5[layer].shape,
-                          raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+        writer.add_tensor(
+            f"blk.{layer}.ffn_down.weight",
+            q5[layer],
+            raw_shape=q5[layer].shape,
+            raw_dtype=gguf.GGMLQuantizationType.Q5_0,
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -76,7 +82,8 @@ def test_q5_0_is_read_as_q8_0_blocks_of_the_same_values_and_runs_on_their_kernel
     with caplog.at_level(logging.INFO, logger="engine.worker.gguf_weights"):
         read = dict(gguf_weights(path, 4, 4))
     assert [r.getMessage() for r in caplog.records].count(
-        "GGUF Q5_0 tensors run as Q8_0 blocks: the same values, in more bytes") == 1
+        "GGUF Q5_0 tensors run as Q8_0 blocks: the same values, in more bytes"
+    ) == 1
     blocks = read["model.layers.0.mlp.down_proj.weight"]
     assert blocks.qtype == quant.Q8_0 and blocks.data.shape == (96, 128 // 32 * 34)
     want = gguf.quants.dequantize(q5[0], gguf.GGMLQuantizationType.Q5_0)
@@ -88,11 +95,17 @@ def test_q5_0_is_read_as_q8_0_blocks_of_the_same_values_and_runs_on_their_kernel
     torch.testing.assert_close(method.apply(x), x @ torch.from_numpy(want).t(), rtol=0.02, atol=0.02)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(quantization="awq"), "quantization='awq' is not supported"),
-    (dict(quantization="gguf"), r"quantization='gguf' runs the quantized blocks of a \.gguf file, but model "
-                                r"'.*' is a directory of float weights: pass a \.gguf file as model"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(quantization="awq"), "quantization='awq' is not supported"),
+        (
+            dict(quantization="gguf"),
+            r"quantization='gguf' runs the quantized blocks of a \.gguf file, but model "
+            r"'.*' is a directory of float weights: pass a \.gguf file as model",
+        ),
+    ],
+)
 def test_quantization_values_that_cannot_run_are_refused(tiny_model_dir, kwargs, message):
     with pytest.raises(ValueError, match=message) as refused:
         EngineArgs(model=tiny_model_dir, load_format="dummy", **kwargs).create_engine_config()
@@ -109,9 +122,14 @@ def test_int8_needs_the_cpu(tiny_model_dir, monkeypatch):
 
 # ---------------------------------------------------------------- the default model's Q4_1 file
 
-_TEXTS = ["What is the capital of France?", "Write a haiku about the sea.", "Hi!",
-          "Explain photosynthesis in two sentences.", "List three prime numbers and say why.",
-          "Translate 'good morning' to French, German and Spanish, one per line please."]
+_TEXTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Hi!",
+    "Explain photosynthesis in two sentences.",
+    "List three prime numbers and say why.",
+    "Translate 'good morning' to French, German and Spanish, one per line please.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -142,17 +160,16 @@ def _tracks_transformers(runner, min_each: float, min_all: float, max_shift: flo
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     agree = total = 0
     for i, text in enumerate(_TEXTS):
-        chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                       add_generation_prompt=True)
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         prompt = tok(chat, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
             full = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0].tolist()
             logits = hf(torch.tensor([full])).logits[0].float()
-        answer = torch.tensor(full[len(prompt):])
-        want = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, answer[:, None])[:, 0]
+        answer = torch.tensor(full[len(prompt) :])
+        want = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(1, answer[:, None])[:, 0]
         rows = step(runner, [make_request(f"q{i}", full, prompt_logprobs=0, max_tokens=1)]).prompt_logprobs[f"q{i}"]
-        got = torch.tensor([r[0] for r in rows.logprobs])[len(prompt) - 1:]
-        ranks = list(rows.ranks)[len(prompt) - 1:]
+        got = torch.tensor([r[0] for r in rows.logprobs])[len(prompt) - 1 :]
+        ranks = list(rows.ranks)[len(prompt) - 1 :]
         hits = sum(1 for r in ranks if r == 1)
         assert hits >= min_each * len(ranks), f"{text!r}: argmax agrees at {hits} of {len(ranks)}"
         assert float((got - want).mean().abs()) <= max_shift, text

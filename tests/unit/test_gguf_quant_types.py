@@ -18,6 +18,7 @@ gap is the activations' rounding alone. Random weights at initializer_range 0.1,
 tests' 0.2: at hidden 256 that scale made Mixtral and OLMoE chaotic enough for gaps of 3-4 nats
 from rounding alone.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,14 +35,22 @@ from engine.kernels import quant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(quant.lib is None, reason="kernels not built")
 
-K_SIZE = dict(hidden_size=256, num_attention_heads=16, num_key_value_heads=8, head_dim=16, intermediate_size=256,
-              initializer_range=0.1)
+K_SIZE = dict(
+    hidden_size=256,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=16,
+    intermediate_size=256,
+    initializer_range=0.1,
+)
 _QWEN3_MOE = {"qwen3-moe": dict(intermediate_size=512, moe_intermediate_size=256)}  # its dense layer wider
 # name -> (build the HF model, write its GGUF file)
 FAMILIES = {
     **{name: (lambda n=name: dense._hf_model(n, **K_SIZE), dense.write_gguf) for name in dense._GGUF_ARCH},
-    **{name: (lambda n=name: moe.hf_moe_model(n, **{**K_SIZE, **_QWEN3_MOE.get(n, {})}), moe.write_moe_gguf)
-       for name in moe.FAMILIES},
+    **{
+        name: (lambda n=name: moe.hf_moe_model(n, **{**K_SIZE, **_QWEN3_MOE.get(n, {})}), moe.write_moe_gguf)
+        for name in moe.FAMILIES
+    },
 }
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
@@ -59,8 +68,12 @@ def test_every_kernel_type_runs_every_family_on_its_blocks(name, qtype, tmp_path
     keep = (lambda pname: pname.endswith("gate.weight")) if name in moe.FAMILIES else (lambda pname: False)
     want = hf_prompt_logprobs(as_read_back(build(), qtype, keep=keep), PROMPTS[0])
     runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())
-    formats = {p.method.format for layer in runner.model.layers for p in layer.linears()
-               if layer.moe is None or p is not layer.moe.router}
+    formats = {
+        p.method.format
+        for layer in runner.model.layers
+        for p in layer.linears()
+        if layer.moe is None or p is not layer.moe.router
+    }
     assert formats == {_runs_as(qtype)}
     for chunk in (None, 1):
         runner = make_runner(path, block_size=4, tokenizer=default_tokenizer_path())

@@ -4,6 +4,7 @@ A bf16 GEMM rounds its float32 sums to bf16, so near-equal logits tie and argmax
 lower token id; after ``refine_near_max`` every row's argmax must be float32's, and the
 recomputed values must be the float32 ones, on any vocabulary size and batch.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -53,7 +54,7 @@ def test_every_argmax_is_float32s_and_only_the_top_changes(dtype, vocab):
 def test_flat_and_nan_rows_are_left_alone_and_other_rows_still_refined():
     gen = torch.Generator().manual_seed(1)
     w = (torch.randn(3000, 16, generator=gen) * 0.1).bfloat16()
-    w[100:100 + 2 * _MAX_CANDIDATES] = 1.0  # identical rows: row 0's top is this flat block
+    w[100 : 100 + 2 * _MAX_CANDIDATES] = 1.0  # identical rows: row 0's top is this flat block
     x = torch.randn(3, 16, generator=gen) * 4
     x[0] = 1.0
     x[1] = float("nan")

@@ -1,4 +1,5 @@
 """InputProcessor with the default model's tokenizer: prompt forms, validation, params filling."""
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,17 @@ def test_prompt_forms_tokenize_alike(processor):
     assert request.eos_token_id == 2 and request.arrival_time > 0
 
 
-@pytest.mark.parametrize("prompt,match", [
-    ("", "empty"), ({"prompt_token_ids": []}, "empty"), ([5] * 65, "max_model_len=64"),
-    ([5, 49152], "out of the vocabulary"), ([-1], "out of the vocabulary"), ({"text": "hi"}, "prompt_token_ids"),
-])
+@pytest.mark.parametrize(
+    "prompt,match",
+    [
+        ("", "empty"),
+        ({"prompt_token_ids": []}, "empty"),
+        ([5] * 65, "max_model_len=64"),
+        ([5, 49152], "out of the vocabulary"),
+        ([-1], "out of the vocabulary"),
+        ({"text": "hi"}, "prompt_token_ids"),
+    ],
+)
 def test_bad_prompts_raise_value_error_naming_the_problem(processor, prompt, match):
     with pytest.raises(ValueError, match=match):
         processor.process("x", prompt, SamplingParams())
@@ -135,9 +143,9 @@ def test_admit_refuses_what_the_caller_changed_after_building_the_params(process
 
 def test_a_seed_that_cannot_be_offset_for_every_child_is_refused(processor):
     with pytest.raises(ValueError, match="seed") as info:
-        processor.admit("x-0", [5], SamplingParams(n=3, seed=2 ** 63 - 2))
+        processor.admit("x-0", [5], SamplingParams(n=3, seed=2**63 - 2))
     assert info.value.parameter == "seed"
-    assert len(processor.admit("x-1", [5], SamplingParams(n=2, seed=2 ** 63 - 2)).children) == 2
+    assert len(processor.admit("x-1", [5], SamplingParams(n=2, seed=2**63 - 2)).children) == 2
 
 
 def test_internal_ids_number_the_caller_ids_and_refuse_one_in_use(processor):

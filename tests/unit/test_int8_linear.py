@@ -5,6 +5,7 @@ batched torch._int_mm path, against float64 math.
 in float32): int32 sums are exact, so only the final float32 scaling differs (rtol 1e-5).
 (2) Against the unquantized float64 product, within the bound that rounding x and W to half a
 step each puts on every output."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,9 @@ def test_matches_float64_reference(isa, n, k, rows):
     want = (qx.astype(np.float64) @ qw.T.astype(np.float64)) * sx[:, None] * sw[None, :]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
     w_hat = qw * sw[:, None]
-    bound = (np.abs(x.astype(np.float64)) @ np.full((k, n), 1.0) * (sw[None, :] / 2)
-             + (sx[:, None] / 2) * np.abs(w_hat).sum(1))
+    bound = np.abs(x.astype(np.float64)) @ np.full((k, n), 1.0) * (sw[None, :] / 2) + (sx[:, None] / 2) * np.abs(
+        w_hat
+    ).sum(1)
     assert (np.abs(got - x.astype(np.float64) @ w.T.astype(np.float64)) <= 1.001 * bound + 1e-6).all()
 
 

@@ -3,6 +3,7 @@
 ``torch.library.opcheck`` (its schema, its fake implementation against the real one, and
 tracing), returns what its raw cffi call returns, and each CustomOp picks the raw call eagerly,
 the op inside a graph and torch where no kernel runs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -57,8 +58,9 @@ def test_rotary_op_rotates_in_place_as_the_kernel_does():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("qtype,in_features", [(quant.Q4_0, 64), (quant.Q4_1, 64), (quant.Q8_0, 64),
-                                               (quant.Q4_K, 256), (quant.Q6_K, 256)])
+@pytest.mark.parametrize(
+    "qtype,in_features", [(quant.Q4_0, 64), (quant.Q4_1, 64), (quant.Q8_0, 64), (quant.Q4_K, 256), (quant.Q6_K, 256)]
+)
 @pytest.mark.parametrize("rows", [1, 5, 70])  # a GEMV pass, the tiled GEMM or passes, beyond GEMV_ROWS
 def test_quant_ops_are_the_kernels(qtype, in_features, rows):
     data = _blocks(qtype, 32, in_features)
@@ -91,8 +93,9 @@ def test_paged_decode_attention_op_is_the_kernel(window, softcap):
     cache = torch.randn(blocks, block_size, 2 * kv_heads * head_dim)
     table, lens = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([11, 6])
     args = (q, cache, table, lens, heads, kv_heads, head_dim, 0.25, window, softcap, True)
-    want = paged_attention.decode_attention(q, cache, table, lens, heads, kv_heads, head_dim, 0.25, window or None,
-                                            True, softcap or None)
+    want = paged_attention.decode_attention(
+        q, cache, table, lens, heads, kv_heads, head_dim, 0.25, window or None, True, softcap or None
+    )
     _check(ops.paged_decode_attention, args, want)
 
 
@@ -139,8 +142,8 @@ def test_silu_and_rotary_agree_on_every_path(kernel):
         torch.testing.assert_close(SiluAndMul(cpu, kernel, in_graph)(gu), want_silu)
         got = Rotary(cpu, kernel, in_graph)(qkv.clone(), positions, cos_sin, heads, head_dim)
         torch.testing.assert_close(got, want_rot)
-    assert not torch.equal(want_rot[:, :heads * head_dim], qkv[:, :heads * head_dim])  # it rotated
-    torch.testing.assert_close(want_rot[:, heads * head_dim:], qkv[:, heads * head_dim:], rtol=0, atol=0)
+    assert not torch.equal(want_rot[:, : heads * head_dim], qkv[:, : heads * head_dim])  # it rotated
+    torch.testing.assert_close(want_rot[:, heads * head_dim :], qkv[:, heads * head_dim :], rtol=0, atol=0)
 
 
 def test_placement_puts_only_the_compiled_blocks_projections_on_the_ops():

@@ -1,6 +1,7 @@
 """The CPU kernels against plain math: the bf16 GEMV (csrc/cpu/gemv_bf16.c) against float32 on the
 same bf16 values, paged decode attention (csrc/cpu/paged_attention.c) against dense attention,
 RMSNorm, SiLU-and-mul and RoPE (csrc/cpu/activation.c) against torch and float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def test_matches_float32_on_bf16_weights(layout, out_features, in_features, rows
     want = x.double() @ w.to(torch.bfloat16).double().t()
     got = _multiply(layout, w, x)
     assert got.shape == (rows, out_features) and got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * in_features**0.5)
 
 
 @pytest.mark.parametrize("layout", ["packed", "dense"])
@@ -53,8 +54,12 @@ def test_input_dtypes_and_non_contiguous_activations():
     packed = PackedBF16(w.to(torch.bfloat16))
     x = torch.randn(24, 3).t()  # non-contiguous [3, 24]
     torch.testing.assert_close(packed.matmul(x), x @ w.to(torch.bfloat16).float().t(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(packed.matmul(x.to(torch.bfloat16)),
-                               x.to(torch.bfloat16).float() @ w.to(torch.bfloat16).float().t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        packed.matmul(x.to(torch.bfloat16)),
+        x.to(torch.bfloat16).float() @ w.to(torch.bfloat16).float().t(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("shape", [(6, 16), (8, 12), (8,), (2, 8, 8)])
@@ -72,8 +77,10 @@ def test_wrong_activation_shapes_are_refused(x_shape):
         bf16_gemv.dense_matmul(torch.zeros(8, 16, dtype=torch.bfloat16), torch.zeros(x_shape))
 
 
-@pytest.mark.parametrize("weight", [torch.zeros(8, 16), torch.zeros(6, 16, dtype=torch.bfloat16),
-                                    torch.zeros(16, 8, dtype=torch.bfloat16).t()])
+@pytest.mark.parametrize(
+    "weight",
+    [torch.zeros(8, 16), torch.zeros(6, 16, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16).t()],
+)
 def test_a_dense_weight_it_cannot_read_is_refused(weight):
     """float32, a ragged row count, a transposed view: each would be read as something else."""
     with pytest.raises(ValueError, match="contiguous bf16 weight"):
@@ -92,7 +99,7 @@ def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, win
         kv = flat[table[s][pos // bs] * bs + pos % bs].view(-1, 2, kv_heads, dim)
         k = kv[:, 0].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         v = kv[:, 1].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
-        qs = q[s, :heads * dim].double().view(heads, 1, dim)
+        qs = q[s, : heads * dim].double().view(heads, 1, dim)
         scores = qs @ k.transpose(1, 2) * scale
         p = torch.softmax(scores if softcap is None else torch.tanh(scores / softcap) * softcap, -1)
         out[s] = (p @ v).view(-1)
@@ -101,11 +108,21 @@ def _reference_attention(q, cache, table, lens, heads, kv_heads, dim, scale, win
 
 @pytest.mark.parametrize("allow_avx512", [True, False], ids=["best-isa", "avx2"])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads,dim,block_size,window", [
-    (9, 3, 64, 16, None), (4, 4, 128, 4, None), (8, 2, 8, 1, 5), (6, 3, 24, 8, 13), (2, 1, 256, 16, None),
-    (16, 2, 48, 16, None), (7, 7, 40, 2, 9)])
-def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_heads, dim, block_size, window,
-                                                        allow_avx512):
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,block_size,window",
+    [
+        (9, 3, 64, 16, None),
+        (4, 4, 128, 4, None),
+        (8, 2, 8, 1, 5),
+        (6, 3, 24, 8, 13),
+        (2, 1, 256, 16, None),
+        (16, 2, 48, 16, None),
+        (7, 7, 40, 2, 9),
+    ],
+)
+def test_paged_decode_attention_matches_dense_attention(
+    cache_dtype, heads, kv_heads, dim, block_size, window, allow_avx512
+):
     # The kernel has an AVX2 and an AVX-512 variant (chosen by CPUID); the second id forces the
     # first, so an AVX-512 CPU checks both. Shapes cover 1-8 query heads per KV head (passes of
     # up to 3), head dims with every remainder mod 32, and lengths around the 4/8-key blocks.
@@ -114,10 +131,10 @@ def test_paged_decode_attention_matches_dense_attention(cache_dtype, heads, kv_h
     cache = torch.randn(num_blocks, block_size, 2 * kv_heads * dim, generator=gen).to(cache_dtype)
     lens = torch.tensor([1, 2, block_size, block_size + 1, 3 * block_size - 1, 37, 100])
     nb = -(-int(lens.max()) // block_size)
-    table = (torch.randperm(num_blocks - 1, generator=gen)[:seqs * nb] + 1).view(seqs, nb)
+    table = (torch.randperm(num_blocks - 1, generator=gen)[: seqs * nb] + 1).view(seqs, nb)
     qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim, generator=gen)  # q is a strided slice of it
-    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, allow_avx512)
-    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window)
+    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim**-0.5, window, allow_avx512)
+    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim**-0.5, window)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -133,11 +150,12 @@ def test_paged_decode_attention_soft_caps_scores_as_gemma2(softcap, cache_dtype,
     cache = (torch.randn(200, block_size, 2 * kv_heads * dim, generator=gen) * 2).to(cache_dtype)
     lens = torch.tensor([1, 3, 8, 9, 17, 40])
     nb = -(-int(lens.max()) // block_size)
-    table = (torch.randperm(199, generator=gen)[:len(lens) * nb] + 1).view(len(lens), nb)
+    table = (torch.randperm(199, generator=gen)[: len(lens) * nb] + 1).view(len(lens), nb)
     q = torch.randn(len(lens), heads * dim, generator=gen) * 2
-    got = decode_attention(q, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, allow_avx512,
-                           softcap=softcap)
-    want = _reference_attention(q, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, window, softcap)
+    got = decode_attention(
+        q, cache, table, lens, heads, kv_heads, dim, dim**-0.5, window, allow_avx512, softcap=softcap
+    )
+    want = _reference_attention(q, cache, table, lens, heads, kv_heads, dim, dim**-0.5, window, softcap)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -147,11 +165,11 @@ def test_paged_decode_attention_of_bf16_queries_answers_in_bf16():
     heads, kv_heads, dim, block_size = 9, 3, 64, 16
     cache = torch.randn(40, block_size, 2 * kv_heads * dim, generator=gen).to(torch.bfloat16)
     lens = torch.tensor([1, 17, 100])
-    table = (torch.randperm(39, generator=gen)[:3 * 7] + 1).view(3, 7)
+    table = (torch.randperm(39, generator=gen)[: 3 * 7] + 1).view(3, 7)
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen).to(torch.bfloat16)
-    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, None)
+    got = decode_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim**-0.5, None)
     assert got.dtype == torch.bfloat16 and got.shape == (3, heads * dim)
-    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim ** -0.5, None)
+    want = _reference_attention(qkv, cache, table, lens, heads, kv_heads, dim, dim**-0.5, None)
     torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)  # bf16 rounding of the answer
 
 
@@ -164,8 +182,9 @@ def test_paged_decode_attention_softmax_of_extreme_scores():
     q = torch.ones(1, dim)
     out = decode_attention(q, cache, torch.tensor([[1]]), torch.tensor([4]), 1, 1, dim, 1.0, None)
     assert torch.equal(out, torch.full((1, dim), 4.0))
-    assert torch.isfinite(decode_attention(-q, cache, torch.tensor([[1]]), torch.tensor([4]), 1, 1, dim, 1.0,
-                                           None)).all()
+    assert torch.isfinite(
+        decode_attention(-q, cache, torch.tensor([[1]]), torch.tensor([4]), 1, 1, dim, 1.0, None)
+    ).all()
 
 
 @pytest.mark.parametrize("table,lens", [([[5]], [3]), ([[-1]], [3]), ([[1]], [5]), ([[1]], [0])])
@@ -208,8 +227,10 @@ def test_activation_kernels_refuse_ragged_widths():
         activation.silu_and_mul(torch.zeros(2, 12))
 
 
-bf16_kernels = pytest.mark.skipif(not activation.supports(torch.device("cpu"), torch.bfloat16, 16),
-                                  reason="the bf16 activation kernels need AVX-512 BF16")
+bf16_kernels = pytest.mark.skipif(
+    not activation.supports(torch.device("cpu"), torch.bfloat16, 16),
+    reason="the bf16 activation kernels need AVX-512 BF16",
+)
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -221,7 +242,7 @@ def _assert_within_bf16_rounding(got: torch.Tensor, exact: torch.Tensor, roundin
     """Each rounding to bf16 is off by at most half an ulp, 2^-9 relative (normal range)."""
     assert got.dtype == torch.bfloat16
     err = (got.double() - exact).abs()
-    assert (err <= exact.abs() * roundings * 2.0 ** -8 + 1e-30).all(), err.max()
+    assert (err <= exact.abs() * roundings * 2.0**-8 + 1e-30).all(), err.max()
 
 
 @bf16_kernels
@@ -262,7 +283,7 @@ def test_bf16_silu_and_mul_against_float64(scale):
     # torch's bf16 silu then multiply: the same two roundings, so at most one bf16 ulp apart
     # (its exp differs in the last float32 bits, and its far tail is 0 where ours is ~1e-35)
     want = (F.silu(x[:, :48]) * x[:, 48:]).double()
-    assert ((got.double() - want).abs() <= want.abs() * 2.0 ** -7 + 1e-30).all()
+    assert ((got.double() - want).abs() <= want.abs() * 2.0**-7 + 1e-30).all()
 
 
 @bf16_kernels
@@ -272,8 +293,9 @@ def test_bf16_rounding_keeps_nan_and_infinity():
     assert torch.isnan(got[0]) and got[1] == float("inf")  # silu(inf) * 2 = inf, never rounded into NaN
 
 
-def _rotate_reference(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int,
-                      head_dim: int) -> torch.Tensor:
+def _rotate_reference(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, heads: int, head_dim: int
+) -> torch.Tensor:
     """Adjacent-pair rotation in float64, untouched columns after the first heads * head_dim."""
     out = qkv.double().clone()
     cols = heads * head_dim
@@ -302,8 +324,8 @@ def test_rotary_matches_float64_and_leaves_v_alone(dtype, head_dim):
     if dtype == torch.float32:
         torch.testing.assert_close(qkv.double(), want, rtol=1e-6, atol=1e-6)
     else:
-        torch.testing.assert_close(qkv.double(), _bf16(want), rtol=2.0 ** -8, atol=1e-6)
-    assert torch.equal(qkv[:, heads * head_dim:], base[:, heads * head_dim:])
+        torch.testing.assert_close(qkv.double(), _bf16(want), rtol=2.0**-8, atol=1e-6)
+    assert torch.equal(qkv[:, heads * head_dim :], base[:, heads * head_dim :])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -337,8 +359,12 @@ def test_large_calls_split_over_threads_give_the_single_thread_result(dtype):
 
     def run_all():
         hh, q = h.clone(), qkv.clone()
-        return (activation.rms_norm(x, w, 1e-5, residual=hh), hh, activation.silu_and_mul(gu),
-                activation.rotary_(q, positions, cos_sin, 12, 64))
+        return (
+            activation.rms_norm(x, w, 1e-5, residual=hh),
+            hh,
+            activation.silu_and_mul(gu),
+            activation.rotary_(q, positions, cos_sin, 12, 64),
+        )
 
     threads = torch.get_num_threads()
     try:

@@ -1,4 +1,5 @@
 """KVCacheManager: allocation, prefix caching, reference counts and LRU eviction."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -163,8 +164,11 @@ def test_reset_prefix_cache_refused_while_blocks_are_in_use():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=14)),
-                min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=14)), min_size=1, max_size=40
+    )
+)
 def test_invariants_hold_under_random_admit_compute_free(ops):
     """Ref counts equal the number of block tables holding a block; free blocks have none;
     every cached digest points at a block carrying it."""

@@ -2,6 +2,7 @@
 planted entry, never blocks on what is planted in its directory, keeps its files private and its
 size bound, and the scheduler's side saves and loads exactly the right blocks (an emulated runner
 writes each token's KV as a function of its token and position)."""
+
 from __future__ import annotations
 
 import itertools
@@ -101,8 +102,9 @@ def test_an_entry_forged_without_the_secret_is_a_miss(tmp_path):
     assert bytes(store.load(digest(1))) == bytes(poison)
 
 
-@pytest.mark.parametrize("plant", ["fifo", "symlink_to_an_entry", "symlink_to_a_fifo", "directory",
-                                   "another_users_entry", "device"])
+@pytest.mark.parametrize(
+    "plant", ["fifo", "symlink_to_an_entry", "symlink_to_a_fifo", "directory", "another_users_entry", "device"]
+)
 def test_anything_but_a_regular_file_of_ours_at_an_entry_name_is_a_miss_and_never_blocks(tmp_path, plant):
     store = BlockStore(str(tmp_path / "kv"), LAYOUT, max_bytes=1 << 20)
     store.save(digest(1), payload(1))
@@ -153,8 +155,15 @@ def test_a_damaged_entry_is_a_miss(tmp_path, damage):
     assert store.load(digest(1)) is None
 
 
-@pytest.mark.parametrize("change", [dict(model_id="other"), dict(dtype="bfloat16", head_dim=16),
-                                    dict(block_size=8, num_layers=1), dict(num_kv_heads=2, head_dim=4)])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(model_id="other"),
+        dict(dtype="bfloat16", head_dim=16),
+        dict(block_size=8, num_layers=1),
+        dict(num_kv_heads=2, head_dim=4),
+    ],
+)
 def test_an_entry_written_for_another_model_or_geometry_is_a_miss_even_under_the_right_name(tmp_path, change):
     other = EntryLayout(**{**LAYOUT.__dict__, **change})
     assert other.payload_size == LAYOUT.payload_size  # so that only the header can tell them apart
@@ -290,12 +299,11 @@ def chained_hashes(request, num_tokens: int) -> list[bytes]:
     """The prefix cache's digests of the request's full blocks of 4 (the scheduler's BlockHashes)."""
     ids, digests = request.all_token_ids, [b""]
     for i in range(num_tokens // 4):
-        digests.append(hash_block(digests[-1], ids[i * 4:(i + 1) * 4]))
+        digests.append(hash_block(digests[-1], ids[i * 4 : (i + 1) * 4]))
     return digests[1:]
 
 
-def test_a_stalled_file_operation_costs_one_deadline_then_the_store_is_skipped_until_it_returns(
-        tmp_path, monkeypatch):
+def test_a_stalled_file_operation_costs_one_deadline_then_the_store_is_skipped_until_it_returns(tmp_path, monkeypatch):
     producer = scheduler_with(connector(tmp_path, "kv_producer"))
     tokens = list(range(500, 517))  # 17 tokens: 4 blocks saved
     producer.add_request(make_request("p", tokens, max_tokens=1))
@@ -308,8 +316,7 @@ def test_a_stalled_file_operation_costs_one_deadline_then_the_store_is_skipped_u
     # A filesystem whose open can wait in the kernel (a network mount whose server is away): a FIFO
     # opened without O_NONBLOCK waits just so, for a writer.
     monkeypatch.setattr(store_dir, "_OPEN_READ", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    first = call_within(60, fifo, lambda: conn.get_num_new_matched_tokens(make_request("a", tokens), 0,
-                                                                           chained_hashes))
+    first = call_within(60, fifo, lambda: conn.get_num_new_matched_tokens(make_request("a", tokens), 0, chained_hashes))
     assert first == 0  # the deadline passed: nothing loaded, the request is computed
     assert conn.get_num_new_matched_tokens(make_request("b", tokens), 0, chained_hashes) == 0  # still stalled
     os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the "server" is back: the stuck open returns

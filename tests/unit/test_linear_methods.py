@@ -1,4 +1,5 @@
 """Each LinearMethod (engine/models/linear.py) against plain float math on the same weight values."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ def test_bf16_gemv_method_is_float32_math_on_the_bf16_values(out_features):
         x = torch.randn(rows, 576)
         torch.testing.assert_close(m.apply(x), F.linear(x, w), rtol=1e-4, atol=1e-4)
     bias = torch.randn(out_features)
-    torch.testing.assert_close(m.apply(torch.ones(2, 576), bias), F.linear(torch.ones(2, 576), w, bias),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        m.apply(torch.ones(2, 576), bias), F.linear(torch.ones(2, 576), w, bias), rtol=1e-4, atol=1e-4
+    )
     ids = torch.tensor([0, 5, out_features - 1, 3])
     assert torch.equal(m.rows(ids), w[ids])
 
@@ -71,7 +73,7 @@ def test_gguf_method_batches_in_groups_and_reads_rows_dequantized():
     want = x @ dense.t()
     got = m.apply(x)
     assert (got - want).norm() / want.norm() < 0.02  # int8 activations per block of 32
-    torch.testing.assert_close(got[:quant.MAX_ROWS], m.apply(x[:quant.MAX_ROWS]))  # groups: row-independent
+    torch.testing.assert_close(got[: quant.MAX_ROWS], m.apply(x[: quant.MAX_ROWS]))  # groups: row-independent
     ids = torch.tensor([7, 0, 63])
     torch.testing.assert_close(m.rows(ids), dense[ids])
     assert m.nbytes == data.numel()

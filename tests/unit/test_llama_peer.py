@@ -1,5 +1,6 @@
 """The llama.cpp peer's command and tree lookup, and the realistic model's shape (no llama.cpp
 needed); one end-to-end start of llama-server on a tiny GGUF where a llama.cpp build exists."""
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,7 @@ def test_llama_server_answers_a_completion_on_a_converted_tiny_model(tmp_path):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf)).save_pretrained(hf)
     gguf = realistic_models.convert_to_gguf(hf, str(tmp_path / "tiny.gguf"))
-    url, process = peer.start_llama_server(gguf, threads=1, parallel=2, ctx=512,
-                                           log_path=str(tmp_path / "server.log"))
+    url, process = peer.start_llama_server(gguf, threads=1, parallel=2, ctx=512, log_path=str(tmp_path / "server.log"))
     try:
         body = json.dumps({"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True}).encode()
         request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})

@@ -5,6 +5,7 @@ merged: each adapter and the base in one batch, chunked prefill, rsLoRA, a llama
 adapter; the update on top of every linear method; the bad adapters refused by name; at most
 ``max_loras`` adapters running at once; blocks of one adapter never serving another.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def test_each_adapter_and_the_base_in_one_batch_equal_transformers_merged(models
             refs.append(hf_greedy(merged, prompt, NUM_TOKENS))
     generate(runner, reqs, NUM_TOKENS, chunk=5)  # chunked prefill beside decodes of other adapters
     assert [r.output_token_ids for r in reqs] == refs
-    assert len({tuple(r) for r in refs[::len(PROMPTS)]}) == 4  # every adapter changed the output
+    assert len({tuple(r) for r in refs[:: len(PROMPTS)]}) == 4  # every adapter changed the output
 
 
 def test_slots_are_reused_when_more_adapters_than_slots_run_over_time(models):
@@ -92,8 +93,7 @@ def test_update_is_added_on_top_of_every_linear_method(method):
         blocks = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
         base = GGUFLinear(GGUFBlocks(torch.from_numpy(blocks), int(gguf.GGMLQuantizationType.Q8_0), 96, 64))
     batch = LoRABatch()
-    lora = LoRAWeights([32, 64], 64, slots=2, max_rank=8, dtype=torch.float32, device=torch.device("cpu"),
-                       batch=batch)
+    lora = LoRAWeights([32, 64], 64, slots=2, max_rank=8, dtype=torch.float32, device=torch.device("cpu"), batch=batch)
     a0, b0, a1, b1 = torch.randn(4, 64), torch.randn(32, 4), torch.randn(4, 64), torch.randn(64, 4)
     lora.set_slot(1, 4, [(a0, b0), (a1, b1)])
     linear = Linear(base)
@@ -120,13 +120,16 @@ def manager(models):
     return _runner(models[0]).lora
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"use_dora": True}, "use_dora"),
-    ({"bias": "lora_only"}, "bias"),
-    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"target_modules": ["q_proj", "embed_tokens"]}, "embed_tokens"),
-    ({"rank_pattern": {"q_proj": 4}}, "rank_pattern"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"use_dora": True}, "use_dora"),
+        ({"bias": "lora_only"}, "bias"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"target_modules": ["q_proj", "embed_tokens"]}, "embed_tokens"),
+        ({"rank_pattern": {"q_proj": 4}}, "rank_pattern"),
+    ],
+)
 def test_unsupported_adapter_config_is_refused_by_name(models, manager, tmp_path, change, message):
     import shutil
 
@@ -192,12 +195,15 @@ def test_prefix_cache_blocks_of_one_adapter_never_serve_another_or_the_base():
     assert tuple(kv.block_hashes(again, len(prompt))) == digests[1]
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(max_loras=0), "max_loras must be an int >= 1"),
-    (dict(max_lora_rank=12), r"max_lora_rank \(12\) must be one of"),
-    (dict(max_loras=4, max_cpu_loras=2), r"max_cpu_loras \(2\) must be an int >= max_loras \(4\)"),
-    (dict(compilation_config=1), "enable_lora: the compiled graphs"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(max_loras=0), "max_loras must be an int >= 1"),
+        (dict(max_lora_rank=12), r"max_lora_rank \(12\) must be one of"),
+        (dict(max_loras=4, max_cpu_loras=2), r"max_cpu_loras \(2\) must be an int >= max_loras \(4\)"),
+        (dict(compilation_config=1), "enable_lora: the compiled graphs"),
+    ],
+)
 def test_lora_limits_are_checked_by_name(tiny_model_dir, fields, message):
     from engine.config import EngineArgs
 

@@ -10,6 +10,7 @@ projections and longrope (short factors below 32 positions, long from there: the
 tokens cross it), Phi-4-mini's partial rotary factor. Prompts run through prefill in one piece
 and in chunks over 4-token KV blocks, then greedy decode.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,39 +20,102 @@ from transformers import Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
 from engine.config import EngineArgs
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
-from tests.helpers.hf_families import (add_gguf_tensor, as_read_back, chunked_prompt_logprobs, finish_gguf,
-                                       generate_prompts, gguf_writer, random_hf_model, saved_family, use_torch_ops)
+from tests.helpers.hf_families import (
+    add_gguf_tensor,
+    as_read_back,
+    chunked_prompt_logprobs,
+    finish_gguf,
+    generate_prompts,
+    gguf_writer,
+    random_hf_model,
+    saved_family,
+    use_torch_ops,
+)
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 from tests.unit.test_models import PROMPTS, hf_greedy, hf_prompt_logprobs
 
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
-            initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 _GEMMA = dict(sliding_window=5, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=16)
-_LONGROPE = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
-                 long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0])
+_LONGROPE = dict(
+    rope_type="longrope",
+    rope_theta=10000.0,
+    short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+    long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0],
+)
 FAMILIES = {
-    "gemma2": (Gemma2Config, dict(_GEMMA, architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=4.0,
-                                  final_logit_softcapping=6.0)),
-    "gemma2-scalar": (Gemma2Config, dict(_GEMMA, architectures=["Gemma2ForCausalLM"], query_pre_attn_scalar=24,
-                                         attn_logit_softcapping=4.0, final_logit_softcapping=6.0)),
-    "gemma3": (Gemma3TextConfig, dict(_GEMMA, architectures=["Gemma3ForCausalLM"], sliding_window_pattern=2,
-                                      rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
-                                                                              rope_theta=1e6),
-                                                       "sliding_attention": dict(rope_type="default",
-                                                                                 rope_theta=100.0)})),
-    "phi3": (Phi3Config, dict(architectures=["Phi3ForCausalLM"], sliding_window=7, original_max_position_embeddings=32,
-                              rope_parameters=dict(_LONGROPE))),
-    "phi4-mini": (Phi3Config, dict(architectures=["Phi3ForCausalLM"], original_max_position_embeddings=32,
-                                   tie_word_embeddings=True, rope_parameters=dict(
-                                       _LONGROPE, partial_rotary_factor=0.75,
-                                       short_factor=_LONGROPE["short_factor"][:6],
-                                       long_factor=_LONGROPE["long_factor"][:6]))),
+    "gemma2": (
+        Gemma2Config,
+        dict(_GEMMA, architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
+    ),
+    "gemma2-scalar": (
+        Gemma2Config,
+        dict(
+            _GEMMA,
+            architectures=["Gemma2ForCausalLM"],
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=4.0,
+            final_logit_softcapping=6.0,
+        ),
+    ),
+    "gemma3": (
+        Gemma3TextConfig,
+        dict(
+            _GEMMA,
+            architectures=["Gemma3ForCausalLM"],
+            sliding_window_pattern=2,
+            rope_parameters={
+                "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1e6),
+                "sliding_attention": dict(rope_type="default", rope_theta=100.0),
+            },
+        ),
+    ),
+    "phi3": (
+        Phi3Config,
+        dict(
+            architectures=["Phi3ForCausalLM"],
+            sliding_window=7,
+            original_max_position_embeddings=32,
+            rope_parameters=dict(_LONGROPE),
+        ),
+    ),
+    "phi4-mini": (
+        Phi3Config,
+        dict(
+            architectures=["Phi3ForCausalLM"],
+            original_max_position_embeddings=32,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                _LONGROPE,
+                partial_rotary_factor=0.75,
+                short_factor=_LONGROPE["short_factor"][:6],
+                long_factor=_LONGROPE["long_factor"][:6],
+            ),
+        ),
+    ),
     # YaRN on a family that ships it (Qwen's long-context configs): interpolated low frequencies,
     # cos and sin scaled by its attention factor
-    "qwen3-yarn": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], max_position_embeddings=128,
-                                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                                          original_max_position_embeddings=32))),
+    "qwen3-yarn": (
+        Qwen3Config,
+        dict(
+            architectures=["Qwen3ForCausalLM"],
+            max_position_embeddings=128,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32),
+        ),
+    ),
 }
 
 
@@ -122,7 +186,7 @@ def test_soft_capped_attention_in_bounded_slices_matches_transformers(tmp_path, 
     reqs = [make_request(str(i), p, prompt_logprobs=0) for i, p in enumerate(PROMPTS)]
     out = step(runner, reqs, 8)
     rows = out.prompt_logprobs["0"].logprobs
-    assert [row[0] for row in rows] == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0])[:len(rows)], abs=2e-4)
+    assert [row[0] for row in rows] == pytest.approx(hf_prompt_logprobs(hf, PROMPTS[0])[: len(rows)], abs=2e-4)
     generate(runner, reqs, 12, 8)
     for r in reqs:
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 12)
@@ -146,8 +210,11 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     from engine.models.default_model import write_tiny_model
 
     path = write_tiny_model(str(tmp_path), architectures=["Gemma3ForConditionalGeneration"])
-    with pytest.raises(ValueError, match=r"Gemma3ForConditionalGeneration.*supported: LlamaForCausalLM.*"
-                                         r"Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"):
+    with pytest.raises(
+        ValueError,
+        match=r"Gemma3ForConditionalGeneration.*supported: LlamaForCausalLM.*"
+        r"Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM",
+    ):
         EngineArgs(model=path, load_format="dummy").create_engine_config()
 
 
@@ -156,13 +223,15 @@ def test_dynamic_rope_is_refused_naming_the_supported_types(tmp_path):
     from engine.models.default_model import write_tiny_model
 
     path = write_tiny_model(str(tmp_path), rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported; supported: default, linear, llama3, "
-                                         "yarn, longrope"):
+    with pytest.raises(
+        ValueError, match="rope type 'dynamic' is not supported; supported: default, linear, llama3, yarn, longrope"
+    ):
         make_runner(path, load_format="dummy")
 
 
-@pytest.mark.parametrize("field, value", [("query_pre_attn_scalar", 0), ("attn_logit_softcapping", -1.0),
-                                          ("final_logit_softcapping", 0.0)])
+@pytest.mark.parametrize(
+    "field, value", [("query_pre_attn_scalar", 0), ("attn_logit_softcapping", -1.0), ("final_logit_softcapping", 0.0)]
+)
 def test_gemma_config_values_that_cannot_run_are_refused_naming_the_field(field, value, tmp_path):
     cls, extra = FAMILIES["gemma2"]
     cls(**{**TINY, **extra, field: value}).save_pretrained(str(tmp_path))
@@ -173,12 +242,23 @@ def test_gemma_config_values_that_cannot_run_are_refused_naming_the_field(field,
 # ---------------------------------------------------------------- the same weights as GGUF files
 
 _GGUF_ARCH = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "phi4-mini": "phi3"}
-_LAYER_GGUF = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm",
-               "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
-               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-               "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+_LAYER_GGUF = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+}
 
 
 def _gguf_name(hf: str, arch: str) -> str:
@@ -265,9 +345,13 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, 40)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("attn_logit_softcapping", "fifty", "gemma2.attn_logit_softcapping must be a number, got 'fifty'"),
-    ("block_count", 0, "num_hidden_layers must be a positive integer, got 0")])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("attn_logit_softcapping", "fifty", "gemma2.attn_logit_softcapping must be a number, got 'fifty'"),
+        ("block_count", 0, "num_hidden_layers must be a positive integer, got 0"),
+    ],
+)
 def test_gguf_metadata_that_cannot_build_the_model_is_refused_naming_the_key(key, value, message, tmp_path):
     """A file's metadata is input: a value of the wrong type or size is a ValueError naming it,
     before any model is built."""
@@ -281,8 +365,9 @@ def test_gguf_metadata_that_cannot_build_the_model_is_refused_naming_the_key(key
         if field_name.startswith(("GGUF.", "general.architecture")) or field_name == f"gemma2.{key}":
             continue
         w.add_key_value(field_name, field.contents(), field.types[0])
-    w.add_key_value(f"gemma2.{key}", value,
-                    gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
+    w.add_key_value(
+        f"gemma2.{key}", value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32
+    )
     w.add_tensor("token_embd.weight", np.zeros((512, 64), dtype=np.float32))
     finish_gguf(w)
     with pytest.raises(ValueError, match=message):

@@ -6,6 +6,7 @@ transformers and compared logprob for logprob and token for token, through
 prefill in one piece, chunked prefill over many small KV blocks, and decode.
 The real default model is compared token for token in the few tests marked ``model``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,22 +21,44 @@ from engine.models.default_model import default_model_path, write_tiny_model
 from tests.helpers.hf_families import chunked_prompt_logprobs, generate_prompts
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-            rope_theta=10000.0, initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 FAMILIES = {
     "llama": (LlamaConfig, dict(architectures=["LlamaForCausalLM"], tie_word_embeddings=True)),
-    "llama3-rope": (LlamaConfig, dict(architectures=["LlamaForCausalLM"], rope_scaling=dict(
-        rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=64))),
+    "llama3-rope": (
+        LlamaConfig,
+        dict(
+            architectures=["LlamaForCausalLM"],
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=4.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+    ),
     "qwen2": (Qwen2Config, dict(architectures=["Qwen2ForCausalLM"], tie_word_embeddings=False)),
     # per-head q/k RMSNorm, no qkv bias, head_dim apart from hidden / heads, untied (and tied) head
     "qwen3": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False, head_dim=32)),
     "qwen3-tied": (Qwen3Config, dict(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True)),
     "mistral": (MistralConfig, dict(architectures=["MistralForCausalLM"], sliding_window=7)),
 }
-PROMPTS = [[5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9],
-           [44, 45, 46], [200]]
+PROMPTS = [[5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9], [44, 45, 46], [200]]
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -202,6 +225,7 @@ def test_checkpoint_missing_a_tensor_is_a_clear_error(family, tmp_path):
 
 # ---------------------------------------------------------------- the real default model
 
+
 @pytest.fixture(scope="module")
 def smollm():
     """(runner, HF model) on the default model in float32."""
@@ -235,8 +259,12 @@ def test_default_model_batch_of_different_lengths_equal_or_near_tie(smollm):
     """Batched numerics differ slightly from one-at-a-time ones, so a flip between two nearly
     equal candidates is allowed at the first difference (as in vLLM's own tests)."""
     runner, hf = smollm
-    texts = ["Hi!", "Explain photosynthesis in two sentences.", "List three prime numbers and say why.",
-             "Translate 'good morning' to French, German and Spanish, one per line please."]
+    texts = [
+        "Hi!",
+        "Explain photosynthesis in two sentences.",
+        "List three prime numbers and say why.",
+        "Translate 'good morning' to French, German and Spanish, one per line please.",
+    ]
     reqs = [make_request(f"batch-{i}", _chat(t), max_tokens=24, logprobs=5) for i, t in enumerate(texts)]
     outs = generate(runner, reqs, 24)
     for r in reqs:

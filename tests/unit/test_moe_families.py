@@ -10,6 +10,7 @@ top-2 and its checkpoint names (``block_sparse_moe``, ``w1/w2/w3``); OLMoE's q/k
 whole projections and top-k weights left as the softmax gave them. Norm weights are random, so a
 q/k norm applied per head where it should be whole (or the reverse) shows.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,18 +19,49 @@ from transformers import MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
 from engine.models import get_model_class
 from engine.models.default_model import default_tokenizer_path
-from tests.helpers.hf_families import (add_gguf_tensor, as_read_back, chunked_prompt_logprobs, finish_gguf,
-                                       generate_prompts, gguf_writer, llama_permute, random_hf_model, saved_family,
-                                       use_torch_ops)
+from tests.helpers.hf_families import (
+    add_gguf_tensor,
+    as_read_back,
+    chunked_prompt_logprobs,
+    finish_gguf,
+    generate_prompts,
+    gguf_writer,
+    llama_permute,
+    random_hf_model,
+    saved_family,
+    use_torch_ops,
+)
 from tests.helpers.runner_utils import generate, make_request, make_runner, step
 from tests.unit.test_models import PROMPTS, hf_greedy, hf_prompt_logprobs
 
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
-            initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2, num_experts_per_tok=2)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+    num_experts_per_tok=2,
+)
 FAMILIES = {
-    "qwen3-moe": (Qwen3MoeConfig, dict(architectures=["Qwen3MoeForCausalLM"], num_experts=4, intermediate_size=96,
-                                       moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen3-moe": (
+        Qwen3MoeConfig,
+        dict(
+            architectures=["Qwen3MoeForCausalLM"],
+            num_experts=4,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
     "mixtral": (MixtralConfig, dict(architectures=["MixtralForCausalLM"], num_local_experts=4)),
     "olmoe": (OlmoeConfig, dict(architectures=["OlmoeForCausalLM"], num_experts=4, norm_topk_prob=False)),
 }
@@ -78,8 +110,11 @@ def test_greedy_batch_matches_transformers(family, chunk, kernels, monkeypatch):
         assert r.output_token_ids == hf_greedy(hf, r.prompt_token_ids, NUM_TOKENS)
 
 
-@pytest.mark.parametrize("args", [dict(dtype="bfloat16"), dict(dtype="float16"), dict(quantization="int8"),
-                                  dict(deterministic=True)], ids=["bf16", "fp16", "int8", "deterministic"])
+@pytest.mark.parametrize(
+    "args",
+    [dict(dtype="bfloat16"), dict(dtype="float16"), dict(quantization="int8"), dict(deterministic=True)],
+    ids=["bf16", "fp16", "int8", "deterministic"],
+)
 def test_other_weight_formats_track_float32(family, args):
     """Half precision, W8A8 experts and the deterministic path run the experts too: held as
     ``assert_tracks`` says (the deterministic path, float32, to 2e-4)."""
@@ -171,12 +206,16 @@ def test_dummy_weights_build_every_family(family):
     assert len(out.sampled_token_ids) == 1
 
 
-@pytest.mark.parametrize("name, changes, message", [
-    ("mixtral", dict(num_experts_per_tok=5), r"num_experts_per_tok \(5\) must not exceed num_experts \(4\)"),
-    ("qwen3-moe", dict(num_experts=0), "num_experts must be a positive integer, got 0"),
-    ("qwen3-moe", dict(num_experts=10 ** 9), "num_experts must be at most 4096, got 1000000000"),
-    ("qwen3-moe", dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer, got 0"),
-    ("olmoe", dict(clip_qkv=8.0), "clip_qkv=8.0 is not supported")])
+@pytest.mark.parametrize(
+    "name, changes, message",
+    [
+        ("mixtral", dict(num_experts_per_tok=5), r"num_experts_per_tok \(5\) must not exceed num_experts \(4\)"),
+        ("qwen3-moe", dict(num_experts=0), "num_experts must be a positive integer, got 0"),
+        ("qwen3-moe", dict(num_experts=10**9), "num_experts must be at most 4096, got 1000000000"),
+        ("qwen3-moe", dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer, got 0"),
+        ("olmoe", dict(clip_qkv=8.0), "clip_qkv=8.0 is not supported"),
+    ],
+)
 def test_expert_config_values_that_cannot_run_are_refused_naming_the_field(name, changes, message, tmp_path):
     cls, extra = FAMILIES[name]
     cls(**{**TINY, **extra, **changes}).save_pretrained(str(tmp_path))
@@ -199,11 +238,21 @@ def test_an_expert_past_num_experts_is_refused_naming_it(tmp_path):
 # ---------------------------------------------------------------- the same weights as GGUF files
 
 _GGUF_ARCH = {"qwen3-moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe"}
-_LAYER_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-               "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp"}
+_LAYER_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+}
 
 
 def _gguf_tensors(hf, arch: str) -> dict[str, np.ndarray]:
@@ -330,12 +379,19 @@ def _without_key(name: str, drop: str, tmp_path) -> str:
     return str(tmp_path / "bad.gguf")
 
 
-@pytest.mark.parametrize("name, drop, message", [
-    ("qwen3-moe", "expert_count", "qwen3moe.expert_count must be a positive integer, got None"),
-    ("olmoe", "expert_used_count", "olmoe.expert_used_count must be a positive integer, got None"),
-    ("mixtral", "attention.layer_norm_rms_epsilon",
-     "llama.attention.layer_norm_rms_epsilon must be one number in the file, got None"),
-    ("olmoe", "feed_forward_length", "olmoe.feed_forward_length must be one number in the file, got None")])
+@pytest.mark.parametrize(
+    "name, drop, message",
+    [
+        ("qwen3-moe", "expert_count", "qwen3moe.expert_count must be a positive integer, got None"),
+        ("olmoe", "expert_used_count", "olmoe.expert_used_count must be a positive integer, got None"),
+        (
+            "mixtral",
+            "attention.layer_norm_rms_epsilon",
+            "llama.attention.layer_norm_rms_epsilon must be one number in the file, got None",
+        ),
+        ("olmoe", "feed_forward_length", "olmoe.feed_forward_length must be one number in the file, got None"),
+    ],
+)
 def test_a_gguf_without_a_key_llama_cpp_requires_is_refused_naming_it(name, drop, message, tmp_path):
     """The expert counts, the norms' epsilon and the MLP width come from the file, never from a
     transformers class default (Mixtral's would be 8 experts of 14336, OLMoE's 64 of 2048)."""

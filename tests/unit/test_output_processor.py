@@ -1,5 +1,6 @@
 """OutputProcessor with the default model's real tokenizer: detokenization, stop strings,
 finish reasons, output kinds, n > 1 merging and logprobs."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,9 +42,13 @@ def feed(processor, request_id, token_ids, finish_reason=None, stop_reason=None,
     results = []
     for i in range(0, len(token_ids), per_step):
         done = i + per_step >= len(token_ids)
-        out = EngineCoreOutput(request_id, token_ids[i:i + per_step],
-                               finish_reason=finish_reason if done else None,
-                               stop_reason=stop_reason if done else None, **(last if done else {}))
+        out = EngineCoreOutput(
+            request_id,
+            token_ids[i : i + per_step],
+            finish_reason=finish_reason if done else None,
+            stop_reason=stop_reason if done else None,
+            **(last if done else {}),
+        )
         results.append(processor.process_outputs([out]))
     return results
 
@@ -63,8 +68,11 @@ def test_streaming_never_emits_a_broken_utf8_character(processor, tokenizer):
 
 def test_delta_concatenation_equals_cumulative_equals_final_only(processor, tokenizer):
     ids = tokenizer.encode(TEXT)
-    for kind, rid in ((RequestOutputKind.DELTA, "d"), (RequestOutputKind.CUMULATIVE, "c"),
-                      (RequestOutputKind.FINAL_ONLY, "f")):
+    for kind, rid in (
+        (RequestOutputKind.DELTA, "d"),
+        (RequestOutputKind.CUMULATIVE, "c"),
+        (RequestOutputKind.FINAL_ONLY, "f"),
+    ):
         add(processor, tokenizer, rid, output_kind=kind)
     delta = feed(processor, "d", ids, FinishReason.LENGTH)
     cumulative = feed(processor, "c", ids, FinishReason.LENGTH)
@@ -79,8 +87,13 @@ def test_delta_concatenation_equals_cumulative_equals_final_only(processor, toke
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_spanning_tokens_ends_the_request_and_asks_the_core_to_abort(processor, tokenizer, include):
     ids = tokenizer.encode("one two three four five")
-    add(processor, tokenizer, stop=["ee fo"], include_stop_str_in_output=include,
-        output_kind=RequestOutputKind.CUMULATIVE)
+    add(
+        processor,
+        tokenizer,
+        stop=["ee fo"],
+        include_stop_str_in_output=include,
+        output_kind=RequestOutputKind.CUMULATIVE,
+    )
     results = feed(processor, "r", ids)
     hit = next(i for i, r in enumerate(results) if r.reqs_to_abort)
     assert results[hit].reqs_to_abort == ["r"]
@@ -100,7 +113,7 @@ def test_streamed_text_holds_back_a_possible_stop_string_prefix(processor, token
         shown += "".join(texts([result]))
         so_far = tokenizer.decode(ids[:n])
         held = 0 if n == len(ids) else len("abc abd!") - 1  # everything comes out at the finish
-        assert shown == so_far[:max(0, len(so_far) - held)]
+        assert shown == so_far[: max(0, len(so_far) - held)]
     assert shown == text
 
 
@@ -120,13 +133,16 @@ def test_finish_reasons_and_stop_token_text(processor, tokenizer):
     add(processor, tokenizer, "abort", output_kind=RequestOutputKind.FINAL_ONLY)
     add(processor, tokenizer, "err", output_kind=RequestOutputKind.FINAL_ONLY)
     got = {}
-    for rid, toks, reason, stop in (("eos", ids + [EOS], FinishReason.STOP, None),
-                                    ("tok", ids, FinishReason.STOP, ids[-1]),
-                                    ("len", ids, FinishReason.LENGTH, None),
-                                    ("abort", ids, FinishReason.ABORT, None)):
+    for rid, toks, reason, stop in (
+        ("eos", ids + [EOS], FinishReason.STOP, None),
+        ("tok", ids, FinishReason.STOP, ids[-1]),
+        ("len", ids, FinishReason.LENGTH, None),
+        ("abort", ids, FinishReason.ABORT, None),
+    ):
         got[rid] = feed(processor, rid, toks, reason, stop, per_step=len(toks))[0].request_outputs[0]
-    err = processor.process_outputs([EngineCoreOutput("err", [], finish_reason=FinishReason.ERROR,
-                                                      error="bad thing")]).request_outputs[0]
+    err = processor.process_outputs(
+        [EngineCoreOutput("err", [], finish_reason=FinishReason.ERROR, error="bad thing")]
+    ).request_outputs[0]
     assert (got["eos"].outputs[0].finish_reason, got["eos"].outputs[0].stop_reason) == ("stop", None)
     assert got["eos"].outputs[0].text == " a b" and got["eos"].outputs[0].token_ids[-1] == EOS
     assert (got["tok"].outputs[0].finish_reason, got["tok"].outputs[0].stop_reason) == ("stop", ids[-1])
@@ -181,8 +197,16 @@ def test_logprobs_become_vllm_dicts_with_decoded_tokens(processor, tokenizer):
     assert (row[comma].rank, row[comma].decoded_token) == (1, ",")
     assert first.outputs[0].cumulative_logprob == -1.5
     assert first.prompt_logprobs[0] is None and first.prompt_logprobs[1][hello].decoded_token == "hello"
-    second = processor.process_outputs([EngineCoreOutput("r", [comma], new_logprobs=LogprobsLists(
-        [[comma, comma]], [[-0.5, -0.5]], [1]), finish_reason=FinishReason.LENGTH)]).request_outputs[0]
+    second = processor.process_outputs(
+        [
+            EngineCoreOutput(
+                "r",
+                [comma],
+                new_logprobs=LogprobsLists([[comma, comma]], [[-0.5, -0.5]], [1]),
+                finish_reason=FinishReason.LENGTH,
+            )
+        ]
+    ).request_outputs[0]
     assert second.prompt_logprobs is None  # DELTA: prompt logprobs come once
     assert len(second.outputs[0].logprobs) == 1 and second.outputs[0].cumulative_logprob == -2.0
 
@@ -207,22 +231,30 @@ def test_prompt_ending_inside_a_character_does_not_repeat_the_prompt(processor, 
     processor.add_request(request, None)
     shown = "".join(texts(feed(processor, "r", ids[cut:], FinishReason.LENGTH)))
     # The character begun in the prompt comes out whole with the first output token.
-    assert shown == tokenizer.decode(ids)[len(tokenizer.decode(ids[:cut]).rstrip("\ufffd")):]
+    assert shown == tokenizer.decode(ids)[len(tokenizer.decode(ids[:cut]).rstrip("\ufffd")) :]
 
 
 def test_fold_merges_each_run_of_one_cores_messages_and_keeps_the_others_apart():
-    step = [EngineCoreOutputs(0, [EngineCoreOutput("a", [1])]), EngineCoreOutputs(0, [EngineCoreOutput("a", [2])]),
-            EngineCoreOutputs(1, [EngineCoreOutput("b", [3])]), EngineCoreOutputs(0, [EngineCoreOutput("a", [4])])]
+    step = [
+        EngineCoreOutputs(0, [EngineCoreOutput("a", [1])]),
+        EngineCoreOutputs(0, [EngineCoreOutput("a", [2])]),
+        EngineCoreOutputs(1, [EngineCoreOutput("b", [3])]),
+        EngineCoreOutputs(0, [EngineCoreOutput("a", [4])]),
+    ]
     folded = OutputProcessor.fold(step)
     assert [m.engine_index for m in folded] == [0, 1, 0]
     assert [[(o.request_id, o.new_token_ids) for o in m.outputs] for m in folded] == [
-        [("a", [1, 2])], [("b", [3])], [("a", [4])]]
+        [("a", [1, 2])],
+        [("b", [3])],
+        [("a", [4])],
+    ]
 
 
 def test_the_core_finished_requests_are_reported_and_a_stop_string_is_left_to_the_abort(processor, tokenizer):
     add(processor, tokenizer, "long", max_tokens=3)
     add(processor, tokenizer, "stopped", stop=["lo"])
     ids = tokenizer.encode(" hello")
-    result = processor.process_outputs([EngineCoreOutput("long", ids, finish_reason=FinishReason.LENGTH),
-                                        EngineCoreOutput("stopped", ids)])
+    result = processor.process_outputs(
+        [EngineCoreOutput("long", ids, finish_reason=FinishReason.LENGTH), EngineCoreOutput("stopped", ids)]
+    )
     assert result.finished_by_core == ["long"] and result.reqs_to_abort == ["stopped"]

@@ -1,4 +1,5 @@
 """``max_num_prefill_tokens="auto"``: the prompt tokens of a step follow a time budget, as measured."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,14 @@ def test_small_prefills_and_bad_timings_teach_nothing():
 
 
 def test_a_paced_scheduler_grows_its_cap_on_a_fast_machine_and_keeps_fcfs_order():
-    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="fcfs", enable_chunked_prefill=True,
-                             max_num_prefill_tokens=PACED_INITIAL_TOKENS, prefill_step_target_s=0.5)
+    config = SchedulerConfig(
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        policy="fcfs",
+        enable_chunked_prefill=True,
+        max_num_prefill_tokens=PACED_INITIAL_TOKENS,
+        prefill_step_target_s=0.5,
+    )
     s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
     assert s.max_num_prefill_tokens == PACED_INITIAL_TOKENS
     for r in make_requests(64, 30):

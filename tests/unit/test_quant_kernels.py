@@ -7,6 +7,7 @@ unquantized x (int8 activation rounding: relative error of the whole output unde
 Row counts cover the GEMV's passes of 8, the tiled GEMM of AVX-512 VNNI and AVX2 (from
 quant.GEMM_MIN_ROWS rows; micro-kernel tails of 4 and 3 rows, 32-row tiles of W cut short) and
 prefill-sized batches, which the plain C variant dequantizes for a float32 GEMM."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,11 @@ from engine.kernels import quant  # noqa: E402
 from engine.kernels.quant import QuantizedLinear  # noqa: E402
 
 pytestmark = pytest.mark.skipif(quant.block_bytes(quant.Q4_1) == 0, reason="kernels not built")
-TYPES = {quant.Q4_0: gguf.GGMLQuantizationType.Q4_0, quant.Q4_1: gguf.GGMLQuantizationType.Q4_1,
-         quant.Q8_0: gguf.GGMLQuantizationType.Q8_0}
+TYPES = {
+    quant.Q4_0: gguf.GGMLQuantizationType.Q4_0,
+    quant.Q4_1: gguf.GGMLQuantizationType.Q4_1,
+    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+}
 ISAS = [i for i in (quant.ISA_C, quant.ISA_AVX2, quant.ISA_AVX512_VNNI) if i <= quant.best_isa()]
 
 
@@ -69,6 +73,7 @@ def test_large_weight_on_both_sides_of_the_gemm_threshold(qtype, isa):
     """A W over QUANT_GEMM_LARGE_BYTES (as the vocabulary projection) takes the GEMM only from
     QUANT_GEMM_MIN_M_LARGE rows: both sides of that switch match the reference."""
     from engine.kernels.quant_blocks import random_blocks
+
     lib = quant.lib
     k = 128
     n = lib.QUANT_GEMM_LARGE_BYTES // (k // 32 * quant.block_bytes(qtype)) + 40  # a short last tile
@@ -94,6 +99,7 @@ def test_refuses_unsupported_type_and_shapes():
 
 def test_default_model_q4_1_tensors_dequantize_like_gguf():
     from engine.models.default_model import default_gguf_path
+
     reader = gguf.GGUFReader(default_gguf_path())
     checked = 0
     for t in reader.tensors:

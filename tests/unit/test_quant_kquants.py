@@ -6,6 +6,7 @@ The gguf package cannot quantize to K-quants, so the weights are random valid su
 that quantizes x as the kernel does (per row and 256 values: d = max|x| / 127, q = rint(x / d),
 in float32), equal up to float32 summation, and (2) with the unquantized x, within the bound that int8 rounding of
 x puts on each output."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,11 @@ from engine.kernels.quant import QuantizedLinear  # noqa: E402
 from engine.kernels.quant_blocks import random_blocks  # noqa: E402
 
 pytestmark = pytest.mark.skipif(quant.block_bytes(quant.Q4_K) == 0, reason="kernels not built")
-TYPES = {quant.Q4_K: gguf.GGMLQuantizationType.Q4_K, quant.Q5_K: gguf.GGMLQuantizationType.Q5_K,
-         quant.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+TYPES = {
+    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+    quant.Q5_K: gguf.GGMLQuantizationType.Q5_K,
+    quant.Q6_K: gguf.GGMLQuantizationType.Q6_K,
+}
 ISAS = [i for i in (quant.ISA_C, quant.ISA_AVX2, quant.ISA_AVX512_VNNI) if i <= quant.best_isa()]
 
 

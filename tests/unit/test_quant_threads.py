@@ -1,6 +1,7 @@
 """The quantized GEMV and tiled GEMMs split W's output rows over torch's OpenMP pool
 (csrc/cpu/parallel.h): every thread count must give one thread's bits, on every variant and type,
 with slices that do not fall on tile or 16-row boundaries."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """The reasoning parsers and the core's reasoning markers, on the real default tokenizer (where
 ``</think>`` is three tokens of plain text) and on a copy that has the markers as single tokens
 (as Qwen3's and DeepSeek-R1's tokenizers do)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ from engine.entrypoints.openai.reasoning_parsers import ReasoningParserManager, 
 from engine.models.default_model import default_tokenizer_path
 from engine.structured_output.reasoning import ReasoningMarkers
 
-REPLIES = ["plan: add 2 and 2</think>It is 4.", "<think>\nplan</think>\n\nanswer", "  <think>a</think>",
-           "no end at all", "</think>only content", "x </thin", "", "<thi", "a</think>b</think>c"]
+REPLIES = [
+    "plan: add 2 and 2</think>It is 4.",
+    "<think>\nplan</think>\n\nanswer",
+    "  <think>a</think>",
+    "no end at all",
+    "</think>only content",
+    "x </thin",
+    "",
+    "<thi",
+    "a</think>b</think>c",
+]
 
 
 def _tokenizer_path() -> str:
@@ -28,8 +38,17 @@ def single_token_markers(tmp_path_factory) -> str:
         spec = json.load(f)
     next_id = max(t["id"] for t in spec["added_tokens"]) + 1 + len(spec["model"]["vocab"])
     for k, text in enumerate(("<think>", "</think>")):
-        spec["added_tokens"].append({"id": next_id + k, "content": text, "single_word": False, "lstrip": False,
-                                     "rstrip": False, "normalized": False, "special": False})
+        spec["added_tokens"].append(
+            {
+                "id": next_id + k,
+                "content": text,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": False,
+            }
+        )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     path.write_text(json.dumps(spec))
     return str(path)
@@ -63,8 +82,8 @@ def test_streamed_pieces_add_up_to_the_whole_split(name, reply):
     a partial marker that is later taken back."""
     tokenizer = Tokenizer.from_file(_tokenizer_path())
     ids = tokenizer.encode(reply, add_special_tokens=False).ids
-    token_pieces = [tokenizer.decode(ids[:i + 1]) for i in range(len(ids))]
-    token_pieces = [p[len(q):] for p, q in zip(token_pieces, [""] + token_pieces)]
+    token_pieces = [tokenizer.decode(ids[: i + 1]) for i in range(len(ids))]
+    token_pieces = [p[len(q) :] for p, q in zip(token_pieces, [""] + token_pieces)]
     parser_cls = ReasoningParserManager.get_reasoning_parser(name)
     whole = parser_cls().parse(reply, final=True)
     for pieces in (token_pieces, list(reply)):

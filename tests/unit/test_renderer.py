@@ -1,6 +1,7 @@
 """The renderer pool and its tokenizer calls (engine/frontend/renderer.py), on the real tokenizer
 of the tiny model: same ids as ``transformers``, a byte bound no token exceeds, and a pool bounded
 in work that refuses rather than queues without end."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,13 @@ import pytest
 from engine.exceptions import ParameterError
 from engine.frontend.renderer import INLINE_MAX_BYTES, Renderer, RendererBusyError, decode, encode, max_token_bytes
 
-SAMPLES = ["Hello , world . it's", "<|im_start|>user\nhi<|im_end|>", "  spaces\tand\nlines  ", "é漢字🙂 mixed",
-           "x" * 5000]
+SAMPLES = [
+    "Hello , world . it's",
+    "<|im_start|>user\nhi<|im_end|>",
+    "  spaces\tand\nlines  ",
+    "é漢字🙂 mixed",
+    "x" * 5000,
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +46,7 @@ def test_a_text_longer_than_the_context_can_hold_is_refused_before_tokenizing(ti
     from engine.config import EngineArgs
     from engine.frontend.input_processor import InputProcessor
 
-    processor = InputProcessor(EngineArgs(model=tiny_model_dir, load_format="dummy").create_engine_config(),
-                               tokenizer)
+    processor = InputProcessor(EngineArgs(model=tiny_model_dir, load_format="dummy").create_engine_config(), tokenizer)
     limit = processor.max_prompt_bytes
     assert limit == processor.max_model_len * max_token_bytes(tokenizer)
     processor.check_text_fits("a" * limit)

@@ -1,5 +1,6 @@
 """AsyncLLM's per-request mailbox (engine/async_llm.py, RequestOutputCollector): the frontend's one
 merge of RequestOutputs, for a consumer slower than the output handler and for stream_interval."""
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,9 @@ def test_stream_interval_hands_out_the_first_then_every_interval_tokens_then_the
     put(12)
     assert collector.get_nowait() is None  # two new tokens: held
     put(13)
-    assert collector.get_nowait().outputs[0].token_ids == ([11, 12, 13] if kind == RequestOutputKind.DELTA
-                                                            else [10, 11, 12, 13])
+    assert collector.get_nowait().outputs[0].token_ids == (
+        [11, 12, 13] if kind == RequestOutputKind.DELTA else [10, 11, 12, 13]
+    )
     put(14, finished=True)
     last = collector.get_nowait()  # the last at once, whatever it carries
     assert last.finished and last.outputs[0].token_ids[-1] == 14

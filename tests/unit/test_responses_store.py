@@ -1,5 +1,6 @@
 """The responses store's bounds: count, bytes and age; a background response still running is
 never dropped to make room, and a new one that finds none is refused."""
+
 from __future__ import annotations
 
 import asyncio

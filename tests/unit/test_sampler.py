@@ -1,5 +1,6 @@
 """The sampler on crafted logits (masks and penalties exact), and through the runner on
 the tiny model (seeded requests reproducible across batch compositions and preemption)."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,17 @@ import math
 import pytest
 import torch
 
-from engine.worker.sampler import (TOP_P_CANDIDATES, Sampler, SamplingMetadata, _top_k_top_p_sorted,
-                                   apply_min_p, apply_penalties, apply_top_k_top_p, gather_logprobs,
-                                   sample_from_cdf)
+from engine.worker.sampler import (
+    TOP_P_CANDIDATES,
+    Sampler,
+    SamplingMetadata,
+    _top_k_top_p_sorted,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+    gather_logprobs,
+    sample_from_cdf,
+)
 from tests.helpers.runner_utils import generate, make_request, make_runner, preempt, step
 
 NEG = float("-inf")
@@ -70,7 +79,7 @@ def test_top_k_above_the_vocabulary_filters_nothing_with_or_without_top_p(vocab)
     """vLLM's meaning: a k larger than the vocabulary is no top-k at all (it used to index
     past the end of the row and kill the EngineCore)."""
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)) * 3
-    huge_k = torch.tensor([vocab + 1, 10 ** 6, (1 << 63) - 1])
+    huge_k = torch.tensor([vocab + 1, 10**6, (1 << 63) - 1])
     for top_p in (None, torch.tensor([0.5, 0.9999, 1.0])):
         got = apply_top_k_top_p(logits.clone(), huge_k, top_p)
         want = apply_top_k_top_p(logits.clone(), None, top_p) if top_p is not None else logits
@@ -98,10 +107,14 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
 
 def test_penalties_change_logits_exactly_as_specified():
     logits = rows([2.0, -2.0, 1.0, 0.5, 3.0])
-    md = SamplingMetadata(1, presence=torch.tensor([0.25]), frequency=torch.tensor([0.5]),
-                          repetition=torch.tensor([2.0]),
-                          prompt_masks=torch.tensor([[True, True, False, False, False]]),
-                          output_tokens=torch.tensor([[2, 2, 3, 5]]))  # 5 = padding (vocab size)
+    md = SamplingMetadata(
+        1,
+        presence=torch.tensor([0.25]),
+        frequency=torch.tensor([0.5]),
+        repetition=torch.tensor([2.0]),
+        prompt_masks=torch.tensor([[True, True, False, False, False]]),
+        output_tokens=torch.tensor([[2, 2, 3, 5]]),
+    )  # 5 = padding (vocab size)
     out = apply_penalties(logits, md)
     # repetition over prompt + output (divide positives, multiply negatives), then
     # frequency x count and presence once, over output tokens only; token 4 untouched.
@@ -150,6 +163,7 @@ def test_seeded_rows_draw_from_their_own_generator():
 
 # ---------------------------------------------------------------- through the runner
 
+
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
     return make_runner(tiny_model_dir, load_format="dummy", block_size=4)
@@ -165,8 +179,11 @@ def _seeded(req_id: str, seed: int = 1234, **params):
 def test_seeded_request_is_reproducible_across_batch_compositions(runner):
     alone = _seeded("a")
     generate(runner, [alone], 12)
-    others = [make_request("u1", [9, 8, 7], temperature=1.0), _seeded("s2", seed=99),
-              make_request("g3", [1, 2, 3, 4, 5, 6, 7, 8, 9], temperature=0.0)]
+    others = [
+        make_request("u1", [9, 8, 7], temperature=1.0),
+        _seeded("s2", seed=99),
+        make_request("g3", [1, 2, 3, 4, 5, 6, 7, 8, 9], temperature=0.0),
+    ]
     crowded = _seeded("b")
     generate(runner, others[:2] + [crowded] + others[2:], 12, chunk=3)
     assert crowded.output_token_ids == alone.output_token_ids

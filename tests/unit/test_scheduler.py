@@ -1,10 +1,18 @@
 """Scheduler: batching limits, chunked prefill, preemption, priority, stops, abort, stats."""
+
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.core_utils import (EOS, fake_runner_output, make_request, make_requests, make_scheduler,
-                                      run_to_completion, step)
+from tests.helpers.core_utils import (
+    EOS,
+    fake_runner_output,
+    make_request,
+    make_requests,
+    make_scheduler,
+    run_to_completion,
+    step,
+)
 from engine.config import SchedulerConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import RequestStatus
@@ -76,8 +84,7 @@ def test_preempted_request_resumes_from_prefix_cache():
 
 
 def test_priority_admits_lowest_value_first_and_preempts_least_important():
-    s = make_scheduler(max_num_seqs=2, policy="priority", num_blocks=3, block_size=4,
-                       enable_prefix_caching=False)
+    s = make_scheduler(max_num_seqs=2, policy="priority", num_blocks=3, block_size=4, enable_prefix_caching=False)
     low = make_request("low", [1, 2, 3, 4], priority=5, arrival_time=0.0)
     high = make_request("high", [5, 6, 7, 8], priority=0, arrival_time=1.0)
     mid = make_request("mid", [9, 10, 11, 12], priority=1, arrival_time=2.0)
@@ -131,8 +138,10 @@ def test_abort_frees_running_and_waiting_requests():
     s.add_request(a)
     s.add_request(b)
     step(s)
-    assert [r.request_id
-            for r in s.finish_requests(["0", "1", "unknown"], RequestStatus.FINISHED_ABORTED)] == ["0", "1"]
+    assert [r.request_id for r in s.finish_requests(["0", "1", "unknown"], RequestStatus.FINISHED_ABORTED)] == [
+        "0",
+        "1",
+    ]
     assert not s.has_unfinished_requests() and not s.running and not len(s.waiting)
     assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
     assert a.status is RequestStatus.FINISHED_ABORTED
@@ -174,8 +183,9 @@ def test_prompt_logprob_rows_are_not_resent_after_preemption():
         req, n = sched.requests[0], sched.num_scheduled_tokens[0]
         first = req.num_computed_tokens
         m = max(0, min(n, req.num_prompt_tokens - 1 - first))
-        out = ModelRunnerOutput(prompt_logprobs={"a": LogprobsLists(
-            [[p] for p in range(first, first + m)], [[0.0]] * m, [1] * m)})
+        out = ModelRunnerOutput(
+            prompt_logprobs={"a": LogprobsLists([[p] for p in range(first, first + m)], [[0.0]] * m, [1] * m)}
+        )
         if first + n == req.num_tokens:
             out.req_ids, out.sampled_token_ids = ["a"], [7]
         return out
@@ -197,9 +207,13 @@ def test_prompt_logprob_rows_are_not_resent_after_preemption():
 def capped_scheduler(max_num_prefill_tokens: int, enable_chunked_prefill: bool = True) -> Scheduler:
     """A roomy scheduler (64 sequences, 2048-token budget) whose steps compute at most
     ``max_num_prefill_tokens`` prompt tokens."""
-    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="fcfs",
-                             enable_chunked_prefill=enable_chunked_prefill,
-                             max_num_prefill_tokens=max_num_prefill_tokens)
+    config = SchedulerConfig(
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        policy="fcfs",
+        enable_chunked_prefill=enable_chunked_prefill,
+        max_num_prefill_tokens=max_num_prefill_tokens,
+    )
     return Scheduler(config, KVCacheManager(1000, 16, True), 8192)
 
 
@@ -271,15 +285,26 @@ def test_a_long_prompt_is_chunked_by_the_cap_and_leaves_room_for_the_waiting_hea
         sched, outs = step(s)
         seen.append(dict(zip((r.request_id for r in sched.requests), sched.num_scheduled_tokens)))
     # the long prompt comes first (FCFS); from its next chunk on it leaves the short one its 10
-    assert seen == [{"long": 32}, {"long": 22, "short": 10}, {"long": 32, "short": 1}, {"long": 14, "short": 1},
-                    {"long": 1, "short": 1}]
+    assert seen == [
+        {"long": 32},
+        {"long": 22, "short": 10},
+        {"long": 32, "short": 1},
+        {"long": 14, "short": 1},
+        {"long": 1, "short": 1},
+    ]
 
 
 @pytest.mark.parametrize("paced", [False, True])
 def test_a_short_request_arriving_during_a_long_prefill_runs_in_the_next_step(paced):
     """Red team round 3, finding 9: a 2-token request waited for all of a 3,640-token prefill."""
-    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="fcfs", enable_chunked_prefill=True,
-                             max_num_prefill_tokens=256, prefill_step_target_s=0.5 if paced else 0.0)
+    config = SchedulerConfig(
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        policy="fcfs",
+        enable_chunked_prefill=True,
+        max_num_prefill_tokens=256,
+        prefill_step_target_s=0.5 if paced else 0.0,
+    )
     s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
     s.add_request(make_request("long", list(range(1000, 4640))))
     step(s)
@@ -343,13 +368,21 @@ def test_prompt_logprob_rows_are_capped_per_step_over_all_requests():
     assert sched.num_scheduled_tokens == [MAX_PROMPT_LOGPROBS_ROWS]
     while a.num_computed_tokens < a.num_prompt_tokens:
         sched, _ = step(s)
-        assert sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens)
-                   if r.request_id in ("a", "b") and n > 1) <= MAX_PROMPT_LOGPROBS_ROWS
+        assert (
+            sum(n for r, n in zip(sched.requests, sched.num_scheduled_tokens) if r.request_id in ("a", "b") and n > 1)
+            <= MAX_PROMPT_LOGPROBS_ROWS
+        )
 
 
 def test_paced_prompt_logprob_rows_follow_their_measured_cost():
-    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=4096, enable_chunked_prefill=True,
-                             policy="fcfs", max_num_prefill_tokens=2048, prefill_step_target_s=0.5)
+    config = SchedulerConfig(
+        max_num_seqs=16,
+        max_num_batched_tokens=4096,
+        enable_chunked_prefill=True,
+        policy="fcfs",
+        max_num_prefill_tokens=2048,
+        prefill_step_target_s=0.5,
+    )
     s = Scheduler(config, KVCacheManager(1000, 16, True), 8192)
     s.add_request(make_request("a", list(range(100, 4100)), prompt_logprobs=20))
     s.add_request(make_request("plain", list(range(5000, 5100))))

@@ -1,5 +1,6 @@
 """Scheduler.fail_step: the requests of a step that raised end with FINISHED_ERROR and give
 back every KV block; the others go on (plain CPU objects, no model)."""
+
 from __future__ import annotations
 
 from tests.helpers.core_utils import make_request, make_requests, make_scheduler, step

@@ -1,5 +1,6 @@
 """Speculative decoding's parts without a model: the n-gram lookup, the acceptance rule (and its
 distribution under sampling), the scheduler's drafts and rollback, and the config's refusals."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,8 +86,9 @@ def test_rejection_sampling_with_draft_probabilities_keeps_the_target_distributi
     before it were accepted, and a draft is kept with probability sum(min(p, q)). Seeded."""
     torch.manual_seed(0)
     vocab, trials = 5, 20000
-    p = torch.softmax(torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 1.0, 0.2, 0.1],
-                                    [1.0, 0.0, 1.0, 0.5, 0.3]]), dim=-1)
+    p = torch.softmax(
+        torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 1.0, 0.2, 0.1], [1.0, 0.0, 1.0, 0.5, 0.3]]), dim=-1
+    )
     q = torch.softmax(torch.tensor([[0.0, 2.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 2.0, 0.1]]), dim=-1)
     drafts = torch.multinomial(q, trials, replacement=True).T.tolist()  # [trials, 2], row j from q[j]
     emitted = [rejection_sample(p, q, d) for d in drafts]
@@ -147,8 +149,11 @@ def test_rejected_drafts_roll_back_the_length_and_free_their_blocks():
     # 16 positions were allocated (8 blocks); 14 tokens keep 7, one more than the 12 before
     assert len(req.block_ids) == 7 and s.kv_cache.num_free_blocks == free_before - 1
     stats = s.make_stats()
-    assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens,
-            stats.spec_decode_num_accepted_tokens) == (1, 3, 1)
+    assert (
+        stats.spec_decode_num_drafts,
+        stats.spec_decode_num_draft_tokens,
+        stats.spec_decode_num_accepted_tokens,
+    ) == (1, 3, 1)
     assert not req.spec_token_ids and req.spec_state.k == 2  # shortened to what was accepted + 1
 
 
@@ -181,8 +186,12 @@ def test_aborted_requests_that_drafted_leave_no_block_behind():
 
 def test_no_drafts_for_penalties_seeds_or_a_large_batch():
     s = make_scheduler(block_size=4, speculative_config={**NGRAM, "disable_by_batch_size": 4})
-    reqs = [make_request("plain", PROMPT), make_request("penalty", PROMPT, repetition_penalty=1.2),
-            make_request("seeded", PROMPT, temperature=1.0, seed=1), make_request("fourth", PROMPT)]
+    reqs = [
+        make_request("plain", PROMPT),
+        make_request("penalty", PROMPT, repetition_penalty=1.2),
+        make_request("seeded", PROMPT, temperature=1.0, seed=1),
+        make_request("fourth", PROMPT),
+    ]
     for r in reqs[:3]:
         s.add_request(r)
     run_step(s, {"plain": [13], "penalty": [13], "seeded": [13]})
@@ -204,22 +213,32 @@ def test_drafts_take_only_the_budget_left():
 
 
 # ---------------------------------------------------------------- config
-@pytest.mark.parametrize("value, named", [
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "speculative_config.model"),
-    ({"method": "ngram", "model": "/models/draft", "num_speculative_tokens": 3}, "speculative_config.model"),
-    ({"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2},
-     "draft_tensor_parallel_size"),
-    ({"model": "/models/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
-    ({"model": "/models/draft", "num_speculative_tokens": 3, "quantization": "gguf"}, "quantization"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, "'eagle' is not supported"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
-    ({"method": "ngram"}, "num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
-     "prompt_lookup_max"),
-    ({"method": "ngrams", "num_speculative_tokens": 2}, "method"),
-    ("ngram", "speculative_config"),
-])
+@pytest.mark.parametrize(
+    "value, named",
+    [
+        ({"method": "draft_model", "num_speculative_tokens": 3}, "speculative_config.model"),
+        ({"method": "ngram", "model": "/models/draft", "num_speculative_tokens": 3}, "speculative_config.model"),
+        (
+            {"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2},
+            "draft_tensor_parallel_size",
+        ),
+        ({"model": "/models/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
+        ({"model": "/models/draft", "num_speculative_tokens": 3, "quantization": "gguf"}, "quantization"),
+        ({"method": "eagle", "num_speculative_tokens": 3}, "'eagle' is not supported"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2},
+            "draft_tensor_parallel_size",
+        ),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_max",
+        ),
+        ({"method": "ngrams", "num_speculative_tokens": 2}, "method"),
+        ("ngram", "speculative_config"),
+    ],
+)
 def test_speculative_config_refusals_name_the_key(value, named):
     with pytest.raises(ValueError, match=named):
         resolve_speculative_config(value)
@@ -228,8 +247,9 @@ def test_speculative_config_refusals_name_the_key(value, named):
 
 
 def test_a_model_alone_means_a_draft_model_as_in_vllm():
-    cfg = resolve_speculative_config({"model": "/models/draft", "num_speculative_tokens": 3,
-                                      "draft_tensor_parallel_size": 1})
+    cfg = resolve_speculative_config(
+        {"model": "/models/draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
+    )
     assert (cfg.method, cfg.model, cfg.num_speculative_tokens) == ("draft_model", "/models/draft", 3)
     assert resolve_speculative_config(cfg) == cfg
 
@@ -249,15 +269,23 @@ def test_metrics_count_drafts_under_vllms_names():
 
     metrics = ServerMetrics("tiny", 256)
     for _ in range(2):
-        metrics.record(SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
-                                      spec_decode_num_accepted_tokens=7,
-                                      spec_decode_num_accepted_tokens_per_pos=[3, 2, 2, 0]), None)
+        metrics.record(
+            SchedulerStats(
+                spec_decode_num_drafts=3,
+                spec_decode_num_draft_tokens=12,
+                spec_decode_num_accepted_tokens=7,
+                spec_decode_num_accepted_tokens_per_pos=[3, 2, 2, 0],
+            ),
+            None,
+        )
     text = generate_latest(metrics.registry).decode()
     for name, value in (("drafts", 6), ("draft_tokens", 24), ("accepted_tokens", 14)):
         assert f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="tiny"}} {float(value)}' in text
     for position, value in enumerate((6, 4, 4, 0)):
-        assert (f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",'
-                f'position="{position}"}} {float(value)}') in text
+        assert (
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="tiny",'
+            f'position="{position}"}} {float(value)}'
+        ) in text
 
 
 def test_stats_count_accepted_tokens_per_position_and_log_the_acceptance(caplog, monkeypatch):
@@ -270,8 +298,11 @@ def test_stats_count_accepted_tokens_per_position_and_log_the_acceptance(caplog,
     with caplog.at_level("INFO", logger=drafts.__name__):
         taken = stats.take()
     assert taken["spec_decode_num_accepted_tokens_per_pos"] == [2, 1, 1]
-    assert (taken["spec_decode_num_drafts"], taken["spec_decode_num_draft_tokens"],
-            taken["spec_decode_num_accepted_tokens"]) == (2, 6, 4)
+    assert (
+        taken["spec_decode_num_drafts"],
+        taken["spec_decode_num_draft_tokens"],
+        taken["spec_decode_num_accepted_tokens"],
+    ) == (2, 6, 4)
     assert "draft acceptance rate 66.7%, mean acceptance length 3.00" in caplog.text
     assert stats.take()["spec_decode_num_accepted_tokens_per_pos"] == [0, 0, 0]
 

@@ -1,6 +1,7 @@
 """The model's default thread count (engine/thread_policy.py): every core for a model whose
 weights make a decode step long, all but one otherwise; explicit settings win. Weight files are
 sparse (their size without their bytes)."""
+
 from __future__ import annotations
 
 import os

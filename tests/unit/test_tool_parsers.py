@@ -4,6 +4,7 @@ Every case is also streamed split at every character position and one character 
 streamed deltas must concatenate to exactly the non-streaming calls and content, each call's
 first delta must carry its index, id, type and whole name, and its arguments must be valid JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,31 +33,73 @@ def dumps(value, **kw) -> str:
 
 # (parser, model text, expected calls [(name, arguments dict)], expected content)
 CASES = [
-    ("hermes", f'<tool_call>\n{{"name": "get_weather", "arguments": {dumps(NESTED)}}}\n</tool_call>',
-     [("get_weather", NESTED)], None),
-    ("hermes", f'Let me look that up.\n<tool_call>{{"name": "search", "arguments": {dumps(TRICKY)}}}</tool_call>',
-     [("search", TRICKY)], "Let me look that up.\n"),
-    ("hermes", '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n'
-               '<tool_call>{"arguments": {"y": [2, 3]}, "name": "b"}</tool_call>\n<tool_call>{"name": "c"}</tool_call>',
-     [("a", {"x": 1}), ("b", {"y": [2, 3]}), ("c", {})], None),
+    (
+        "hermes",
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {dumps(NESTED)}}}\n</tool_call>',
+        [("get_weather", NESTED)],
+        None,
+    ),
+    (
+        "hermes",
+        f'Let me look that up.\n<tool_call>{{"name": "search", "arguments": {dumps(TRICKY)}}}</tool_call>',
+        [("search", TRICKY)],
+        "Let me look that up.\n",
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n'
+        '<tool_call>{"arguments": {"y": [2, 3]}, "name": "b"}</tool_call>\n<tool_call>{"name": "c"}</tool_call>',
+        [("a", {"x": 1}), ("b", {"y": [2, 3]}), ("c", {})],
+        None,
+    ),
     ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>', [("f", {"q": "x"})], None),
-    ("llama3_json", f'<|python_tag|>{{"name": "get_weather", "parameters": {dumps(NESTED, indent=2)}}}',
-     [("get_weather", NESTED)], None),
-    ("llama3_json", f'{{"name": "a", "arguments": {dumps(TRICKY)}}}; {{"name": "b", "parameters": {{"n": 1e2}}}}',
-     [("a", TRICKY), ("b", {"n": 100.0})], None),
-    ("mistral", f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {dumps(NESTED)}}}]', [("get_weather", NESTED)],
-     None),
-    ("mistral", f'Checking. [TOOL_CALLS] [{{"name": "a", "arguments": {dumps(TRICKY)}}}, '
-                '{"name": "b", "arguments": {}}]', [("a", TRICKY), ("b", {})], "Checking. "),
-    ("mistral", f'[TOOL_CALLS]get_weather[ARGS]{dumps(NESTED)}[TOOL_CALLS]now[ARGS]{{}}', [("get_weather", NESTED),
-                                                                                        ("now", {})], None),
-    ("mistral", f'Sure.[TOOL_CALLS]search[ARGS] {dumps(TRICKY)}', [("search", TRICKY)], "Sure."),
-    ("pythonic", '[get_weather(city="Zürich", days=[1, 2, {"deep": ((), {})}], exact=None, ok=True)]',
-     [("get_weather", {"city": "Zürich", "days": [1, 2, {"deep": [[], {}]}], "exact": None, "ok": True})], None),
-    ("pythonic", "[search(text='a {brace}, \"quotes\", (parens) and ]', n=-0.5), now(), "
-                 "note(body='''multi\nline, with )''')]",
-     [("search", {"text": 'a {brace}, "quotes", (parens) and ]', "n": -0.5}), ("now", {}),
-      ("note", {"body": "multi\nline, with )"})], None),
+    (
+        "llama3_json",
+        f'<|python_tag|>{{"name": "get_weather", "parameters": {dumps(NESTED, indent=2)}}}',
+        [("get_weather", NESTED)],
+        None,
+    ),
+    (
+        "llama3_json",
+        f'{{"name": "a", "arguments": {dumps(TRICKY)}}}; {{"name": "b", "parameters": {{"n": 1e2}}}}',
+        [("a", TRICKY), ("b", {"n": 100.0})],
+        None,
+    ),
+    (
+        "mistral",
+        f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {dumps(NESTED)}}}]',
+        [("get_weather", NESTED)],
+        None,
+    ),
+    (
+        "mistral",
+        f'Checking. [TOOL_CALLS] [{{"name": "a", "arguments": {dumps(TRICKY)}}}, {{"name": "b", "arguments": {{}}}}]',
+        [("a", TRICKY), ("b", {})],
+        "Checking. ",
+    ),
+    (
+        "mistral",
+        f"[TOOL_CALLS]get_weather[ARGS]{dumps(NESTED)}[TOOL_CALLS]now[ARGS]{{}}",
+        [("get_weather", NESTED), ("now", {})],
+        None,
+    ),
+    ("mistral", f"Sure.[TOOL_CALLS]search[ARGS] {dumps(TRICKY)}", [("search", TRICKY)], "Sure."),
+    (
+        "pythonic",
+        '[get_weather(city="Zürich", days=[1, 2, {"deep": ((), {})}], exact=None, ok=True)]',
+        [("get_weather", {"city": "Zürich", "days": [1, 2, {"deep": [[], {}]}], "exact": None, "ok": True})],
+        None,
+    ),
+    (
+        "pythonic",
+        "[search(text='a {brace}, \"quotes\", (parens) and ]', n=-0.5), now(), note(body='''multi\nline, with )''')]",
+        [
+            ("search", {"text": 'a {brace}, "quotes", (parens) and ]', "n": -0.5}),
+            ("now", {}),
+            ("note", {"body": "multi\nline, with )"}),
+        ],
+        None,
+    ),
 ]
 PLAIN = [  # replies without calls: content, whole
     ("hermes", "The weather is {fine} today, <tool_ a word"),
@@ -75,8 +118,9 @@ def calls_of(extracted) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in extracted.tool_calls]
 
 
-def stream(parser: ToolParser, pieces: list[str], max_calls=None, streamer=None) -> tuple[str, list[tuple[str, str]],
-                                                                                        list]:
+def stream(
+    parser: ToolParser, pieces: list[str], max_calls=None, streamer=None
+) -> tuple[str, list[tuple[str, str]], list]:
     """The concatenated content and calls of a stream fed ``pieces``, and its raw tool deltas.
     ``streamer``: the parser's streamer to feed, for a test that looks at it afterwards."""
     streamer = streamer or parser.streamer(max_calls)
@@ -130,8 +174,9 @@ def test_reply_without_readable_calls_is_content(name, text, capfd):
 
 def test_streamed_arguments_arrive_in_pieces_before_the_call_ends():
     text = '<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50 + '", "b": [1, 2]}}</tool_call>'
-    _, calls, raw = stream(ToolParserManager.get_tool_parser("hermes")(),
-                           [text[i:i + 5] for i in range(0, len(text), 5)])
+    _, calls, raw = stream(
+        ToolParserManager.get_tool_parser("hermes")(), [text[i : i + 5] for i in range(0, len(text), 5)]
+    )
     pieces = [c.function.arguments for c in raw if c.function.arguments]
     assert len(pieces) > 5 and json.loads("".join(pieces)) == {"a": "x" * 50, "b": [1, 2]}
 
@@ -156,14 +201,16 @@ def test_mistral_call_ids_are_nine_alphanumerics():
 
 
 def test_forced_outputs_read_as_calls():
-    required = RequiredToolCallParser().extract_tool_calls('[{"name": "a", "parameters": {"x": [1, {"y": "}"}]}}, '
-                                                            '{"name": "b", "parameters": {}}]')
+    required = RequiredToolCallParser().extract_tool_calls(
+        '[{"name": "a", "parameters": {"x": [1, {"y": "}"}]}}, {"name": "b", "parameters": {}}]'
+    )
     assert calls_of(required) == [("a", {"x": [1, {"y": "}"}]}), ("b", {})] and required.content is None
     named = NamedToolCallParser("f").extract_tool_calls(' {"q": "a \\"b\\""} \n')
     assert calls_of(named) == [("f", {"q": 'a "b"'})]
     cut = NamedToolCallParser("f").extract_tool_calls('{"q": "unfini')  # what it settles, as its stream
     assert cut.unfinished and [(c.function.name, c.function.arguments) for c in cut.tool_calls] == [
-        ("f", '{"q": "unfini')]
+        ("f", '{"q": "unfini')
+    ]
 
 
 # ---- replies cut inside a call: streamed and whole give the same answer ----
@@ -227,16 +274,18 @@ DEEP = 1500  # issue 32, finding 6: 1,200-1,500 levels made a RecursionError (a 
 
 def deep_replies(depth: int) -> list[tuple[str, str]]:
     value = "[" * depth + "]" * depth
-    return [("hermes", f'Sure. <tool_call>{{"name": "f", "arguments": {{"a": {value}}}}}</tool_call>'),
-            ("hermes", f'<tool_call>{{"name": "f", "arguments": "{{\\"a\\": {value}}}"}}</tool_call>'),
-            ("llama3_json", f'{{"name": "f", "parameters": {{"a": {value}}}}}'),
-            ("mistral", f'[TOOL_CALLS][{{"name": "f", "arguments": {{"a": {value}}}}}]'),
-            ("mistral", f'[TOOL_CALLS]f[ARGS]{{"a": {value}}}'),
-            ("pythonic", f"[f(a={value})]"),
-            ("pythonic", f"[f(a={'-' * 20 * depth}1)]"),  # Python's parser: MemoryError, "too complex"
-            ("pythonic", f"[f(a={'not ' * 20 * depth}1)]"),
-            ("required", f'[{{"name": "f", "parameters": {{"a": {value}}}}}]'),
-            ("named", f'{{"a": {value}}}')]
+    return [
+        ("hermes", f'Sure. <tool_call>{{"name": "f", "arguments": {{"a": {value}}}}}</tool_call>'),
+        ("hermes", f'<tool_call>{{"name": "f", "arguments": "{{\\"a\\": {value}}}"}}</tool_call>'),
+        ("llama3_json", f'{{"name": "f", "parameters": {{"a": {value}}}}}'),
+        ("mistral", f'[TOOL_CALLS][{{"name": "f", "arguments": {{"a": {value}}}}}]'),
+        ("mistral", f'[TOOL_CALLS]f[ARGS]{{"a": {value}}}'),
+        ("pythonic", f"[f(a={value})]"),
+        ("pythonic", f"[f(a={'-' * 20 * depth}1)]"),  # Python's parser: MemoryError, "too complex"
+        ("pythonic", f"[f(a={'not ' * 20 * depth}1)]"),
+        ("required", f'[{{"name": "f", "parameters": {{"a": {value}}}}}]'),
+        ("named", f'{{"a": {value}}}'),
+    ]
 
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, DEEP])
@@ -247,7 +296,7 @@ def test_deeply_nested_calls_are_content_streamed_and_whole(depth):
             assert [c.function.name for c in whole.tool_calls] == ["f"], name
         else:
             assert not whole.tools_called and whole.content == text, name
-        for pieces in ([text], [text[i:i + 7] for i in range(0, len(text), 7)]):
+        for pieces in ([text], [text[i : i + 7] for i in range(0, len(text), 7)]):
             content, calls, _ = stream(new_parser(name), pieces)
             if not whole.tools_called:  # a call opened before the nesting went too deep stays sent,
                 assert content == text, name  # but the content adds up to the whole reply
@@ -260,17 +309,21 @@ def test_nesting_up_to_the_limit_still_reads_as_a_call():
     text = f'<tool_call>{{"name": "f", "arguments": {{"a": {value}}}}}</tool_call>'
     whole = new_parser("hermes").extract_tool_calls(text)
     assert calls_of(whole) == [("f", json.loads(f'{{"a": {value}}}'))]
-    _, calls, _ = stream(new_parser("hermes"), [text[i:i + 7] for i in range(0, len(text), 7)])
+    _, calls, _ = stream(new_parser("hermes"), [text[i : i + 7] for i in range(0, len(text), 7)])
     assert calls == [("f", whole.tool_calls[0].function.arguments)]
 
 
 # ---- canonical JSON prefixes: the property the streaming rests on ----
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -285,15 +338,18 @@ def test_every_prefix_settles_a_prefix_of_the_canonical_text(value, indent, asci
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4),
-       st.sampled_from(["hermes", "mistral", "llama3_json"]),
-       st.lists(st.integers(1, 12), min_size=1, max_size=40), st.sampled_from([None, 2]))
+@given(
+    st.dictionaries(st.text(max_size=5), json_values, max_size=4),
+    st.sampled_from(["hermes", "mistral", "llama3_json"]),
+    st.lists(st.integers(1, 12), min_size=1, max_size=40),
+    st.sampled_from([None, 2]),
+)
 def test_random_arguments_stream_to_the_whole_parse(arguments, name, cuts, indent):
     body = dumps({"name": "f", "arguments": arguments}, indent=indent)
     text = {"hermes": f"<tool_call>{body}</tool_call>", "mistral": f"[TOOL_CALLS][{body}]", "llama3_json": body}[name]
     pieces, pos = [], 0
     for cut in cuts * (1 + len(text) // sum(cuts)):
-        pieces.append(text[pos:pos + cut])
+        pieces.append(text[pos : pos + cut])
         pos += cut
     whole = ToolParserManager.get_tool_parser(name)().extract_tool_calls(text)
     assert calls_of(whole) == [("f", arguments)]
@@ -309,6 +365,7 @@ def test_canonical_refuses_what_is_not_json():
 
 # ---- the registry and plugins ----
 
+
 def test_unknown_parser_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="invalid tool call parser: nope.*hermes.*llama3_json.*mistral.*pythonic"):
         ToolParserManager.get_tool_parser("nope")
@@ -316,7 +373,8 @@ def test_unknown_parser_name_lists_the_known_ones():
 
 def test_plugin_file_registers_its_parser(tmp_path):
     plugin = tmp_path / "my_parser.py"
-    plugin.write_text(textwrap.dedent('''
+    plugin.write_text(
+        textwrap.dedent('''
         from engine.entrypoints.openai.tool_parsers import ParsedCall, ParsedReply, ToolParser, ToolParserManager
 
         @ToolParserManager.register_module(["shout", "shout2"])
@@ -326,7 +384,8 @@ def test_plugin_file_registers_its_parser(tmp_path):
                 if not text.startswith("CALL "):
                     return ParsedReply(text)
                 return ParsedReply("", [ParsedCall(text[5:].strip() or None, "{}", final)])
-    '''))
+    ''')
+    )
     ToolParserManager.import_tool_parser(str(plugin))
     try:
         extracted = ToolParserManager.get_tool_parser("shout2")().extract_tool_calls("CALL ping")
@@ -347,41 +406,70 @@ def test_broken_plugin_is_one_clear_error(tmp_path):
 
 # ---- tool_choice: vLLM's checks and the constraint of required/named ----
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"],
-    "$defs": {"City": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"}},
+            "required": ["city"],
+            "$defs": {"City": {"type": "string"}},
+        },
+    },
+}
 NOW = {"type": "function", "function": {"name": "now"}}
 
 
 def plan(serving=ToolServing(), **body):
-    request = decode_request(json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode(),
-                             ChatCompletionRequest)
+    request = decode_request(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode(), ChatCompletionRequest
+    )
     return plan_tool_calls(request, serving)
 
 
-@pytest.mark.parametrize("body,param,message", [
-    ({"tools": []}, "tools", "must not be an empty array"),
-    ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "`tools` must be set"),
-    ({"tools": [NOW], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice",
-     "does not match any of the specified `tools`"),
-    ({"tools": [NOW]}, "tool_choice", "--enable-auto-tool-choice and --tool-call-parser"),
-    ({"tools": [NOW], "tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
-      "tool_choice": "none"}, "tools", 'type "object"'),
-    ({"tools": [NOW], "tool_choice": {"type": "function"}}, "tool_choice", "function"),
-    ({"tools": [NOW], "tool_choice": {"type": "function", "function": {}}}, "tool_choice", "name"),
-    ({"tools": [NOW], "tool_choice": "always"}, "tool_choice", ""),
-])
+@pytest.mark.parametrize(
+    "body,param,message",
+    [
+        ({"tools": []}, "tools", "must not be an empty array"),
+        ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "`tools` must be set"),
+        (
+            {"tools": [NOW], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+            "tool_choice",
+            "does not match any of the specified `tools`",
+        ),
+        ({"tools": [NOW]}, "tool_choice", "--enable-auto-tool-choice and --tool-call-parser"),
+        ({"tools": [NOW], "tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+                "tool_choice": "none",
+            },
+            "tools",
+            'type "object"',
+        ),
+        ({"tools": [NOW], "tool_choice": {"type": "function"}}, "tool_choice", "function"),
+        ({"tools": [NOW], "tool_choice": {"type": "function", "function": {}}}, "tool_choice", "name"),
+        ({"tools": [NOW], "tool_choice": "always"}, "tool_choice", ""),
+    ],
+)
 def test_tool_requests_vllm_refuses_are_400_naming_the_field(body, param, message):
     with pytest.raises(OpenAIError) as info:
         plan(**body)
     assert info.value.status == 400 and info.value.param == param and message in info.value.message
 
 
-@pytest.mark.parametrize("tools", [[{"type": "function"}], [{"type": "function", "function": {"name": ""}}],
-                                   [{"type": "code", "function": {"name": "f"}}], [{"function": {"name": 3}}],
-                                   "not a list"])
+@pytest.mark.parametrize(
+    "tools",
+    [
+        [{"type": "function"}],
+        [{"type": "function", "function": {"name": ""}}],
+        [{"type": "code", "function": {"name": "f"}}],
+        [{"function": {"name": 3}}],
+        "not a list",
+    ],
+)
 def test_malformed_tool_definitions_are_400_naming_tools(tools):
     with pytest.raises(OpenAIError) as info:
         plan(tools=tools, tool_choice="required")
@@ -398,10 +486,16 @@ def test_tool_choice_defaults_as_vllm_does():
 def test_required_schema_admits_exactly_calls_of_the_tools():
     schema = plan(tools=[WEATHER, NOW], tool_choice="required").schema
     assert schema["$defs"] == {"City": {"type": "string"}}  # hoisted where "#/$defs/City" points
-    valid = [[{"name": "get_weather", "parameters": {"city": "Paris"}}],
-             [{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]]
-    invalid = [[], [{"name": "other", "parameters": {}}], [{"name": "get_weather", "parameters": {"city": 3}}],
-               [{"name": "get_weather"}]]
+    valid = [
+        [{"name": "get_weather", "parameters": {"city": "Paris"}}],
+        [{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}],
+    ]
+    invalid = [
+        [],
+        [{"name": "other", "parameters": {}}],
+        [{"name": "get_weather", "parameters": {"city": 3}}],
+        [{"name": "get_weather"}],
+    ]
     for calls in valid:
         jsonschema.validate(calls, schema)
     for calls in invalid:
@@ -416,7 +510,9 @@ def test_named_choice_constrains_to_the_arguments_object():
     named = plan(tools=[WEATHER, NOW], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.mode == "named" and named.schema == WEATHER["function"]["parameters"]
     assert plan(tools=[NOW], tool_choice={"type": "function", "function": {"name": "now"}}).schema == {
-        "type": "object", "properties": {}}
+        "type": "object",
+        "properties": {},
+    }
 
 
 def test_forced_calls_take_the_constraint_in_place_of_a_response_format():
@@ -432,16 +528,22 @@ def test_forced_calls_take_the_constraint_in_place_of_a_response_format():
     assert plan(tools=[NOW], tool_choice="none").constrain(params) is params
 
 
-@pytest.mark.parametrize("field,value", [("structured_outputs", {"regex": "a+"}), ("guided_json", {"type": "object"}),
-                                         ("guided_choice", ["a", "b"])])
+@pytest.mark.parametrize(
+    "field,value",
+    [("structured_outputs", {"regex": "a+"}), ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"])],
+)
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_second_constraint_beside_a_forced_call_is_a_400_naming_it(field, value, tool_choice):
     with pytest.raises(OpenAIError) as info:  # before: only refused later, naming tool_choice
         plan(tools=[WEATHER], tool_choice=tool_choice, **{field: value})
     assert info.value.status == 400 and info.value.param == field
     assert "not both" in info.value.message and "tool_choice" in info.value.message
-    plan(ToolServing(True, ToolParserManager.get_tool_parser("hermes")), tools=[WEATHER], tool_choice="auto",
-         **{field: value})  # auto: the constraint shapes the reply in text
+    plan(
+        ToolServing(True, ToolParserManager.get_tool_parser("hermes")),
+        tools=[WEATHER],
+        tool_choice="auto",
+        **{field: value},
+    )  # auto: the constraint shapes the reply in text
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "none", {"type": "function", "function": {"name": "f"}}])

@@ -8,6 +8,7 @@ prompts in one step, a chunk continuing after cached context, a prefill whose fi
 are another request's (a prefix-cache hit), and decodes mixed with a prefill. The tiny
 dummy-weight Llama keeps the interpreter's cost (every program in Python) to seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,14 @@ def _import_kernels_for_the_interpreter() -> None:
 
         for name in kernels.__all__:
             getattr(kernels, name)
-        if not (_interpreted(triton.language.standard.max) and _interpreted(sys.modules[
-                "engine.kernels.triton.norm"]._rms_norm_kernel)):
-            raise RuntimeError("triton or its kernels were imported before this module could set "
-                               "TRITON_INTERPRET=1; without a GPU they cannot run")
+        if not (
+            _interpreted(triton.language.standard.max)
+            and _interpreted(sys.modules["engine.kernels.triton.norm"]._rms_norm_kernel)
+        ):
+            raise RuntimeError(
+                "triton or its kernels were imported before this module could set "
+                "TRITON_INTERPRET=1; without a GPU they cannot run"
+            )
     finally:
         if before is None:
             del os.environ["TRITON_INTERPRET"]
@@ -68,19 +73,34 @@ def _interpreter(monkeypatch):
 
 @pytest.fixture(scope="module", params=["llama", "sliding", "qwen3", "phi4-mini"])
 def model_dir(request, tmp_path_factory):
-    extra = {"llama": {}, "sliding": dict(architectures=["MistralForCausalLM"], sliding_window=7,
-                                          tie_word_embeddings=False),
-             "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32)}.get(request.param)
+    extra = {
+        "llama": {},
+        "sliding": dict(architectures=["MistralForCausalLM"], sliding_window=7, tie_word_embeddings=False),
+        "qwen3": dict(architectures=["Qwen3ForCausalLM"], head_dim=32),
+    }.get(request.param)
     if request.param == "phi4-mini":  # longrope (its switch at 16 positions crossed) and 3/4 rotary dims
         from transformers import Phi3Config
 
         path = str(tmp_path_factory.mktemp(request.param))
-        Phi3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=512, original_max_position_embeddings=16,
-                   architectures=["Phi3ForCausalLM"], tie_word_embeddings=True, rope_parameters=dict(
-                       rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
-                       short_factor=[1.0, 1.2, 1.5, 2.0, 3.0, 4.0], long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0])
-                   ).save_pretrained(path)
+        Phi3Config(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            original_max_position_embeddings=16,
+            architectures=["Phi3ForCausalLM"],
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.75,
+                short_factor=[1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
+                long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0],
+            ),
+        ).save_pretrained(path)
         return path
     path = write_tiny_model(str(tmp_path_factory.mktemp(request.param)), vocab_size=1024, **extra)
     if request.param == "qwen3":  # the per-head q/k norms: a Qwen3 config, as Qwen3Config writes it
@@ -94,8 +114,7 @@ def model_dir(request, tmp_path_factory):
 
 def _runner(path: str, dtype: str, backend: str):
     device = "cuda" if ON_GPU else "cpu"
-    runner = make_runner(path, load_format="dummy", dtype=dtype, device=device, block_size=4, seed=0,
-                         max_model_len=256)
+    runner = make_runner(path, load_format="dummy", dtype=dtype, device=device, block_size=4, seed=0, max_model_len=256)
     if backend != "torch":
         runner.model = load_model(runner.config, backend=backend)
         runner.attn_builder = runner.model.attention_builder(runner.block_size)
@@ -107,8 +126,12 @@ def _runner(path: str, dtype: str, backend: str):
 
 def _schedule(runner) -> tuple[list[list[int]], list[float]]:
     """Greedy tokens of three requests and every logprob the steps returned, in order."""
-    a = make_request("a", [5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9],
-                     logprobs=3, prompt_logprobs=2)
+    a = make_request(
+        "a",
+        [5, 17, 300, 111, 77, 9, 12, 400, 3, 256, 31, 7, 99, 100, 101, 64, 65, 66, 67, 8, 9],
+        logprobs=3,
+        prompt_logprobs=2,
+    )
     b = make_request("b", [44, 45, 46], logprobs=3)
     outs = [step(runner, [a, b], chunk=8), step(runner, [a, b], chunk=8)]  # two prefills; chunk after context + decode
     c = make_request("c", a.prompt_token_ids[:8] + [600, 601, 602, 603, 604, 605], logprobs=3, prompt_logprobs=1)
@@ -141,7 +164,7 @@ def test_triton_forward_matches_torch_forward(model_dir, dtype, tol):
 
 
 def test_triton_forward_is_chosen_once_by_device(tiny_model_dir):
-    """"auto" picks Triton only on CUDA with triton importable; "torch" keeps the CPU forward."""
+    """ "auto" picks Triton only on CUDA with triton importable; "torch" keeps the CPU forward."""
     auto = _runner(tiny_model_dir, "float32", "auto")
     assert (auto.model.backend == "triton") == ON_GPU
     if not ON_GPU:  # the CPU path, unchanged: C kernels, float32 tall projections input-major
@@ -156,8 +179,15 @@ def test_triton_forward_is_chosen_once_by_device(tiny_model_dir):
 def test_cuda_runner_uses_triton_and_sizes_the_cache_from_free_memory(tiny_model_dir):
     """On a GPU the default runner runs the Triton forward in bf16 with the cache on the device,
     sized from free memory (gpu_memory_utilization) when kv_cache_memory is not given."""
-    runner = make_runner(tiny_model_dir, load_format="dummy", dtype="auto", device="cuda", block_size=16,
-                         kv_cache_memory=None, gpu_memory_utilization=0.3)
+    runner = make_runner(
+        tiny_model_dir,
+        load_format="dummy",
+        dtype="auto",
+        device="cuda",
+        block_size=16,
+        kv_cache_memory=None,
+        gpu_memory_utilization=0.3,
+    )
     assert runner.model.backend == "triton" and runner.kv_caches.is_cuda
     assert runner.kv_caches.numel() * runner.kv_caches.element_size() > 16 << 20
     assert runner.model.dtype in (torch.bfloat16, torch.float16)
@@ -189,9 +219,15 @@ def test_decode_steps_through_cuda_graphs_match_eager(tiny_model_dir):
     equal the eager forward's."""
     results = []
     for eager in (False, True):
-        runner = make_runner(tiny_model_dir, load_format="dummy", dtype="float32", device="cuda", block_size=16,
-                             enforce_eager=eager,
-                             compilation_config=None if eager else {"cudagraph_capture_sizes": [1, 4]})
+        runner = make_runner(
+            tiny_model_dir,
+            load_format="dummy",
+            dtype="float32",
+            device="cuda",
+            block_size=16,
+            enforce_eager=eager,
+            compilation_config=None if eager else {"cudagraph_capture_sizes": [1, 4]},
+        )
         assert (runner.decode_graphs is None) == eager
         reqs = [make_request(f"r{i}", list(range(3 + i, 30 + 5 * i)), logprobs=2) for i in range(3)]
         lps = []
@@ -230,8 +266,16 @@ def test_a_family_beyond_llamas_layer_is_refused_by_the_triton_forward(tmp_path)
     on it is an error naming why (on CUDA, "auto" picks the torch forward for it)."""
     from transformers import Gemma2Config
 
-    Gemma2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, architectures=["Gemma2ForCausalLM"]).save_pretrained(str(tmp_path))
+    Gemma2Config(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        architectures=["Gemma2ForCausalLM"],
+    ).save_pretrained(str(tmp_path))
     runner = make_runner(str(tmp_path), load_format="dummy", block_size=4, max_model_len=256)
     assert runner.model.backend != "triton"
     with pytest.raises(ValueError, match="Triton forward runs Llama's layer only"):

@@ -24,6 +24,7 @@ starts the EngineCore, then N API servers (``api_server_proc``), and supervises 
   with errors and /health with 503) and the launcher exits 1. SIGTERM/SIGINT: the API servers
   drain, then the core is told SHUTDOWN.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,10 @@ def admission_shares(limit: Optional[int], count: int) -> list[Optional[int]]:
     if limit is None:
         return [None] * count
     if limit < count:
-        raise ValueError(f"--max-waiting-requests {limit} cannot be shared by --api-server-count {count} "
-                         "API servers (each needs a share of at least 1)")
+        raise ValueError(
+            f"--max-waiting-requests {limit} cannot be shared by --api-server-count {count} "
+            "API servers (each needs a share of at least 1)"
+        )
     return [limit // count + (1 if i < limit % count else 0) for i in range(count)]
 
 
@@ -70,11 +73,15 @@ def check_pool_args(count: int, engine_args: AsyncEngineArgs) -> None:
     if count < 1:
         raise ValueError(f"--api-server-count must be >= 1, got {count}")
     if engine_args.transport != "shm":
-        raise ValueError("--api-server-count > 1 needs --transport shm (each API server's ring pair is handed to "
-                         "the core as file descriptors)")
+        raise ValueError(
+            "--api-server-count > 1 needs --transport shm (each API server's ring pair is handed to "
+            "the core as file descriptors)"
+        )
     if engine_args.data_parallel_external_lb and engine_args.data_parallel_size > 1:
-        raise ValueError("--api-server-count > 1 with --data-parallel-external-lb is not supported (run one "
-                         "server per rank behind the external balancer)")
+        raise ValueError(
+            "--api-server-count > 1 with --data-parallel-external-lb is not supported (run one "
+            "server per rank behind the external balancer)"
+        )
 
 
 class _Slot:
@@ -90,12 +97,14 @@ class _Slot:
 class ApiServerPool:
     """The launcher (see the module docstring): ``run()`` returns the process's exit status."""
 
-    def __init__(self, engine_args: AsyncEngineArgs, settings: ServerSettings, tool_args: argparse.Namespace,
-                 count: int) -> None:
+    def __init__(
+        self, engine_args: AsyncEngineArgs, settings: ServerSettings, tool_args: argparse.Namespace, count: int
+    ) -> None:
         check_pool_args(count, engine_args)
         if settings.port == 0:
-            raise ValueError("--api-server-count > 1 needs a --port other than 0 (each API server would bind "
-                             "a different free port)")
+            raise ValueError(
+                "--api-server-count > 1 needs a --port other than 0 (each API server would bind a different free port)"
+            )
         self.engine_args, self.tool_args, self.count = engine_args, tool_args, count
         self.config: Optional[EngineConfig] = None  # derived at start, sent to the cores and API servers
         self.settings = settings
@@ -135,18 +144,34 @@ class ApiServerPool:
         for slot in self.slots:  # they import and read the tokenizer while the cores load the model
             self._launch(slot)
         wait_cores(self.cores, config)
-        logger.info("%d EngineCore(s) ready; %d API servers on port %d", len(self.cores), self.count,
-                    self.settings.port)
+        logger.info(
+            "%d EngineCore(s) ready; %d API servers on port %d", len(self.cores), self.count, self.settings.port
+        )
 
     def _launch(self, slot: _Slot) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            settings = dataclasses.replace(self.settings, max_waiting_requests=self.shares[slot.index],
-                                           reuse_port=True, metrics_fanin_dir=self._metrics_dir)
-            spec = ApiServerSpec(slot.index, self.config, self.engine_args.enable_log_requests, settings,
-                                 self.tool_args, [core.proc.pid for core in self.cores], os.getpid(), theirs.fileno())
-            slot.proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.openai.api_server_proc"],
-                                         stdin=subprocess.PIPE, pass_fds=[theirs.fileno()])
+            settings = dataclasses.replace(
+                self.settings,
+                max_waiting_requests=self.shares[slot.index],
+                reuse_port=True,
+                metrics_fanin_dir=self._metrics_dir,
+            )
+            spec = ApiServerSpec(
+                slot.index,
+                self.config,
+                self.engine_args.enable_log_requests,
+                settings,
+                self.tool_args,
+                [core.proc.pid for core in self.cores],
+                os.getpid(),
+                theirs.fileno(),
+            )
+            slot.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.entrypoints.openai.api_server_proc"],
+                stdin=subprocess.PIPE,
+                pass_fds=[theirs.fileno()],
+            )
             slot.pidfd = os.pidfd_open(slot.proc.pid)
             theirs.close()
             slot.proc.stdin.write(pickle.dumps(spec))
@@ -180,8 +205,11 @@ class ApiServerPool:
     # ---- run
     def _on_signal(self, signum: int, frame) -> None:
         if not self._stopping:
-            logger.info("%s: stopping the API servers (they drain for up to %g s)", signal.Signals(signum).name,
-                        self.settings.drain_timeout_s)
+            logger.info(
+                "%s: stopping the API servers (they drain for up to %g s)",
+                signal.Signals(signum).name,
+                self.settings.drain_timeout_s,
+            )
         self._stopping = True
 
     def _supervise(self, wake_fd: int) -> int:
@@ -220,8 +248,13 @@ class ApiServerPool:
         while slot.restarts and now - slot.restarts[0] > RESTART_WINDOW_S:
             slot.restarts.popleft()
         if len(slot.restarts) >= MAX_RESTARTS:
-            logger.error("API server %d %s, %d restarts within %g s already: stopping", slot.index,
-                         describe_exit(rc), MAX_RESTARTS, RESTART_WINDOW_S)
+            logger.error(
+                "API server %d %s, %d restarts within %g s already: stopping",
+                slot.index,
+                describe_exit(rc),
+                MAX_RESTARTS,
+                RESTART_WINDOW_S,
+            )
             return 1
         slot.restarts.append(now)
         logger.warning("API server %d (pid %d) %s: restarting it", slot.index, slot.proc.pid, describe_exit(rc))

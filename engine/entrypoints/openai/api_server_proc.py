@@ -8,6 +8,7 @@ each and hands the cores' ends over through the launcher, in rank order), and it
 pickle from the launcher (the parent, the same program and user), never on the command line or in
 the environment, which other local users can read and which would show the API key.
 """
+
 from __future__ import annotations
 
 import argparse

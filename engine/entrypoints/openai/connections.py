@@ -20,6 +20,7 @@ runs short; only when every open connection is BUSY does the newcomer get a 503 
 Idle or slow connections, however many, never keep a probe of /health out, and the cap stays
 below the open-file limit (raised to its hard limit at start), so accepting never fails.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,6 +49,7 @@ LISTEN_BACKLOG = 2048
 @dataclass(frozen=True)
 class ConnectionLimits:
     """The bounds above, from ``ServerSettings.connection_limits()`` (which validates them)."""
+
     header_timeout_s: float
     body_timeout_s: float
     keep_alive_timeout_s: float
@@ -81,8 +83,12 @@ class RequestBodyTimeout(OpenAIError, TimeoutError):
     408), and aiohttp, seeing a TimeoutError while it drains the rest, closes the connection."""
 
     def __init__(self, timeout_s: float) -> None:
-        super().__init__(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
-                         headers={"Connection": "close"})
+        super().__init__(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
 
 
 class _BodyAbandoned(TimeoutError):
@@ -134,10 +140,14 @@ class GuardedRequestHandler(web.RequestHandler):
         super().connection_lost(exc)
 
 
-_REFUSED_BODY = (b'{"error":{"message":"the server has too many open connections; retry later",'
-                 b'"type":"server_error","param":null,"code":"overloaded"}}')
-_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY))
+_REFUSED_BODY = (
+    b'{"error":{"message":"the server has too many open connections; retry later",'
+    b'"type":"server_error","param":null,"code":"overloaded"}}'
+)
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
+)
 _REFUSAL_LOG_INTERVAL_S = 10.0
 
 
@@ -162,8 +172,9 @@ class ConnectionGuard:
         self._loop = asyncio.get_running_loop()
         backstop = max(self.limits.header_timeout_s, self.limits.keep_alive_timeout_s) + 1.0
         lingering = min(10.0, self.limits.body_timeout_s)  # draining an unread body after the response
-        return lambda: GuardedRequestHandler(self, server, loop=self._loop, keepalive_timeout=backstop,
-                                             lingering_time=lingering)
+        return lambda: GuardedRequestHandler(
+            self, server, loop=self._loop, keepalive_timeout=backstop, lingering_time=lingering
+        )
 
     # ---- phases ----
     def opened(self, handler: GuardedRequestHandler, transport: asyncio.BaseTransport) -> None:
@@ -172,8 +183,9 @@ class ConnectionGuard:
             now = self._loop.time()
             if now - self._last_refusal_log >= _REFUSAL_LOG_INTERVAL_S:  # a flood logs a line, not a line each
                 self._last_refusal_log = now
-                logger.warning("all %d connections are busy: refusing new ones with 503 (%d so far)", self.open,
-                               self.refused)
+                logger.warning(
+                    "all %d connections are busy: refusing new ones with 503 (%d so far)", self.open, self.refused
+                )
             transport.write(_REFUSED)
             handler.force_close()
             return
@@ -225,8 +237,7 @@ class ConnectionGuard:
 
         def expire() -> None:
             if not body.is_eof():
-                logger.info("%s %s: the request body did not arrive within %g s", request.method, request.path,
-                            timeout)
+                logger.info("%s %s: the request body did not arrive within %g s", request.method, request.path, timeout)
                 body.set_exception(RequestBodyTimeout(timeout))
 
         timer = asyncio.get_running_loop().call_later(timeout, expire)
@@ -248,8 +259,7 @@ class ConnectionGuard:
         if not self._idle:
             return False
         victim, _ = self._idle.popitem(last=False)
-        logger.debug("connection cap (%d) reached: closing the longest-waiting connection",
-                     self.limits.max_connections)
+        logger.debug("connection cap (%d) reached: closing the longest-waiting connection", self.limits.max_connections)
         self.closed(victim)
         victim.force_close()
         return True
@@ -267,7 +277,9 @@ class ConnectionGuard:
     def _expire(self, handler: GuardedRequestHandler) -> None:
         handler.deadline = None
         if handler.phase is not Phase.BUSY:
-            logger.debug("closing a connection %s too long", "idle" if handler.phase is Phase.WAITING else
-                         "sending its request head")
+            logger.debug(
+                "closing a connection %s too long",
+                "idle" if handler.phase is Phase.WAITING else "sending its request head",
+            )
             self.closed(handler)
             handler.force_close()

@@ -17,6 +17,7 @@ A refused field that the struct does declare (``suffix``, ``dimensions``) is ref
 serving code itself; the test suite sends every refused field's ``example`` and expects its 400,
 so either way the list and the server cannot disagree.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,21 +48,30 @@ Placement = Union[Refused, NoOp]
 
 # What /v1/completions and /v1/chat/completions share.
 _GENERATION: dict[str, Placement] = {
-    "user": NoOp("informational: OpenAI's end-user id for abuse monitoring; it changes no output "
-                 "(vLLM ignores it too)"),
+    "user": NoOp(
+        "informational: OpenAI's end-user id for abuse monitoring; it changes no output (vLLM ignores it too)"
+    ),
     "session_id": NoOp("informational: groups related requests; nothing here routes or caches by session"),
-    "spaces_between_special_tokens": NoOp("ringllm decodes with fast (tokenizers) tokenizers only, which put no "
-                                          "spaces around special tokens whatever the flag says"),
-    "return_token_offsets": NoOp("honoured by vLLM only on its /render endpoints; ignored on generation "
-                                 "endpoints, as vLLM does"),
-    "return_mm_kwargs": NoOp("honoured by vLLM only on its /render endpoints, for multimodal inputs; ignored on "
-                             "generation endpoints, as vLLM does"),
+    "spaces_between_special_tokens": NoOp(
+        "ringllm decodes with fast (tokenizers) tokenizers only, which put no "
+        "spaces around special tokens whatever the flag says"
+    ),
+    "return_token_offsets": NoOp(
+        "honoured by vLLM only on its /render endpoints; ignored on generation endpoints, as vLLM does"
+    ),
+    "return_mm_kwargs": NoOp(
+        "honoured by vLLM only on its /render endpoints, for multimodal inputs; ignored on "
+        "generation endpoints, as vLLM does"
+    ),
     # Refused: nothing in ringllm carries them out.
     "watermarking": Refused(True, (None, False)),
     "logprob_token_ids": Refused([1, 2]),
     "routed_experts_prompt_start": Refused(1, (None, 0), "(no mixture-of-experts models here)"),
-    "kv_transfer_params": Refused({"do_remote_prefill": True}, (None, {}),
-                                  "per request (KV transfer is configured per engine: --kv-transfer-config)"),
+    "kv_transfer_params": Refused(
+        {"do_remote_prefill": True},
+        (None, {}),
+        "per request (KV transfer is configured per engine: --kv-transfer-config)",
+    ),
     "ec_transfer_params": Refused({"x": 1}, (None, {})),
     "vllm_xargs": Refused({"x": 1}, (None, {}), "(no custom extensions are loaded)"),
     "repetition_detection": Refused({"max_pattern_size": 4, "min_count": 3}),
@@ -100,8 +110,10 @@ RESPONSES: dict[str, Placement] = {
     "user": _GENERATION["user"],
     "session_id": _GENERATION["session_id"],
     "include_reasoning": NoOp("a reasoning item is always answered (with --reasoning-parser)"),
-    "prompt_cache_key": NoOp("a routing hint for OpenAI's prompt cache; ringllm's prefix cache finds shared "
-                             "prefixes by their tokens, with no key (vLLM ignores it too)"),
+    "prompt_cache_key": NoOp(
+        "a routing hint for OpenAI's prompt cache; ringllm's prefix cache finds shared "
+        "prefixes by their tokens, with no key (vLLM ignores it too)"
+    ),
     "include": Refused(["message.output_text.logprobs"], (None, []), "(no include value can be filled here)"),
     "max_tool_calls": Refused(1),
     "prompt": Refused({"id": "pmpt_1"}, (None,), "(no stored prompt templates here)"),
@@ -134,19 +146,23 @@ RESPONSES: dict[str, Placement] = {
 }
 
 MESSAGES: dict[str, Placement] = {
-    "metadata": NoOp("Anthropic's user_id for abuse detection; it changes no output (Anthropic's own "
-                     "generation ignores it too)"),
+    "metadata": NoOp(
+        "Anthropic's user_id for abuse detection; it changes no output (Anthropic's own generation ignores it too)"
+    ),
     "kv_transfer_params": _GENERATION["kv_transfer_params"],
     # Anthropic's, which vLLM does not list: refused rather than ignored, since each asks for something.
-    "thinking": Refused({"type": "enabled", "budget_tokens": 1024}, (None, {"type": "disabled"}),
-                        "(no reasoning parser runs here)"),
+    "thinking": Refused(
+        {"type": "enabled", "budget_tokens": 1024}, (None, {"type": "disabled"}), "(no reasoning parser runs here)"
+    ),
     "container": Refused("container_1", (None,), "(no code execution containers here)"),
-    "mcp_servers": Refused([{"type": "url", "url": "https://example.com/mcp", "name": "x"}], (None, []),
-                           "(no MCP connector here)"),
+    "mcp_servers": Refused(
+        [{"type": "url", "url": "https://example.com/mcp", "name": "x"}], (None, []), "(no MCP connector here)"
+    ),
     "context_management": Refused({"edits": [{"type": "clear_tool_uses_20250919"}]}, (None, {})),
     "service_tier": NoOp("one service tier here: auto and standard_only both ask for what every request gets"),
-    "cache_control": NoOp("the prefix cache reuses every shared prefix by itself; a cache marker asks for "
-                          "nothing more"),
+    "cache_control": NoOp(
+        "the prefix cache reuses every shared prefix by itself; a cache marker asks for nothing more"
+    ),
     "inference_geo": NoOp("where the request runs: on this server, wherever it is asked for"),
     "user_profile_id": NoOp("informational: who the request is made for; it changes no output"),
     "workspace_id": NoOp("informational: Anthropic's workspaces; this server has one"),
@@ -167,11 +183,18 @@ SAMPLING_PARAMS: dict[str, Placement] = {
 }
 
 PLACEMENT: dict[str, dict[str, Placement]] = {
-    "ChatCompletionRequest": CHAT, "CompletionRequest": COMPLETION, "EmbeddingRequest": EMBEDDING,
-    "StreamOptions": {}, "SamplingParams": SAMPLING_PARAMS, "ResponsesRequest": RESPONSES,
-    "PoolingRequest": EMBEDDING, "ClassificationRequest": POOLING_BASIC, "ScoreRequest": POOLING_BASIC,
+    "ChatCompletionRequest": CHAT,
+    "CompletionRequest": COMPLETION,
+    "EmbeddingRequest": EMBEDDING,
+    "StreamOptions": {},
+    "SamplingParams": SAMPLING_PARAMS,
+    "ResponsesRequest": RESPONSES,
+    "PoolingRequest": EMBEDDING,
+    "ClassificationRequest": POOLING_BASIC,
+    "ScoreRequest": POOLING_BASIC,
     "RerankRequest": POOLING_BASIC,
-    "AnthropicMessagesRequest": MESSAGES, "AnthropicCountTokensRequest": COUNT_TOKENS,
+    "AnthropicMessagesRequest": MESSAGES,
+    "AnthropicCountTokensRequest": COUNT_TOKENS,
 }
 
 # At most this many distinct unknown names are warned about, so that clients sending random
@@ -208,8 +231,9 @@ def check_undeclared(body: bytes, type_: type) -> None:
                 value = place.example
             if not any(_same(value, inert) for inert in place.inert):
                 reason = f" {place.why}" if place.why else ""
-                raise OpenAIError(400, f"{name} is not supported by this server{reason}", param=name,
-                                  code="unsupported_field")
+                raise OpenAIError(
+                    400, f"{name} is not supported by this server{reason}", param=name, code="unsupported_field"
+                )
         elif place is None:
             unknown.append(name)
     fresh = [name for name in unknown if name not in _warned]

@@ -9,6 +9,7 @@ and mapped onto ``SamplingParams`` in one place. A field not declared here is pl
 ``field_support``: a vLLM field ringllm does not carry is a 400 naming it (unless its value asks
 for nothing), and a name vLLM does not know either is ignored with a warning in the log.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,7 @@ def decode_request(body: bytes, type_: type) -> Any:
     try:
         request = msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise OpenAIError(400, f"invalid request: {exc}", param=_msgspec_field(exc),
-                          code="invalid_value") from None
+        raise OpenAIError(400, f"invalid request: {exc}", param=_msgspec_field(exc), code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise OpenAIError(400, f"invalid JSON body: {exc}", code="invalid_json") from None
     except RecursionError:
@@ -137,15 +137,25 @@ class _SamplingFields(Struct, kw_only=True):
             engine_prompt["cache_salt"] = self.cache_salt
         return engine_prompt
 
-    def _sampling_params(self, model_defaults: dict[str, Any], max_tokens: Optional[int],
-                         logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
+    def _sampling_params(
+        self,
+        model_defaults: dict[str, Any],
+        max_tokens: Optional[int],
+        logprobs: Optional[int],
+        prompt_logprobs: Optional[int],
+    ) -> SamplingParams:
         """``model_defaults``: SamplingParams fields from the model's generation config."""
         if self.stream_options is not None and not self.stream:
-            raise OpenAIError(400, "stream_options can only be set when stream is true", param="stream_options",
-                              code="invalid_value")
+            raise OpenAIError(
+                400, "stream_options can only be set when stream is true", param="stream_options", code="invalid_value"
+            )
         if self.stream and self.prompt_logprobs is not None:
-            raise OpenAIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs",
-                              code="invalid_value")
+            raise OpenAIError(
+                400,
+                "prompt_logprobs are not available when stream is true",
+                param="prompt_logprobs",
+                code="invalid_value",
+            )
         extras = sampling_extras(self)
         chosen = {name: getattr(self, name) for name in MODEL_DEFAULTED if getattr(self, name) is not None}
         fields = {**model_defaults, **chosen}
@@ -153,14 +163,25 @@ class _SamplingFields(Struct, kw_only=True):
             fields["max_tokens"] = max_tokens
         try:
             return SamplingParams(
-                **fields, n=self.n, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+                **fields,
+                n=self.n,
+                seed=self.seed,
+                stop=self.stop,
+                stop_token_ids=self.stop_token_ids,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
-                truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side,
+                truncate_prompt_tokens=self.truncate_prompt_tokens,
+                truncation_side=self.truncation_side,
                 stream_interval=self.stream_interval if self.stream else None,  # vLLM: ignored unless streaming
-                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY, **extras)
+                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+                **extras,
+            )
         except ParameterError as exc:
             raise OpenAIError(400, str(exc), param=exc.parameter, code="invalid_value") from None
 
@@ -177,8 +198,12 @@ class _SamplingFields(Struct, kw_only=True):
         """More new tokens than the whole context can hold is a 400 naming the field, as vLLM answers."""
         name, value = self._max_tokens_field()
         if value is not None and value > max_model_len:
-            raise OpenAIError(400, f"{name}={value} is more than the model's context length "
-                              f"max_model_len={max_model_len}", param=name, code="invalid_value")
+            raise OpenAIError(
+                400,
+                f"{name}={value} is more than the model's context length max_model_len={max_model_len}",
+                param=name,
+                code="invalid_value",
+            )
 
     def _max_tokens_field(self) -> tuple[str, Optional[int]]:
         return "max_tokens", getattr(self, "max_tokens", None)
@@ -206,15 +231,20 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 
     def to_sampling_params(self, model_defaults: dict[str, Any]) -> SamplingParams:
         if self.max_tokens == 0 and not self.echo:
-            raise OpenAIError(400, "max_tokens must be at least 1 (0 only with echo, to return the prompt alone)",
-                              param="max_tokens", code="invalid_value")
+            raise OpenAIError(
+                400,
+                "max_tokens must be at least 1 (0 only with echo, to return the prompt alone)",
+                param="max_tokens",
+                code="invalid_value",
+            )
         if self.suffix:
             raise OpenAIError(400, "suffix is not supported", param="suffix", code="invalid_value")
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo and self.logprobs is not None:
             prompt_logprobs = self.logprobs  # the echoed prompt's own logprobs
-        return self._sampling_params(model_defaults, 1 if self.echo_only else self.max_tokens, self.logprobs,
-                                     prompt_logprobs)
+        return self._sampling_params(
+            model_defaults, 1 if self.echo_only else self.max_tokens, self.logprobs, prompt_logprobs
+        )
 
 
 def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
@@ -227,12 +257,20 @@ def _prompt_batch(p: Any, param: str) -> list[Union[str, list[int]]]:
     if p and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x for x in p)):
         return list(p)
     if any(isinstance(x, str) for x in p) and not all(isinstance(x, str) for x in p):
-        raise OpenAIError(400, f"{param} mixes strings and token ids in one list; OpenAI's schema (and vLLM) "
-                          "takes a string, a list of strings, a list of token ids or a list of token-id lists: "
-                          "send the strings and the token ids in separate requests", param=param,
-                          code="invalid_value")
-    raise OpenAIError(400, f"{param} must be a string, a list of strings, a list of token ids or a "
-                      "list of non-empty token-id lists", param=param, code="invalid_value")
+        raise OpenAIError(
+            400,
+            f"{param} mixes strings and token ids in one list; OpenAI's schema (and vLLM) "
+            "takes a string, a list of strings, a list of token ids or a list of token-id lists: "
+            "send the strings and the token ids in separate requests",
+            param=param,
+            code="invalid_value",
+        )
+    raise OpenAIError(
+        400,
+        f"{param} must be a string, a list of strings, a list of token ids or a list of non-empty token-id lists",
+        param=param,
+        code="invalid_value",
+    )
 
 
 class PoolingBasicFields(Struct, kw_only=True):
@@ -274,6 +312,7 @@ class ContentPart(Struct, kw_only=True):
 
 
 # ---- tool calling (OpenAI's shapes; tool_parsers/ reads the calls out of model text) ----
+
 
 class FunctionDefinition(Struct, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
@@ -328,8 +367,12 @@ class ChatMessage(Struct, kw_only=True):
         content = self.content
         if isinstance(content, list):
             if any(part.type != "text" or part.text is None for part in content):
-                raise OpenAIError(400, "only text content parts are supported",
-                                  param=f"messages.{index}.content", code="invalid_value")
+                raise OpenAIError(
+                    400,
+                    "only text content parts are supported",
+                    param=f"messages.{index}.content",
+                    code="invalid_value",
+                )
             content = "".join(part.text for part in content)
         message = {"role": self.role, "content": content or ""}
         if self.name:
@@ -351,11 +394,19 @@ def _call_for_template(call: ToolCall, index: int) -> dict[str, Any]:
     try:
         arguments = json.loads(call.function.arguments) if call.function.arguments else {}
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
-        raise OpenAIError(400, f"the arguments of tool call {call.id!r} are not valid JSON",
-                          param=f"messages.{index}.tool_calls", code="invalid_value") from None
+        raise OpenAIError(
+            400,
+            f"the arguments of tool call {call.id!r} are not valid JSON",
+            param=f"messages.{index}.tool_calls",
+            code="invalid_value",
+        ) from None
     if nesting(arguments) > MAX_DEPTH:
-        raise OpenAIError(400, f"the arguments of tool call {call.id!r} are nested deeper than {MAX_DEPTH} levels",
-                          param=f"messages.{index}.tool_calls", code="invalid_value")
+        raise OpenAIError(
+            400,
+            f"the arguments of tool call {call.id!r} are nested deeper than {MAX_DEPTH} levels",
+            param=f"messages.{index}.tool_calls",
+            code="invalid_value",
+        )
     return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
 
 
@@ -384,8 +435,11 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     def template_kwargs(self) -> Optional[dict[str, Any]]:
         """``chat_template_kwargs`` over vLLM's named template variables (``documents``,
         ``reasoning_effort``), which the template sees as it sees the kwargs."""
-        named = {name: value for name, value in (("documents", self.documents),
-                                                 ("reasoning_effort", self.reasoning_effort)) if value is not None}
+        named = {
+            name: value
+            for name, value in (("documents", self.documents), ("reasoning_effort", self.reasoning_effort))
+            if value is not None
+        }
         return {**named, **(self.chat_template_kwargs or {})} if named else self.chat_template_kwargs
 
     def _max_tokens_field(self) -> tuple[str, Optional[int]]:
@@ -400,8 +454,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo and self.logprobs:
             prompt_logprobs = self.top_logprobs or 0  # as vLLM: the echoed prompt's logprobs too
-        return self._sampling_params(model_defaults, self.max_completion_tokens or self.max_tokens,
-                                     (self.top_logprobs or 0) if self.logprobs else None, prompt_logprobs)
+        return self._sampling_params(
+            model_defaults,
+            self.max_completion_tokens or self.max_tokens,
+            (self.top_logprobs or 0) if self.logprobs else None,
+            prompt_logprobs,
+        )
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -420,6 +478,7 @@ class DetokenizeRequest(Struct, kw_only=True):
 
 
 # ---- responses ----
+
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -461,17 +520,36 @@ _PROMPT_TEXT = ("prompt_text", Optional[str], None)  # vLLM's return_prompt_text
 def _choice(name: str, body: tuple[str, Any], logprobs: Any, extra: tuple = ()) -> type[Struct]:
     """A choice in OpenAI's field order: ``index``, its body (text, message or delta), ``logprobs``,
     ``finish_reason``, ``stop_reason`` (vLLM's extra), then ``extra`` (vLLM's optional fields)."""
-    return msgspec.defstruct(name, [("index", int), body, ("logprobs", Optional[logprobs], None),
-                                    ("finish_reason", Optional[str], None),
-                                    ("stop_reason", Union[int, str, None], None), *extra], module=__name__)
+    return msgspec.defstruct(
+        name,
+        [
+            ("index", int),
+            body,
+            ("logprobs", Optional[logprobs], None),
+            ("finish_reason", Optional[str], None),
+            ("stop_reason", Union[int, str, None], None),
+            *extra,
+        ],
+        module=__name__,
+    )
 
 
 def _response(name: str, choice: type[Struct], object_: str, extra: tuple = ()) -> type[Struct]:
     """A response or stream chunk: ``id, created, model, choices, object, usage``, in that order,
     then ``extra``."""
-    return msgspec.defstruct(name, [("id", str), ("created", int), ("model", str), ("choices", list[choice]),
-                                    ("object", str, object_), ("usage", Optional[UsageInfo], None), *extra],
-                             module=__name__)
+    return msgspec.defstruct(
+        name,
+        [
+            ("id", str),
+            ("created", int),
+            ("model", str),
+            ("choices", list[choice]),
+            ("object", str, object_),
+            ("usage", Optional[UsageInfo], None),
+            *extra,
+        ],
+        module=__name__,
+    )
 
 
 class ChatLogProb(Struct):
@@ -520,15 +598,18 @@ class DeltaMessage(Struct, omit_defaults=True):
     reasoning: Optional[str] = None
 
 
-CompletionChoice = _choice("CompletionChoice", ("text", str), CompletionLogProbs,
-                           (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _TOKEN_IDS))
+CompletionChoice = _choice(
+    "CompletionChoice", ("text", str), CompletionLogProbs, (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _TOKEN_IDS)
+)
 CompletionResponse = _response("CompletionResponse", CompletionChoice, "text_completion")
 ChatChoice = _choice("ChatChoice", ("message", ChatResponseMessage), ChatLogProbs, (_TOKEN_IDS,))
-ChatCompletionResponse = _response("ChatCompletionResponse", ChatChoice, "chat.completion",
-                                   (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _PROMPT_TEXT))
+ChatCompletionResponse = _response(
+    "ChatCompletionResponse", ChatChoice, "chat.completion", (_PROMPT_LOGPROBS, _PROMPT_TOKEN_IDS, _PROMPT_TEXT)
+)
 ChatStreamChoice = _choice("ChatStreamChoice", ("delta", DeltaMessage), ChatLogProbs, (_TOKEN_IDS,))
-ChatCompletionChunk = _response("ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk",
-                                (_PROMPT_TOKEN_IDS, _PROMPT_TEXT))
+ChatCompletionChunk = _response(
+    "ChatCompletionChunk", ChatStreamChoice, "chat.completion.chunk", (_PROMPT_TOKEN_IDS, _PROMPT_TEXT)
+)
 
 
 class ModelCard(Struct):

@@ -13,6 +13,7 @@ Unanswered time is counted in ticks of this event loop, not read off the clock: 
 itself was held up (a long render, a CPU hog), the core's answer may be sitting in the ring
 unread, and that must not make /health report the core.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 class CoreLiveness:
-    def __init__(self, engine: EngineClient, busy_timeout_s: float, idle_timeout_s: float,
-                 frontend_busy: Callable[[], bool]) -> None:
+    def __init__(
+        self, engine: EngineClient, busy_timeout_s: float, idle_timeout_s: float, frontend_busy: Callable[[], bool]
+    ) -> None:
         """``frontend_busy``: whether requests are in flight in this server (then the busy bound
         applies even if the core last said it was idle)."""
         self.engine = engine
@@ -54,8 +56,10 @@ class CoreLiveness:
         bound = self.busy_timeout_s if busy else self.idle_timeout_s
         if self.unanswered_s < bound:
             return None
-        return (f"the engine core has not answered a liveness probe for {self.unanswered_s:.0f} s "
-                f"(limit {bound:g} s {'with requests in flight' if busy else 'while idle'})")
+        return (
+            f"the engine core has not answered a liveness probe for {self.unanswered_s:.0f} s "
+            f"(limit {bound:g} s {'with requests in flight' if busy else 'while idle'})"
+        )
 
     async def _probe_forever(self) -> None:
         while True:
@@ -64,10 +68,13 @@ class CoreLiveness:
             try:
                 while not (await asyncio.wait({probe}, timeout=self.interval_s))[0]:
                     self.unanswered_s += self.interval_s
-                    if self.unanswered_s >= self.busy_timeout_s and self.unanswered_s - self.interval_s < \
-                            self.busy_timeout_s:
-                        logger.warning("the engine core has not answered a liveness probe for %.0f s",
-                                       self.unanswered_s)
+                    if (
+                        self.unanswered_s >= self.busy_timeout_s
+                        and self.unanswered_s - self.interval_s < self.busy_timeout_s
+                    ):
+                        logger.warning(
+                            "the engine core has not answered a liveness probe for %.0f s", self.unanswered_s
+                        )
                 per_core = probe.result()
             except EngineDeadError:
                 return  # check_health reports it from now on

@@ -7,6 +7,7 @@ does not declare). Content blocks stay loose dicts here and are read one by one 
 serving_messages.py, so that a block ringllm cannot take is a 400 naming its place. The response,
 the stream events and the errors carry their ``type`` as Anthropic sends it (msgspec tags).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
@@ -91,6 +92,7 @@ class CountTokensResponse(Struct):
 
 # ---- the response ----
 
+
 class TextContent(Struct, kw_only=True, tag_field="type", tag="text"):
     text: str
 
@@ -119,6 +121,7 @@ class MessageResponse(Struct, kw_only=True, tag_field="type", tag="message"):
 
 
 # ---- stream events ----
+
 
 class TextDelta(Struct, tag_field="type", tag="text_delta"):
     text: str
@@ -166,6 +169,7 @@ class MessageStop(Struct, tag_field="type", tag="message_stop"):
 
 # ---- errors ----
 
+
 class AnthropicErrorInfo(Struct):
     type: str
     message: str
@@ -176,9 +180,16 @@ class AnthropicError(Struct, tag_field="type", tag="error"):
 
 
 # Anthropic's error types by HTTP status (what its clients turn into their exception classes).
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error", 504: "timeout_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def anthropic_error(error: OpenAIError) -> AnthropicError:

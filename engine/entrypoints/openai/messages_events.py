@@ -13,6 +13,7 @@ The stop reason is vLLM's mapping of chat's finish reason (``stop`` -> ``end_tur
 sequence is ``stop_sequence`` and names it, and an answer holding tool calls (as a named
 ``tool_choice`` forces) is ``tool_use``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,22 @@ import msgspec
 from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import ChatCompletionChunk
 from engine.entrypoints.openai.messages_bodies import (
-    AnthropicUsage, ContentBlockDelta, ContentBlockStart, ContentBlockStop, InputJsonDelta, MessageDelta,
-    MessageResponse, MessageStart, MessageStop, Ping, StopDelta, TextContent, TextDelta, ToolUseContent,
-    anthropic_error)
+    AnthropicUsage,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    InputJsonDelta,
+    MessageDelta,
+    MessageResponse,
+    MessageStart,
+    MessageStop,
+    Ping,
+    StopDelta,
+    TextContent,
+    TextDelta,
+    ToolUseContent,
+    anthropic_error,
+)
 from engine.entrypoints.openai.serving_engine import SSEFraming
 
 _encode = msgspec.json.Encoder().encode
@@ -44,15 +58,17 @@ class MessageEvents:
         """``message_start`` (with the prompt's tokens, which the first chunk carries) and ``ping``,
         then what the first chunk says."""
         later = self.feed(first) if first is not None else []
-        start = MessageStart(msgspec.structs.replace(self.message, content=[],
-                                                     usage=msgspec.structs.replace(self.message.usage)))
+        start = MessageStart(
+            msgspec.structs.replace(self.message, content=[], usage=msgspec.structs.replace(self.message.usage))
+        )
         return [start, Ping(), *later]
 
     def feed(self, chunk: ChatCompletionChunk) -> list:
         """The events one chat chunk says (none for the opening role chunk)."""
         if chunk.usage is not None:  # running usage (continuous_usage_stats), and the last chunk's
-            self.message.usage = AnthropicUsage(input_tokens=chunk.usage.prompt_tokens,
-                                                output_tokens=chunk.usage.completion_tokens)
+            self.message.usage = AnthropicUsage(
+                input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens
+            )
         events: list = []
         for choice in chunk.choices:
             delta = choice.delta
@@ -114,8 +130,12 @@ def _input(arguments: str, name: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         value = None
     if not isinstance(value, dict):
-        raise OpenAIError(500, f"the model's call of {name[:64]!r} has arguments that are not a JSON object",
-                          type="server_error", code="invalid_tool_call")
+        raise OpenAIError(
+            500,
+            f"the model's call of {name[:64]!r} has arguments that are not a JSON object",
+            type="server_error",
+            code="invalid_tool_call",
+        )
     return value
 
 

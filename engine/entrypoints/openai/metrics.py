@@ -16,6 +16,7 @@ metric families only when scraped: recording costs a few additions per message a
 per observed latency, never a lock. A private ``CollectorRegistry``: /metrics shows exactly
 this server's metrics, and a second app in one process gets no duplicate-metric error.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,74 @@ from engine.wire_messages import FinishReason, SchedulerStats, add_lists
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # vLLM's bucket families (vllm/v1/metrics/buckets.py).
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                               10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 # ringllm's own: the ring answers in microseconds, zmq in tens of them.
@@ -102,29 +165,64 @@ class _Histogram:
 
 # name, documentation, bucket family ("tokens": 1-2-5 up to max_model_len), as vLLM has them.
 _HISTOGRAMS = (
-    ("time_to_first_token", "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-     TIME_TO_FIRST_TOKEN_BUCKETS),
-    ("inter_token_latency", "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-     INTER_TOKEN_LATENCY_BUCKETS),
-    ("request_time_per_output_token", "vllm:request_time_per_output_token_seconds",
-     "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS),
-    ("e2e", "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-     REQUEST_LATENCY_BUCKETS),
-    ("queue", "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-     REQUEST_LATENCY_BUCKETS),
-    ("inference", "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-     REQUEST_LATENCY_BUCKETS),
-    ("prefill", "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-     REQUEST_LATENCY_BUCKETS),
-    ("decode", "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-     REQUEST_LATENCY_BUCKETS),
+    (
+        "time_to_first_token",
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        TIME_TO_FIRST_TOKEN_BUCKETS,
+    ),
+    (
+        "inter_token_latency",
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        INTER_TOKEN_LATENCY_BUCKETS,
+    ),
+    (
+        "request_time_per_output_token",
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.",
+        INTER_TOKEN_LATENCY_BUCKETS,
+    ),
+    (
+        "e2e",
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "queue",
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "inference",
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "prefill",
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "decode",
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
     ("prompt_tokens", "vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
     ("generation_tokens", "vllm:request_generation_tokens", "Number of generation tokens processed.", "tokens"),
-    ("iteration_tokens", "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-     ITERATION_TOKENS_BUCKETS),
+    (
+        "iteration_tokens",
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        ITERATION_TOKENS_BUCKETS,
+    ),
     ("params_n", "vllm:request_params_n", "Histogram of the n request parameter.", REQUEST_PARAMS_N_BUCKETS),
-    ("params_max_tokens", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-     "tokens"),
+    ("params_max_tokens", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "tokens"),
 )
 
 
@@ -142,8 +240,9 @@ class _EngineSeries:
         self.loras_updated = 0.0  # when the core last reported them (time.time())
         self.prompt_tokens = self.generation_tokens = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
-        self.histograms = {key: _Histogram(token_buckets if buckets == "tokens" else buckets)
-                           for key, _, _, buckets in _HISTOGRAMS}
+        self.histograms = {
+            key: _Histogram(token_buckets if buckets == "tokens" else buckets) for key, _, _, buckets in _HISTOGRAMS
+        }
 
 
 class _VllmCollector:
@@ -162,36 +261,81 @@ class _VllmCollector:
                 metric.add_metric([model, str(index)], value_of(series))
             return metric
 
-        yield family(GaugeMetricFamily, "vllm:num_requests_running", "Number of requests in model execution batches.",
-                     lambda s: s.running)
-        yield family(GaugeMetricFamily, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                     lambda s: s.waiting)
-        yield family(GaugeMetricFamily, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                     lambda s: s.kv_cache_usage)
-        yield family(CounterMetricFamily, "vllm:prefix_cache_queries",
-                     "Prefix cache queries, in terms of number of queried tokens.", lambda s: s.prefix_cache_queries)
-        yield family(CounterMetricFamily, "vllm:prefix_cache_hits",
-                     "Prefix cache hits, in terms of number of cached tokens.", lambda s: s.prefix_cache_hits)
-        yield family(CounterMetricFamily, "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                     lambda s: s.preemptions)
-        yield family(CounterMetricFamily, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
-                     lambda s: s.spec_drafts)
-        yield family(CounterMetricFamily, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
-                     lambda s: s.spec_draft_tokens)
-        yield family(CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                     lambda s: s.spec_accepted_tokens)
-        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                      "Accepted tokens per draft position.", labels=labels + ["position"])
+        yield family(
+            GaugeMetricFamily,
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            lambda s: s.running,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            lambda s: s.waiting,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            lambda s: s.kv_cache_usage,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            lambda s: s.prefix_cache_queries,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            lambda s: s.prefix_cache_hits,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            lambda s: s.preemptions,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:spec_decode_num_drafts",
+            "Number of spec decoding drafts.",
+            lambda s: s.spec_drafts,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:spec_decode_num_draft_tokens",
+            "Number of draft tokens.",
+            lambda s: s.spec_draft_tokens,
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:spec_decode_num_accepted_tokens",
+            "Number of accepted tokens.",
+            lambda s: s.spec_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=labels + ["position"],
+        )
         for index, series in engines:
             for position, count in enumerate(series.spec_accepted_per_pos):
                 per_pos.add_metric([model, str(index), str(position)], count)
         yield per_pos
-        yield family(CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill tokens processed.",
-                     lambda s: s.prompt_tokens)
-        yield family(CounterMetricFamily, "vllm:generation_tokens", "Number of generation tokens processed.",
-                     lambda s: s.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=labels + ["finished_reason"])
+        yield family(
+            CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill tokens processed.", lambda s: s.prompt_tokens
+        )
+        yield family(
+            CounterMetricFamily,
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            lambda s: s.generation_tokens,
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.", labels=labels + ["finished_reason"]
+        )
         for index, series in engines:
             for reason, count in series.success.items():
                 success.add_metric([model, str(index), reason], count)
@@ -205,22 +349,27 @@ class _VllmCollector:
                 histogram.add_metric([model, str(index)], h.buckets(), h.sum)
             yield histogram
 
-
     def _lora_info(self, engines: list[tuple[int, _EngineSeries]]) -> GaugeMetricFamily:
         """vLLM's ``vllm:lora_requests_info``: the adapters in use as labels (names joined by
         commas, over every rank), its value the time they were last reported."""
         running = sorted({name for _, s in engines for name in s.running_loras})
         waiting = sorted({name for _, s in engines for name in s.waiting_loras})
-        info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
-                                 labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
-        info.add_metric([str(self._metrics.max_loras), ",".join(waiting), ",".join(running)],
-                        max((s.loras_updated for _, s in engines), default=0.0))
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        info.add_metric(
+            [str(self._metrics.max_loras), ",".join(waiting), ",".join(running)],
+            max((s.loras_updated for _, s in engines), default=0.0),
+        )
         return info
 
 
 class ServerMetrics(StatLoggerBase):
-    def __init__(self, model_name: str, max_model_len: int, engine_indexes: Iterable[int] = (0,),
-                 max_loras: int = 0) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int, engine_indexes: Iterable[int] = (0,), max_loras: int = 0
+    ) -> None:
         """``max_loras``: with LoRA (enable_lora), vllm:lora_requests_info is exposed too."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
@@ -230,16 +379,23 @@ class ServerMetrics(StatLoggerBase):
         reg = self.registry
         reg.register(_VllmCollector(self))
         # ringllm's own (vLLM has no name for these)
-        self.http_requests = Counter("ringllm:http_requests", "HTTP requests by route and status code",
-                                     ["route", "status"], registry=reg)
-        self.rejected = Counter("ringllm:request_rejected", "Requests refused with 503 (overload)", ["model_name"],
-                                registry=reg)
-        self._transport = Histogram("ringllm:transport_latency_seconds", "EngineCore publishes a step's outputs -> "
-                                    "the frontend takes them (the ring's own latency)", ["model_name"],
-                                    buckets=TRANSPORT_BUCKETS, registry=reg).labels(model_name)
+        self.http_requests = Counter(
+            "ringllm:http_requests", "HTTP requests by route and status code", ["route", "status"], registry=reg
+        )
+        self.rejected = Counter(
+            "ringllm:request_rejected", "Requests refused with 503 (overload)", ["model_name"], registry=reg
+        )
+        self._transport = Histogram(
+            "ringllm:transport_latency_seconds",
+            "EngineCore publishes a step's outputs -> the frontend takes them (the ring's own latency)",
+            ["model_name"],
+            buckets=TRANSPORT_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
 
-    def record(self, scheduler_stats: Optional[SchedulerStats], iteration_stats: Optional[IterationStats],
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Optional[SchedulerStats], iteration_stats: Optional[IterationStats], engine_idx: int = 0
+    ) -> None:
         series = self.engines.get(engine_idx)
         if series is None:
             series = self.engines[engine_idx] = _EngineSeries(self._token_buckets)
@@ -253,8 +409,9 @@ class ServerMetrics(StatLoggerBase):
             series.spec_drafts += scheduler_stats.spec_decode_num_drafts
             series.spec_draft_tokens += scheduler_stats.spec_decode_num_draft_tokens
             series.spec_accepted_tokens += scheduler_stats.spec_decode_num_accepted_tokens
-            series.spec_accepted_per_pos = add_lists(series.spec_accepted_per_pos,
-                                                     scheduler_stats.spec_decode_num_accepted_tokens_per_pos)
+            series.spec_accepted_per_pos = add_lists(
+                series.spec_accepted_per_pos, scheduler_stats.spec_decode_num_accepted_tokens_per_pos
+            )
             if self.max_loras:
                 series.running_loras = scheduler_stats.running_lora_adapters
                 series.waiting_loras = scheduler_stats.waiting_lora_adapters

@@ -18,6 +18,7 @@ within ``PEER_TIMEOUT_S``, counts with its snapshot. A scrape's total is then ne
 previous one's: a dead server's part stays at what the last sum included, and the living only
 count up.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -89,8 +90,9 @@ async def gather(own: bytes, fanin_dir: str) -> bytes:
         return own
     live = {int(n[4:-5]) for n in names if n.startswith("api-") and n.endswith(".sock")}
     gone = {int(n[4:-5]) for n in names if n.startswith("api-") and n.endswith(".last")} - live
-    others = await asyncio.gather(*(_figures(fanin_dir, pid, pid in live)
-                                    for pid in sorted(live | gone) if pid != os.getpid()))
+    others = await asyncio.gather(
+        *(_figures(fanin_dir, pid, pid in live) for pid in sorted(live | gone) if pid != os.getpid())
+    )
     return merge([own.decode()] + [t for t in others if t is not None]).encode()
 
 
@@ -120,6 +122,7 @@ def merge(texts: Iterable[str]) -> str:
         lines.append(f"# TYPE {shown} {kind}")
         for (sample, labels), value in samples.items():
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{sample}{{{label_text}}} {floatToGoString(value)}" if labels else
-                         f"{sample} {floatToGoString(value)}")
+            lines.append(
+                f"{sample}{{{label_text}}} {floatToGoString(value)}" if labels else f"{sample} {floatToGoString(value)}"
+            )
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ The bodies' schemas are generated from the same msgspec Structs the server decod
 into (``msgspec.json.schema_components``), so the document cannot drift from what is accepted.
 Built once, on first request.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,8 +12,13 @@ from typing import Any
 
 import msgspec
 
-from engine.entrypoints.openai.http_bodies import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                   EmbeddingRequest, TokenizeRequest)
+from engine.entrypoints.openai.http_bodies import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 from engine.entrypoints.openai.messages_bodies import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from engine.entrypoints.openai.pooling_bodies import ClassificationRequest, PoolingRequest, RerankRequest, ScoreRequest
 from engine.entrypoints.openai.responses_bodies import ResponsesRequest
@@ -60,5 +66,11 @@ def openapi_document() -> bytes:
         if body is not None:
             operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[body]}}}
         paths.setdefault(path, {})[method] = operation
-    return msgspec.json.encode({"openapi": "3.1.0", "info": {"title": "ringllm", "version": ringllm_version()},
-                                "paths": paths, "components": {"schemas": components}})
+    return msgspec.json.encode(
+        {
+            "openapi": "3.1.0",
+            "info": {"title": "ringllm", "version": ringllm_version()},
+            "paths": paths,
+            "components": {"schemas": components},
+        }
+    )

@@ -20,6 +20,7 @@ The reader recurses once per level of nesting, so a value nested deeper than ``M
 that is not JSON, before Python's recursion limit is near: a model can write ``[[[[...`` for
 as long as its budget allows, and a RecursionError would be a 500 with a traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -137,7 +138,7 @@ class _Canonical:
         while True:
             pos = _STRING_RUN.match(text, pos).end()
             if pos >= len(text):
-                return self._partial_string(text[start + 1:])
+                return self._partial_string(text[start + 1 :])
             if text[pos] == '"':
                 break
             pos += 2  # a backslash and the character it escapes (\uXXXX is checked by the decoder)
@@ -148,7 +149,7 @@ class _Canonical:
 
     def _partial_string(self, body: str) -> None:
         """The decoded part of an unfinished string, without its closing quote; then stop."""
-        body = body[:_whole_escapes_end(body)]
+        body = body[: _whole_escapes_end(body)]
         decoded = _DECODER.decode(f'"{body}"')
         if decoded and "\ud800" <= decoded[-1] <= "\udbff":  # half of a surrogate pair
             decoded = decoded[:-1]
@@ -159,7 +160,7 @@ class _Canonical:
         end = _NUMBER_CHARS.match(self.text, self.pos).end()
         if end == len(self.text):
             raise _End  # more digits may follow
-        token = self.text[self.pos:end]
+        token = self.text[self.pos : end]
         if not _NUMBER.fullmatch(token):
             raise ValueError(f"invalid number {token!r}")
         number = json.loads(token)
@@ -167,7 +168,7 @@ class _Canonical:
         self.pos = end
 
     def literal(self) -> None:
-        rest = self.text[self.pos:self.pos + 5]
+        rest = self.text[self.pos : self.pos + 5]
         for word in _LITERALS:
             if rest.startswith(word):
                 self.out.append(word)
@@ -191,8 +192,9 @@ def _whole_escapes_end(body: str) -> int:
         pos = slash + width
 
 
-def canonical_prefix(text: str, start: int = 0,
-                     memo: Optional[dict[int, tuple[str, int]]] = None) -> tuple[str, Optional[int]]:
+def canonical_prefix(
+    text: str, start: int = 0, memo: Optional[dict[int, tuple[str, int]]] = None
+) -> tuple[str, Optional[int]]:
     """The canonical spelling of the JSON value at ``text[start:]`` as far as the text settles
     it, and where the value ends (None while it is unfinished). ValueError if it is not JSON.
     ``memo``: the finished values of this text or of a text it extends, by offset."""
@@ -220,8 +222,9 @@ def canonical(text: str) -> str:
     return out
 
 
-def object_members(text: str, start: int,
-                   memo: Optional[dict] = None) -> tuple[dict[str, tuple[int, Optional[int]]], Optional[int]]:
+def object_members(
+    text: str, start: int, memo: Optional[dict] = None
+) -> tuple[dict[str, tuple[int, Optional[int]]], Optional[int]]:
     """The members of the JSON object at ``text[start]`` (a ``{``) that the text has reached:
     ``{key: (value start, value end or None)}``, and the object's end (None while unfinished).
     A key is listed once its value has begun. ValueError if it is not a JSON object."""

@@ -4,6 +4,7 @@
 The fields they share with /v1/embeddings are declared once (``http_bodies.PoolingBasicFields``
 and ``PoolingInputFields``, vLLM's request mixins); field_support.py places every vLLM field.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,8 +14,12 @@ import msgspec
 from msgspec import Meta, Struct
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.http_bodies import (EmbeddingRequest, EmbeddingUsage, PoolingBasicFields,
-                                                   PoolingInputFields)
+from engine.entrypoints.openai.http_bodies import (
+    EmbeddingRequest,
+    EmbeddingUsage,
+    PoolingBasicFields,
+    PoolingInputFields,
+)
 
 ScoreTexts = Union[str, list[str]]  # vLLM's ScoreInputs, text only
 MAX_TOP_N = 1 << 31
@@ -52,16 +57,32 @@ class ScoreRequest(PoolingBasicFields, kw_only=True):
         form is given whole."""
         given = [(a, b) for a, b in SCORE_FORMS if getattr(self, a) is not None and getattr(self, b) is not None]
         if len(given) == 2 and given[0][0] == given[1][0] == "queries":
-            raise OpenAIError(400, "give either documents or items with queries, not both", param="items",
-                              code="invalid_value")
+            raise OpenAIError(
+                400, "give either documents or items with queries, not both", param="items", code="invalid_value"
+            )
         if len(given) > 1:
-            raise OpenAIError(400, f"give one pair of fields: {given[0][0]}/{given[0][1]} and {given[1][0]}/"
-                              f"{given[1][1]} were both given", param=given[1][0], code="invalid_value")
+            raise OpenAIError(
+                400,
+                f"give one pair of fields: {given[0][0]}/{given[0][1]} and {given[1][0]}/{given[1][1]} were both given",
+                param=given[1][0],
+                code="invalid_value",
+            )
         if not given:
-            missing = next((b if getattr(self, a) is not None else a for a, b in SCORE_FORMS
-                            if getattr(self, a) is not None or getattr(self, b) is not None), "text_1")
-            raise OpenAIError(400, f"{missing} is required (a score compares text_1 with text_2, queries with "
-                              "documents or items, or data_1 with data_2)", param=missing, code="invalid_value")
+            missing = next(
+                (
+                    b if getattr(self, a) is not None else a
+                    for a, b in SCORE_FORMS
+                    if getattr(self, a) is not None or getattr(self, b) is not None
+                ),
+                "text_1",
+            )
+            raise OpenAIError(
+                400,
+                f"{missing} is required (a score compares text_1 with text_2, queries with "
+                "documents or items, or data_1 with data_2)",
+                param=missing,
+                code="invalid_value",
+            )
         first, second = given[0]
         return getattr(self, first), getattr(self, second), (first, second)
 
@@ -78,6 +99,7 @@ class RerankRequest(PoolingBasicFields, kw_only=True):
 
 
 # ---- responses ----
+
 
 class PoolingResponseData(Struct, kw_only=True):
     index: int

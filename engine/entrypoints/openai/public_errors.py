@@ -6,6 +6,7 @@ multiple values for keyword argument 'tools'``) or from a library. A client shou
 was wrong with its request, never how the server is built, so ``public_message`` reduces any
 qualified name to its last part and names no exception type; the full text stays in the log.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,8 +38,9 @@ def public_error(error: OpenAIError) -> OpenAIError:
         message = public_message(error.message)
     if message == error.message:
         return error
-    return OpenAIError(error.status, message, type=error.type, param=error.param, code=error.code,
-                       headers=error.headers)
+    return OpenAIError(
+        error.status, message, type=error.type, param=error.param, code=error.code, headers=error.headers
+    )
 
 
 def payload_error(exc: web.RequestPayloadError) -> OpenAIError:
@@ -53,5 +55,6 @@ def payload_error(exc: web.RequestPayloadError) -> OpenAIError:
         problem = cause.message.strip().rstrip(".")
     else:
         problem = "it is malformed"
-    return OpenAIError(400, f"the request body could not be read: {problem}", code="invalid_body",
-                       headers={"Connection": "close"})
+    return OpenAIError(
+        400, f"the request body could not be read: {problem}", code="invalid_body", headers={"Connection": "close"}
+    )

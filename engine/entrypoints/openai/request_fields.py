@@ -2,6 +2,7 @@
 request id (``request_id`` or the ``X-Request-Id`` header), tokens as ``token_id:{id}`` strings
 (``return_tokens_as_token_ids``), and the prompt's logprobs in vLLM's shape (``prompt_logprobs``).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -23,8 +24,12 @@ def request_id(prefix: str, request: web.Request, body_request_id: Optional[str]
     request_id, else a random uuid}``."""
     header = request.headers.get(REQUEST_ID_HEADER)
     if header is not None and len(header) > MAX_REQUEST_ID_CHARS:  # the body's request_id has the same bound
-        raise OpenAIError(400, f"the {REQUEST_ID_HEADER} header is longer than {MAX_REQUEST_ID_CHARS} characters",
-                          param=REQUEST_ID_HEADER, code="invalid_value")
+        raise OpenAIError(
+            400,
+            f"the {REQUEST_ID_HEADER} header is longer than {MAX_REQUEST_ID_CHARS} characters",
+            param=REQUEST_ID_HEADER,
+            code="invalid_value",
+        )
     given = header or body_request_id
     base = given or uuid.uuid4().hex
     request[REQUEST_ID_KEY] = base  # for the X-Request-Id response header

@@ -6,6 +6,7 @@ The request is decoded as the chat request is (``http_bodies.decode_request``: a
 serving_responses.py, so that an item of a kind ringllm cannot take is a 400 naming its index.
 The response and its stream events carry their ``type`` as msgspec tags.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
@@ -13,8 +14,14 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from engine.entrypoints.openai.http_bodies import (MAX_REQUEST_ID_CHARS, Int64, PositiveInt, ReasoningEffort,
-                                                   Temperature, TopP)
+from engine.entrypoints.openai.http_bodies import (
+    MAX_REQUEST_ID_CHARS,
+    Int64,
+    PositiveInt,
+    ReasoningEffort,
+    Temperature,
+    TopP,
+)
 
 
 class FunctionTool(Struct, kw_only=True):
@@ -68,8 +75,9 @@ class ResponsesRequest(Struct, kw_only=True):
     previous_response_id: Optional[Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]] = None
     background: bool = False  # answered at once (status "queued"); GET polls it, /cancel ends it
     # OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512
-    metadata: Optional[Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
-                                 Meta(max_length=16)]] = None
+    metadata: Optional[
+        Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]], Meta(max_length=16)]
+    ] = None
     user: Optional[str] = None
     # vLLM's extras
     ignore_eos: bool = False
@@ -79,6 +87,7 @@ class ResponsesRequest(Struct, kw_only=True):
 
 
 # ---- the response ----
+
 
 class OutputText(Struct, kw_only=True, tag_field="type", tag="output_text"):
     text: str
@@ -171,9 +180,11 @@ class ResponseObject(Struct, kw_only=True):
 
 # ---- stream events: each with its type (the tag) and sequence_number ----
 
+
 def _event(name: str, tag: str, fields: list) -> type[Struct]:
-    return msgspec.defstruct(name, [("sequence_number", int), *fields], tag_field="type", tag=tag, kw_only=True,
-                             module=__name__)
+    return msgspec.defstruct(
+        name, [("sequence_number", int), *fields], tag_field="type", tag=tag, kw_only=True, module=__name__
+    )
 
 
 _RESPONSE = [("response", ResponseObject)]
@@ -189,12 +200,15 @@ OutputItemAdded = _event("OutputItemAdded", "response.output_item.added", _ITEM)
 OutputItemDone = _event("OutputItemDone", "response.output_item.done", _ITEM)
 ContentPartAdded = _event("ContentPartAdded", "response.content_part.added", _PART)
 ContentPartDone = _event("ContentPartDone", "response.content_part.done", _PART)
-OutputTextDelta = _event("OutputTextDelta", "response.output_text.delta",
-                         [*_TEXT_AT, ("delta", str), ("logprobs", list, [])])
-OutputTextDone = _event("OutputTextDone", "response.output_text.done",
-                        [*_TEXT_AT, ("text", str), ("logprobs", list, [])])
+OutputTextDelta = _event(
+    "OutputTextDelta", "response.output_text.delta", [*_TEXT_AT, ("delta", str), ("logprobs", list, [])]
+)
+OutputTextDone = _event(
+    "OutputTextDone", "response.output_text.done", [*_TEXT_AT, ("text", str), ("logprobs", list, [])]
+)
 ReasoningTextDelta = _event("ReasoningTextDelta", "response.reasoning_text.delta", [*_TEXT_AT, ("delta", str)])
 ReasoningTextDone = _event("ReasoningTextDone", "response.reasoning_text.done", [*_TEXT_AT, ("text", str)])
 ArgumentsDelta = _event("ArgumentsDelta", "response.function_call_arguments.delta", [*_CALL_AT, ("delta", str)])
-ArgumentsDone = _event("ArgumentsDone", "response.function_call_arguments.done",
-                       [*_CALL_AT, ("name", str), ("arguments", str)])
+ArgumentsDone = _event(
+    "ArgumentsDone", "response.function_call_arguments.done", [*_CALL_AT, ("name", str), ("arguments", str)]
+)

@@ -15,6 +15,7 @@ event carries its ``sequence_number``. A non-streamed request drains the same ev
 with ``response``, so the two cannot disagree. Events hold copies of the items as they were when
 said (the items go on changing).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -24,10 +25,29 @@ import msgspec
 
 from engine.entrypoints.openai.http_bodies import ChatCompletionChunk
 from engine.entrypoints.openai.responses_bodies import (
-    ArgumentsDelta, ArgumentsDone, ContentPartAdded, ContentPartDone, FunctionCallItem, IncompleteDetails,
-    InputTokensDetails, OutputItemAdded, OutputItemDone, OutputMessage, OutputText, OutputTextDelta,
-    OutputTextDone, ReasoningItem, ReasoningText, ReasoningTextDelta, ReasoningTextDone, ResponseCompleted,
-    ResponseCreated, ResponseInProgress, ResponseObject, ResponseUsage)
+    ArgumentsDelta,
+    ArgumentsDone,
+    ContentPartAdded,
+    ContentPartDone,
+    FunctionCallItem,
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputMessage,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningItem,
+    ReasoningText,
+    ReasoningTextDelta,
+    ReasoningTextDone,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseInProgress,
+    ResponseObject,
+    ResponseUsage,
+)
 
 
 def item_id(prefix: str) -> str:
@@ -51,17 +71,22 @@ class ResponseEvents:
 
     def start(self) -> list:
         self.response.status = "in_progress"
-        return [self._say(ResponseCreated, response=self._snapshot()),
-                self._say(ResponseInProgress, response=self._snapshot())]
+        return [
+            self._say(ResponseCreated, response=self._snapshot()),
+            self._say(ResponseInProgress, response=self._snapshot()),
+        ]
 
     def feed(self, chunk: ChatCompletionChunk) -> list:
         """The events one chat chunk says (none for the opening role chunk)."""
         events: list = []
         if chunk.usage is not None and not chunk.choices:  # the last chunk: include_usage
             usage = chunk.usage
-            self.response.usage = ResponseUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                                                total_tokens=usage.prompt_tokens + usage.completion_tokens,
-                                                input_tokens_details=InputTokensDetails(self._cached(usage)))
+            self.response.usage = ResponseUsage(
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                input_tokens_details=InputTokensDetails(self._cached(usage)),
+            )
         for choice in chunk.choices:
             delta = choice.delta
             if delta.reasoning_content:
@@ -74,8 +99,9 @@ class ResponseEvents:
                 piece = call.function.arguments if call.function is not None else None
                 if piece and isinstance(self.current, FunctionCallItem):
                     self.current.arguments += piece
-                    events.append(self._say(ArgumentsDelta, item_id=self.current.id, output_index=self._index(),
-                                            delta=piece))
+                    events.append(
+                        self._say(ArgumentsDelta, item_id=self.current.id, output_index=self._index(), delta=piece)
+                    )
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
         return events
@@ -105,13 +131,26 @@ class ResponseEvents:
             events += self._close()
             self.current = OutputMessage(id=item_id("msg"), status="in_progress", content=[OutputText(text="")])
             self.response.output.append(self.current)
-            events.append(self._say(OutputItemAdded, output_index=self._index(),
-                                    item=msgspec.structs.replace(self.current, content=[])))
-            events.append(self._say(ContentPartAdded, item_id=self.current.id, output_index=self._index(),
-                                    content_index=0, part=OutputText(text="")))
+            events.append(
+                self._say(
+                    OutputItemAdded, output_index=self._index(), item=msgspec.structs.replace(self.current, content=[])
+                )
+            )
+            events.append(
+                self._say(
+                    ContentPartAdded,
+                    item_id=self.current.id,
+                    output_index=self._index(),
+                    content_index=0,
+                    part=OutputText(text=""),
+                )
+            )
         self.current.content[0].text += piece
-        events.append(self._say(OutputTextDelta, item_id=self.current.id, output_index=self._index(), content_index=0,
-                                delta=piece))
+        events.append(
+            self._say(
+                OutputTextDelta, item_id=self.current.id, output_index=self._index(), content_index=0, delta=piece
+            )
+        )
         return events
 
     def _reasoning(self, piece: str) -> list:
@@ -120,22 +159,37 @@ class ResponseEvents:
             events += self._close()
             self.current = ReasoningItem(id=item_id("rs"), status="in_progress", content=[ReasoningText(text="")])
             self.response.output.append(self.current)
-            events.append(self._say(OutputItemAdded, output_index=self._index(),
-                                    item=msgspec.structs.replace(self.current, content=[])))
-            events.append(self._say(ContentPartAdded, item_id=self.current.id, output_index=self._index(),
-                                    content_index=0, part=ReasoningText(text="")))
+            events.append(
+                self._say(
+                    OutputItemAdded, output_index=self._index(), item=msgspec.structs.replace(self.current, content=[])
+                )
+            )
+            events.append(
+                self._say(
+                    ContentPartAdded,
+                    item_id=self.current.id,
+                    output_index=self._index(),
+                    content_index=0,
+                    part=ReasoningText(text=""),
+                )
+            )
         self.current.content[0].text += piece
-        events.append(self._say(ReasoningTextDelta, item_id=self.current.id, output_index=self._index(),
-                                content_index=0, delta=piece))
+        events.append(
+            self._say(
+                ReasoningTextDelta, item_id=self.current.id, output_index=self._index(), content_index=0, delta=piece
+            )
+        )
         return events
 
     def _open_call(self, call_id: str, name: Optional[str]) -> list:
         events = self._close()
-        self.current = FunctionCallItem(id=item_id("fc"), call_id=call_id, name=name or "", arguments="",
-                                        status="in_progress")
+        self.current = FunctionCallItem(
+            id=item_id("fc"), call_id=call_id, name=name or "", arguments="", status="in_progress"
+        )
         self.response.output.append(self.current)
-        events.append(self._say(OutputItemAdded, output_index=self._index(),
-                                item=msgspec.structs.replace(self.current)))
+        events.append(
+            self._say(OutputItemAdded, output_index=self._index(), item=msgspec.structs.replace(self.current))
+        )
         return events
 
     def _close(self) -> list:
@@ -147,12 +201,23 @@ class ResponseEvents:
         if isinstance(item, (OutputMessage, ReasoningItem)):
             part = item.content[0]
             done = OutputTextDone if isinstance(item, OutputMessage) else ReasoningTextDone
-            events = [self._say(done, item_id=item.id, output_index=index, content_index=0, text=part.text),
-                      self._say(ContentPartDone, item_id=item.id, output_index=index, content_index=0,
-                                part=msgspec.structs.replace(part))]
+            events = [
+                self._say(done, item_id=item.id, output_index=index, content_index=0, text=part.text),
+                self._say(
+                    ContentPartDone,
+                    item_id=item.id,
+                    output_index=index,
+                    content_index=0,
+                    part=msgspec.structs.replace(part),
+                ),
+            ]
         else:
-            events = [self._say(ArgumentsDone, item_id=item.id, output_index=index, name=item.name,
-                                arguments=item.arguments)]
-        snapshot = msgspec.structs.replace(item, content=[msgspec.structs.replace(p) for p in item.content]) \
-            if isinstance(item, (OutputMessage, ReasoningItem)) else msgspec.structs.replace(item)
+            events = [
+                self._say(ArgumentsDone, item_id=item.id, output_index=index, name=item.name, arguments=item.arguments)
+            ]
+        snapshot = (
+            msgspec.structs.replace(item, content=[msgspec.structs.replace(p) for p in item.content])
+            if isinstance(item, (OutputMessage, ReasoningItem))
+            else msgspec.structs.replace(item)
+        )
         return events + [self._say(OutputItemDone, output_index=index, item=snapshot)]

@@ -8,6 +8,7 @@ entries go first when a bound is passed; an entry still running (a background re
 dropped to make room, and a new one that finds no room is refused (503). An entry older than
 ``max_age_s`` is gone (404), running or not.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,11 @@ class StoreLimits:
     max_age_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name, ok in (("max_entries", self.max_entries >= 1), ("max_bytes", self.max_bytes >= 1),
-                         ("max_age_s", self.max_age_s > 0)):
+        for name, ok in (
+            ("max_entries", self.max_entries >= 1),
+            ("max_bytes", self.max_bytes >= 1),
+            ("max_age_s", self.max_age_s > 0),
+        ):
             if not ok:
                 raise ValueError(f"responses store {name} must be positive, got {getattr(self, name)!r}")
 
@@ -67,8 +71,9 @@ class ResponsesStore:
         self._expire()
         return self._entries.get(response_id)
 
-    def put(self, response: ResponseObject, conversation: list[ChatMessage],
-            task: Optional[asyncio.Task] = None) -> StoredResponse:
+    def put(
+        self, response: ResponseObject, conversation: list[ChatMessage], task: Optional[asyncio.Task] = None
+    ) -> StoredResponse:
         """Store (or replace) ``response``; raises StoreFull if only running entries are left to drop.
         One entry over ``max_bytes`` on its own is not stored (a response that cannot be kept)."""
         old = self._entries.pop(response.id, None)

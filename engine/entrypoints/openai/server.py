@@ -16,6 +16,7 @@ time; Anthropic's routes also take it as ``x-api-key``, as Anthropic's clients s
 body-size limit (413 from the declared length, before anything is read; aiohttp's
 ``client_max_size`` catches bodies that declare none).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,14 @@ import uvloop
 from aiohttp import web
 
 from engine.entrypoints.openai import metrics_fanin
-from engine.entrypoints.openai.connections import (LISTEN_BACKLOG, ConnectionGuard, ConnectionLimits, abandon_body,
-                                                   default_max_connections, raise_open_file_limit)
+from engine.entrypoints.openai.connections import (
+    LISTEN_BACKLOG,
+    ConnectionGuard,
+    ConnectionLimits,
+    abandon_body,
+    default_max_connections,
+    raise_open_file_limit,
+)
 from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.messages_bodies import anthropic_error
@@ -89,19 +96,20 @@ class ServerSettings:
     lora_modules: tuple[LoRAModulePath, ...] = ()
 
     def __post_init__(self) -> None:
-        checks = [("port", 0 <= self.port <= 65535, "in [0, 65535]"),
-                  ("max_request_body_bytes", self.max_request_body_bytes >= 1, ">= 1"),
-                  ("max_waiting_requests", self.max_waiting_requests is None or self.max_waiting_requests >= 0,
-                   ">= 0"),
-                  ("request_timeout_s", self.request_timeout_s is None or self.request_timeout_s > 0, "> 0"),
-                  ("retry_after_s", self.retry_after_s >= 0, ">= 0"),
-                  ("drain_timeout_s", self.drain_timeout_s >= 0, ">= 0"),
-                  ("header_timeout_s", self.header_timeout_s > 0, "> 0"),
-                  ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
-                  ("keep_alive_timeout_s", self.keep_alive_timeout_s > 0, "> 0"),
-                  ("max_connections", self.max_connections is None or self.max_connections >= 1, ">= 1"),
-                  ("health_busy_timeout_s", self.health_busy_timeout_s > 0, "> 0"),
-                  ("health_idle_timeout_s", self.health_idle_timeout_s > 0, "> 0")]
+        checks = [
+            ("port", 0 <= self.port <= 65535, "in [0, 65535]"),
+            ("max_request_body_bytes", self.max_request_body_bytes >= 1, ">= 1"),
+            ("max_waiting_requests", self.max_waiting_requests is None or self.max_waiting_requests >= 0, ">= 0"),
+            ("request_timeout_s", self.request_timeout_s is None or self.request_timeout_s > 0, "> 0"),
+            ("retry_after_s", self.retry_after_s >= 0, ">= 0"),
+            ("drain_timeout_s", self.drain_timeout_s >= 0, ">= 0"),
+            ("header_timeout_s", self.header_timeout_s > 0, "> 0"),
+            ("body_timeout_s", self.body_timeout_s > 0, "> 0"),
+            ("keep_alive_timeout_s", self.keep_alive_timeout_s > 0, "> 0"),
+            ("max_connections", self.max_connections is None or self.max_connections >= 1, ">= 1"),
+            ("health_busy_timeout_s", self.health_busy_timeout_s > 0, "> 0"),
+            ("health_idle_timeout_s", self.health_idle_timeout_s > 0, "> 0"),
+        ]
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
@@ -132,8 +140,11 @@ class Serving:
     def check_runner(self, runner: str, api: str) -> None:
         """A route of the other runner is a 400, as vLLM answers it ("does not support ...")."""
         if (self.embedding is not None) != (runner == "pooling"):
-            raise OpenAIError(400, f"The model does not support {api} API: start the server with "
-                              f"`--runner {runner}` to serve it", code="model_not_supported")
+            raise OpenAIError(
+                400,
+                f"The model does not support {api} API: start the server with `--runner {runner}` to serve it",
+                code="model_not_supported",
+            )
 
     def check_task(self, task: str, api: str) -> None:
         """A pooling route for the other pooling task (/classify on an embedding model,
@@ -141,8 +152,11 @@ class Serving:
         self.check_runner("pooling", api)
         served = self.embedding.engine.model_config.pooling_task
         if served != task:
-            raise OpenAIError(400, f"The model does not support {api} API: it serves the {served!r} pooling task",
-                              code="model_not_supported")
+            raise OpenAIError(
+                400,
+                f"The model does not support {api} API: it serves the {served!r} pooling task",
+                code="model_not_supported",
+            )
 
 
 SETTINGS = web.AppKey("settings", ServerSettings)
@@ -153,6 +167,7 @@ SERVING = web.AppKey("serving", Serving)
 # ---- routes: each hands the request to one ``Serving`` method ----
 # (The serving objects exist only once the engine has started, after the route table is frozen,
 # so each handler finds them through the app.)
+
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     request.app[SERVING].check_runner("generate", "Completions")
@@ -304,6 +319,7 @@ ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 # ---- middlewares ----
 
+
 def _route_name(request: web.Request) -> str:
     """The route's path pattern, so a scan of random URLs cannot blow up the metric's labels."""
     resource = request.match_info.route.resource
@@ -321,8 +337,12 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         status = exc.status
         if exc.status < 400:
             raise
-        return _error_response(request, OpenAIError(exc.status, exc.reason, type="invalid_request_error",
-                                                    code=exc.reason.lower().replace(" ", "_")))
+        return _error_response(
+            request,
+            OpenAIError(
+                exc.status, exc.reason, type="invalid_request_error", code=exc.reason.lower().replace(" ", "_")
+            ),
+        )
     except (asyncio.CancelledError, ConnectionResetError):
         status = 499  # the client went away; nothing to answer
         raise
@@ -356,9 +376,13 @@ async def api_key_middleware(request: web.Request, handler) -> web.StreamRespons
         if request.path in ANTHROPIC_PATHS:  # both compared, whatever the first gave: no timing tells which
             valid |= hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())
         if not valid:
-            raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>'"
-                              f"{' or x-api-key' if request.path in ANTHROPIC_PATHS else ''})",
-                              type="authentication_error", code="invalid_api_key")
+            raise OpenAIError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer <key>'"
+                f"{' or x-api-key' if request.path in ANTHROPIC_PATHS else ''})",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
     return await handler(request)
 
 
@@ -366,28 +390,34 @@ async def api_key_middleware(request: web.Request, handler) -> web.StreamRespons
 async def body_limit_middleware(request: web.Request, handler) -> web.StreamResponse:
     limit = request.app[SETTINGS].max_request_body_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise OpenAIError(413, f"the request body ({request.content_length} bytes) is over the limit of "
-                          f"{limit} bytes", code="request_too_large")
+        raise OpenAIError(
+            413,
+            f"the request body ({request.content_length} bytes) is over the limit of {limit} bytes",
+            code="request_too_large",
+        )
     return await handler(request)
 
 
 async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
     """--enable-request-id-headers: the request's id (its X-Request-Id, else the id it was
     served under, else a new one) in X-Request-Id, set before the headers go out (streams too)."""
-    response.headers[REQUEST_ID_HEADER] = (request.headers.get(REQUEST_ID_HEADER) or request.get(REQUEST_ID_KEY)
-                                           or uuid.uuid4().hex)
+    response.headers[REQUEST_ID_HEADER] = (
+        request.headers.get(REQUEST_ID_HEADER) or request.get(REQUEST_ID_KEY) or uuid.uuid4().hex
+    )
 
 
 # ---- the factory ----
+
 
 def build_app(engine_client: AsyncContextManager[EngineClient], settings: ServerSettings) -> web.Application:
     """The server app. ``engine_client`` is an async context manager yielding the engine, e.g.
     ``build_async_engine_client_from_engine_args(args)``; the app enters it on startup and
     leaves it on cleanup."""
     connections = ConnectionGuard(settings.connection_limits(), OPEN_PATHS)
-    app = web.Application(middlewares=[connections.middleware, error_middleware, api_key_middleware,
-                                       body_limit_middleware],
-                          client_max_size=settings.max_request_body_bytes)
+    app = web.Application(
+        middlewares=[connections.middleware, error_middleware, api_key_middleware, body_limit_middleware],
+        client_max_size=settings.max_request_body_bytes,
+    )
     app[SETTINGS] = settings
     app[CONNECTIONS] = connections
     app.add_routes(ROUTES)
@@ -396,8 +426,12 @@ def build_app(engine_client: AsyncContextManager[EngineClient], settings: Server
 
     async def engine_lifetime(app: web.Application):
         async with engine_client as engine:
-            liveness = CoreLiveness(engine, settings.health_busy_timeout_s, settings.health_idle_timeout_s,
-                                    lambda: connections.requests_in_flight > 0)
+            liveness = CoreLiveness(
+                engine,
+                settings.health_busy_timeout_s,
+                settings.health_idle_timeout_s,
+                lambda: connections.requests_in_flight > 0,
+            )
             app[SERVING] = await _make_serving(engine, settings, liveness)
             logger.info("serving %s", ", ".join(app[SERVING].chat.model_names))
             liveness.start()
@@ -419,11 +453,16 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     model_config = engine.model_config
     names = [model_config.served_model_name]
     lora_config = engine.config.lora_config
-    metrics = ServerMetrics(names[0], model_config.max_model_len, engine.config.parallel_config.frontend_engine_indices,
-                            max_loras=lora_config.max_loras if lora_config is not None else 0)
+    metrics = ServerMetrics(
+        names[0],
+        model_config.max_model_len,
+        engine.config.parallel_config.frontend_engine_indices,
+        max_loras=lora_config.max_loras if lora_config is not None else 0,
+    )
     engine.add_stat_logger(metrics)  # fed by the output handler, once per outputs message
-    limits = ServingLimits.for_engine(engine.config, settings.max_waiting_requests, settings.request_timeout_s,
-                                      settings.retry_after_s)
+    limits = ServingLimits.for_engine(
+        engine.config, settings.max_waiting_requests, settings.request_timeout_s, settings.retry_after_s
+    )
     deadlines = Deadlines()
     tokenizer = engine.input_processor.tokenizer  # the engine's own (get_tokenizer() builds a transformers one)
     loras = ServedLoRAs(engine, names[0])
@@ -438,10 +477,19 @@ async def _make_serving(engine: EngineClient, settings: ServerSettings, liveness
     pooling = model_config.runner_type == "pooling"
     responses = None if pooling else OpenAIServingResponses(chat, ResponsesStore(settings.responses_store))
     messages = None if pooling else AnthropicServingMessages(chat)
-    return Serving(OpenAIServingCompletion(*shared), chat, OpenAIServingMisc(chat, liveness), metrics, deadlines,
-                   OpenAIServingEmbedding(*shared) if pooling else None,
-                   OpenAIServingPooling(*shared) if pooling else None,
-                   OpenAIServingScore(*shared) if pooling else None, responses, messages, loras)
+    return Serving(
+        OpenAIServingCompletion(*shared),
+        chat,
+        OpenAIServingMisc(chat, liveness),
+        metrics,
+        deadlines,
+        OpenAIServingEmbedding(*shared) if pooling else None,
+        OpenAIServingPooling(*shared) if pooling else None,
+        OpenAIServingScore(*shared) if pooling else None,
+        responses,
+        messages,
+        loras,
+    )
 
 
 # After the drain, how long the requests still running get to write their ending (an error
@@ -461,8 +509,9 @@ def run_server(engine_client: AsyncContextManager[EngineClient], settings: Serve
 async def _serve(app: web.Application, settings: ServerSettings) -> None:
     # Signals are handled here rather than by aiohttp's run_app: a second SIGTERM while draining
     # (a process manager repeating itself) must not abort the shutdown half-way.
-    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=settings.drain_timeout_s + END_GRACE_S)
+    runner = web.AppRunner(
+        app, handle_signals=False, handler_cancellation=True, shutdown_timeout=settings.drain_timeout_s + END_GRACE_S
+    )
     await runner.setup()  # enters the engine's lifetime: the port opens once the engine is ready
     loop = asyncio.get_running_loop()
     listener = None
@@ -471,16 +520,20 @@ async def _serve(app: web.Application, settings: ServerSettings) -> None:
         # Our own listener rather than a TCPSite: each connection gets the guard's protocol
         # (connections.py), which keeps its deadlines and the cap.
         connections = app[CONNECTIONS]
-        listener = await loop.create_server(connections.protocol_factory(runner.server), settings.host,
-                                            settings.port, reuse_address=True, backlog=LISTEN_BACKLOG,
-                                            reuse_port=settings.reuse_port or None)
+        listener = await loop.create_server(
+            connections.protocol_factory(runner.server),
+            settings.host,
+            settings.port,
+            reuse_address=True,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=settings.reuse_port or None,
+        )
         if settings.metrics_fanin_dir is not None:  # where sibling API servers ask for our figures
             path = metrics_fanin.socket_path(settings.metrics_fanin_dir)
             fanin = await loop.create_unix_server(connections.protocol_factory(runner.server), path)
             listener_extra.append(fanin)
         host, port = listener.sockets[0].getsockname()[:2]
-        logger.info("serving on http://%s:%d (at most %d connections)", host, port,
-                    connections.limits.max_connections)
+        logger.info("serving on http://%s:%d (at most %d connections)", host, port, connections.limits.max_connections)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _on_signal, stop, sig, settings.drain_timeout_s)

@@ -9,6 +9,7 @@ vLLM answer it: ``CompletionRequest.echo_only``), ``return_token_ids``,
 ``return_tokens_as_token_ids``, ``request_id``, ``priority``, ``cache_salt``, ``truncate_prompt_tokens`` and
 ``stream_options.continuous_usage_stats`` (the usage so far in every chunk).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,16 @@ from typing import AsyncIterator, Optional
 
 from aiohttp import web
 
-from engine.entrypoints.openai.http_bodies import (CompletionChoice, CompletionLogProbs, CompletionRequest,
-                                                   CompletionResponse, PromptTokensDetails, UsageInfo, decode_request,
-                                                   now)
+from engine.entrypoints.openai.http_bodies import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    decode_request,
+    now,
+)
 from engine.entrypoints.openai.request_fields import engine_request_id, prompt_logprobs, request_id, token_text
 from engine.entrypoints.openai.serving_beam_search import beam_answers, beam_search_params, run_all
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
@@ -35,12 +43,18 @@ class OpenAIServingCompletion(OpenAIServing):
         response_id, created = request_id("cmpl", request, body.request_id), now()
         if body.use_beam_search:
             self.check_no_adapter(model, "use_beam_search")
-            return await self._beam_search(body, model, prompts, response_id, created,
-                                           engine_request_id(response_id, request))
+            return await self._beam_search(
+                body, model, prompts, response_id, created, engine_request_id(response_id, request)
+            )
         with self.admit(len(prompts), params.n) as started:
-            outputs = self.generate_all(await self._engine_prompts(body, prompts), params,
-                                        engine_request_id(response_id, request), started, priority=body.priority,
-                                        model=model)
+            outputs = self.generate_all(
+                await self._engine_prompts(body, prompts),
+                params,
+                engine_request_id(response_id, request),
+                started,
+                priority=body.priority,
+                model=model,
+            )
             if body.stream:
                 return await self.sse_response(request, self._chunks(body, model, response_id, created, outputs))
             finals: dict[int, RequestOutput] = {}
@@ -52,13 +66,18 @@ class OpenAIServingCompletion(OpenAIServing):
             final = finals[i]
             prompt_text = await self._prompt_text(final) if body.echo else ""
             for completion in map(functools.partial(_shown, body.echo_only), final.outputs):
-                choices.append(CompletionChoice(
-                    index=i * params.n + completion.index, text=prompt_text + completion.text,
-                    logprobs=self._logprobs(body, final, completion, echo=body.echo),
-                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
-                    prompt_logprobs=prompt_logprobs(final, body.prompt_logprobs),
-                    prompt_token_ids=final.prompt_token_ids if body.return_token_ids else None,
-                    token_ids=completion.token_ids if body.return_token_ids else None))
+                choices.append(
+                    CompletionChoice(
+                        index=i * params.n + completion.index,
+                        text=prompt_text + completion.text,
+                        logprobs=self._logprobs(body, final, completion, echo=body.echo),
+                        finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                        prompt_logprobs=prompt_logprobs(final, body.prompt_logprobs),
+                        prompt_token_ids=final.prompt_token_ids if body.return_token_ids else None,
+                        token_ids=completion.token_ids if body.return_token_ids else None,
+                    )
+                )
                 usage.completion_tokens += len(completion.token_ids)
             usage.prompt_tokens += len(final.prompt_token_ids or ())
             cached += final.num_cached_tokens or 0
@@ -75,8 +94,14 @@ class OpenAIServingCompletion(OpenAIServing):
         body.check_max_tokens(self.max_model_len)
         return body, model, params, body.prompts()
 
-    async def _chunks(self, body: CompletionRequest, model: str, request_id: str, created: int,
-                      outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[CompletionResponse]:
+    async def _chunks(
+        self,
+        body: CompletionRequest,
+        model: str,
+        request_id: str,
+        created: int,
+        outputs: AsyncIterator[tuple[int, RequestOutput]],
+    ) -> AsyncIterator[CompletionResponse]:
         n = body.n
         seen: set[int] = set()  # prompts counted in usage
         echoed: set[int] = set()  # choices whose prompt has been echoed
@@ -105,11 +130,22 @@ class OpenAIServingCompletion(OpenAIServing):
                     ids = body.return_token_ids
                     first = index not in opened
                     opened.add(index)
-                    choice = CompletionChoice(index, text, logprobs, completion.finish_reason, completion.stop_reason,
-                                              prompt_token_ids=output.prompt_token_ids if ids and first else None,
-                                              token_ids=completion.token_ids if ids else None)
-                    yield CompletionResponse(request_id, created, model, [choice],
-                                             usage=self._usage_so_far(usage) if body.continuous_usage else None)
+                    choice = CompletionChoice(
+                        index,
+                        text,
+                        logprobs,
+                        completion.finish_reason,
+                        completion.stop_reason,
+                        prompt_token_ids=output.prompt_token_ids if ids and first else None,
+                        token_ids=completion.token_ids if ids else None,
+                    )
+                    yield CompletionResponse(
+                        request_id,
+                        created,
+                        model,
+                        [choice],
+                        usage=self._usage_so_far(usage) if body.continuous_usage else None,
+                    )
         if body.include_usage:  # the whole response's usage, cached prompt tokens included
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             usage.prompt_tokens_details = PromptTokensDetails(sum(cached.values()))
@@ -127,23 +163,34 @@ class OpenAIServingCompletion(OpenAIServing):
                 engine_prompts.append(body.prompt_dict(p))
         return engine_prompts
 
-    async def _beam_search(self, body: CompletionRequest, model: str, prompts: list, response_id: str,
-                           created: int, engine_id: str) -> web.Response:
+    async def _beam_search(
+        self, body: CompletionRequest, model: str, prompts: list, response_id: str, created: int, engine_id: str
+    ) -> web.Response:
         """``use_beam_search``: the ``n`` best beams of each prompt, as its ``n`` choices."""
         beam = beam_search_params(body, body.max_tokens, self.max_model_len)
         with self.admit(len(prompts), body.n) as started:
-            ids = [p if isinstance(p, list) else await self.offload(len(p), encode, self.tokenizer, p,
-                                                                    body.add_special_tokens)
-                   for p in prompts]
+            ids = [
+                p
+                if isinstance(p, list)
+                else await self.offload(len(p), encode, self.tokenizer, p, body.add_special_tokens)
+                for p in prompts
+            ]
             async with self.time_limit(self.deadline()):
                 outputs = await run_all(self.engine, ids, beam, engine_id, started, body)
         eos = self.engine.input_processor.eos_token_id
         choices, usage = [], UsageInfo(sum(map(len, ids)))
         for i, (prompt_ids, output) in enumerate(zip(ids, outputs)):
             for k, (text, generated, finish) in enumerate(beam_answers(self.tokenizer, prompt_ids, output, body, eos)):
-                choices.append(CompletionChoice(i * body.n + k, text, None, finish,
-                                                prompt_token_ids=prompt_ids if body.return_token_ids else None,
-                                                token_ids=generated if body.return_token_ids else None))
+                choices.append(
+                    CompletionChoice(
+                        i * body.n + k,
+                        text,
+                        None,
+                        finish,
+                        prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                        token_ids=generated if body.return_token_ids else None,
+                    )
+                )
                 usage.completion_tokens += len(generated)
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return json_response(CompletionResponse(response_id, created, model, choices, usage=usage))
@@ -160,8 +207,9 @@ class OpenAIServingCompletion(OpenAIServing):
         ids = output.prompt_token_ids or []
         return await self.offload(len(ids), decode, self.tokenizer, ids)
 
-    def _logprobs(self, body: CompletionRequest, output: RequestOutput, completion: CompletionOutput,
-                  echo: bool, offset: int = 0) -> Optional[CompletionLogProbs]:
+    def _logprobs(
+        self, body: CompletionRequest, output: RequestOutput, completion: CompletionOutput, echo: bool, offset: int = 0
+    ) -> Optional[CompletionLogProbs]:
         if body.logprobs is None:
             return None
         result = CompletionLogProbs()
@@ -192,6 +240,12 @@ def _shown(echo_only: bool, completion: CompletionOutput) -> CompletionOutput:
     if not echo_only:
         return completion
     reason = "length" if completion.finish_reason in ("stop", "length") else completion.finish_reason
-    return dataclasses.replace(completion, text="", token_ids=[], cumulative_logprob=None,
-                               logprobs=None if completion.logprobs is None else [], finish_reason=reason,
-                               stop_reason=None)
+    return dataclasses.replace(
+        completion,
+        text="",
+        token_ids=[],
+        cumulative_logprob=None,
+        logprobs=None if completion.logprobs is None else [],
+        finish_reason=reason,
+        stop_reason=None,
+    )

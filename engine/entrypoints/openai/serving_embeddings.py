@@ -12,6 +12,7 @@ with ``truncation_side``, ``priority``, ``request_id`` and ``cache_salt``.
 each, the time limit); /pooling, /classify (serving_pooling.py), /score and /rerank
 (serving_score.py) build on this class for it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,8 +23,14 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 from aiohttp import web
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.http_bodies import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
-                                                   PoolingBasicFields, decode_request)
+from engine.entrypoints.openai.http_bodies import (
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    EmbeddingUsage,
+    PoolingBasicFields,
+    decode_request,
+)
 from engine.entrypoints.openai.request_fields import engine_request_id, request_id
 from engine.entrypoints.openai.serving_engine import OpenAIServing, json_response
 from engine.frontend.renderer import RendererBusyError, encode, encode_pair
@@ -43,17 +50,24 @@ class OpenAIServingEmbedding(OpenAIServing):
         data = [EmbeddingData(index=i, embedding=encode_vector(out.outputs.data, body)) for i, out in enumerate(finals)]
         return json_response(EmbeddingResponse(id=response_id, data=data, model=model, usage=usage(finals)))
 
-    async def pool_all(self, request: web.Request, response_id: str, body: PoolingBasicFields,
-                       prompts: Sequence[Prompt], params: PoolingParams,
-                       param: Optional[str] = None) -> list[PoolingRequestOutput]:
+    async def pool_all(
+        self,
+        request: web.Request,
+        response_id: str,
+        body: PoolingBasicFields,
+        prompts: Sequence[Prompt],
+        params: PoolingParams,
+        param: Optional[str] = None,
+    ) -> list[PoolingRequestOutput]:
         """Every prompt's pooled output, in prompt order: admitted together (a 400 naming
         ``param`` past the per-request limit), each its own engine request, under the request's
         time limit."""
         finals: dict[int, PoolingRequestOutput] = {}
         with self.admit(len(prompts), 1, param) as started:
             inputs = [await self._engine_input(body, p) for p in prompts]
-            outputs = self.generate_all(inputs, params, engine_request_id(response_id, request), started,
-                                        priority=body.priority)
+            outputs = self.generate_all(
+                inputs, params, engine_request_id(response_id, request), started, priority=body.priority
+            )
             async with contextlib.aclosing(outputs), self.time_limit(self.deadline()):
                 async for i, output in outputs:
                     finals[i] = output
@@ -64,12 +78,19 @@ class OpenAIServingEmbedding(OpenAIServing):
         body = decode_request(raw, EmbeddingRequest)
         model = self.check_model(body.model, adapters=False)
         if body.dimensions is not None:
-            raise OpenAIError(400, f"dimensions={body.dimensions}: the model does not support matryoshka "
-                              "representation (changing output dimensions)", param="dimensions",
-                              code="invalid_value")
-        params = PoolingParams(task="embed", use_activation=body.use_activation,
-                               truncate_prompt_tokens=body.truncate_prompt_tokens,
-                               truncation_side=body.truncation_side)
+            raise OpenAIError(
+                400,
+                f"dimensions={body.dimensions}: the model does not support matryoshka "
+                "representation (changing output dimensions)",
+                param="dimensions",
+                code="invalid_value",
+            )
+        params = PoolingParams(
+            task="embed",
+            use_activation=body.use_activation,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=body.truncation_side,
+        )
         return body, model, body.prompts(), params
 
     async def _engine_input(self, body: PoolingBasicFields, prompt: Prompt) -> dict[str, Any]:
@@ -77,26 +98,33 @@ class OpenAIServingEmbedding(OpenAIServing):
         ``add_special_tokens``, and a pair of texts (a cross-encoder's, encoded as the
         tokenizer encodes a pair), are tokenized here (on the renderer pool)."""
         if isinstance(prompt, tuple):
-            engine_input: dict[str, Any] = {"prompt_token_ids": await self.offload(
-                len(prompt[0]) + len(prompt[1]), encode_pair, self.tokenizer, *prompt)}
+            engine_input: dict[str, Any] = {
+                "prompt_token_ids": await self.offload(
+                    len(prompt[0]) + len(prompt[1]), encode_pair, self.tokenizer, *prompt
+                )
+            }
         elif isinstance(prompt, str) and getattr(body, "add_special_tokens", True):  # (score texts always get them)
             engine_input = {"prompt": prompt}
         elif isinstance(prompt, str):
-            engine_input = {"prompt_token_ids": await self.offload(len(prompt), encode, self.tokenizer, prompt, False),
-                            "prompt": prompt}
+            engine_input = {
+                "prompt_token_ids": await self.offload(len(prompt), encode, self.tokenizer, prompt, False),
+                "prompt": prompt,
+            }
         else:
             engine_input = {"prompt_token_ids": prompt}
         if body.cache_salt is not None:
             engine_input["cache_salt"] = body.cache_salt
         return engine_input
 
-    async def generate(self, prompt: Any, params: PoolingParams, request_id: str,
-                       started: Callable[[], None], priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+    async def generate(
+        self, prompt: Any, params: PoolingParams, request_id: str, started: Callable[[], None], priority: int = 0
+    ) -> AsyncIterator[PoolingRequestOutput]:
         """The engine's one output for an admitted input (``encode``, not ``generate``); closing
         this stream early aborts the request in the core."""
         try:
-            async with contextlib.aclosing(self.engine.encode(prompt, params, request_id,
-                                                              priority=priority)) as outputs:
+            async with contextlib.aclosing(
+                self.engine.encode(prompt, params, request_id, priority=priority)
+            ) as outputs:
                 async for output in outputs:
                     started()
                     yield output
@@ -122,5 +150,6 @@ def encode_vector(data: Any, body: EmbeddingRequest) -> Union[list[float], str]:
     bits = torch.int32 if values.dtype == torch.float32 else torch.int16  # base64 carries the values' bits
     raw = values.view(bits).numpy()
     order = sys.byteorder if body.endianness == "native" else body.endianness
-    return base64.b64encode(raw.astype(raw.dtype.newbyteorder("<" if order == "little" else ">")).tobytes()
-                            ).decode("ascii")
+    return base64.b64encode(raw.astype(raw.dtype.newbyteorder("<" if order == "little" else ">")).tobytes()).decode(
+        "ascii"
+    )

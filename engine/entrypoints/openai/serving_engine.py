@@ -11,6 +11,7 @@ fires them all at once. Errors before the first byte of a stream get an ordinary
 status; after it, an ``{"error": ...}`` event followed by ``[DONE]``, so the client sees a
 clean end, be it a timeout, a dead engine or the server going down.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class SSEFraming:
@@ -65,8 +65,9 @@ class ServingLimits:
     max_seqs_per_request: int  # prompts x n of one request; more is a 400
 
     @classmethod
-    def for_engine(cls, config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float],
-                   retry_after_s: int) -> "ServingLimits":
+    def for_engine(
+        cls, config: Any, max_waiting_requests: Optional[int], request_timeout_s: Optional[float], retry_after_s: int
+    ) -> "ServingLimits":
         """The limits of a server over the engine of ``config`` (an ``EngineConfig``)."""
         return cls(max_waiting_requests, request_timeout_s, retry_after_s, config.max_seqs_per_request)
 
@@ -96,10 +97,12 @@ class Deadlines:
             if not scope.expired():  # not this limit's: some other TimeoutError from below
                 raise
             if self.ended:
-                raise OpenAIError(503, "the server is shutting down", type="server_error",
-                                  code="server_shutdown") from None
-            raise OpenAIError(504, "the request took longer than the server's request timeout",
-                              type="server_error", code="timeout") from None
+                raise OpenAIError(
+                    503, "the server is shutting down", type="server_error", code="server_shutdown"
+                ) from None
+            raise OpenAIError(
+                504, "the request took longer than the server's request timeout", type="server_error", code="timeout"
+            ) from None
 
     def end_all(self) -> None:
         """Fire every limit now (and every later one at once): the drain is over."""
@@ -127,15 +130,15 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         _log_engine_death(exc)
         return OpenAIError(500, _ENGINE_DEAD_MESSAGE, type="server_error", code="engine_dead")
     if isinstance(exc, TimeoutError):
-        return OpenAIError(504, "the request took longer than the server's request timeout",
-                           type="server_error", code="timeout")
+        return OpenAIError(
+            504, "the request took longer than the server's request timeout", type="server_error", code="timeout"
+        )
     if isinstance(exc, EngineStepError):  # a step failed while running this request: a server fault
         return OpenAIError(500, str(exc), type="server_error", code="engine_step_failed")
     if isinstance(exc, EngineGenerateError):  # the core refused the request: its input is at fault
         return OpenAIError(400, str(exc), code="invalid_value")
     logger.exception("unexpected error while serving a request", exc_info=exc)
-    return OpenAIError(500, f"internal server error: {type(exc).__name__}", type="server_error",
-                       code="internal_error")
+    return OpenAIError(500, f"internal server error: {type(exc).__name__}", type="server_error", code="internal_error")
 
 
 _ENGINE_DEAD_MESSAGE = "the engine encountered an error and is no longer running; see the server log"
@@ -151,9 +154,17 @@ def _log_engine_death(exc: EngineDeadError) -> None:
 
 
 class OpenAIServing:
-    def __init__(self, engine: EngineClient, tokenizer: Any, model_names: Sequence[str], max_model_len: int,
-                 limits: ServingLimits, metrics: ServerMetrics, deadlines: Deadlines,
-                 loras: Optional[ServedLoRAs] = None) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: Any,
+        model_names: Sequence[str],
+        max_model_len: int,
+        limits: ServingLimits,
+        metrics: ServerMetrics,
+        deadlines: Deadlines,
+        loras: Optional[ServedLoRAs] = None,
+    ) -> None:
         self.engine = engine
         self.loras = loras  # LoRA adapters served under their own names (serving_lora.py)
         self.tokenizer = tokenizer
@@ -173,12 +184,20 @@ class OpenAIServing:
         if model is None:
             return self.model_names[0]
         if not adapters and self.lora_request(model) is not None:
-            raise OpenAIError(400, f"the model {model!r} is a LoRA adapter, which this endpoint does not run; "
-                              f"use {self.model_names[0]!r}", param="model", code="invalid_value")
+            raise OpenAIError(
+                400,
+                f"the model {model!r} is a LoRA adapter, which this endpoint does not run; use {self.model_names[0]!r}",
+                param="model",
+                code="invalid_value",
+            )
         if model not in self.model_names and self.lora_request(model) is None:
-            raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
-                              f"{', '.join(self.model_names)} and its LoRA adapters", param="model",
-                              code="model_not_found")
+            raise OpenAIError(
+                404,
+                f"the model {model!r} does not exist; this server serves "
+                f"{', '.join(self.model_names)} and its LoRA adapters",
+                param="model",
+                code="model_not_found",
+            )
         return model
 
     def lora_request(self, model: Optional[str]) -> Optional[LoRARequest]:
@@ -188,13 +207,22 @@ class OpenAIServing:
     def check_no_adapter(self, model: str, field_name: str) -> None:
         """A feature that runs the base model only (beam search) refuses an adapter by name."""
         if self.lora_request(model) is not None:
-            raise OpenAIError(400, f"{field_name} is not supported with a LoRA adapter (model {model!r})",
-                              param=field_name, code="invalid_value")
+            raise OpenAIError(
+                400,
+                f"{field_name} is not supported with a LoRA adapter (model {model!r})",
+                param=field_name,
+                code="invalid_value",
+            )
 
     def overloaded(self, message: str) -> OpenAIError:
         self.metrics.rejected.labels(self.model_names[0]).inc()
-        return OpenAIError(503, f"{message}; retry later", type="server_error", code="overloaded",
-                           headers={"Retry-After": str(self.limits.retry_after_s)})
+        return OpenAIError(
+            503,
+            f"{message}; retry later",
+            type="server_error",
+            code="overloaded",
+            headers={"Retry-After": str(self.limits.retry_after_s)},
+        )
 
     @contextlib.contextmanager
     def admit(self, num_prompts: int, n: int, param: Optional[str] = None) -> Iterator[Callable[[], None]]:
@@ -209,13 +237,18 @@ class OpenAIServing:
         """
         count = num_prompts * n
         if count > self.limits.max_seqs_per_request:
-            raise OpenAIError(400, f"the request asks for {count} sequences ({num_prompts} prompts x n={n}); "
-                              f"this server takes at most {self.limits.max_seqs_per_request} in one request",
-                              param=param or ("n" if num_prompts == 1 else "prompt"), code="too_many_sequences")
+            raise OpenAIError(
+                400,
+                f"the request asks for {count} sequences ({num_prompts} prompts x n={n}); "
+                f"this server takes at most {self.limits.max_seqs_per_request} in one request",
+                param=param or ("n" if num_prompts == 1 else "prompt"),
+                code="too_many_sequences",
+            )
         limit = self.limits.max_waiting_requests
         if limit is not None and self.num_waiting + count > limit:
-            raise self.overloaded(f"the server is overloaded ({self.num_waiting} sequences waiting, limit "
-                                  f"{limit}, this request {count})")
+            raise self.overloaded(
+                f"the server is overloaded ({self.num_waiting} sequences waiting, limit {limit}, this request {count})"
+            )
         held = count
         self.num_waiting += count
 
@@ -244,16 +277,25 @@ class OpenAIServing:
         raw = await request.read()
         return await self.offload(len(raw), parse, raw)
 
-    async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
-                       started: Callable[[], None], priority: int = 0,
-                       model: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: Any,
+        params: SamplingParams,
+        request_id: str,
+        started: Callable[[], None],
+        priority: int = 0,
+        model: Optional[str] = None,
+    ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one admitted request (with the LoRA adapter ``model`` names, if
         any). Closing this stream early (cancel, timeout, error) aborts the request in the core; a
         request refused by the core raises."""
         first = True
         try:
-            async with contextlib.aclosing(self.engine.generate(prompt, params, request_id, priority=priority,
-                                                                lora_request=self.lora_request(model))) as outputs:
+            async with contextlib.aclosing(
+                self.engine.generate(
+                    prompt, params, request_id, priority=priority, lora_request=self.lora_request(model)
+                )
+            ) as outputs:
                 async for output in outputs:
                     if first:
                         first = False
@@ -262,14 +304,22 @@ class OpenAIServing:
         except RendererBusyError as exc:
             raise self.overloaded(str(exc).removesuffix("; retry later")) from None
 
-    def generate_all(self, prompts: Sequence[Any], params: SamplingParams, request_id: str,
-                     started: Callable[[], None], priority: int = 0,
-                     model: Optional[str] = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+    def generate_all(
+        self,
+        prompts: Sequence[Any],
+        params: SamplingParams,
+        request_id: str,
+        started: Callable[[], None],
+        priority: int = 0,
+        model: Optional[str] = None,
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every prompt's outputs as ``(prompt index, output)``; leaving early aborts the
         requests still running with one message to the core, not one per prompt."""
         ids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        return merge_streams([self.generate(p, params, i, started, priority, model) for p, i in zip(prompts, ids)],
-                             abort=lambda: self.engine.abort(ids))
+        return merge_streams(
+            [self.generate(p, params, i, started, priority, model) for p, i in zip(prompts, ids)],
+            abort=lambda: self.engine.abort(ids),
+        )
 
     def deadline(self) -> Optional[float]:
         """When a request arriving now must be done (loop time), or None: no timeout."""
@@ -280,8 +330,9 @@ class OpenAIServing:
         """Work under the request's ``deadline``, also ended by the end of a drain."""
         return self.deadlines.limit(deadline)
 
-    async def sse_response(self, request: web.Request, events: AsyncIterator[Any],
-                           framing: SSEFraming = OPENAI_SSE) -> web.StreamResponse:
+    async def sse_response(
+        self, request: web.Request, events: AsyncIterator[Any], framing: SSEFraming = OPENAI_SSE
+    ) -> web.StreamResponse:
         """Stream ``events`` (msgspec structs) as ``data: {json}`` chunks, then ``data: [DONE]``
         (or as ``framing`` says them).
 
@@ -316,8 +367,9 @@ class OpenAIServing:
             return response
 
 
-async def merge_streams(streams: Sequence[AsyncIterator[T]],
-                        abort: Optional[Callable[[], Awaitable[None]]] = None) -> AsyncIterator[tuple[int, T]]:
+async def merge_streams(
+    streams: Sequence[AsyncIterator[T]], abort: Optional[Callable[[], Awaitable[None]]] = None
+) -> AsyncIterator[tuple[int, T]]:
     """Interleave several streams as ``(stream index, item)`` in arrival order.
 
     Each stream is drained by its own task; leaving early (error, cancellation) first awaits

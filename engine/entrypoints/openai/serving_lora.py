@@ -9,6 +9,7 @@ which registers no such routes). Ids (``lora_int_id``) are numbered here, one pe
 reused, so a name loaded again with another path never shares prefix-cache blocks with the old
 one (engine/core/kv_cache.py).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,10 +44,16 @@ def parse_lora_module(value: str) -> LoRAModulePath:
         except ValueError:
             raise ValueError(f"--lora-modules: {value!r} is not valid JSON") from None
         unknown = sorted(set(fields) - {"name", "path", "base_model_name"}) if isinstance(fields, dict) else []
-        if not isinstance(fields, dict) or unknown or not isinstance(fields.get("name"), str) \
-                or not isinstance(fields.get("path"), str):
-            raise ValueError(f"--lora-modules: {value!r} must be name=path or a JSON object with the strings "
-                             "name, path and optionally base_model_name")
+        if (
+            not isinstance(fields, dict)
+            or unknown
+            or not isinstance(fields.get("name"), str)
+            or not isinstance(fields.get("path"), str)
+        ):
+            raise ValueError(
+                f"--lora-modules: {value!r} must be name=path or a JSON object with the strings "
+                "name, path and optionally base_model_name"
+            )
         return LoRAModulePath(fields["name"], fields["path"], fields.get("base_model_name"))
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
@@ -78,18 +85,25 @@ class ServedLoRAs:
         return self._by_name.get(model) if model is not None else None
 
     def cards(self, created: int, max_model_len: int) -> list[ModelCard]:
-        return [ModelCard(name, created, max_model_len, root=name, parent=req.base_model_name or self.base_model)
-                for name, req in self._by_name.items()]
+        return [
+            ModelCard(name, created, max_model_len, root=name, parent=req.base_model_name or self.base_model)
+            for name, req in self._by_name.items()
+        ]
 
     async def load(self, module: LoRAModulePath, replace: bool = False) -> None:
         """Load and check the adapter in the engine, then serve it; ValueError from the engine
         (a bad adapter) is a 400 naming ``lora_path``."""
         if module.name in self._by_name and not replace:
-            raise OpenAIError(400, f"The lora adapter '{module.name}' has already been loaded.", param="lora_name",
-                              code="invalid_value")
+            raise OpenAIError(
+                400,
+                f"The lora adapter '{module.name}' has already been loaded.",
+                param="lora_name",
+                code="invalid_value",
+            )
         if module.name == self.base_model:
-            raise OpenAIError(400, f"lora_name {module.name!r} is the base model's name", param="lora_name",
-                              code="invalid_value")
+            raise OpenAIError(
+                400, f"lora_name {module.name!r} is the base model's name", param="lora_name", code="invalid_value"
+            )
         try:
             request = LoRARequest(module.name, next(self._ids), module.path, module.base_model_name)
             await self.engine.add_lora(request)
@@ -103,8 +117,13 @@ class ServedLoRAs:
     async def unload(self, name: str) -> None:
         request = self._by_name.pop(name, None)
         if request is None:
-            raise OpenAIError(404, f"The lora adapter '{name}' cannot be found.", type="NotFoundError",
-                              param="lora_name", code="model_not_found")
+            raise OpenAIError(
+                404,
+                f"The lora adapter '{name}' cannot be found.",
+                type="NotFoundError",
+                param="lora_name",
+                code="model_not_found",
+            )
         await self.engine.remove_lora(request.lora_int_id)
 
     async def load_route(self, request: web.Request) -> web.Response:
@@ -122,5 +141,9 @@ class ServedLoRAs:
 
 def _check_runtime_updating() -> None:
     if not envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
-        raise OpenAIError(404, "Not Found: set VLLM_ALLOW_RUNTIME_LORA_UPDATING=true to load and unload LoRA "
-                          "adapters at run time", type="NotFoundError", code="not_found")
+        raise OpenAIError(
+            404,
+            "Not Found: set VLLM_ALLOW_RUNTIME_LORA_UPDATING=true to load and unload LoRA adapters at run time",
+            type="NotFoundError",
+            code="not_found",
+        )

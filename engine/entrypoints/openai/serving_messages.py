@@ -14,6 +14,7 @@ blocks, citations, server tools, and the fields placed as refused in field_suppo
 (``thinking``, ``container``, ``mcp_servers``...). count_tokens counts what the same conversation
 would send to the engine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,12 +26,28 @@ from aiohttp import web
 from msgspec import Struct
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionToolsParam,
-                                                   ChatMessage, FunctionCall, FunctionDefinition, NamedFunction,
-                                                   NamedToolChoice, StreamOptions, ToolCall, decode_request)
-from engine.entrypoints.openai.messages_bodies import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
-                                                       Blocks, ContextManagement, CountTokensResponse, MessageResponse,
-                                                       ConversationFields)
+from engine.entrypoints.openai.http_bodies import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    NamedFunction,
+    NamedToolChoice,
+    StreamOptions,
+    ToolCall,
+    decode_request,
+)
+from engine.entrypoints.openai.messages_bodies import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
+    Blocks,
+    ContextManagement,
+    CountTokensResponse,
+    MessageResponse,
+    ConversationFields,
+)
 from engine.entrypoints.openai.messages_events import AnthropicFraming, MessageEvents
 from engine.entrypoints.openai.responses_events import item_id
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -42,6 +59,7 @@ ANTHROPIC_SSE = AnthropicFraming()
 
 
 # ---- content blocks, read one by one (anything else is a 400 naming its place) ----
+
 
 class _TextBlock(Struct):
     text: str
@@ -118,14 +136,20 @@ def _conversation(body: ConversationFields) -> list[ChatMessage]:
                 calls.append(ToolCall(id=use.id, function=FunctionCall(use.name, json.dumps(use.input))))
             elif kind == "tool_result" and message.role == "user":  # a tool message, before the user's text
                 result = _block(block, _ToolResultBlock, param)
-                messages.append(ChatMessage(role="tool", tool_call_id=result.tool_use_id,
-                                            content=_text(result.content, f"{param}.content")))
+                messages.append(
+                    ChatMessage(
+                        role="tool", tool_call_id=result.tool_use_id, content=_text(result.content, f"{param}.content")
+                    )
+                )
             else:
                 allowed = "text, tool_use" if message.role == "assistant" else "text, tool_result"
                 raise _unsupported(kind, param, f"{allowed} in a message of role {message.role}")
         if texts or calls or message.role == "assistant":
-            messages.append(ChatMessage(role=message.role, content="".join(texts) if texts or not calls else None,
-                                        tool_calls=calls or None))
+            messages.append(
+                ChatMessage(
+                    role=message.role, content="".join(texts) if texts or not calls else None, tool_calls=calls or None
+                )
+            )
     if not messages:
         raise _bad("messages must hold at least one user or assistant message", "messages")
     return messages
@@ -133,16 +157,25 @@ def _conversation(body: ConversationFields) -> list[ChatMessage]:
 
 # ---- the request as a chat request ----
 
+
 def _tools(body: ConversationFields) -> Optional[list[ChatCompletionToolsParam]]:
     tools = []
     for index, tool in enumerate(body.tools or ()):
         if tool.type not in (None, "custom"):
-            raise _bad(f"tools.{index}: server tools ({tool.type[:40]!r}) are not supported; only client tools "
-                       "with an input_schema", "tools")
+            raise _bad(
+                f"tools.{index}: server tools ({tool.type[:40]!r}) are not supported; only client tools "
+                "with an input_schema",
+                "tools",
+            )
         if tool.input_schema is None:
             raise _bad(f"tools.{index}: a tool needs an input_schema", "tools")
-        tools.append(ChatCompletionToolsParam(function=FunctionDefinition(
-            name=tool.name, description=tool.description, parameters=tool.input_schema, strict=tool.strict)))
+        tools.append(
+            ChatCompletionToolsParam(
+                function=FunctionDefinition(
+                    name=tool.name, description=tool.description, parameters=tool.input_schema, strict=tool.strict
+                )
+            )
+        )
     return tools or None
 
 
@@ -168,10 +201,13 @@ def chat_request(body: ConversationFields) -> ChatCompletionRequest:
     """The chat request a messages (or count_tokens) request stands for."""
     tools = _tools(body)
     request = ChatCompletionRequest(
-        messages=_system(body) + _conversation(body), model=body.model, tools=tools,
+        messages=_system(body) + _conversation(body),
+        model=body.model,
+        tools=tools,
         tool_choice=_tool_choice(body, bool(tools)),
         parallel_tool_calls=not (body.tool_choice and body.tool_choice.disable_parallel_tool_use),
-        chat_template_kwargs=body.chat_template_kwargs)
+        chat_template_kwargs=body.chat_template_kwargs,
+    )
     if isinstance(body, AnthropicMessagesRequest):
         request.max_tokens, request.stop = body.max_tokens, body.stop_sequences
         request.temperature, request.top_p, request.top_k = body.temperature, body.top_p, body.top_k
@@ -230,9 +266,13 @@ class AnthropicServingMessages:
         chat_body = chat_request(body)
         tool_plan = plan_tool_calls(chat_body, self.chat.tool_serving)
         try:
-            _, token_ids = await self.chat.render(chat_body.messages, chat_template_kwargs=chat_body.template_kwargs(),
-                                                  must_fit=False, tools=tool_plan.tools,
-                                                  size=len(await request.read()))
+            _, token_ids = await self.chat.render(
+                chat_body.messages,
+                chat_template_kwargs=chat_body.template_kwargs(),
+                must_fit=False,
+                tools=tool_plan.tools,
+                size=len(await request.read()),
+            )
         except (OpenAIError, ParameterError) as exc:
             raise _messages_param(exc) from None
         return json_response(CountTokensResponse(len(token_ids), ContextManagement(len(token_ids))))

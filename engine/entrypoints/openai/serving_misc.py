@@ -4,6 +4,7 @@
 They share the chat endpoint's view of the model (names, tokenizer, chat rendering) so that
 /tokenize counts exactly the tokens a chat request would send to the engine.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,8 +13,16 @@ import logging
 from aiohttp import web
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.http_bodies import (DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList,
-                                                   TokenizeRequest, TokenizeResponse, decode_request, now)
+from engine.entrypoints.openai.http_bodies import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    decode_request,
+    now,
+)
 from engine.entrypoints.openai.liveness import CoreLiveness
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -66,11 +75,13 @@ class OpenAIServingMisc:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self.chat.parse(request, self._parse_tokenize)
         if body.messages is not None:
-            _, tokens = await self.chat.render(body.messages, body.add_generation_prompt, must_fit=False,
-                                               size=len(await request.read()))  # read already: cached
+            _, tokens = await self.chat.render(
+                body.messages, body.add_generation_prompt, must_fit=False, size=len(await request.read())
+            )  # read already: cached
         else:
-            tokens = await self.chat.offload(len(body.prompt), encode, self.chat.tokenizer, body.prompt,
-                                             body.add_special_tokens)
+            tokens = await self.chat.offload(
+                len(body.prompt), encode, self.chat.tokenizer, body.prompt, body.add_special_tokens
+            )
         return json_response(TokenizeResponse(len(tokens), self.chat.max_model_len, tokens))
 
     def _parse_tokenize(self, raw: bytes) -> TokenizeRequest:
@@ -91,8 +102,9 @@ class OpenAIServingMisc:
         vocab = len(self.chat.tokenizer)
         bad = max(body.tokens, default=-1)
         if bad >= vocab:
-            raise OpenAIError(400, f"token id {bad} is out of the vocabulary [0, {vocab})", param="tokens",
-                              code="invalid_value")
+            raise OpenAIError(
+                400, f"token id {bad} is out of the vocabulary [0, {vocab})", param="tokens", code="invalid_value"
+            )
         return body
 
     async def show_version(self, request: web.Request) -> web.Response:
@@ -103,6 +115,10 @@ class OpenAIServingMisc:
         while requests hold blocks (a running request would register blocks computed before the
         reset): then a 409, to retry once idle."""
         if not await self.engine.reset_prefix_cache():
-            raise OpenAIError(409, "the prefix cache is in use by running requests; retry when they are done",
-                              type="server_error", code="prefix_cache_in_use")
+            raise OpenAIError(
+                409,
+                "the prefix cache is in use by running requests; retry when they are done",
+                type="server_error",
+                code="prefix_cache_in_use",
+            )
         return web.Response(status=200)

@@ -17,6 +17,7 @@ its conversation: ``previous_response_id`` continues it. ``background`` answers 
 queued response that runs as a task; GET polls it and /cancel ends it (its engine request is
 aborted). The tasks still running when the server stops are cancelled before the engine goes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,13 +30,30 @@ from aiohttp import web
 from msgspec import Struct
 
 from engine.entrypoints.openai.errors import OpenAIError
-from engine.entrypoints.openai.http_bodies import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionToolsParam,
-                                                   ChatMessage, FunctionCall, FunctionDefinition, NamedFunction,
-                                                   NamedToolChoice, StreamOptions, ToolCall, decode_request, now)
+from engine.entrypoints.openai.http_bodies import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    NamedFunction,
+    NamedToolChoice,
+    StreamOptions,
+    ToolCall,
+    decode_request,
+    now,
+)
 from engine.entrypoints.openai.public_errors import public_error
-from engine.entrypoints.openai.responses_bodies import (FunctionCallItem, NamedFunctionChoice, OutputMessage,
-                                                        ReasoningItem, ResponseError, ResponseObject,
-                                                        ResponsesRequest)
+from engine.entrypoints.openai.responses_bodies import (
+    FunctionCallItem,
+    NamedFunctionChoice,
+    OutputMessage,
+    ReasoningItem,
+    ResponseError,
+    ResponseObject,
+    ResponsesRequest,
+)
 from engine.entrypoints.openai.responses_events import ResponseEvents, item_id
 from engine.entrypoints.openai.responses_store import ResponsesStore, StoredResponse, StoreFull
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -48,6 +66,7 @@ _CANCEL_WAIT_S = 10.0  # a cancelled background response ends as soon as its eng
 
 
 # ---- input items, read one by one (anything else is a 400 naming its index) ----
+
 
 class _Part(Struct):
     type: str
@@ -137,40 +156,62 @@ def input_messages(input_: Union[str, list[dict[str, Any]]]) -> list[ChatMessage
             output = _item(item, _CallOutputItem, param)
             messages.append(ChatMessage(role="tool", tool_call_id=output.call_id, content=_text(output.output, param)))
         else:
-            raise _bad(f"{param}: input items of type {str(kind)[:40]!r} are not supported (message, "
-                       "function_call, function_call_output, reasoning)", param)
+            raise _bad(
+                f"{param}: input items of type {str(kind)[:40]!r} are not supported (message, "
+                "function_call, function_call_output, reasoning)",
+                param,
+            )
     return messages
 
 
 def _only_reasoning(message: Optional[ChatMessage]) -> bool:
     """Whether ``message`` is an assistant's reasoning that no answer or call has joined yet."""
-    return (message is not None and message.role == "assistant" and message.reasoning_content is not None
-            and message.content is None and not message.tool_calls)
+    return (
+        message is not None
+        and message.role == "assistant"
+        and message.reasoning_content is not None
+        and message.content is None
+        and not message.tool_calls
+    )
 
 
 def output_messages(response: ResponseObject) -> list[ChatMessage]:
     """A response's output as the assistant message a next turn continues."""
     text = "".join(part.text for item in response.output if isinstance(item, OutputMessage) for part in item.content)
-    calls = [ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
-             for item in response.output if isinstance(item, FunctionCallItem)]
-    reasoning = "".join(part.text for item in response.output if isinstance(item, ReasoningItem)
-                        for part in item.content)
-    return [ChatMessage(role="assistant", content=text or None, tool_calls=calls or None,
-                        reasoning_content=reasoning or None)]
+    calls = [
+        ToolCall(id=item.call_id, function=FunctionCall(item.name, item.arguments))
+        for item in response.output
+        if isinstance(item, FunctionCallItem)
+    ]
+    reasoning = "".join(
+        part.text for item in response.output if isinstance(item, ReasoningItem) for part in item.content
+    )
+    return [
+        ChatMessage(
+            role="assistant", content=text or None, tool_calls=calls or None, reasoning_content=reasoning or None
+        )
+    ]
 
 
 # ---- the request as a chat request ----
+
 
 def _tools(body: ResponsesRequest) -> Optional[list[ChatCompletionToolsParam]]:
     tools = []
     for index, tool in enumerate(body.tools or ()):
         if tool.type != "function":
-            raise _bad(f"tools.{index}: built-in tools ({tool.type[:40]!r}) are not supported; only function tools",
-                       "tools")
+            raise _bad(
+                f"tools.{index}: built-in tools ({tool.type[:40]!r}) are not supported; only function tools", "tools"
+            )
         if tool.name is None:
             raise _bad(f"tools.{index}: a function tool needs a name", "tools")
-        tools.append(ChatCompletionToolsParam(function=FunctionDefinition(
-            name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict)))
+        tools.append(
+            ChatCompletionToolsParam(
+                function=FunctionDefinition(
+                    name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict
+                )
+            )
+        )
     return tools or None
 
 
@@ -178,8 +219,9 @@ def _tool_choice(body: ResponsesRequest, has_tools: bool) -> Any:
     choice = body.tool_choice
     if isinstance(choice, NamedFunctionChoice):
         if choice.type != "function" or not choice.name:
-            raise _bad(f"tool_choice of type {choice.type[:40]!r} is not supported; give a function's name",
-                       "tool_choice")
+            raise _bad(
+                f"tool_choice of type {choice.type[:40]!r} is not supported; give a function's name", "tool_choice"
+            )
         return NamedToolChoice(function=NamedFunction(name=choice.name))
     if choice in ("auto", "none") and not has_tools:
         return None  # vLLM: without tools, nothing to choose
@@ -199,29 +241,44 @@ def _response_format(body: ResponsesRequest) -> Optional[dict[str, Any]]:
     if fmt.schema is None:
         raise _bad("text.format: type json_schema needs a schema", "text")
     json_schema_constraint(fmt.schema, strict=bool(fmt.strict), param="text")  # a 400 naming text, not chat's field
-    return {"type": "json_schema", "json_schema": {"name": fmt.name or "response", "schema": fmt.schema,
-                                                   "strict": bool(fmt.strict)}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": fmt.name or "response", "schema": fmt.schema, "strict": bool(fmt.strict)},
+    }
 
 
 def _chat_request(body: ResponsesRequest, conversation: list[ChatMessage], max_model_len: int) -> ChatCompletionRequest:
     if body.max_output_tokens is not None and body.max_output_tokens > max_model_len:
-        raise _bad(f"max_output_tokens={body.max_output_tokens} is more than the model's context length "
-                   f"max_model_len={max_model_len}", "max_output_tokens")
+        raise _bad(
+            f"max_output_tokens={body.max_output_tokens} is more than the model's context length "
+            f"max_model_len={max_model_len}",
+            "max_output_tokens",
+        )
     system = [ChatMessage(role="system", content=body.instructions)] if body.instructions is not None else []
     tools = _tools(body)
     if not conversation:
         raise _bad("input must hold at least one item", "input")
     reasoning = body.reasoning
     if reasoning is not None and reasoning.summary not in (None, "none"):
-        raise _bad("reasoning.summary is not supported (the reasoning is answered whole, not summarized)",
-                   "reasoning")
+        raise _bad("reasoning.summary is not supported (the reasoning is answered whole, not summarized)", "reasoning")
     return ChatCompletionRequest(
-        messages=system + conversation, model=body.model, tools=tools, tool_choice=_tool_choice(body, bool(tools)),
-        parallel_tool_calls=body.parallel_tool_calls, max_completion_tokens=body.max_output_tokens,
-        temperature=body.temperature, top_p=body.top_p, response_format=_response_format(body),
-        ignore_eos=body.ignore_eos, seed=body.seed, user=body.user, logit_bias=body.logit_bias,
+        messages=system + conversation,
+        model=body.model,
+        tools=tools,
+        tool_choice=_tool_choice(body, bool(tools)),
+        parallel_tool_calls=body.parallel_tool_calls,
+        max_completion_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        response_format=_response_format(body),
+        ignore_eos=body.ignore_eos,
+        seed=body.seed,
+        user=body.user,
+        logit_bias=body.logit_bias,
         reasoning_effort=reasoning.effort if reasoning is not None else None,
-        stream=True, stream_options=StreamOptions(include_usage=True))
+        stream=True,
+        stream_options=StreamOptions(include_usage=True),
+    )
 
 
 def _input_param(exc: OpenAIError) -> OpenAIError:
@@ -241,8 +298,7 @@ class OpenAIServingResponses:
         if body.background and not body.store:
             raise _bad("background can only be used when `store` is true", "background")
         if body.background and body.stream:
-            raise _bad("a background response cannot be streamed here; poll it with GET /v1/responses/{id}",
-                       "stream")
+            raise _bad("a background response cannot be streamed here; poll it with GET /v1/responses/{id}", "stream")
         previous = self._previous(body.previous_response_id)
         conversation = (previous.conversation if previous else []) + input_messages(body.input)
         chat_body = _chat_request(body, conversation, self.chat.max_model_len)
@@ -292,20 +348,33 @@ class OpenAIServingResponses:
 
     def _new_response(self, body: ResponsesRequest) -> ResponseObject:
         return ResponseObject(
-            id=item_id("resp"), created_at=now(), model=self.chat.check_model(body.model),
-            status="queued" if body.background else "in_progress", instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens, metadata=body.metadata,
-            parallel_tool_calls=body.parallel_tool_calls, previous_response_id=body.previous_response_id,
-            temperature=body.temperature, top_p=body.top_p,
+            id=item_id("resp"),
+            created_at=now(),
+            model=self.chat.check_model(body.model),
+            status="queued" if body.background else "in_progress",
+            instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens,
+            metadata=body.metadata,
+            parallel_tool_calls=body.parallel_tool_calls,
+            previous_response_id=body.previous_response_id,
+            temperature=body.temperature,
+            top_p=body.top_p,
             tool_choice=msgspec.to_builtins(body.tool_choice) if body.tool_choice is not None else "auto",
-            tools=msgspec.to_builtins(body.tools or []), text=msgspec.to_builtins(body.text),
-            store=body.store, background=body.background)
+            tools=msgspec.to_builtins(body.tools or []),
+            text=msgspec.to_builtins(body.text),
+            store=body.store,
+            background=body.background,
+        )
 
     def _stored(self, response_id: str) -> StoredResponse:
         entry = self.store.get(response_id)
         if entry is None:
-            raise OpenAIError(404, f"Response with id '{response_id[:100]}' not found.", param="response_id",
-                              code="response_not_found")
+            raise OpenAIError(
+                404,
+                f"Response with id '{response_id[:100]}' not found.",
+                param="response_id",
+                code="response_not_found",
+            )
         return entry
 
     def _previous(self, response_id: Optional[str]) -> Optional[StoredResponse]:
@@ -313,8 +382,12 @@ class OpenAIServingResponses:
             return None
         entry = self.store.get(response_id)
         if entry is None:
-            raise OpenAIError(404, f"Previous response with id '{response_id[:100]}' not found.",
-                              param="previous_response_id", code="response_not_found")
+            raise OpenAIError(
+                404,
+                f"Previous response with id '{response_id[:100]}' not found.",
+                param="previous_response_id",
+                code="response_not_found",
+            )
         if entry.response.status not in ("completed", "incomplete"):
             raise _bad(f"the previous response is {entry.response.status}, not finished", "previous_response_id")
         return entry
@@ -338,8 +411,13 @@ class OpenAIServingResponses:
             raise _input_param(exc) from None
         events.finish()
 
-    async def _stream(self, chunks: AsyncIterator[ChatCompletionChunk], events: ResponseEvents,
-                      conversation: list[ChatMessage], store: bool) -> AsyncIterator[Any]:
+    async def _stream(
+        self,
+        chunks: AsyncIterator[ChatCompletionChunk],
+        events: ResponseEvents,
+        conversation: list[ChatMessage],
+        store: bool,
+    ) -> AsyncIterator[Any]:
         async with contextlib.aclosing(chunks):
             try:  # the first chunk comes once the engine took the request: refusals before it are HTTP errors
                 first = await anext(chunks, None)
@@ -359,8 +437,9 @@ class OpenAIServingResponses:
         for event in last:
             yield event
 
-    def _start_background(self, chunks: AsyncIterator[ChatCompletionChunk], events: ResponseEvents,
-                          conversation: list[ChatMessage]) -> web.Response:
+    def _start_background(
+        self, chunks: AsyncIterator[ChatCompletionChunk], events: ResponseEvents, conversation: list[ChatMessage]
+    ) -> web.Response:
         response = events.response
         try:
             entry = self.store.put(response, conversation)
@@ -370,8 +449,9 @@ class OpenAIServingResponses:
         entry.task = asyncio.create_task(self._background(chunks, events, conversation))
         return json_response(queued)
 
-    async def _background(self, chunks: AsyncIterator[ChatCompletionChunk], events: ResponseEvents,
-                          conversation: list[ChatMessage]) -> None:
+    async def _background(
+        self, chunks: AsyncIterator[ChatCompletionChunk], events: ResponseEvents, conversation: list[ChatMessage]
+    ) -> None:
         response = events.response
         try:
             async with self.chat.time_limit(self.chat.deadline()):

@@ -6,6 +6,7 @@ which sees both texts as one prompt. /rerank scores a query against each documen
 in Jina's and Cohere's shape, most relevant first, cut to ``top_n``. The body is parsed and
 paired on the renderer pool when it is big (``OpenAIServing.parse``, weighed by its length).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -14,8 +15,16 @@ from aiohttp import web
 
 from engine.entrypoints.openai.errors import OpenAIError
 from engine.entrypoints.openai.http_bodies import PoolingBasicFields, decode_request
-from engine.entrypoints.openai.pooling_bodies import (RerankDocument, RerankRequest, RerankResponse, RerankResult,
-                                                      ScoreRequest, ScoreResponse, ScoreResponseData, ScoreTexts)
+from engine.entrypoints.openai.pooling_bodies import (
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    ScoreRequest,
+    ScoreResponse,
+    ScoreResponseData,
+    ScoreTexts,
+)
 from engine.entrypoints.openai.request_fields import request_id
 from engine.entrypoints.openai.serving_embeddings import OpenAIServingEmbedding, usage
 from engine.entrypoints.openai.serving_engine import json_response
@@ -38,10 +47,15 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         scores, outputs = await self._score(request, response_id, body, scoring)
         order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
         if body.top_n > 0:
-            order = order[:body.top_n]
-        results = [RerankResult(index=i, relevance_score=scores[i],
-                                document=RerankDocument(text=body.documents[i]) if body.return_documents else None)
-                   for i in order]
+            order = order[: body.top_n]
+        results = [
+            RerankResult(
+                index=i,
+                relevance_score=scores[i],
+                document=RerankDocument(text=body.documents[i]) if body.return_documents else None,
+            )
+            for i in order
+        ]
         return json_response(RerankResponse(id=response_id, model=model, usage=usage(outputs), results=results))
 
     def _parse_score(self, raw: bytes) -> tuple[ScoreRequest, str, "_Scoring"]:
@@ -57,8 +71,9 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         model = self.check_model(body.model, adapters=False)
         return body, model, self._scoring(body, body.query, body.documents, ("query", "documents"))
 
-    def _scoring(self, body: PoolingBasicFields, first: ScoreTexts, second: ScoreTexts,
-                 names: tuple[str, str]) -> "_Scoring":
+    def _scoring(
+        self, body: PoolingBasicFields, first: ScoreTexts, second: ScoreTexts, names: tuple[str, str]
+    ) -> "_Scoring":
         """How this model scores, the pairs (1:N or N:N; a 400 naming the side at fault) and the
         pooling params."""
         mc = self.engine.model_config
@@ -70,13 +85,17 @@ class OpenAIServingScore(OpenAIServingEmbedding):
             pairs = score_pairs(first, second, names)
         except ScoreInputError as exc:
             raise OpenAIError(400, str(exc), param=exc.field, code="invalid_value") from None
-        params = PoolingParams(task=mc.pooling_task, use_activation=body.use_activation,
-                               truncate_prompt_tokens=body.truncate_prompt_tokens,
-                               truncation_side=body.truncation_side)
+        params = PoolingParams(
+            task=mc.pooling_task,
+            use_activation=body.use_activation,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=body.truncation_side,
+        )
         return _Scoring(mode, pairs, params, names[1])
 
-    async def _score(self, request: web.Request, response_id: str, body: PoolingBasicFields,
-                     scoring: "_Scoring") -> tuple[list[float], list[PoolingRequestOutput]]:
+    async def _score(
+        self, request: web.Request, response_id: str, body: PoolingBasicFields, scoring: "_Scoring"
+    ) -> tuple[list[float], list[PoolingRequestOutput]]:
         """One score per pair, and the engine outputs they were made from (for usage)."""
         pairs, params, param = scoring.pairs, scoring.params, scoring.param
         if scoring.mode == "cross":

@@ -12,6 +12,7 @@ the others are a 400 (tool_parsers/tool_choice.py). ``json_schema_constraint`` i
 entry point for code that builds a constraint itself (tool calling's ``required`` and named
 ``tool_choice``).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ _STRUCTURED_FIELDS = frozenset(StructuredOutputsParams.__struct_fields__)
 _warned: set[str] = set()  # deprecated fields already warned about (once per process each)
 
 
-def json_schema_constraint(schema: Any, *, strict: bool = False,
-                           param: str = "response_format") -> StructuredOutputsParams:
+def json_schema_constraint(
+    schema: Any, *, strict: bool = False, param: str = "response_format"
+) -> StructuredOutputsParams:
     """The constraint "output one JSON value of ``schema``" (a dict or its JSON text); ``strict``:
     objects take no property they do not name. A 400 naming ``param`` if it is not a schema."""
     if isinstance(schema, str):
@@ -122,8 +124,9 @@ def _from_response_format(fmt: Any) -> Optional[StructuredOutputsParams]:
         if not isinstance(spec, dict) or "schema" not in spec:
             raise _error("response_format: type json_schema needs json_schema.schema", "response_format")
         return json_schema_constraint(spec["schema"], strict=bool(spec.get("strict")), param="response_format")
-    raise _error(f"response_format: unknown type {kind[:40]!r}; supported: text, json_object, json_schema",
-                 "response_format")
+    raise _error(
+        f"response_format: unknown type {kind[:40]!r}; supported: text, json_object, json_schema", "response_format"
+    )
 
 
 def _from_structured_outputs(value: Any) -> StructuredOutputsParams:
@@ -145,8 +148,11 @@ def _build(fields: dict[str, Any], param: str) -> StructuredOutputsParams:
 def _warn_deprecated(name: str) -> None:
     if name not in _warned:
         _warned.add(name)
-        logger.warning("%s is deprecated: use structured_outputs={%r: ...} (vLLM's field); it is mapped onto it",
-                       name, _GUIDED[name])
+        logger.warning(
+            "%s is deprecated: use structured_outputs={%r: ...} (vLLM's field); it is mapped onto it",
+            name,
+            _GUIDED[name],
+        )
 
 
 def _error(message: str, param: str) -> OpenAIError:

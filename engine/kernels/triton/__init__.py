@@ -10,6 +10,7 @@ Ops: ``paged_attention`` (decodes and prefill chunks over the block table),
 ``reshape_and_cache`` (a step's K/V into the cache), ``rms_norm`` (optionally fused with the
 residual add), ``silu_and_mul`` and ``rotary_embedding`` (in place).
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,13 @@ from typing import Any
 
 import torch
 
-_OPS = {"paged_attention": "attention", "reshape_and_cache": "cache", "rms_norm": "norm",
-        "silu_and_mul": "activation", "rotary_embedding": "rotary"}
+_OPS = {
+    "paged_attention": "attention",
+    "reshape_and_cache": "cache",
+    "rms_norm": "norm",
+    "silu_and_mul": "activation",
+    "rotary_embedding": "rotary",
+}
 __all__ = ["available", *_OPS]
 # Passed to every launch. Stated, not left to triton's default: triton 3.9 warns on first
 # compile when the default is used, and 3.10 changes it. Fused multiply-adds, as torch's

@@ -4,6 +4,7 @@ Numerics follow transformers' ``act_fn(gate) * up`` on a bf16 model: silu in flo
 (``g / (1 + exp(-g))``, torch's formula) rounded to the input dtype, then the product in
 float32 rounded again. One program per (row, column tile).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,6 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(rows, width)
     block = min(1024, triton.next_power_of_2(width))
     if rows:
-        _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](x, out, x.stride(0), out.stride(0), width,
-                                                                BLOCK=block, **LAUNCH_OPTIONS)
+        _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](
+            x, out, x.stride(0), out.stride(0), width, BLOCK=block, **LAUNCH_OPTIONS
+        )
     return out

@@ -22,6 +22,7 @@ On CPU tensors (only under ``TRITON_INTERPRET=1``, the tests) the dots take floa
 operands: the interpreter computes on bf16 values as raw bits. The probabilities are
 still rounded to the cache's dtype first, so both paths round alike.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -37,12 +38,33 @@ _TILE_N = 32  # keys per inner-loop step (a tl.dot needs at least 16)
 
 @triton.jit
 def _unified_attention_kernel(
-        out_ptr, q_ptr, cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,
-        scale, num_seqs, window,
-        stride_ot, stride_qt, stride_qh, stride_cb, stride_cs, stride_bt,
-        NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-        SLIDING: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    out_ptr,
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    cu_seqlens_ptr,
+    context_lens_ptr,
+    scale,
+    num_seqs,
+    window,
+    stride_ot,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_bt,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    SLIDING: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
 
@@ -70,8 +92,11 @@ def _unified_attention_kernel(
     pos = context + tok  # each row's absolute position
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < HEAD_DIM
-    q = tl.load(q_ptr + (q_start + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dim[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + (q_start + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dim[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -114,13 +139,24 @@ def _unified_attention_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * HEAD_DIM + dim[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        out_ptr + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * HEAD_DIM + dim[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens: torch.Tensor,
-                    context_lens: torch.Tensor, scale: float, window: Optional[int] = None,
-                    out: Optional[torch.Tensor] = None, max_query_len: Optional[int] = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+    max_query_len: Optional[int] = None,
+) -> torch.Tensor:
     """Attention of every query row over its sequence's cached keys; returns ``[T, H * d]``.
 
     q: ``[T, H, d]``, rows of the same sequence contiguous and in order (a strided view of
@@ -139,8 +175,10 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     num_seqs = block_tables.shape[0]
     num_kv_heads = kv_cache.shape[2] // (2 * head_dim)
     if q.stride(2) != 1 or not kv_cache.is_contiguous() or num_heads % num_kv_heads:
-        raise ValueError(f"paged_attention: q {tuple(q.shape)} (unit-stride d) and a contiguous cache "
-                         f"{tuple(kv_cache.shape)} with a whole number of query heads per KV head")
+        raise ValueError(
+            f"paged_attention: q {tuple(q.shape)} (unit-stride d) and a contiguous cache "
+            f"{tuple(kv_cache.shape)} with a whole number of query heads per KV head"
+        )
     group = num_heads // num_kv_heads
     if out is None:
         out = q.new_empty(num_tokens, num_heads * head_dim)
@@ -153,11 +191,32 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
-        out, q, kv_cache, block_tables, cu_seqlens, context_lens,
-        scale, num_seqs, window or 0,
-        out.stride(0), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=kv_cache.shape[1], BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=_TILE_N,
-        SLIDING=window is not None, UPCAST=q.device.type == "cpu",
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **LAUNCH_OPTIONS)
+        out,
+        q,
+        kv_cache,
+        block_tables,
+        cu_seqlens,
+        context_lens,
+        scale,
+        num_seqs,
+        window or 0,
+        out.stride(0),
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=kv_cache.shape[1],
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=_TILE_N,
+        SLIDING=window is not None,
+        UPCAST=q.device.type == "cpu",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **LAUNCH_OPTIONS,
+    )
     return out

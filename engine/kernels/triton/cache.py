@@ -5,6 +5,7 @@ of the fused qkv projection, so each token's ``qkv[t, q_size:]`` row is copied w
 its slot, converted to the cache's dtype on the way. One program per token; a negative
 slot (a padded token of a captured CUDA graph) writes nothing.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,9 +35,17 @@ def reshape_and_cache(kv: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: to
     contiguous cache ``[num_blocks, block_size, 2 * Hkv * d]``."""
     width = kv_cache.shape[-1]
     if kv.shape[1] != width or kv.stride(1) != 1 or not kv_cache.is_contiguous():
-        raise ValueError(f"reshape_and_cache: rows {tuple(kv.shape)} (unit-stride) into a contiguous cache "
-                         f"{tuple(kv_cache.shape)} of the same width")
+        raise ValueError(
+            f"reshape_and_cache: rows {tuple(kv.shape)} (unit-stride) into a contiguous cache "
+            f"{tuple(kv_cache.shape)} of the same width"
+        )
     if kv.shape[0]:
-        _reshape_and_cache_kernel[(kv.shape[0],)](kv, kv_cache, slot_mapping, kv.stride(0), WIDTH=width,
-                                                  BLOCK=min(1024, triton.next_power_of_2(width)),
-                                                  **LAUNCH_OPTIONS)
+        _reshape_and_cache_kernel[(kv.shape[0],)](
+            kv,
+            kv_cache,
+            slot_mapping,
+            kv.stride(0),
+            WIDTH=width,
+            BLOCK=min(1024, triton.next_power_of_2(width)),
+            **LAUNCH_OPTIONS,
+        )

@@ -18,6 +18,7 @@ and ``reasoning_end``, set by ``ringllm serve``).
 The registry is vLLM's ``ReasoningParserManager``: parsers register with
 ``@ReasoningParserManager.register_module("name")``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ class ReasoningParser:
     start: str = ""  # the text that opens reasoning ("" where the prompt opens it)
     end: str = ""  # the text that closes it
 
-    def __init__(self, tokenizer: Any = None, chat_template_kwargs: Optional[dict] = None,
-                 prompt_ends_reasoning: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Any = None, chat_template_kwargs: Optional[dict] = None, prompt_ends_reasoning: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.prompt_ends_reasoning = prompt_ends_reasoning
@@ -76,7 +78,7 @@ class ReasoningStreamer:
             if not now.startswith(sent):  # a parser's settled text never shrinks; a plugin's might
                 logger.warning("a reasoning parser took back text it had settled")
                 now = sent
-            pieces.append(now[len(sent):])
+            pieces.append(now[len(sent) :])
         self.sent = (self.sent[0] + pieces[0], self.sent[1] + pieces[1])
         return pieces[0], pieces[1]
 

@@ -12,10 +12,13 @@ may be the start of ``</think>`` waits for the next piece, and a reply that may 
 - ``qwen3``: the same, except that ``chat_template_kwargs={"enable_thinking": false}`` makes the
   whole reply content (Qwen3's template then writes an empty ``<think></think>`` in the prompt).
 """
+
 from __future__ import annotations
 
-from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import (ReasoningParser,
-                                                                                   ReasoningParserManager)
+from engine.entrypoints.openai.reasoning_parsers.abstract_reasoning_parser import (
+    ReasoningParser,
+    ReasoningParserManager,
+)
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import hold_back
 
 
@@ -32,7 +35,7 @@ class ThinkReasoningParser(ReasoningParser):
             return "", text
         body = text.lstrip()
         if body.startswith(self.start):
-            body = body[len(self.start):]
+            body = body[len(self.start) :]
         elif not final and self.start.startswith(body):
             return "", ""  # may yet be the opening marker
         else:

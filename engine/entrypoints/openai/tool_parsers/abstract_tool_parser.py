@@ -29,6 +29,7 @@ The registry is vLLM's ``ToolParserManager``: built-in parsers register with
 ``@ToolParserManager.register_module("name")``, and ``--tool-parser-plugin FILE`` runs a Python
 file that does the same for its own parser.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -151,8 +152,9 @@ class ToolParserManager:
     tool_parsers: dict[str, type[ToolParser]] = {}
 
     @classmethod
-    def register_module(cls, name: Union[str, list[str], None] = None, force: bool = True,
-                        module: Optional[type[ToolParser]] = None) -> Any:
+    def register_module(
+        cls, name: Union[str, list[str], None] = None, force: bool = True, module: Optional[type[ToolParser]] = None
+    ) -> Any:
         """``@ToolParserManager.register_module("name")`` (or a list of names; default: the class
         name). ``force=False`` refuses to replace a parser already registered under a name."""
 
@@ -195,7 +197,6 @@ class ToolParserManager:
             spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(module_name, None)
-            raise ValueError(f"--tool-parser-plugin: {plugin_path} failed to load: {type(exc).__name__}: {exc}") \
-                from None
-
-
+            raise ValueError(
+                f"--tool-parser-plugin: {plugin_path} failed to load: {type(exc).__name__}: {exc}"
+            ) from None

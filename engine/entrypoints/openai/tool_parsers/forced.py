@@ -5,6 +5,7 @@ the output is known JSON: for ``required`` an array of ``{"name": ..., "paramete
 (vLLM's shape), for a named function the arguments object itself. They are parsed like any
 other model's calls, so the streaming path is the same.
 """
+
 from __future__ import annotations
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall, ParsedReply, ToolParser

@@ -1,9 +1,14 @@
 """``hermes``: Hermes 2 Pro / Qwen style, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
 one block per call, after optional text (the content)."""
+
 from __future__ import annotations
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedReply, ToolParser, ToolParserManager,
-                                                                         hold_back)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ParsedReply,
+    ToolParser,
+    ToolParserManager,
+    hold_back,
+)
 from engine.entrypoints.openai.tool_parsers.json_calls import call_from_object
 from engine.entrypoints.openai.partial_json import Unfinished, skip_ws
 

@@ -1,5 +1,6 @@
 """Reading calls written as JSON objects (``{"name": ..., "arguments": {...}}``), alone or in an
 array: what the hermes, llama3_json, mistral and forced (``required``) formats share."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ from engine.entrypoints.openai.partial_json import Unfinished, canonical, canoni
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 
-def call_from_object(text: str, start: int, final: bool, argument_keys: tuple[str, ...] = ARGUMENT_KEYS,
-                     memo: Optional[dict] = None) -> tuple[ParsedCall, Optional[int]]:
+def call_from_object(
+    text: str, start: int, final: bool, argument_keys: tuple[str, ...] = ARGUMENT_KEYS, memo: Optional[dict] = None
+) -> tuple[ParsedCall, Optional[int]]:
     """The call written as the JSON object at ``text[start]``, and where the object ends (None
     while unfinished). Its arguments are the first of ``argument_keys`` it writes; none at all
     is ``{}`` (a call without parameters). ValueError: not a call; Unfinished: the text ends
@@ -21,7 +23,7 @@ def call_from_object(text: str, start: int, final: bool, argument_keys: tuple[st
     members, end = object_members(text, start, memo)
     name = None
     if "name" in members and members["name"][1] is not None:
-        value = json.loads(text[members["name"][0]:members["name"][1]])
+        value = json.loads(text[members["name"][0] : members["name"][1]])
         if not isinstance(value, str) or not value:
             raise ValueError("a tool call's name must be a non-empty string")
         name = value
@@ -54,8 +56,14 @@ def _string_arguments(raw: str) -> str:
         return json.dumps(inner, ensure_ascii=False)
 
 
-def calls_in_array(text: str, start: int, final: bool, calls: list[ParsedCall],
-                   argument_keys: tuple[str, ...] = ARGUMENT_KEYS, memo: Optional[dict] = None) -> Optional[int]:
+def calls_in_array(
+    text: str,
+    start: int,
+    final: bool,
+    calls: list[ParsedCall],
+    argument_keys: tuple[str, ...] = ARGUMENT_KEYS,
+    memo: Optional[dict] = None,
+) -> Optional[int]:
     """Append the calls of the JSON array at ``text[start]`` (a ``[``) to ``calls`` as far as the
     text goes, and return where the array ends (None while unfinished). ValueError: not an
     array of calls; Unfinished: the text ends inside it when ``final``. Calls read before an

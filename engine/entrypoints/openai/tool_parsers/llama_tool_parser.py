@@ -3,6 +3,7 @@
 calls only when it starts with one, as vLLM's streaming path reads it; any other reply is content.
 (vLLM's non-streaming path also picks JSON out of prose, with a regex that misses objects nested
 more than two deep, so its two paths disagree; here both read the same.)"""
+
 from __future__ import annotations
 
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedReply, ToolParser, ToolParserManager

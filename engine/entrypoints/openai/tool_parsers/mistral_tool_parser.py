@@ -3,6 +3,7 @@ the form of Mistral's newer tokenizers (v11+), ``[TOOL_CALLS]name[ARGS]{...}`` o
 ``[TOOL_CALLS]`` is a special token, so the reply is detokenized with special tokens kept (as
 vLLM does for this parser); call ids are 9 letters and digits, which Mistral's chat templates
 check when the calls come back in the history."""
+
 from __future__ import annotations
 
 import re
@@ -10,8 +11,12 @@ import secrets
 import string
 from typing import Optional
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedReply, ToolParser, ToolParserManager,
-                                                                         hold_back)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ParsedReply,
+    ToolParser,
+    ToolParserManager,
+    hold_back,
+)
 from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedCall
 from engine.entrypoints.openai.tool_parsers.json_calls import calls_in_array
 from engine.entrypoints.openai.partial_json import Unfinished, canonical_prefix, skip_ws

@@ -3,6 +3,7 @@ and 4, ToolACE). The whole reply is read with ``ast`` and each argument with
 ``ast.literal_eval``: literals only, nothing is ever evaluated. While streaming, an argument is
 sent once the text reaches the comma or parenthesis that ends it; the arguments are the JSON
 object of the keywords, in order, so every prefix sent is a prefix of the final text."""
+
 from __future__ import annotations
 
 import ast
@@ -10,8 +11,12 @@ import json
 import re
 from typing import Any, Optional
 
-from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedCall, ParsedReply, ToolParser,
-                                                                         ToolParserManager)
+from engine.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ParsedCall,
+    ParsedReply,
+    ToolParser,
+    ToolParserManager,
+)
 from engine.entrypoints.openai.partial_json import MAX_DEPTH, Unfinished, skip_ws
 
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -11,6 +11,7 @@ concatenated pieces are therefore the non-streaming answer, a reply cut inside a
 text went wrong, which stays sent. Re-parsing costs time linear in the reply per piece; replies
 are bounded by max_tokens, and a call is a few hundred characters.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,8 +58,7 @@ class ToolCallStreamer:
         """The last delta: what parsing the whole reply adds to what was sent."""
         self.final = final = self.parser.extract_tool_calls(self.text)
         if final.tools_called:
-            return self._delta(final.content or "", [(c.function.name, c.function.arguments)
-                                                    for c in final.tool_calls])
+            return self._delta(final.content or "", [(c.function.name, c.function.arguments) for c in final.tool_calls])
         if self.sent:  # a call sent cannot be taken back; the rest of the reply still comes as content
             logger.info("a streamed reply's tool calls did not parse once it was whole")
         return self._delta(self.text, [])
@@ -66,19 +66,20 @@ class ToolCallStreamer:
     def _delta(self, content: str, calls: list[tuple[str, str]]) -> Optional[DeltaMessage]:
         new_content = None
         if content.strip() and content.startswith(self.content_sent) and len(content) > len(self.content_sent):
-            new_content = content[len(self.content_sent):]
+            new_content = content[len(self.content_sent) :]
             self.content_sent = content
         deltas = []
-        for index, (name, arguments) in enumerate(calls[:self.max_calls]):
+        for index, (name, arguments) in enumerate(calls[: self.max_calls]):
             delta = None
             if index == len(self.sent):
                 self.sent.append(_SentCall(self.parser.make_tool_call_id(), name))
-                delta = DeltaToolCall(index, id=self.sent[index].id, type="function",
-                                      function=DeltaFunctionCall(name=name, arguments=""))
+                delta = DeltaToolCall(
+                    index, id=self.sent[index].id, type="function", function=DeltaFunctionCall(name=name, arguments="")
+                )
             sent = self.sent[index]
             if len(arguments) > len(sent.arguments):
                 if arguments.startswith(sent.arguments):
-                    piece = arguments[len(sent.arguments):]
+                    piece = arguments[len(sent.arguments) :]
                     sent.arguments = arguments
                     if delta is None:
                         delta = DeltaToolCall(index, function=DeltaFunctionCall(arguments=piece))

@@ -18,6 +18,7 @@
 
 A 400 names the field at fault (``tools``, ``tool_choice``, a second constraint) with vLLM's message.
 """
+
 from __future__ import annotations
 
 import copy
@@ -77,8 +78,9 @@ class ToolCallPlan:
         of a ``response_format`` (vLLM's rule: that format shapes a reply in text, and a forced
         reply is a call); ``plan_tool_calls`` has refused any other constraint beside it."""
         if self.schema is not None:
-            constraint = StructuredOutputsParams(json=self.schema, disable_any_whitespace=True,
-                                                 disable_additional_properties=True)
+            constraint = StructuredOutputsParams(
+                json=self.schema, disable_any_whitespace=True, disable_additional_properties=True
+            )
             return msgspec.structs.replace(params, structured_outputs=constraint)
         if self.mode == "auto" and self.auto_parser.keeps_special_tokens:
             return msgspec.structs.replace(params, skip_special_tokens=False)
@@ -89,8 +91,13 @@ class ToolCallPlan:
         reply that ends inside a call keeps the engine's reason (``length``, or ``stop``); a
         named choice keeps ``stop`` (vLLM and OpenAI both answer so). Streamed and whole
         replies both ask here, with the whole reply's ``extracted`` calls."""
-        if (extracted is not None and extracted.tools_called and not extracted.unfinished
-                and self.mode in ("auto", "required") and finish_reason == "stop"):
+        if (
+            extracted is not None
+            and extracted.tools_called
+            and not extracted.unfinished
+            and self.mode in ("auto", "required")
+            and finish_reason == "stop"
+        ):
             return "tool_calls"
         return finish_reason
 
@@ -99,8 +106,9 @@ def plan_tool_calls(body: ChatCompletionRequest, serving: ToolServing) -> ToolCa
     """The request's tool calling, or a 400 naming the field vLLM would name."""
     tools, choice = body.tools, body.tool_choice
     if tools is not None and not tools:
-        raise _bad("tools", "`tools` must not be an empty array. Either provide at least one tool or omit the "
-                            "field entirely.")
+        raise _bad(
+            "tools", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."
+        )
     for index, tool in enumerate(tools or ()):
         _check_parameters(tool, index)
     if choice is None:
@@ -115,15 +123,16 @@ def plan_tool_calls(body: ChatCompletionRequest, serving: ToolServing) -> ToolCa
     if isinstance(choice, NamedToolChoice):
         tool = next((t for t in tools if t.function.name == choice.function.name), None)
         if tool is None:
-            raise _bad("tool_choice", "The tool specified in `tool_choice` does not match any of the specified "
-                                      "`tools`")
+            raise _bad("tool_choice", "The tool specified in `tool_choice` does not match any of the specified `tools`")
         return ToolCallPlan("named", tool_dicts, body.parallel_tool_calls, tool.function.name, _parameters(tool))
     if choice == "required":
-        return ToolCallPlan("required", tool_dicts, body.parallel_tool_calls,
-                            schema=required_schema(tools, body.parallel_tool_calls))
+        return ToolCallPlan(
+            "required", tool_dicts, body.parallel_tool_calls, schema=required_schema(tools, body.parallel_tool_calls)
+        )
     if not (serving.enable_auto_tool_choice and serving.parser_cls is not None):
-        raise _bad("tool_choice", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
-                                  "be set")
+        raise _bad(
+            "tool_choice", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        )
     return ToolCallPlan("auto", tool_dicts, body.parallel_tool_calls, auto_parser=serving.parser_cls)
 
 
@@ -135,9 +144,12 @@ def _refuse_a_second_constraint(body: ChatCompletionRequest, choice: Any) -> Non
     field = explicit_constraint_field(body)
     if field is not None:
         shown = "required" if choice == "required" else f"the function {choice.function.name!r}"
-        raise _bad(field, "You can only either use constraints for structured outputs or tools, not both: "
-                          f"{field} cannot be combined with tool_choice {shown} (a forced tool call is generated "
-                          "under the tool's schema; response_format gives way to it)")
+        raise _bad(
+            field,
+            "You can only either use constraints for structured outputs or tools, not both: "
+            f"{field} cannot be combined with tool_choice {shown} (a forced tool call is generated "
+            "under the tool's schema; response_format gives way to it)",
+        )
 
 
 def required_schema(tools: list[ChatCompletionToolsParam], parallel: bool) -> dict[str, Any]:
@@ -152,10 +164,13 @@ def required_schema(tools: list[ChatCompletionToolsParam], parallel: bool) -> di
             if name in defs and defs[name] != definition:
                 raise _bad("tools", f"Tool definition '{name}' has multiple schemas, which is not supported.")
             defs[name] = definition
-        branches.append({"type": "object",
-                         "properties": {"name": {"type": "string", "enum": [tool.function.name]},
-                                        "parameters": parameters},
-                         "required": ["name", "parameters"]})
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [tool.function.name]}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
     # (vLLM writes {"type": "object", "anyOf": ...}: each branch is an object already, and a
     # closed outer object without properties would admit none.)
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": branches}}
@@ -176,11 +191,17 @@ def _check_parameters(tool: ChatCompletionToolsParam, index: int) -> None:
     is copied, constrained and rendered by code that recurses once per level."""
     kind = (tool.function.parameters or {}).get("type", "object")
     if kind != "object":
-        raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters must "
-                            f"be a JSON Schema of type \"object\", got {kind!r}")
+        raise _bad(
+            "tools",
+            f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters must "
+            f'be a JSON Schema of type "object", got {kind!r}',
+        )
     if nesting(tool.function.parameters) > MAX_DEPTH:
-        raise _bad("tools", f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters are "
-                            f"nested deeper than {MAX_DEPTH} levels")
+        raise _bad(
+            "tools",
+            f"Invalid schema for function {tool.function.name!r} (tools.{index}): parameters are "
+            f"nested deeper than {MAX_DEPTH} levels",
+        )
 
 
 def _bad(param: str, message: str) -> OpenAIError:
