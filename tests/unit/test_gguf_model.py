@@ -197,7 +197,9 @@ def test_the_q4_1_file_tracks_transformers_on_the_dequantized_model(gguf_runner)
 def test_int8_tracks_transformers_on_the_float_model():
     """``quantization="int8"`` on the float32 default model: per-channel int8 weights and
     per-token int8 activations. Looser bounds than the Q4_1 file's, as measured when written:
-    agreement 0.69-1.00 (0.83 overall), mean shift up to 0.31 nat. One scale per token is
+    agreement 0.69-1.00 (0.83 overall), mean shift up to 0.31 nat on a Zen4; 0.395 nat on an
+    AVX2-only EPYC, whose float kernels sum in another order (its int8 products are exact: the
+    kernel's and torch._int_mm's). One scale per token is
     coarse here: this model's activations have outlier channels, which a per-32-block scale
     (the GGUF kernels') confines to their block while a per-row scale spreads them over all
     576 values; finer activation scales belong to the int8 kernel (engine/kernels/int8_linear.py)."""
@@ -205,7 +207,7 @@ def test_int8_tracks_transformers_on_the_float_model():
     model = runner.model
     assert {type(p.method).__name__ for layer in model.layers for p in layer.linears()} == {"Int8Method"}
     assert model.resident_bytes() <= 1.1 * model.format_bytes
-    _tracks_transformers(runner, 0.65, 0.8, 0.35)
+    _tracks_transformers(runner, 0.65, 0.8, 0.45)
 
 
 @pytest.mark.model
