@@ -117,10 +117,17 @@ class OpenAIServingEmbedding(OpenAIServing):
         return engine_input
 
     async def generate(
-        self, prompt: Any, params: PoolingParams, request_id: str, started: Callable[[], None], priority: int = 0
+        self,
+        prompt: Any,
+        params: PoolingParams,
+        request_id: str,
+        started: Callable[[], None],
+        priority: int = 0,
+        model: Optional[str] = None,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The engine's one output for an admitted input (``encode``, not ``generate``); closing
-        this stream early aborts the request in the core."""
+        this stream early aborts the request in the core. ``model`` is the base model's name: the
+        pooling routes refuse an adapter's name with a 400 before any request is made."""
         try:
             async with contextlib.aclosing(
                 self.engine.encode(prompt, params, request_id, priority=priority)
