@@ -15,6 +15,8 @@ this frontend only attached to, cannot serve it by mistake.
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from typing import TYPE_CHECKING, Optional
 
@@ -78,15 +80,17 @@ def channel_class(transport: str):
 
 def receive_config(spec: CoreLaunchSpec, worker_cls: Optional[type] = None) -> EngineConfig:
     """The spec's config, decoded; ValueError unless it encodes back to the digest the frontend
-    sent (this core's code would run another config than the frontend derived)."""
-    config = decode_config(spec.config, worker_cls)
+    sent (this core's code would run another config than the frontend derived). The digest is
+    taken before ``worker_cls`` (the class that travelled beside the config) replaces its name:
+    a class carried by value need not keep its module and qualified name."""
+    config = decode_config(spec.config)
     ours = config_digest(config)
     if ours != spec.config_digest:
         raise ValueError(
             f"this EngineCore reads the frontend's config as another one (digest {ours[:12]}, "
             f"frontend {spec.config_digest[:12]}): are both running the same ringllm?"
         )
-    return config
+    return config if worker_cls is None else dataclasses.replace(config, worker_cls=worker_cls)
 
 
 def check_ready(ready: EngineReady, digest: str, core_name: str) -> None:
