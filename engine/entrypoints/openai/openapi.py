@@ -22,6 +22,7 @@ from engine.entrypoints.openai.http_bodies import (
 from engine.entrypoints.openai.messages_bodies import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from engine.entrypoints.openai.pooling_bodies import ClassificationRequest, PoolingRequest, RerankRequest, ScoreRequest
 from engine.entrypoints.openai.responses_bodies import ResponsesRequest
+from engine.entrypoints.openai.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from engine.entrypoints.openai.serving_misc import ringllm_version
 
 # (method, path) -> the request body's Struct, or None for a route without a body.
@@ -42,6 +43,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/messages"): AnthropicMessagesRequest,
     ("post", "/v1/messages/count_tokens"): AnthropicCountTokensRequest,
     ("get", "/v1/models"): None,
+    ("post", "/v1/load_lora_adapter"): LoadLoRAAdapterRequest,  # 404 unless VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    ("post", "/v1/unload_lora_adapter"): UnloadLoRAAdapterRequest,
     ("post", "/tokenize"): TokenizeRequest,
     ("post", "/detokenize"): DetokenizeRequest,
     ("get", "/health"): None,
