@@ -44,7 +44,6 @@ from shm_transport.channel_set import peer_alive, wait_any
 from shm_transport.wakeup import clear_eventfd
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
     from engine.core.engine_core import EngineCore
 
 logger = logging.getLogger(__name__)
@@ -319,8 +318,8 @@ def _configure_logging(engine_index: int) -> None:
     logging.getLogger().handlers[:] = [handler]
 
 
-def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
-    """The frontend's config, as sent (engine/core/launch.py), and the core built on it."""
+def _start_core(spec: CoreLaunchSpec) -> EngineCore:
+    """The core built on the frontend's config, as sent (engine/core/launch.py)."""
     from engine.core.engine_core import EngineCore
 
     worker_cls = None
@@ -330,8 +329,7 @@ def _start_core(spec: CoreLaunchSpec) -> tuple[EngineConfig, EngineCore]:
         import cloudpickle
 
         worker_cls = cloudpickle.loads(base64.b64decode(spec.worker_cls_pickle))
-    config = receive_config(spec, worker_cls)
-    return config, EngineCore(config, spec.engine_index)
+    return EngineCore(receive_config(spec, worker_cls), spec.engine_index)
 
 
 def _send_dead(channel: Any, engine_index: int, error: str) -> None:
@@ -369,7 +367,7 @@ def main(argv: list[str]) -> int:
     channel = channel_class(spec.transport).attach(make_codec(), token, peer_pid=spec.parent_pid)
     try:
         try:
-            config, core = _start_core(spec)
+            core = _start_core(spec)
         except Exception as exc:
             _send_dead(channel, spec.engine_index, _startup_cause(exc))
             return 1
