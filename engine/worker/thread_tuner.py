@@ -16,7 +16,9 @@ waking or parking the pool's threads), nor is the first step back on the choice.
 figure is its probe's mean alone (an older figure describes a host that may have changed); the
 faster count becomes the choice. A probe that confirms the
 choice doubles the period (up to ``MAX_PERIOD``: a settled host spends ~1% of its steps
-probing); one that changes it resets the period. When the choice's own step time moves by more
+probing, and up to ``MAX_STRETCH`` times that period when the probed count lost by that factor:
+a count that makes steps 10x slower beside a busy process is not retried as often as one that
+lost by 10%); one that changes it resets the period. When the choice's own step time moves by more
 than ``DRIFT`` from what it was at the last probe (another process took or left a core), the
 next step probes at once: a change of host is followed within a few steps, and at the latest
 within ``MAX_PERIOD``.
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 MIN_PERIOD = 16
 MAX_PERIOD = 256
+MAX_STRETCH = 4  # a probe that lost by a factor f lets the period grow to MAX_PERIOD * min(f, MAX_STRETCH)
 DRIFT = 0.2  # the choice's step time moved this much since the last probe: probe now
 PROBE_STEPS = 3  # the first one is a warm-up and is not counted
 EMA_WEIGHT = 0.3
@@ -128,7 +131,9 @@ class ThreadTuner:
             figures[group.choice] = group.ema[group.choice]
         best = min(figures, key=lambda t: figures[t]) if figures else group.choice
         if best == group.choice:
-            group.period = min(2 * group.period, MAX_PERIOD)
+            runner_up = min((v for t, v in figures.items() if t != best), default=figures.get(best, 0.0))
+            loss = runner_up / figures[best] if figures.get(best) else 1.0
+            group.period = min(2 * group.period, int(MAX_PERIOD * min(max(loss, 1.0), MAX_STRETCH)))
         else:
             logger.info(
                 "steps of %d-%d tokens now run on %d thread(s): %s",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.worker.thread_tuner import MAX_PERIOD, ThreadTuner
+from engine.worker.thread_tuner import MAX_PERIOD, MAX_STRETCH, ThreadTuner
 
 
 class Host:
@@ -76,8 +76,19 @@ def test_a_settled_tuner_still_probes_when_its_own_step_time_does_not_move():
     tuner = ThreadTuner(2, host.set_threads)
     host.run(tuner, 3000)
     host.times = QUIET
-    used = host.run(tuner, MAX_PERIOD + 20)
+    used = host.run(tuner, MAX_PERIOD * MAX_STRETCH + 20)
     assert used[-10:] == [2] * 10
+
+
+def test_a_count_that_loses_badly_is_probed_less_often():
+    # Beside a busy process two spinning threads can make a step 10x slower: each probe step
+    # costs 10 steps' time, so the settled period stretches.
+    host = Host({1: 0.05, 2: 0.5})
+    tuner = ThreadTuner(2, host.set_threads)
+    host.run(tuner, 3000)
+    used = host.run(tuner, 5000)
+    time_on_probes = used.count(2) * 0.5 / (used.count(1) * 0.05)
+    assert time_on_probes < 0.05
 
 
 def test_step_sizes_are_chosen_apart():
