@@ -2,7 +2,8 @@
 parameters, 0.63 B active) from llama.cpp's own GGUF files, ringllm against ``llama-bench``, in one
 run, alternated.
 
-- ringllm: ``LLM`` on the file (its blocks run by the GGUF kernels), one prompt, greedy, end of
+- ringllm: ``LLM`` on the file (its blocks run by the GGUF kernels, the engine's own thread count),
+  one prompt, greedy, end of
   sequence ignored; decode tok/s is N tokens (``--tokens``, 128) over the time of an N+1-token
   generation minus that of a 1-token one (the prompt's prefill and the first token cancel).
 - llama.cpp: ``llama-bench -m FILE -p 0 -n N -t T`` (its tgN: decode only), T = 1 and 2.
@@ -23,6 +24,7 @@ import logging
 import os
 import subprocess
 import time
+from typing import Optional
 
 from benchmarks.harness import Bench, Column
 from benchmarks.moe_model import CONFIG, NAME, QUANT_TYPES, build, default_cache_dir
@@ -46,7 +48,7 @@ def active_bytes(path: str, cfg: dict = CONFIG) -> int:
     return int(total)
 
 
-def ringllm_case(path: str, threads: int, tokens: int):
+def ringllm_case(path: str, threads: Optional[int], tokens: int):
     from engine import LLM, SamplingParams
 
     llm = LLM(model=path, num_threads=threads, max_model_len=512, kv_cache_memory=128 << 20, seed=0)
@@ -124,9 +126,9 @@ def main(argv=None) -> int:
     bench = Bench("moe_speed", model=f"{NAME} (random Qwen3-MoE, 2.95 B total, 0.63 B active)")
     llms = []
     for qtype in args.types:
-        llm, case = ringllm_case(files[qtype], 1, args.tokens)
+        llm, case = ringllm_case(files[qtype], None, args.tokens)
         llms.append(llm)
-        bench.add(qtype, "ringllm (1 model thread)", case)
+        bench.add(qtype, "ringllm", case)
         for threads in (1, 2):
             case = llama_bench_case(bench_bin, files[qtype], threads, args.tokens)
             bench.add(qtype, f"llama-bench -t {threads}", case)
