@@ -380,6 +380,22 @@ static int gemm_order_rows(int type, const float *x, int64_t x_stride, int64_t m
 
 _Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
 
+int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int bw = quant_block_weights(type);
+    const int64_t row_bytes = k / bw * quant_block_bytes(type);
+    const int64_t from = n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE
+                         : bw == QUANT_BLOCK                     ? QUANT_GEMM_MIN_M
+                                                                 : QUANT_KGEMM_MIN_M;
+    if (bw == QUANT_BLOCK) /* row_bytes: the AVX-512 gathers' offsets */
+        return isa >= QUANT_ISA_AVX2 && row_bytes <= INT32_MAX / 16 && m >= from;
+    return isa == QUANT_ISA_AVX512_VNNI && m >= from;
+#else
+    (void)type; (void)isa; (void)m; (void)n; (void)k;
+    return 0;
+#endif
+}
+
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y) {
     const int bw = quant_block_weights(type);
@@ -387,13 +403,9 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     int isa = quant_best_isa();
     if (max_isa < isa) isa = max_isa;
 #if defined(__x86_64__) && defined(__GNUC__)
-    const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 /* the AVX-512 gathers' offsets */
-        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
-        return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
-    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK
-        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_KGEMM_MIN_M))
-        return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
+    if (quant_gemm_runs(type, isa, m, n, k))
+        return bw == QUANT_BLOCK ? gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y)
+                                 : quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
         const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,
