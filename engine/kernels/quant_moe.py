@@ -36,7 +36,8 @@ class QuantizedExperts:
         row_bytes = in_features // bw * bb
         if data.dtype != torch.uint8 or data.dim() != 3 or tuple(data.shape[1:]) != (out_features, row_bytes):
             raise ValueError(
-                f"expected [experts, {out_features}, {row_bytes}] uint8 block bytes, got {tuple(data.shape)} {data.dtype}"
+                f"expected [experts, {out_features}, {row_bytes}] uint8 block bytes, "
+                f"got {tuple(data.shape)} {data.dtype}"
             )
         self.qtype, self.out_features, self.in_features = qtype, out_features, in_features
         self.num_experts = data.shape[0]
@@ -53,7 +54,9 @@ class QuantizedExperts:
         pairs = rows.shape[0] if rows.dim() == 1 else -1
         for name, t in (("rows", rows), ("experts", experts)):
             if t.dtype != torch.int64 or t.shape != (pairs,) or pairs < 1:
-                raise ValueError(f"{name} must be a non-empty 1-D int64 tensor like rows, got {tuple(t.shape)} {t.dtype}")
+                raise ValueError(
+                    f"{name} must be a non-empty 1-D int64 tensor like rows, got {tuple(t.shape)} {t.dtype}"
+                )
         rows, experts = rows.contiguous(), experts.contiguous()
         y = torch.empty(pairs, self.out_features, dtype=torch.float32)
         rc = lib.quant_moe(
