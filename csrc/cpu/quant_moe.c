@@ -13,8 +13,9 @@
 
 #include <string.h>
 
-/* Output rows of W per work unit of a GEMV pass: big enough that the dynamic schedule's atomic
- * and the call cost nothing beside reading them, small enough that the last units even out. */
+/* Output rows of W per work unit of a GEMV pass when several threads share the work: big enough
+ * that the dynamic schedule's atomic and the call cost nothing beside reading them, small enough
+ * that the last units even out. One thread takes a whole pass over W per unit, as quant_gemv. */
 #define GEMV_UNIT 64
 
 /* One active expert: its rows r0 .. r0 + m - 1 in grouped order, whether they run the tiled GEMM,
@@ -33,15 +34,15 @@ typedef struct {
 
 static inline size_t up64(size_t b) { return (b + 63) / 64 * 64; }
 
-static int64_t units_of(const group_t *g, int64_t n) {
+static int64_t units_of(const group_t *g, int64_t n, int64_t gemv_rows) {
     if (g->tiled) return (n + QUANT_GEMM_TILE - 1) / QUANT_GEMM_TILE;
-    return (g->m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M * ((n + GEMV_UNIT - 1) / GEMV_UNIT);
+    return (g->m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M * ((n + gemv_rows - 1) / gemv_rows);
 }
 
 /* Work unit u of group g (u counted from the group's first): a tile of W's rows for all of g's rows
- * (tiled), or a GEMV_UNIT slice of W's rows for one pass of up to QUANT_GEMV_MAX_M of g's rows. */
+ * (tiled), or gemv_rows of W's rows for one pass of up to QUANT_GEMV_MAX_M of g's rows. */
 static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64_t u, const uint8_t *we, int64_t n,
-                     int64_t k, void *tile, float *yg) {
+                     int64_t k, int64_t gemv_rows, void *tile, float *yg) {
     const size_t row_bytes = (size_t)(k / quant_block_weights(type)) * (size_t)quant_block_bytes(type);
     const int kquant = quant_block_weights(type) == QUANT_KBLOCK;
     float *y = yg + (size_t)g->r0 * (size_t)n;
@@ -63,9 +64,9 @@ static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64
     (void)tile;
 #endif
     const int64_t passes = (g->m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M;
-    const int64_t r = u % passes * QUANT_GEMV_MAX_M, j0 = u / passes * GEMV_UNIT;
+    const int64_t r = u % passes * QUANT_GEMV_MAX_M, j0 = u / passes * gemv_rows;
     const int64_t m = g->m - r < QUANT_GEMV_MAX_M ? g->m - r : QUANT_GEMV_MAX_M;
-    const int64_t cnt = n - j0 < GEMV_UNIT ? n - j0 : GEMV_UNIT;
+    const int64_t cnt = n - j0 < gemv_rows ? n - j0 : gemv_rows;
     y += (size_t)r * (size_t)n + (size_t)j0;
     if (kquant) {
         const actk_t ak = actk_from_row(&x->ak, g->r0 + r);
@@ -77,12 +78,12 @@ static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64
 }
 
 /* Pair order[i] is the i-th in expert order (stable); off[e] is expert e's first; returns the
- * active experts as groups, with their work units numbered. */
+ * number of active experts, as groups. */
 static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pairs, int64_t num_experts, int64_t n,
                            int64_t k, int64_t *off, int64_t *order, group_t *groups) {
     memset(off, 0, (size_t)(num_experts + 1) * sizeof(int64_t));
     for (int64_t p = 0; p < pairs; p++) off[experts[p] + 1]++;
-    int64_t ng = 0, units = 0;
+    int64_t ng = 0;
     for (int64_t e = 0; e < num_experts; e++) {
         const int64_t m = off[e + 1];
         off[e + 1] += off[e];
@@ -92,10 +93,7 @@ static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pa
         g->r0 = off[e];
         g->m = m;
         g->tiled = quant_gemm_runs(type, isa, m, n, k);
-        g->first_unit = units;
-        units += units_of(g, n);
     }
-    groups[ng].first_unit = units;
     for (int64_t p = 0; p < pairs; p++) order[off[experts[p]]++] = p;
     return ng;
 }
@@ -134,14 +132,20 @@ int quant_moe(int type, const float *x, int64_t x_stride, int64_t x_rows, const 
     xa.xsum = (int32_t *)(act_mem + s_act);
 
     const int64_t ng = group_pairs(type, isa, experts, pairs, num_experts, n, k, off, order, groups);
-    const int64_t units = groups[ng].first_unit;
     int sums = 0;
     size_t bytes = 0; /* W read by the call, for par_threads */
     for (int64_t i = 0; i < ng; i++) {
         sums |= groups[i].tiled && bw == QUANT_BLOCK && type != QUANT_GGML_Q4_1;
         bytes += expert_bytes * (size_t)(groups[i].tiled ? 1 : (groups[i].m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M);
     }
-    const int threads = par_threads(bytes, units);
+    const int threads = par_threads(bytes, ng * ((n + GEMV_UNIT - 1) / GEMV_UNIT));
+    const int64_t gemv_rows = threads > 1 ? GEMV_UNIT : n;
+    int64_t units = 0;
+    for (int64_t i = 0; i < ng; i++) {
+        groups[i].first_unit = units;
+        units += units_of(&groups[i], n, gemv_rows);
+    }
+    groups[ng].first_unit = units;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #pragma omp for schedule(static)
@@ -164,7 +168,7 @@ int quant_moe(int type, const float *x, int64_t x_stride, int64_t x_rows, const 
         for (int64_t u = 0; u < units; u++) {
             while (groups[g + 1].first_unit <= u) g++; /* units come in increasing order to each thread */
             run_unit(type, isa, &xa, &groups[g], u - groups[g].first_unit, w + (size_t)groups[g].e * expert_bytes, n, k,
-                     tile, yg);
+                     gemv_rows, tile, yg);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < pairs; i++)
