@@ -21,9 +21,9 @@ from engine.models.moe import MoeDims, SparseMoE
 pytestmark = pytest.mark.skipif(quant.block_bytes(quant.Q4_0) == 0, reason="kernels not built")
 ISAS = [i for i in (quant.ISA_C, quant.ISA_AVX2, quant.ISA_AVX512_VNNI) if i <= quant.best_isa()]
 TYPES = pytest.mark.parametrize("qtype", quant.SUPPORTED_TYPES, ids=lambda t: quant.TYPE_NAMES[t])
-# 7 experts of 200 rows (no whole number of 32-row tiles or 64-row GEMV units) of 512 (two K-quant
+# 7 experts of 200 rows (no whole number of 32-row tiles or 64-row GEMV units) of 2048 (eight K-quant
 # super-blocks); over the pool's split threshold (512 KiB of W read) in every type.
-E, N, K = 7, 200, 512
+E, N, K = 7, 200, 2048
 # Routing of a step: expert 0 takes 21 rows (GEMV passes of 8 + 8 + 5, or the tiled GEMM), 2 takes 4
 # (the 32-weight tiled GEMM's threshold), 5 takes 9 (the K-quants'), 3 one; 1, 4 and 6 none.
 UNEVEN = [0] * 21 + [2] * 4 + [5] * 9 + [3]
