@@ -11,7 +11,8 @@ layer's output differs from the per-expert path's only in the order the top-k ou
 Each projection's experts are stacked once, at load, into one ``[experts, out, row_bytes]``
 tensor, as a GGUF file stores ``ffn_*_exps``, and each expert's ``GGUFLinear`` holds a view
 of it: one copy resident. Experts that cannot stack (types mixed within a projection, fused
-parts in two types, row-invariant projections for ``deterministic``) keep the per-expert path.
+parts in two types, row-invariant projections for ``deterministic``) keep the per-expert path,
+as do steps of more than ``MAX_TOKENS`` tokens.
 """
 
 from __future__ import annotations
@@ -53,19 +54,21 @@ def _pair_rows(tokens: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pairs // top_k, pairs
 
 
+# Steps of up to this many tokens run here: decodes and small batches, where the calls' cost shows.
+# A larger step (a prefill) spreads the per-expert calls over its rows; the limit holds the kernel
+# call's scratch (every pair's output, kept by the thread for its next call) to a few MB. It also keeps
+# each expert within the rows ``QuantizedLinear.matmul`` runs in the kernel on every CPU (an expert
+# takes at most one pair per token), so the outputs are the per-expert path's.
+MAX_TOKENS = quant.GEMV_ROWS
+
+
 class GGUFExperts:
     """A layer's gate/up and down experts, each projection one ``QuantizedExperts``."""
 
-    __slots__ = ("gate_up", "down", "_most_tokens")
+    __slots__ = ("gate_up", "down")
 
     def __init__(self, gate_up: QuantizedExperts, down: QuantizedExperts) -> None:
         self.gate_up, self.down = gate_up, down
-        isa = quant.best_isa()
-        most = [quant.kernel_rows(q.qtype, isa) for q in (gate_up, down)]
-        # Where the kernels take an expert's rows only up to a count (no tiled GEMM for the type
-        # here), more tokens dequantize per expert (QuantizedLinear.matmul): the per-expert path.
-        # An expert has at most one pair per token, so the token count bounds its rows.
-        self._most_tokens = min((m for m in most if m is not None), default=None)
 
     @classmethod
     def stack(cls, gate_up: list[Linear], down: list[Linear]) -> Optional["GGUFExperts"]:
@@ -76,9 +79,10 @@ class GGUFExperts:
         dn = _stack(down) if up is not None else None
         return None if dn is None else cls(up, dn)
 
-    def runs(self, tokens: int) -> bool:
+    @staticmethod
+    def runs(tokens: int) -> bool:
         """Whether a step of this many tokens runs here (else per expert)."""
-        return self._most_tokens is None or tokens <= self._most_tokens
+        return tokens <= MAX_TOKENS
 
     def __call__(
         self,

@@ -17,6 +17,7 @@ from engine.kernels.quant_blocks import random_blocks
 from engine.kernels.quant_moe import QuantizedExperts
 from engine.models.linear import GGUFBlocks, GGUFLinear, Linear, TorchLinear
 from engine.models.moe import MoeDims, SparseMoE
+from engine.models.moe_gguf import GGUFExperts
 
 pytestmark = pytest.mark.skipif(quant.block_bytes(quant.Q4_0) == 0, reason="kernels not built")
 ISAS = [i for i in (quant.ISA_C, quant.ISA_AVX2, quant.ISA_AVX512_VNNI) if i <= quant.best_isa()]
@@ -137,11 +138,14 @@ def test_experts_that_cannot_stack_keep_the_per_expert_path():
     assert mixed.gguf is None and invariant.gguf is None
 
 
-def test_where_the_kernels_stop_at_a_row_count_more_tokens_go_per_expert(monkeypatch):
-    """Without a tiled GEMM for the type (plain C here), an expert's rows beyond GEMV_ROWS
-    dequantize per expert; an expert takes at most one row per token, so the layer runs the
-    grouped call up to that many tokens."""
-    monkeypatch.setattr(quant, "best_isa", lambda: quant.ISA_C)
+def test_a_step_beyond_decode_sizes_goes_per_expert(monkeypatch):
+    """More tokens than GEMV_ROWS (a prefill, whose per-expert calls are spread over its rows)
+    run per expert: the call's scratch stays decode-sized."""
     moe = _layer((quant.Q8_0, quant.Q8_0), np.random.default_rng(0))
     moe.stack_experts()
-    assert moe.gguf.runs(quant.GEMV_ROWS) and not moe.gguf.runs(quant.GEMV_ROWS + 1)
+    sizes, call = [], GGUFExperts.__call__
+    monkeypatch.setattr(GGUFExperts, "__call__", lambda self, x, *rest: sizes.append(len(x)) or call(self, x, *rest))
+    x = torch.rand(quant.GEMV_ROWS + 1, HIDDEN)
+    moe(x[:-1], _act)
+    moe(x, _act)
+    assert sizes == [quant.GEMV_ROWS]
