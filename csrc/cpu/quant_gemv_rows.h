@@ -1,6 +1,7 @@
 /* quant_gemv.c's GEMV of Q4_0, Q4_1 and Q8_0 in its two steps (quantize rows of x, then multiply
- * a slice of W's rows), for a caller that lays out rows and splits work itself (quant_moe.c: many
- * experts' rows in one call); not part of the cffi interface. */
+ * a slice of W's rows) and its choice between GEMV passes and a tiled GEMM, for a caller that lays
+ * out rows and splits work itself (quant_moe.c: many experts' rows in one call); not part of the
+ * cffi interface. */
 #ifndef RINGLLM_QUANT_GEMV_ROWS_H
 #define RINGLLM_QUANT_GEMV_ROWS_H
 
