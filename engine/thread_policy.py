@@ -55,3 +55,12 @@ def default_num_threads(model: Optional[str] = None) -> int:
 def model_threads(num_threads: Optional[int], model: Optional[str]) -> int:
     """``num_threads`` as given (EngineArgs), else the default for ``model``."""
     return num_threads if num_threads is not None else default_num_threads(model)
+
+
+def threads_adapt(num_threads: Optional[int], chosen: int) -> bool:
+    """Whether the runner may pick fewer than ``chosen`` threads per step (worker/thread_tuner.py):
+    only for the engine's own default (neither ``num_threads`` nor ``RINGLLM_NUM_THREADS`` given)
+    and only when there is more than one thread to choose from."""
+    from engine import envs
+
+    return chosen > 1 and num_threads is None and not envs.RINGLLM_NUM_THREADS

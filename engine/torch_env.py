@@ -6,12 +6,21 @@ step gets many times slower (docs/ARCHITECTURE.md, "Threads on a small CPU"). Im
 ``engine`` must have no side effects, so the policy is set here, by each place that is about to
 import torch for the model: the EngineCore process, the in-process core, GPU detection.
 A user who chose a policy keeps it; a torch imported earlier by the application keeps its own.
+
+PASSIVE alone parks an idle worker on a futex at once, and on these VMs waking a parked thread
+costs 50-400 us (a halted vCPU's exit): a parallel kernel call then takes as long on two threads
+as on one (benchmarks/RESULTS.md, "Threads"). With more than one model thread, workers therefore
+spin ``GOMP_SPINCOUNT`` polls (~0.2 ms here: the gaps between one step's kernel calls) before
+parking: a step's calls find them awake, and between steps they still sleep. On a host where
+another process takes a core, the runner falls back to fewer threads (worker/thread_tuner.py).
 """
 
 from __future__ import annotations
 
 import os
 from typing import MutableMapping, Optional
+
+SPIN_COUNT = "20000"
 
 
 def prepare_torch_env(
@@ -22,4 +31,6 @@ def prepare_torch_env(
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if num_threads is not None:
         env["OMP_NUM_THREADS"] = str(num_threads)
+        if num_threads > 1:
+            env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)  # libgomp: takes precedence over the policy
     return env

@@ -8,10 +8,9 @@ Waits run in slices of ``liveness_interval``; between slices they notice a deadl
 ``wakeup()``, a close, or the peer's death. Every public method runs inside a use of the mapping
 (lifetime.py), so a close from another thread wakes the wait but never unmaps the rings under
 it. The methods here *are* Channel's (inherited, not wrapped) and each takes its use itself,
-written out rather than through a helper or ``with``: every message takes these paths, and
-here a call layer costs ~55 ns, a use written out ~30-40 and ``with lifetime`` (four Python
-calls) about ten times that, against ~450 ns of CPU for a whole small send
-(``benchmarks/RESULTS.md``).
+written out rather than through a helper or ``with``: every message takes these paths, and a
+call layer, or ``with lifetime`` (four Python calls) far more, is a visible share of a whole small
+send's CPU (``benchmarks/RESULTS.md``, "Kernel choices").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
  * model), SwiGLU's silu and multiply into two. One C call each costs a few microseconds.
  * At prefill sizes in bf16 the same decomposition costs passes over memory instead: each
  * ATen op widens to float32 and rounds back, and the three ops took ~30% of a 2048-token
- * step (RESULTS.md, "Prefill beside vLLM"). One pass each here.
+ * step (benchmarks/RESULTS.md, "Kernel choices"). One pass each here.
  */
 #ifndef RINGLLM_ACTIVATION_H
 #define RINGLLM_ACTIVATION_H

@@ -3,8 +3,8 @@
 
 The other side of the process boundary, what runs in the core, is ``engine.core.engine_core_proc``;
 what both sides share at launch is ``engine.core.launch``. Launched with ``subprocess`` as
-``python -m engine.core TOKEN SPEC``, never multiprocessing: the user's
-``__main__`` is not re-imported, no resource tracker starts, and the ring's file descriptors
+``python -m engine.core FD``, never multiprocessing: the user's ``__main__`` is not re-imported,
+no resource tracker starts, and the launch spec (in a memfd) and the ring's file descriptors
 arrive through ``pass_fds``. Nothing here imports torch.
 """
 
@@ -21,7 +21,7 @@ from typing import Optional
 from engine import envs
 from engine.config import EngineConfig
 from engine.config.wire import config_digest, encode_config
-from engine.core.launch import CoreLaunchSpec, channel_class, check_ready, command_line, make_codec
+from engine.core.launch import CoreLaunchSpec, channel_class, check_ready, command_line, make_codec, write_spec
 from engine.exceptions import EngineStartupError
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import EngineDead, EngineReady, Shutdown
@@ -66,6 +66,7 @@ class CoreProcess:
             # a class as worker_cls travels cloudpickled (by value when the core could not import it)
             worker_pickle = pickle_class(config.worker_cls) if isinstance(config.worker_cls, type) else None
             spec = CoreLaunchSpec(
+                token=self.channel.peer_token(),
                 transport=config.transport,
                 engine_index=engine_index,
                 num_threads=config.num_threads,
@@ -80,12 +81,16 @@ class CoreProcess:
             # The thread count and OpenMP's wait policy go in the environment, so they hold even if
             # something imports torch before the core's own start-up code runs.
             env = prepare_torch_env(dict(os.environ), config.num_threads)
-            self.proc = subprocess.Popen(
-                command_line(self.channel.peer_token(), spec),
-                pass_fds=self.channel.peer_fds() + ([] if frontends_fd is None else [frontends_fd]),
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
+            spec_fd = write_spec(spec)
+            try:
+                self.proc = subprocess.Popen(
+                    command_line(spec_fd),
+                    pass_fds=[spec_fd, *self.channel.peer_fds()] + ([] if frontends_fd is None else [frontends_fd]),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+            finally:
+                os.close(spec_fd)  # the core holds its own copy
             self.channel.set_peer(self.proc.pid)
             self.channel.close_peer_fds()
             self.pidfd = os.pidfd_open(self.proc.pid)

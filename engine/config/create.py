@@ -22,7 +22,7 @@ from engine.kv_transfer.config import resolve_kv_transfer_config
 from engine.lora.config import resolve_lora_config
 from engine.spec_decode.config import resolve_speculative_config
 from engine.structured_output.config import resolve_structured_outputs_config
-from engine.thread_policy import model_threads
+from engine.thread_policy import model_threads, threads_adapt
 from engine.worker.worker import resolve_worker_cls
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         compilation_config=compilation,
         device=device,
         num_threads=num_threads,
+        adapt_threads=threads_adapt(args.num_threads, num_threads),
         transport=args.transport,
         ring_capacity=ring_capacity,
         disable_log_stats=args.disable_log_stats,

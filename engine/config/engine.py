@@ -49,6 +49,9 @@ class EngineConfig:
     # speculative_config's draft model (method "draft_model"), derived here like the target's
     draft_model_config: Optional[ModelConfig] = None
     lora_config: Optional[LoRAConfig] = None  # validated; None: no LoRA adapters (enable_lora=False)
+    # num_threads is the engine's own default (engine/thread_policy.py) and above 1: the runner
+    # picks 1..num_threads per step from measured step times (engine/worker/thread_tuner.py)
+    adapt_threads: bool = False
 
     @property
     def max_seqs_per_request(self) -> int:

@@ -57,9 +57,9 @@ def default_runs_its_gguf(args: EngineArgs) -> bool:
     converted float directory: always when quantization or load_format "gguf" is asked for (only
     the file has GGUF blocks); otherwise when no dtype, quantization, load format, runner or
     compiled forward is asked for, on the CPU kind where Q4_1 served a batch of 64 faster than
-    bf16. That is the Zen4 kind (AVX-512 VNNI and BF16, no AMX): benchmarks/RESULTS.md,
-    "Quantized kernels, per call (Zen4)" (offline 64 x 128 490-498 vs 405-426 tok/s, the same
-    run; the int8 GEMM beat oneDNN's bf16 GEMM on every projection shape from 8 rows). Kinds not
+    bf16. That is the Zen4 kind (AVX-512 VNNI and BF16, no AMX): benchmarks/RESULTS.md, "Against
+    vLLM compiled and llama.cpp (Zen4)" (offline 64 x 128, the same run) and "Quantized kernels,
+    per call (Zen4)" (the int8 GEMM against oneDNN's bf16 GEMM per projection shape). Kinds not
     measured that way (AVX2 only; AMX, where oneDNN's bf16 GEMMs run on AMX tiles) keep the float
     directory."""
     if "gguf" in (args.quantization, args.load_format):

@@ -1,4 +1,5 @@
-"""``python -m engine.core TOKEN SPEC``: an EngineCore process (engine_core_proc.main).
+"""``python -m engine.core FD``: an EngineCore process (engine_core_proc.main); FD holds its
+launch spec (engine/core/launch.py).
 
 Its own entry module, so that ``engine_core_proc`` is imported once, as itself: run as ``-m``
 it was also ``__main__``, a second copy of every class beside the one ``engine`` imports

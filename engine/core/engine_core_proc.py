@@ -1,4 +1,4 @@
-"""The EngineCore *process*: its ``main`` (run by ``python -m engine.core TOKEN SPEC``,
+"""The EngineCore *process*: its ``main`` (run by ``python -m engine.core FD``,
 engine/core/__main__.py) and ``EngineCoreProc``, the one busy loop that feeds one ``EngineCore``
 (engine/core/engine_core.py) from its frontends' channels (``engine.core.frontends``: one by
 default, one per API server with ``--api-server-count``) and sends each of them what is theirs.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from engine import envs
 from engine.core.frontends import Frontend, FrontendAttacher, share_stats
-from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_command_line, receive_config
+from engine.core.launch import CoreLaunchSpec, channel_class, make_codec, read_spec, receive_config
 from engine.logging_setup import configure_logging
 from engine.torch_env import prepare_torch_env
 from engine.wire_messages import (
@@ -360,11 +360,11 @@ def _attacher(spec: CoreLaunchSpec, ready: EngineReady) -> Optional[FrontendAtta
 
 def main(argv: list[str]) -> int:
     ignore_group_signals()  # first: torch's import and the model load take seconds
-    token, spec = read_command_line(argv)
+    spec = read_spec(argv)
     sys.path.extend(p for p in spec.sys_path if p not in sys.path)
     _setup_process(spec)
     _configure_logging(spec.engine_index)
-    channel = channel_class(spec.transport).attach(make_codec(), token, peer_pid=spec.parent_pid)
+    channel = channel_class(spec.transport).attach(make_codec(), spec.token, peer_pid=spec.parent_pid)
     try:
         try:
             core = _start_core(spec)

@@ -1,9 +1,14 @@
 """The launch contract between the frontend and an EngineCore process, imported by both sides.
 
-The frontend (``engine.client.core_launcher``) starts ``python -m engine.core TOKEN SPEC``
-(``command_line``); the core (``engine.core.engine_core_proc``) reads it back (``read_command_line``).
-``SPEC`` is a JSON ``CoreLaunchSpec``; both ends build their channel and codec here, so the two
-cannot disagree on the transport or the message kinds. Nothing here imports torch.
+The frontend (``engine.client.core_launcher``) writes a JSON ``CoreLaunchSpec`` into a memfd
+(``write_spec``) and starts ``python -m engine.core FD`` (``command_line``) with that fd inherited;
+the core (``engine.core.engine_core_proc``) reads the spec from it (``read_spec``). Not on the
+command line: Linux caps one argument at 128 KiB and argv with the environment at ~2 MiB, which a
+config with large fields (hf_overrides, say) passes (the launch failed with E2BIG), and ``ps``
+shows every user the command line, so neither the config nor the channel's token belongs there.
+A memfd rather than a pipe: the frontend writes the whole spec before the core starts, whatever
+its size, and never waits for the core to read it. Both ends build their channel and codec here,
+so the two cannot disagree on the transport or the message kinds. Nothing here imports torch.
 
 The config travels whole: the frontend derives the ``EngineConfig`` once (``create_engine_config``)
 and sends its canonical encoding with its digest (engine/config/wire.py); the core decodes it,
@@ -16,7 +21,7 @@ this frontend only attached to, cannot serve it by mistake.
 from __future__ import annotations
 
 import dataclasses
-
+import os
 import sys
 from typing import TYPE_CHECKING, Optional
 
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
 
 
 class CoreLaunchSpec(msgspec.Struct):
+    token: str  # the frontend's channel end's peer token (the core attaches with it)
     transport: str  # "shm" | "zmq"
     engine_index: int
     num_threads: int
@@ -52,14 +58,31 @@ class CoreLaunchSpec(msgspec.Struct):
     frontends_fd: Optional[int] = None
 
 
-def command_line(token: str, spec: CoreLaunchSpec) -> list[str]:
-    """The core's command line: its channel's peer token and the spec."""
-    return [sys.executable, "-m", "engine.core", token, msgspec.json.encode(spec).decode()]
+def write_spec(spec: CoreLaunchSpec) -> int:
+    """A close-on-exec memfd holding ``spec``, read from its start: the caller passes it to the
+    core (``pass_fds``, ``command_line``) and closes its own copy once the core is started."""
+    fd = os.memfd_create("ringllm-launch-spec", os.MFD_CLOEXEC)
+    try:
+        data = memoryview(msgspec.json.encode(spec))
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def read_command_line(argv: list[str]) -> tuple[str, CoreLaunchSpec]:
-    """``command_line``'s arguments (``sys.argv[1:]`` in the core) back as the token and the spec."""
-    return argv[0], msgspec.json.decode(argv[1], type=CoreLaunchSpec)
+def command_line(spec_fd: int) -> list[str]:
+    """The core's command line: the number of the inherited fd that holds its spec, nothing else."""
+    return [sys.executable, "-m", "engine.core", str(spec_fd)]
+
+
+def read_spec(argv: list[str]) -> CoreLaunchSpec:
+    """The spec ``command_line``'s argument (``sys.argv[1:]`` in the core) names, read to its end;
+    the fd is closed."""
+    with open(int(argv[0]), "rb") as f:
+        return msgspec.json.decode(f.read(), type=CoreLaunchSpec)
 
 
 def make_codec():

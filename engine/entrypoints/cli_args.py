@@ -453,15 +453,16 @@ def reasoning_parser_from(args: argparse.Namespace):
     return ReasoningParserManager.get_reasoning_parser(name) if name else None
 
 
-def with_reasoning_markers(engine_args: Any, args: argparse.Namespace) -> None:
-    """Tell the core the ``--reasoning-parser``'s markers (``structured_outputs_config``), so that
-    a grammar starts after the reasoning (engine/structured_output/reasoning.py)."""
+def with_reasoning_markers(engine_args: EngineArgs, args: argparse.Namespace) -> None:
+    """Tell the core the ``--reasoning-parser``'s markers, so that a grammar starts after the
+    reasoning (engine/structured_output/reasoning.py): they join ``--structured-outputs-config``'s
+    JSON object (``engine_args`` holds it as parsed, or None), the parser's markers over any given
+    there, and ``create_engine_config`` checks and resolves the whole once, with its other fields."""
     parser_cls = reasoning_parser_from(args)
     if parser_cls is None:
         return
-    from engine.structured_output.config import resolve_structured_outputs_config
-
-    config = resolve_structured_outputs_config(engine_args.structured_outputs_config)
-    engine_args.structured_outputs_config = dataclasses.replace(
-        config, reasoning_start=parser_cls.start, reasoning_end=parser_cls.end
-    )
+    engine_args.structured_outputs_config = {
+        **(engine_args.structured_outputs_config or {}),
+        "reasoning_start": parser_cls.start,
+        "reasoning_end": parser_cls.end,
+    }

@@ -3,10 +3,10 @@ each (csrc/cpu/activation.c), for float32 and bf16 on CPUs.
 
 Why: a decode step at small batch touches a few KiB per op and spends its time in torch's
 dispatch; RMSNorm alone is 5-6 ATen ops, called twice per layer. At prefill sizes in bf16
-each of those ATen ops is a pass over memory that widens to float32 and rounds back: the
-three ops took ~30% of a 2048-token bf16 step. The fused add also saves the separate
-residual add and a pass over the hidden state at any batch size. The bf16 kernels round
-where transformers' bf16 modules do, so outputs stay transformers' own.
+each of those ATen ops is a pass over memory that widens to float32 and rounds back, a large
+share of a long bf16 prefill step (benchmarks/RESULTS.md, "Kernel choices"). The fused add
+also saves the separate residual add and a pass over the hidden state at any batch size. The
+bf16 kernels round where transformers' bf16 modules do, so outputs stay transformers' own.
 
 A large call splits its rows over torch's own OpenMP pool inside C (csrc/cpu/parallel.h: one
 runtime, sized by ``num_threads``), so the kernels never become the serial part of a step that

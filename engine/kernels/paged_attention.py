@@ -1,11 +1,12 @@
 """Decode attention read straight from the paged KV cache (csrc/cpu/paged_attention.c).
 
 Why: torch's route gathers every decode's blocks into a padded dense copy per layer (and
-converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding; at
-batch 64 that was ~22% of a decode step on this CPU. The kernel walks each sequence's own
-blocks once, in float32, handles a sliding window by where it starts, and Gemma 2's score
-soft-cap as a vectorised tanh over each head's scores before the softmax (the torch fallback
-gathers the blocks and materialises the scores: a decode step 3x as long, RESULTS.md).
+converts a bf16 cache to float32 on the way), then runs masked SDPA over the padding: a
+sizeable share of a batch-64 decode step (benchmarks/RESULTS.md, "Kernel choices"). The kernel
+walks each sequence's own blocks once, in float32, handles a sliding window by where it starts,
+and Gemma 2's score soft-cap as a vectorised tanh over each head's scores before the softmax
+(the torch fallback gathers the blocks and materialises the scores: a decode step several times
+as long, RESULTS.md, "Soft-capped decode attention").
 
 It then became the bottleneck of large decode steps (issue 14), so it reads each K and V row
 once for all the query heads that share it, sums scores several keys at a time, and

@@ -26,12 +26,12 @@ TYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_
 BLOCK = 32  # weights per block of Q4_0/Q4_1/Q8_0; see block_weights() for every type
 MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over W in the kernel
 # Up to this many rows run the kernel (ceil(rows / MAX_ROWS) passes over W); more dequantize
-# and run a float32 GEMM. Measured side by side at 64 rows on the default model's three shapes
-# (benchmarks/RESULTS.md, "Quantized kernels"): the passes took 0.3-0.7x the time of dequantize
-# + float32 GEMM, and need no [out, in] float32 buffer (113 MB for the vocabulary projection).
+# and run a float32 GEMM. At 64 rows on the default model's shapes the passes took less time than
+# dequantize + float32 GEMM (benchmarks/RESULTS.md, "Kernel choices"), and need no [out, in]
+# float32 buffer (113 MB for the vocabulary projection).
 GEMV_ROWS = 64
-# The tiled GEMM (AVX-512 VNNI or AVX2, 32-weight blocks) takes any row count: at 256 rows it took
-# ~0.3x the time of dequantize + float32 GEMM on the default model's shapes (RESULTS.md).
+# The tiled GEMM (AVX-512 VNNI or AVX2, 32-weight blocks) takes any row count: a fraction of the
+# time of dequantize + float32 GEMM at 64 and 256 rows (RESULTS.md, "Quantized kernels").
 GEMM_MIN_ROWS = 4 if lib is None else lib.QUANT_GEMM_MIN_M
 ISA_C, ISA_AVX2, ISA_AVX512_VNNI = 0, 1, 2
 _BEST_ISA = ISA_C if lib is None else int(lib.quant_best_isa())

@@ -29,7 +29,8 @@ whose header differs in any field, or whose MAC fails, is a miss. The MAC is key
 derived from the store's secret, ``mac_key``), so it guards against a writer who means harm as
 well as against corruption: without the secret no one can make an entry that passes, even
 knowing the prompt, the model and this layout. HMAC-SHA256 rather than a keyed BLAKE2b because
-OpenSSL's SHA-256 uses the CPU's SHA extensions: ~1.6 GB/s against ~0.8 GB/s here.
+OpenSSL's SHA-256 uses the CPU's SHA extensions: about twice BLAKE2b's speed here
+(benchmarks/RESULTS.md, "Kernel choices").
 """
 
 from __future__ import annotations

@@ -316,7 +316,7 @@ def paged_attention(
         rows = qkv[chunk.start : chunk.start + chunk.num_tokens]
         n = chunk.num_tokens
         # [1, heads, tokens, head_dim]: SDPA's fused (flash) kernels take only 4-D inputs; 3-D ones go
-        # to the unfused math path, which on CPU is 5-7x slower for a 500-token prompt (RESULTS.md).
+        # to the unfused math path, several times slower on CPU (RESULTS.md, "Kernel choices").
         q = rows[:, :q_size].view(n, num_heads, head_dim).transpose(0, 1)[None]
         if chunk.kv_slots is None:
             k = rows[:, q_size : q_size + kv_size].view(n, num_kv_heads, head_dim).transpose(0, 1)[None]
@@ -350,9 +350,9 @@ def _causal_in_slices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     """Causal self-attention of one chunk, its queries in slices that each see only the keys up
     to their last row. Why: PyTorch's CPU flash kernel tiles keys in blocks of up to 512 and
     computes a whole block for every query tile that reaches into it, so below 512 tokens a
-    causal prompt costs as much as a non-causal one (measured: equal at 500 tokens). A slice of
-    rows [s, e) attends keys [0, e) under a lower-right causal mask (rows s + i see keys <= s + i),
-    and the slices together compute ~half the score matrix: 20-25% less time at 500-1000 tokens."""
+    causal prompt costs as much as a non-causal one. A slice of rows [s, e) attends keys [0, e)
+    under a lower-right causal mask (rows s + i see keys <= s + i), and the slices together
+    compute ~half the score matrix (benchmarks/RESULTS.md, "Kernel choices")."""
     n, rows = q.shape[2], causal_slice_rows(q.shape[2])
     gqa = q.shape[1] != k.shape[1]
     causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()

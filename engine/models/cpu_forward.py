@@ -4,7 +4,7 @@ Three backends, one chosen at load (``LlamaForCausalLM``):
 - ``CKernelForward`` (CPU, float32 on AVX2, bf16 on AVX-512 BF16): RMSNorm fused with the
   residual add, SiLU-and-mul and RoPE are one C call each (engine/models/activation_ops.py over
   engine/kernels/activation.py). In bf16 each of torch's decomposed ops is a widening pass over
-  memory; they took ~30% of a 2048-token prefill step.
+  memory (engine/kernels/activation.py says what that cost).
 - ``TorchForward``: the same steps in torch ops, RoPE as a complex multiply.
 - ``CompiledForward`` (compilation mode >= 1): the C-kernel forward with its two blocks
   around attention through torch.compile. Attention stays eager: its Python loop over prefill

@@ -14,7 +14,8 @@ of its row's rounded maximum can be the true maximum (twice that margin is searc
 few are recomputed from the same bf16 operands in float32; the rest keep their rounded
 values (they cannot win the argmax, and a 0.4% error in a logit far from the top barely
 moves a probability). A float32 head instead would keep a float32 copy of the weights and
-read twice the bytes at every step (measured 2.2-2.7x the bf16 head's time at 64 rows).
+read twice the bytes at every step; it took over twice the bf16 head's time
+(benchmarks/RESULTS.md, "Kernel choices").
 
 Finding the candidates cheaply: the columns are split into ``_GROUPS`` strided groups and
 each group's maximum is taken over a ``[rows, _GROUPS, vocab / _GROUPS]`` view, the one

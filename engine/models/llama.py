@@ -10,13 +10,12 @@ Built for a lean decode step rather than for module reuse:
   - each projection's ``LinearMethod`` (engine/models/linear.py, where the measured choices
     are written down), which holds the only copy of its weight.
 - The activation dtype. A bf16/fp16 model on a CPU without native support for it (no
-  AVX-512, e.g. AVX2 only) would run every GEMM through torch's slow scalar fallback (a
-  batch-64 decode step measured 4.5x slower than fp32). There the activations are float32
-  and the weights stay bf16 in the C GEMV kernel's layout (float32 math on the bf16 values);
-  a bf16 elementwise op or SDPA on such a CPU is 3-4x slower than float32, and a mixed-dtype
-  RMSNorm loses torch's fused kernel. Quantized weights (``quantization="gguf"``/"int8") take
-  float32 activations, which their kernels quantize per block or per token. Only the KV cache
-  stays in the model dtype.
+  AVX-512, e.g. AVX2 only) would run every GEMM through torch's slow scalar fallback, and its
+  bf16 elementwise ops and SDPA are slower than float32 too (benchmarks/RESULTS.md, "Kernel
+  choices"). There the activations are float32 and the weights stay bf16 in the C GEMV kernel's
+  layout (float32 math on the bf16 values); a mixed-dtype RMSNorm would lose torch's fused
+  kernel. Quantized weights (``quantization="gguf"``/"int8") take float32 activations, which
+  their kernels quantize per block or per token. Only the KV cache stays in the model dtype.
 - Resident weight bytes are measured after loading and logged next to the bytes of the
   checkpoint in the chosen format (``weights_report``).
 """

@@ -8,12 +8,10 @@ from typing import Any, Optional
 
 BACKENDS = ("auto", "xgrammar", "guidance")
 
-# Limits (README, "Structured outputs"). Compile times measured on a 2-vCPU EPYC (Zen4), default
-# tokenizer, ms for llguidance / xgrammar: a JSON enum of 1k strings (28 KB) 3 / 46, 3k (86 KB)
-# 20 / 167, 5k (144 KB) 31 / 1,426, 10k (299 KB) 77 / 3,975, 30k (919 KB) 201 / 26,020 (and
-# 223 MB held by xgrammar's compiled grammar); a choice of 30k strings 1,690 / 31,215. Bytes are
-# only a proxy for xgrammar's cost: a 13-byte regex [a-z]{1,3000} takes 983 ms, a 12 KB schema
-# of 500 properties 1,114 ms (llguidance: 1 and 33 ms).
+# Limits (README, "Structured outputs"), set from compile times (benchmarks/RESULTS.md, "Kernel
+# choices"): xgrammar's grow steeply with a spec's size, to seconds and hundreds of MB for large
+# enums, where llguidance's stay small; and bytes are only a proxy for xgrammar's cost (a short
+# regex with a large repeat count takes about a second).
 MAX_SPEC_BYTES = 1 << 20  # a constraint (schema text, regex, grammar, choices, tag) longer is refused
 LARGE_SPEC_BYTES = 64 << 10  # a larger spec compiles on the large lane; under auto, never in xgrammar
 MAX_QUEUED_COMPILES = 8  # per lane of the compile pool: past it a request is refused (or stays on llguidance)

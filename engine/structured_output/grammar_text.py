@@ -13,8 +13,8 @@ def choice_ebnf(choices: list[str]) -> str:
 def choice_lark(choices: list[str]) -> str:
     """One terminal (one lexeme) of every choice. As a rule of alternatives (``start: "a" | "b"``)
     llguidance's Earley parser refused more than 2,000 choices at the first token ("Current row
-    has 40001 items; max is 2000"), and 40k of them took 3.1 s to compile and 5.7 s to start a
-    matcher; as one terminal 211 and 252 ms."""
+    has 40001 items; max is 2000"), and many choices compiled and started a matcher over ten times
+    slower than as one terminal (benchmarks/RESULTS.md, "Kernel choices")."""
     return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 

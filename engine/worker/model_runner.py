@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -34,6 +35,7 @@ from engine.wire_messages import LogprobsLists
 from engine.worker.cuda_graphs import DecodeGraphs, capture_decode_graphs
 from engine.worker.loader import load_model
 from engine.worker.logit_controls import LogitControls, has_logit_controls, has_penalties
+from engine.worker.thread_tuner import ThreadTuner
 from engine.worker.sampler import (
     Sampler,
     SamplingMetadata,
@@ -75,6 +77,9 @@ class ModelRunner:
         self.config = config
         mc = config.model_config
         torch.set_num_threads(config.num_threads)
+        # The engine's own thread count adapts to the host per step (thread_tuner.py); one given
+        # by the user is kept.
+        self.thread_tuner = ThreadTuner(config.num_threads, torch.set_num_threads) if config.adapt_threads else None
         if mc.seed is not None:
             torch.manual_seed(mc.seed)  # unseeded random sampling repeats from run to run
         self.device = torch.device(config.device)
@@ -157,6 +162,15 @@ class ModelRunner:
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if self.thread_tuner is None or not so.requests:
+            return self._execute(so)
+        self.thread_tuner.before_step(so.total_num_scheduled_tokens)
+        start = time.perf_counter()
+        out = self._execute(so)
+        self.thread_tuner.after_step(time.perf_counter() - start)
+        return out
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in so.finished_req_ids:
             self._states.pop(req_id, None)
         if not so.requests:

@@ -72,6 +72,16 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
 
+    @rpc_method
+    def thread_choices(self) -> dict[str, int]:
+        """The model's thread count the runner runs now per step size ("up to N scheduled tokens"
+        -> threads; engine/worker/thread_tuner.py); empty when the count is fixed (given by the
+        user, or one thread)."""
+        tuner = getattr(self.model_runner, "thread_tuner", None)
+        if tuner is None:
+            return {}
+        return {str((1 << key) - 1): threads for key, threads in tuner.choices().items()}
+
     def add_lora(self, lora_request: Any) -> bool:
         """Load and check an adapter (engine/lora/manager.py); ValueError naming what is wrong."""
         return self._lora().add_lora(lora_request)

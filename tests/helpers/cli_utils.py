@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import AsyncEngineArgs
-from engine.entrypoints.cli_args import add_engine_args, add_model_positional, add_server_args
+from engine.entrypoints.cli_args import add_engine_args, add_model_positional, add_server_args, add_tool_args
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -14,4 +14,5 @@ def serve_parser() -> argparse.ArgumentParser:
     add_model_positional(parser)
     add_server_args(parser)
     add_engine_args(parser, AsyncEngineArgs)
+    add_tool_args(parser)
     return parser

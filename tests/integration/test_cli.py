@@ -167,6 +167,28 @@ def test_serve_on_cpu_caps_prompt_tokens_per_step_unless_told_otherwise(monkeypa
     assert cap() is None
 
 
+def test_reasoning_parser_markers_join_the_structured_outputs_flag_and_are_resolved_with_it(tiny_model_dir):
+    """--reasoning-parser adds its markers to --structured-outputs-config's object as given;
+    create_engine_config resolves the whole once (a bad field is still its error, naming it)."""
+    from engine.entrypoints.serve import serving_engine_args
+
+    def serving(*flags: str):
+        return serving_engine_args(serve_parser().parse_args([tiny_model_dir, "--load-format", "dummy", *flags]))
+
+    args = serving("--reasoning-parser", "qwen3", "--structured-outputs-config", '{"disable_any_whitespace": true}')
+    assert args.structured_outputs_config == {
+        "disable_any_whitespace": True,
+        "reasoning_start": "<think>",
+        "reasoning_end": "</think>",
+    }
+    so = args.create_engine_config().structured_outputs_config
+    assert (so.reasoning_start, so.reasoning_end, so.disable_any_whitespace) == ("<think>", "</think>", True)
+    assert serving().structured_outputs_config is None  # no parser: no markers
+    bad = serving("--reasoning-parser", "qwen3", "--structured-outputs-config", '{"backend": "nope"}')
+    with pytest.raises(ValueError, match="structured_outputs_config.backend"):
+        bad.create_engine_config()
+
+
 def test_llm_keeps_no_prefill_cap_and_a_bad_cap_names_the_field(tiny_model_dir):
     from engine.config import EngineArgs
 

@@ -238,3 +238,24 @@ def test_held_stats_sum_their_counters_and_keep_the_newest_gauges():
     merge_outputs(held, EngineCoreOutputs(outputs=[], scheduler_stats=SchedulerStats(1, 0, 0.125, 0, 0, 2)))
     assert held.scheduler_stats == SchedulerStats(1, 0, 0.125, 16, 10, 3)
     assert held.outputs[0].events == [queued, scheduled]
+
+
+def test_a_config_larger_than_a_command_line_argument_starts_the_core_and_stays_out_of_ps(tiny_model_dir):
+    """Linux caps one argument at 128 KiB (and argv with the environment at ~2 MiB): the launch
+    spec, the whole config inside, reaches the core another way, and neither it nor the channel's
+    token shows in the core's command line (``ps``)."""
+    from engine.client.mp_client import SyncMPClient
+    from engine.config.wire import encode_config
+
+    note = "a long note " * 25_000  # 300 KB, kept in the model's hf_config and in hf_overrides
+    config = tiny_config(tiny_model_dir, hf_overrides={"ringllm_test_note": note})
+    assert len(encode_config(config)) > 500_000
+    client = SyncMPClient(config)
+    try:
+        with open(f"/proc/{client.ready.pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")[1:-1]
+        assert args[:2] == [b"-m", b"engine.core"] and len(args) == 3 and args[2].isdigit()  # the spec's fd
+        client.add_request(request("big", max_tokens=5))
+        assert len(run_to_completion(client, {"big"})["big"]) == 5
+    finally:
+        client.shutdown()

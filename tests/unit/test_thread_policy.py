@@ -8,7 +8,13 @@ import os
 
 import pytest
 
-from engine.thread_policy import LONG_STEP_WEIGHT_BYTES, default_num_threads, model_threads, model_weight_bytes
+from engine.thread_policy import (
+    LONG_STEP_WEIGHT_BYTES,
+    default_num_threads,
+    model_threads,
+    model_weight_bytes,
+    threads_adapt,
+)
 
 CORES = os.cpu_count() or 2
 
@@ -49,3 +55,11 @@ def test_explicit_settings_win_over_the_model_size(tmp_path, monkeypatch):
     assert model_threads(1, large) == 1
     monkeypatch.setenv("RINGLLM_NUM_THREADS", "3")
     assert model_threads(None, large) == 3
+
+
+def test_only_the_engines_own_default_above_one_thread_adapts(monkeypatch):
+    assert threads_adapt(None, 2)
+    assert not threads_adapt(None, 1)  # nothing to choose from
+    assert not threads_adapt(2, 2)  # the user's count is kept
+    monkeypatch.setenv("RINGLLM_NUM_THREADS", "2")
+    assert not threads_adapt(None, 2)
