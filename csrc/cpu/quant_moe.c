@@ -13,9 +13,9 @@
 
 #include <string.h>
 
-/* Output rows of W per work unit of a GEMV pass when several threads share the work: big enough
- * that the dynamic schedule's atomic and the call cost nothing beside reading them, small enough
- * that the last units even out. One thread takes a whole pass over W per unit, as quant_gemv. */
+/* Output rows of W per work unit of a GEMV pass when several threads share the work (units are
+ * numbered expert by expert, output rows within, and each thread takes a contiguous share): fine
+ * enough that the shares even out. One thread takes a whole pass over W per unit, as quant_gemv. */
 #define GEMV_UNIT 64
 
 /* One active expert: its rows r0 .. r0 + m - 1 in grouped order, whether they run the tiled GEMM,
@@ -164,9 +164,9 @@ int quant_moe(int type, const float *x, int64_t x_stride, int64_t x_rows, const 
         }
         void *tile = tiles + (size_t)par_thread() * tile_bytes;
         int64_t g = 0;
-#pragma omp for schedule(monotonic: dynamic, 1)
+#pragma omp for schedule(static) /* a contiguous share: each thread streams through its experts' W */
         for (int64_t u = 0; u < units; u++) {
-            while (groups[g + 1].first_unit <= u) g++; /* units come in increasing order to each thread */
+            while (groups[g + 1].first_unit <= u) g++; /* a thread's units come in increasing order */
             run_unit(type, isa, &xa, &groups[g], u - groups[g].first_unit, w + (size_t)groups[g].e * expert_bytes, n, k,
                      gemv_rows, tile, yg);
         }
