@@ -41,16 +41,17 @@
 #define RMAX 4                             /* rows of x per micro-kernel call (6 measured no faster) */
 #define UNROLL _Pragma("GCC unroll 8")
 
+_Static_assert(TILE == QUANT_GEMM_TILE, "the tile the header names");
+
+size_t quant_gemm_tile_bytes(int64_t k) { return (size_t)(k / QUANT_BLOCK) * TB_BYTES; }
+
 /* One repacked tile per thread (par_max_threads: the tiles of W split over the pool), then the
  * rows' block sums. */
 size_t quant_gemm_work_bytes(int64_t m, int64_t k) {
-    const int64_t nb = k / QUANT_BLOCK;
-    return (size_t)par_max_threads() * (size_t)nb * TB_BYTES + (size_t)m * (size_t)nb * sizeof(int32_t);
+    return (size_t)par_max_threads() * quant_gemm_tile_bytes(k) + (size_t)m * (size_t)(k / QUANT_BLOCK) * sizeof(int32_t);
 }
 
 static const uint8_t zero_block[64];
-
-static void block_sums(const int8_t *xq, size_t q_stride, int64_t m, int64_t nb, int32_t *xsum);
 
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nb blocks each into the tile. */
 static AVX512G void repack_tile(const int type, const uint8_t *w, size_t row_bytes, int64_t nb, int cnt,
@@ -163,19 +164,12 @@ TILE_INSTANCES(QUANT_GGML_Q8_0, q8_0)
 
 static inline __mmask16 lanes_below(int c) { return c >= 16 ? (__mmask16)0xFFFF : c <= 0 ? 0 : (__mmask16)((1u << c) - 1); }
 
-void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs, size_t s_stride,
-                       int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
+void quant_gemm_avx512_rows(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs,
+                            const int32_t *xsum, size_t s_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+                            int64_t first, int64_t count, void *tile, float *y) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t row_bytes = (size_t)nb * (size_t)quant_block_bytes(type);
-    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
-    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * (size_t)nb * TB_BYTES); /* row r's block b: sum of its q_x */
-    if (type != QUANT_GGML_Q4_1) block_sums(xq, q_stride, m, nb, xsum);
     tile_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile_q4_0 : type == QUANT_GGML_Q4_1 ? tile_q4_1 : tile_q8_0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-    uint8_t *tile = (uint8_t *)work + (size_t)par_thread() * (size_t)nb * TB_BYTES;
-    int64_t first, count;
-    par_slice(n, TILE, &first, &count);
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_tile(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
@@ -187,7 +181,17 @@ void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float 
                         y + (size_t)r0 * (size_t)n + (size_t)j0, (size_t)n, m0, m1);
         }
     }
-    }
+}
+
+void quant_gemm_avx512(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs, size_t s_stride,
+                       int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
+    const int64_t nb = k / QUANT_BLOCK;
+    const size_t tile_bytes = quant_gemm_tile_bytes(k);
+    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * tile_bytes); /* row r's block b: sum of its q_x */
+    if (type != QUANT_GGML_Q4_1) quant_gemm_block_sums(xq, q_stride, m, nb, xsum);
+    PAR_SLICES((size_t)n * (size_t)nb * (size_t)quant_block_bytes(type), (n + TILE - 1) / TILE, 1, t0, tc,
+               quant_gemm_avx512_rows(type, xq, q_stride, xd, xs, xsum, s_stride, m, w, n, k, t0 * TILE, tc * TILE,
+                                      (uint8_t *)work + (size_t)par_thread() * tile_bytes, y));
 }
 
 /* ---- AVX2: the same tile, 8 outputs per register ------------------------------------ *
@@ -326,8 +330,7 @@ TILE2_INSTANCES(QUANT_GGML_Q4_0, q4_0)
 TILE2_INSTANCES(QUANT_GGML_Q4_1, q4_1)
 TILE2_INSTANCES(QUANT_GGML_Q8_0, q8_0)
 
-/* Row r's block sums of q_x (Q4_0 and Q8_0's offset terms). */
-static void block_sums(const int8_t *xq, size_t q_stride, int64_t m, int64_t nb, int32_t *xsum) {
+void quant_gemm_block_sums(const int8_t *xq, size_t q_stride, int64_t m, int64_t nb, int32_t *xsum) {
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *q = xq + (size_t)r * q_stride + (size_t)b * QUANT_BLOCK;
@@ -338,32 +341,35 @@ static void block_sums(const int8_t *xq, size_t q_stride, int64_t m, int64_t nb,
     }
 }
 
-void quant_gemm_avx2(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs, size_t s_stride,
-                     int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
+void quant_gemm_avx2_rows(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs,
+                          const int32_t *xsum, size_t s_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
+                          int64_t first, int64_t count, void *tile, float *y) {
     const int64_t nb = k / QUANT_BLOCK;
     const size_t row_bytes = (size_t)nb * (size_t)quant_block_bytes(type);
-    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
-    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * (size_t)nb * TB_BYTES);
-    if (type == QUANT_GGML_Q4_0) block_sums(xq, q_stride, m, nb, xsum);
     tile2_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile2_q4_0 : type == QUANT_GGML_Q4_1 ? tile2_q4_1 : tile2_q8_0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-    uint8_t *tile = (uint8_t *)work + (size_t)par_thread() * (size_t)nb * TB_BYTES;
-    int64_t first, count;
-    par_slice(n, TILE, &first, &count);
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
         repack_tile_avx2(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
         for (int h = 0; 16 * h < cnt; h++) {
             for (int64_t r0 = 0; r0 < m; r0 += RMAX2) {
                 const int rr = m - r0 < RMAX2 ? (int)(m - r0) : RMAX2;
-                fns[rr - 1](tile + 64 * h, nb, xq + (size_t)r0 * q_stride, q_stride, xd + (size_t)r0 * s_stride,
-                            xs + (size_t)r0 * s_stride, xsum + (size_t)r0 * (size_t)nb, s_stride,
-                            y + (size_t)r0 * (size_t)n + (size_t)j0 + 16 * (size_t)h, (size_t)n, cnt - 16 * h);
+                fns[rr - 1]((const uint8_t *)tile + 64 * h, nb, xq + (size_t)r0 * q_stride, q_stride,
+                            xd + (size_t)r0 * s_stride, xs + (size_t)r0 * s_stride, xsum + (size_t)r0 * (size_t)nb,
+                            s_stride, y + (size_t)r0 * (size_t)n + (size_t)j0 + 16 * (size_t)h, (size_t)n, cnt - 16 * h);
             }
         }
     }
-    }
+}
+
+void quant_gemm_avx2(int type, const int8_t *xq, size_t q_stride, const float *xd, const float *xs, size_t s_stride,
+                     int64_t m, const uint8_t *w, int64_t n, int64_t k, void *work, float *y) {
+    const int64_t nb = k / QUANT_BLOCK;
+    const size_t tile_bytes = quant_gemm_tile_bytes(k);
+    int32_t *xsum = (int32_t *)((uint8_t *)work + (size_t)par_max_threads() * tile_bytes);
+    if (type == QUANT_GGML_Q4_0) quant_gemm_block_sums(xq, q_stride, m, nb, xsum);
+    PAR_SLICES((size_t)n * (size_t)nb * (size_t)quant_block_bytes(type), (n + TILE - 1) / TILE, 1, t0, tc,
+               quant_gemm_avx2_rows(type, xq, q_stride, xd, xs, xsum, s_stride, m, w, n, k, t0 * TILE, tc * TILE,
+                                    (uint8_t *)work + (size_t)par_thread() * tile_bytes, y));
 }
 #else
 size_t quant_gemm_work_bytes(int64_t m, int64_t k) { (void)m; (void)k; return 0; }

@@ -6,6 +6,7 @@
 #include "parallel.h"
 #include "quant_gemm.h"
 #include "quant_gemv_ordered.h"
+#include "quant_gemv_rows.h"
 #include "quant_half.h"
 #include "quant_kquants.h"
 #include "quant_scratch.h"
@@ -14,20 +15,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Activation scratch of one call, per row r of x: the int8 values of its blocks (nbp * 32
- * bytes, nbp = blocks rounded up to even, the padding block zero), and d_x and s_x of each
- * block as two float arrays of nbs entries (blocks rounded up to 16, the padding zero), so
- * the AVX-512 variant loads sixteen blocks' scales in one register. */
-typedef struct {
-    int8_t *q;
-    float *d, *s;
-    int64_t nbp, nbs;
-} act_t;
-
-static inline const int8_t *act_q(const act_t *a, int64_t r) { return a->q + (size_t)r * (size_t)a->nbp * QUANT_BLOCK; }
-static inline const float *act_d(const act_t *a, int64_t r) { return a->d + (size_t)r * (size_t)a->nbs; }
-static inline const float *act_s(const act_t *a, int64_t r) { return a->s + (size_t)r * (size_t)a->nbs; }
 
 /* Per block of weights: dot = a * d_x * sum(q_w q_x) + c * s_x (see the header). */
 static inline void block_coeffs_c(int type, const uint8_t *blk, float *a, float *c) {
@@ -334,30 +321,29 @@ static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, 
 }
 #endif
 
+void quant_quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, int64_t k, const act_t *a) {
+    quantize_rows(isa, x, x_stride, m, k, a);
+}
+
+void quant_gemv_slice(int type, int isa, const act_t *a, int64_t m, const uint8_t *w, int64_t n, int64_t k, float *y,
+                      int64_t ldy) {
+    gemv_fn *const kernel = gemv_kernel(type, isa, m);
+    if (kernel) kernel(a, w, n, k, y, ldy);
+    else gemv_c(type, a, m, w, n, k, y, ldy);
+}
+
 /* Rows r < m <= QUANT_GEMV_MAX_M of quant_gemv, in one pass over W. */
 static int gemv_pass(int type, int isa, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
                      int64_t k, float *y) {
     if (quant_block_weights(type) == QUANT_KBLOCK) return quant_k_gemv(type, x, x_stride, m, w, n, k, isa, y);
     act_t act;
-    act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
-    act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
-    const size_t scbytes = (size_t)m * (size_t)act.nbs * sizeof(float);
-    uint8_t *mem = quant_scratch(2 * scbytes + (size_t)m * (size_t)act.nbp * QUANT_BLOCK);
+    uint8_t *mem = quant_scratch(act_bytes(m, k));
     if (!mem) return -2;
-    act.d = (float *)mem;
-    act.s = (float *)(mem + scbytes);
-    act.q = (int8_t *)(mem + 2 * scbytes);
+    act_at(mem, m, k, &act);
     quantize_rows(isa, x, x_stride, m, k, &act);
-    gemv_fn *const kernel = gemv_kernel(type, isa, m);
     const size_t row_bytes = (size_t)(k / QUANT_BLOCK) * (size_t)quant_block_bytes(type);
-    const int threads = par_threads((size_t)n * row_bytes, n);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        int64_t j0, cnt;
-        par_slice(n, 16, &j0, &cnt);
-        if (cnt && kernel) kernel(&act, w + (size_t)j0 * row_bytes, cnt, k, y + j0, n);
-        else if (cnt) gemv_c(type, &act, m, w + (size_t)j0 * row_bytes, cnt, k, y + j0, n);
-    }
+    PAR_SLICES((size_t)n * row_bytes, n, 16, j0, cnt,
+               quant_gemv_slice(type, isa, &act, m, w + (size_t)j0 * row_bytes, cnt, k, y + j0, n));
     return 0;
 }
 
@@ -366,18 +352,13 @@ static int gemv_pass(int type, int isa, const float *x, int64_t x_stride, int64_
 static int gemm_all_rows(int type, int isa, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
                          int64_t k, float *y) {
     act_t act;
-    act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
-    act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
-    const size_t scbytes = (size_t)m * (size_t)act.nbs * sizeof(float);
-    const size_t qbytes = (size_t)m * (size_t)act.nbp * QUANT_BLOCK; /* a multiple of 64, as scbytes is */
-    uint8_t *mem = quant_scratch(2 * scbytes + qbytes + quant_gemm_work_bytes(m, k));
+    const size_t abytes = act_bytes(m, k); /* a multiple of 64 */
+    uint8_t *mem = quant_scratch(abytes + quant_gemm_work_bytes(m, k));
     if (!mem) return -2;
-    act.d = (float *)mem;
-    act.s = (float *)(mem + scbytes);
-    act.q = (int8_t *)(mem + 2 * scbytes);
+    act_at(mem, m, k, &act);
     quantize_rows_avx2(x, x_stride, m, k, &act);
     (isa == QUANT_ISA_AVX512_VNNI ? quant_gemm_avx512 : quant_gemm_avx2)(
-        type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k, mem + 2 * scbytes + qbytes, y);
+        type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k, mem + abytes, y);
     return 0;
 }
 
@@ -386,23 +367,34 @@ static int gemm_all_rows(int type, int isa, const float *x, int64_t x_stride, in
 static int gemm_order_rows(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n,
                            int64_t k, float *y) {
     act_t act;
-    act.nbp = (k / QUANT_BLOCK + 1) / 2 * 2;
-    act.nbs = (k / QUANT_BLOCK + 15) / 16 * 16;
-    const size_t scbytes = (size_t)m * (size_t)act.nbs * sizeof(float);
-    const size_t qbytes = (size_t)m * (size_t)act.nbp * QUANT_BLOCK;
-    uint8_t *mem = quant_scratch(2 * scbytes + qbytes + (size_t)m * (size_t)(k / QUANT_BLOCK) * sizeof(int32_t));
+    const size_t abytes = act_bytes(m, k);
+    uint8_t *mem = quant_scratch(abytes + (size_t)m * (size_t)(k / QUANT_BLOCK) * sizeof(int32_t));
     if (!mem) return -2;
-    act.d = (float *)mem;
-    act.s = (float *)(mem + scbytes);
-    act.q = (int8_t *)(mem + 2 * scbytes);
+    act_at(mem, m, k, &act);
     quantize_rows_avx2(x, x_stride, m, k, &act);
     quant_gemv_gemm_order_avx512(type, act.q, (size_t)act.nbp * QUANT_BLOCK, act.d, act.s, (size_t)act.nbs, m, w, n, k,
-                                 (int32_t *)(mem + 2 * scbytes + qbytes), y);
+                                 (int32_t *)(mem + abytes), y);
     return 0;
 }
 #endif
 
 _Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
+
+int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int bw = quant_block_weights(type);
+    const int64_t row_bytes = k / bw * quant_block_bytes(type);
+    const int64_t from = n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE
+                         : bw == QUANT_BLOCK                     ? QUANT_GEMM_MIN_M
+                                                                 : QUANT_KGEMM_MIN_M;
+    if (bw == QUANT_BLOCK) /* row_bytes: the AVX-512 gathers' offsets */
+        return isa >= QUANT_ISA_AVX2 && row_bytes <= INT32_MAX / 16 && m >= from;
+    return isa == QUANT_ISA_AVX512_VNNI && m >= from;
+#else
+    (void)type; (void)isa; (void)m; (void)n; (void)k;
+    return 0;
+#endif
+}
 
 int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint8_t *w, int64_t n, int64_t k,
                int max_isa, float *y) {
@@ -411,13 +403,9 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     int isa = quant_best_isa();
     if (max_isa < isa) isa = max_isa;
 #if defined(__x86_64__) && defined(__GNUC__)
-    const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 /* the AVX-512 gathers' offsets */
-        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M))
-        return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);
-    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_KBLOCK
-        && m >= (n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_KGEMM_MIN_M))
-        return quant_k_gemm(type, x, x_stride, m, w, n, k, y);
+    if (quant_gemm_runs(type, isa, m, n, k))
+        return bw == QUANT_BLOCK ? gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y)
+                                 : quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
     for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
         const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,

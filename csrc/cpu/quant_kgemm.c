@@ -48,8 +48,12 @@ typedef struct {
     float mm[TILE];           /* M */
 } __attribute__((aligned(64))) ktile_t;
 
+_Static_assert(TILE == QUANT_KGEMM_TILE, "the tile the header names");
+
+size_t quant_kgemm_tile_bytes(int64_t k) { return (size_t)(k / QK) * sizeof(ktile_t); }
+
 /* One repacked tile per thread: the tiles of W split over the pool (parallel.h). */
-size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)par_max_threads() * (size_t)(k / QK) * sizeof(ktile_t); }
+size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)par_max_threads() * quant_kgemm_tile_bytes(k); }
 
 /* Row j's super-block blk (NULL: a row past W's end, all zeros) into tile column j < TILE: all but u. */
 static inline AVX512KG __attribute__((always_inline)) void repack_scales(const int type, const uint8_t *blk,
@@ -191,29 +195,37 @@ KTILE_INSTANCES(QUANT_GGML_Q6_K, q6_k)
 
 static inline __mmask16 lanes_below(int c) { return c >= 16 ? (__mmask16)0xFFFF : c <= 0 ? 0 : (__mmask16)((1u << c) - 1); }
 
-void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y) {
+void quant_kgemm_avx512_rows(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, int64_t first,
+                             int64_t count, void *tile, float *y) {
     const size_t row_bytes = (size_t)a->nsb * (size_t)quant_block_bytes(type);
     ktile_fn *const *fns = type == QUANT_GGML_Q4_K ? ktile_q4_k : type == QUANT_GGML_Q5_K ? ktile_q5_k : ktile_q6_k;
-    const int threads = par_threads((size_t)n * row_bytes, (n + TILE - 1) / TILE);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-    ktile_t *tile = (ktile_t *)work + (size_t)par_thread() * (size_t)a->nsb;
-    int64_t first, count;
-    par_slice(n, TILE, &first, &count);
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
-        repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, tile);
+        repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, (ktile_t *)tile);
         const __mmask16 m0 = lanes_below(cnt), m1 = lanes_below(cnt - 16);
         for (int64_t r0 = 0; r0 < m; r0 += RMAX) {
             const int rr = m - r0 < RMAX ? (int)(m - r0) : RMAX;
-            fns[rr - 1](tile, a, r0, y + (size_t)r0 * (size_t)n + (size_t)j0, (size_t)n, m0, m1);
+            fns[rr - 1]((const ktile_t *)tile, a, r0, y + (size_t)r0 * (size_t)n + (size_t)j0, (size_t)n, m0, m1);
         }
     }
-    }
+}
+
+void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y) {
+    const size_t row_bytes = (size_t)a->nsb * (size_t)quant_block_bytes(type), tile_bytes = quant_kgemm_tile_bytes(a->nsb * QK);
+    PAR_SLICES((size_t)n * row_bytes, (n + TILE - 1) / TILE, 1, t0, tc,
+               quant_kgemm_avx512_rows(type, a, m, w, n, t0 * TILE, tc * TILE,
+                                       (uint8_t *)work + (size_t)par_thread() * tile_bytes, y));
 }
 
 #else
 size_t quant_kgemm_work_bytes(int64_t k) { (void)k; return 0; }
+
+size_t quant_kgemm_tile_bytes(int64_t k) { (void)k; return 0; }
+
+void quant_kgemm_avx512_rows(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, int64_t first,
+                             int64_t count, void *tile, float *y) {
+    (void)type; (void)a; (void)m; (void)w; (void)n; (void)first; (void)count; (void)tile; (void)y;
+}
 
 void quant_kgemm_avx512(int type, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, void *work, float *y) {
     (void)type; (void)a; (void)m; (void)w; (void)n; (void)work; (void)y;

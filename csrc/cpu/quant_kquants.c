@@ -357,17 +357,37 @@ static void quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, 
 }
 #endif
 
-/* a's arrays for m rows of k in the calling thread's scratch, then `extra` bytes at a 64-byte
- * boundary: returned, or NULL when memory ran out. */
-static uint8_t *act_scratch(int64_t m, int64_t k, size_t extra, actk_t *a) {
+size_t quant_k_act_bytes(int64_t m, int64_t k) {
+    const size_t blocks = (size_t)m * (size_t)(k / QK);
+    return (blocks * (QK + NG * sizeof(int16_t) + sizeof(float)) + 63) / 64 * 64;
+}
+
+void quant_k_act_at(uint8_t *mem, int64_t m, int64_t k, actk_t *a) {
     a->nsb = k / QK;
     const size_t blocks = (size_t)m * (size_t)a->nsb;
-    const size_t abytes = (blocks * (QK + NG * sizeof(int16_t) + sizeof(float)) + 63) / 64 * 64;
-    uint8_t *mem = quant_scratch(abytes + extra);
-    if (!mem) return NULL;
     a->q = (int8_t *)mem;
     a->bs = (int16_t *)(mem + blocks * QK);
     a->d = (float *)(mem + blocks * (QK + NG * sizeof(int16_t)));
+}
+
+void quant_k_quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, const actk_t *a) {
+    quantize_rows(isa, x, x_stride, m, a);
+}
+
+void quant_k_gemv_slice(int type, int isa, const actk_t *a, int64_t m, const uint8_t *w, int64_t n, float *y,
+                        int64_t ldy) {
+    const kfn_t kernel = kernel_for(type, isa, m);
+    if (kernel) kernel(a, w, n, y, ldy);
+    else gemv_c(type, a, m, w, n, y, ldy);
+}
+
+/* a's arrays for m rows of k in the calling thread's scratch, then `extra` bytes at a 64-byte
+ * boundary: returned, or NULL when memory ran out. */
+static uint8_t *act_scratch(int64_t m, int64_t k, size_t extra, actk_t *a) {
+    const size_t abytes = quant_k_act_bytes(m, k);
+    uint8_t *mem = quant_scratch(abytes + extra);
+    if (!mem) return NULL;
+    quant_k_act_at(mem, m, k, a);
     return mem + abytes;
 }
 
@@ -376,16 +396,9 @@ int quant_k_gemv(int type, const float *x, int64_t x_stride, int64_t m, const ui
     actk_t a;
     if (!act_scratch(m, k, 0, &a)) return -2;
     quantize_rows(isa, x, x_stride, m, &a);
-    const kfn_t kernel = kernel_for(type, isa, m);
     const size_t row_bytes = (size_t)a.nsb * (size_t)quant_block_bytes(type);
-    const int threads = par_threads((size_t)n * row_bytes, n);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        int64_t j0, cnt;
-        par_slice(n, 16, &j0, &cnt);
-        if (cnt && kernel) kernel(&a, w + (size_t)j0 * row_bytes, cnt, y + j0, n);
-        else if (cnt) gemv_c(type, &a, m, w + (size_t)j0 * row_bytes, cnt, y + j0, n);
-    }
+    PAR_SLICES((size_t)n * row_bytes, n, 16, j0, cnt,
+               quant_k_gemv_slice(type, isa, &a, m, w + (size_t)j0 * row_bytes, cnt, y + j0, n));
     return 0;
 }
 

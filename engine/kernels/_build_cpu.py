@@ -11,7 +11,16 @@ from cffi import FFI
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "csrc", "cpu")
-_NAMES = ("cpu_features", "gemv_bf16", "paged_attention", "activation", "quant_types", "quant_gemv", "int8_gemv")
+_NAMES = (
+    "cpu_features",
+    "gemv_bf16",
+    "paged_attention",
+    "activation",
+    "quant_types",
+    "quant_gemv",
+    "quant_moe",
+    "int8_gemv",
+)
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
 _INTERNAL_HEADERS = (
     "avx2_math.h",
@@ -23,6 +32,7 @@ _INTERNAL_HEADERS = (
     "quant_kquants.h",
     "quant_gemm.h",
     "quant_gemv_ordered.h",
+    "quant_gemv_rows.h",
     "quant_kgemm.h",
     "quant_kblock.h",
     "quant_tile.h",

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from engine.kernels import activation, bf16_gemv, int8_linear, paged_attention, quant
+from engine.kernels import activation, bf16_gemv, int8_linear, paged_attention, quant, quant_moe
 
 NAMESPACE = "ringllm"
 _LIB = torch.library.Library(NAMESPACE, "DEF")
@@ -69,7 +69,8 @@ rotary_ = _op(
 
 
 # ---------------------------------------------------------------- matmuls (quant_gemv.c and the K-quants,
-# int8_gemv.c, gemv_bf16.c): float32 [rows, out] from [rows, in] activations
+# quant_moe.c: [pairs, out] of stacked experts [experts, out, row_bytes], int8_gemv.c, gemv_bf16.c):
+# float32 [rows, out] from [rows, in] activations
 def _matmul_fake(x, weight, *rest):
     return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
 
@@ -96,6 +97,17 @@ quant_dequantize = _op(
     "quant_dequantize(Tensor blocks, int qtype, int in_features) -> Tensor",
     _quant_dequantize,
     lambda blocks, qtype, in_features: blocks.new_empty(blocks.shape[0], in_features, dtype=torch.float32),
+)
+# a sparse layer's GGUF experts, all pairs in one call (quant_moe.py); MoE models run eager today
+# (their layers are beyond the compiled blocks), so this is what a compiled graph of them would call
+quant_moe_matmul = _op(
+    "quant_moe_matmul(Tensor x, Tensor rows, Tensor experts, Tensor blocks, int qtype, int in_features) -> Tensor",
+    lambda x, rows, experts, blocks, qtype, in_features: quant_moe.QuantizedExperts(
+        blocks, qtype, blocks.shape[1], in_features
+    ).matmul(x, rows, experts),
+    lambda x, rows, experts, blocks, qtype, in_features: x.new_empty(
+        rows.shape[0], blocks.shape[1], dtype=torch.float32
+    ),
 )
 int8_matmul = _op(
     "int8_matmul(Tensor x, Tensor qweight, Tensor scale, Tensor wsum) -> Tensor",

@@ -313,6 +313,12 @@ class GGUFLinear(KernelLinear):
         q = self.q
         return _add_bias(ops.quant_matmul(x, q.data, q.qtype, q.in_features, self.row_invariant), bias)
 
+    def share_blocks(self, data: torch.Tensor) -> None:
+        """Hold ``data``, the same blocks elsewhere (a view into a stack of experts,
+        engine/models/moe_gguf.py), in place of its own copy: one copy resident."""
+        self.q = quant.QuantizedLinear(data, self.q.qtype, self.out_features, self.in_features)
+        self._matmul = self.q.matmul_row_invariant if self.row_invariant else self.q.matmul
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         picked = self.q.data.index_select(0, ids)
         return quant.QuantizedLinear(picked, self.q.qtype, ids.numel(), self.in_features).dequantize()

@@ -220,6 +220,9 @@ class LlamaForCausalLM:
             self.format_bytes += self._format_bytes(name, tensor)
             router.add(name, tensor)
         router.finish()
+        for layer in self.layers:
+            if layer.moe is not None:
+                layer.moe.stack_experts()
         self._finish_embedding()
 
     @torch.no_grad()

@@ -13,7 +13,9 @@ weights once whatever the number of tokens routed to it, and an expert no token 
 read at all (a single-token decode touches its ``top_k`` experts only). Each expert is a
 ``Linear`` of its own, with the method ``Placement`` chose for it (engine/models/linear.py),
 so the GGUF kernels run quantized experts on their blocks. The weighted outputs are added
-back per token in expert order, as transformers does, so float32 results are its own.
+back per token in expert order, as transformers does, so float32 results are its own. GGUF
+experts that stack into one tensor per projection skip the per-expert calls altogether: one
+kernel call per projection for all of a step's (token, expert) pairs (moe_gguf.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from engine.models.linear import Linear
+from engine.models.moe_gguf import GGUFExperts
 
 
 # Far above any released model's experts per layer (Qwen3-MoE 128, DeepSeek-V3 256, Kimi K2 384),
@@ -66,16 +69,22 @@ class MoeDims:
 class SparseMoE:
     """One layer's router and experts (set by the loader, None until then)."""
 
-    __slots__ = ("dims", "router", "gate_up", "down")
+    __slots__ = ("dims", "router", "gate_up", "down", "gguf")
 
     def __init__(self, dims: MoeDims) -> None:
         self.dims = dims
         self.router: Optional[Linear] = None
         self.gate_up: list[Optional[Linear]] = [None] * dims.num_experts  # gate and up rows fused, as Llama's
         self.down: list[Optional[Linear]] = [None] * dims.num_experts
+        self.gguf: Optional[GGUFExperts] = None  # the experts stacked for one call per projection
 
     def linears(self) -> list[Linear]:
         return [self.router, *self.gate_up, *self.down]
+
+    def stack_experts(self) -> None:
+        """Once every expert is set (the loader, after its last weight): GGUF experts stacked to
+        run one kernel call per projection (engine/models/moe_gguf.py), where they can be."""
+        self.gguf = GGUFExperts.stack(self.gate_up, self.down)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts), each ``[tokens, top_k]``: softmax in float32, then the top k
@@ -90,6 +99,8 @@ class SparseMoE:
         """The layer's MLP output for ``x`` ``[tokens, hidden]``; ``act`` is the forward's
         act(gate) * up of fused gate/up rows."""
         weights, experts = self.route(x)
+        if self.gguf is not None and self.gguf.runs(x.shape[0]):
+            return self.gguf(x, act, weights, experts)
         if x.shape[0] == 1:
             return self._one_token(x, act, weights, experts)
         flat = experts.reshape(-1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import activation, bf16_gemv, int8_linear, ops, paged_attention, quant
+from engine.kernels import activation, bf16_gemv, int8_linear, ops, paged_attention, quant, quant_moe
 from engine.kernels.quant_blocks import random_blocks
 from engine.models import linear
 from engine.models.activation_ops import RMSNorm, Rotary, SiluAndMul
@@ -69,6 +69,15 @@ def test_quant_ops_are_the_kernels(qtype, in_features, rows):
     _check(ops.quant_matmul, (x, data, qtype, in_features, False), q.matmul(x))
     _check(ops.quant_matmul, (x, data, qtype, in_features, True), q.matmul_row_invariant(x))
     _check(ops.quant_dequantize, (data, qtype, in_features), q.dequantize())
+
+
+@pytest.mark.parametrize("qtype,in_features", [(quant.Q8_0, 64), (quant.Q4_K, 256)])
+def test_quant_moe_op_is_the_kernel(qtype, in_features):
+    data = _blocks(qtype, 3 * 32, in_features).view(3, 32, -1)  # three different experts
+    x = torch.randn(4, in_features)
+    rows, experts = torch.tensor([0, 0, 1, 3, 2]), torch.tensor([2, 0, 2, 2, 1])
+    want = quant_moe.QuantizedExperts(data, qtype, 32, in_features).matmul(x, rows, experts)
+    _check(ops.quant_moe_matmul, (x, rows, experts, data, qtype, in_features), want)
 
 
 def test_int8_op_is_the_kernel():

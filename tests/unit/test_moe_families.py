@@ -315,7 +315,8 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
     renormalisation and Qwen3-MoE's dense layer read from the file) load to the tokens of
     transformers run on the values the file holds, and to its logprobs within 2e-4. Q8_0 experts
     run on their blocks, one quantized linear each, whose kernels quantize activations per block
-    as llama.cpp does: held as ``assert_tracks`` says. The same file with the kernels off (blocks
+    as llama.cpp does, each layer's experts stacked for one kernel call per projection
+    (engine/models/moe_gguf.py): held as ``assert_tracks`` says. The same file with the kernels off (blocks
     dequantized once) is then held to the exact tokens and 2e-4, which shows the gap is the
     activations' rounding alone."""
     from engine.kernels import quant
@@ -330,6 +331,7 @@ def test_gguf_file_loads_to_transformers_tokens(name, qtype, tmp_path, monkeypat
     if qtype == "Q8_0":
         experts = {p.method.format for layer in runner.model.layers if layer.moe for p in layer.moe.gate_up}
         assert experts == {"Q8_0"}
+        assert all(layer.moe.gguf is not None for layer in runner.model.layers if layer.moe)  # one call a projection
         rows = step(runner, [make_request("p", PROMPTS[0], prompt_logprobs=0)]).prompt_logprobs["p"].logprobs
         assert_tracks([row[0] for row in rows], want)
         monkeypatch.setattr(quant, "SUPPORTED_TYPES", ())
