@@ -378,6 +378,21 @@ static int gemm_order_rows(int type, const float *x, int64_t x_stride, int64_t m
 }
 #endif
 
+/* The AVX-512 GEMV of 32-weight blocks keeps three registers per row of x (sums, offset sums,
+ * coefficients) beside its own eight or so: past six rows of the 32 it spills, and an 8-row pass
+ * costs ~2.2-2.5x a 6-row one, more than two 4-row passes (benchmarks/RESULTS.md, "Quantized
+ * kernels, per call"). So there a pass takes at most six rows, and the passes of a call are
+ * balanced (8 rows: 4 + 4). Rows are independent sums: the split changes no value. */
+#define AVX512_PASS_MAX_M 6
+
+/* Rows of the next GEMV pass when m rows are left. */
+static int64_t pass_rows(int type, int isa, int64_t m) {
+    const int64_t most = isa == QUANT_ISA_AVX512_VNNI && quant_block_weights(type) == QUANT_BLOCK ? AVX512_PASS_MAX_M
+                                                                                                  : QUANT_GEMV_MAX_M;
+    const int64_t passes = (m + most - 1) / most;
+    return (m + passes - 1) / passes;
+}
+
 _Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
 
 int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k) {
@@ -407,9 +422,10 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
         return bw == QUANT_BLOCK ? gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y)
                                  : quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
-    for (int64_t r = 0; r < m; r += QUANT_GEMV_MAX_M) {
-        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride,
-                                 m - r < QUANT_GEMV_MAX_M ? m - r : QUANT_GEMV_MAX_M, w, n, k, y + (size_t)r * (size_t)n);
+    for (int64_t r = 0, rows; r < m; r += rows) {
+        rows = pass_rows(type, isa, m - r);
+        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride, rows, w, n, k,
+                                 y + (size_t)r * (size_t)n);
         if (rc) return rc;
     }
     return 0;
