@@ -100,7 +100,7 @@ def best_peer(bench: Bench, scenario: str, metric: str, peers: list[str]) -> Opt
     return max(measured, key=lambda m: bench.stat(scenario, m, metric).median) if measured else None
 
 
-def print_tables(bench: Bench, args: argparse.Namespace, peers: list[str], rss: dict) -> None:
+def print_tables(bench: Bench, args: argparse.Namespace, label: str, peers: list[str], rss: dict) -> None:
     columns = [
         Column("1 stream tok/s", "single", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
         Column("1 stream ITL p50 ms", "single", "itl_p50_ms", "{:.0f}"),
@@ -111,7 +111,7 @@ def print_tables(bench: Bench, args: argparse.Namespace, peers: list[str], rss: 
             Column(f"{c} clients tok/s", f"c={c}", "output_tokens_per_s", "{:.1f}", higher_is_better=True),
             Column(f"{c} clients TTFT p99 ms", f"c={c}", "ttft_p99_ms", "{:.0f}"),
         ]
-    print(bench.table(f"{NAME} {args.quant}: ringllm vs llama-server", columns))
+    print(bench.table(f"{label}: ringllm vs llama-server", columns))
     print("\n| scenario | ringllm / best llama.cpp | best llama.cpp |\n|---|---|---|")
     for column in columns:
         if not column.higher_is_better:
@@ -148,17 +148,24 @@ def main(argv: Optional[list[str]] = None) -> None:
         metavar="FLAGS",
         help="Also run a ringllm server with these extra serve flags (repeatable).",
     )
+    parser.add_argument(
+        "--gguf",
+        help="Serve this GGUF file instead of the 1.56B Llama (e.g. benchmarks.moe_model's MoE); "
+        "its tokenizer is the Llama's HF directory's, so it must share SmolLM2's vocabulary.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON and server logs.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.makedirs(args.out, exist_ok=True)
-    gguf, tokenizer = gguf_path(args.quant), hf_model_path()
-    bench = Bench(
-        f"realistic-{args.quant}",
-        model=f"{NAME} ({parameter_count() / 1e9:.2f} B, random weights) {args.quant}, "
-        f"{os.path.getsize(gguf) / 2**20:.0f} MiB",
+    gguf, tokenizer = args.gguf or gguf_path(args.quant), hf_model_path()
+    label = os.path.basename(args.gguf) if args.gguf else args.quant
+    described = (
+        f"{os.path.basename(args.gguf)}, "
+        if args.gguf
+        else f"{NAME} ({parameter_count() / 1e9:.2f} B, random weights) {args.quant}, "
     )
+    bench = Bench(f"realistic-{label}", model=f"{described}{os.path.getsize(gguf) / 2**20:.0f} MiB")
     bench.notes.append(
         f"{args.output_tokens} output tokens (greedy, ignore_eos), {args.requests_per_client} requests "
         f"per client; prefill {args.prefill_requests} x {args.prefill_tokens} random ids; client on "
@@ -209,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for _, process in llamas.values():
             stop_server(process)
     paths = bench.save(extra={"peak_rss_mib": rss}, out_dir=args.out)
-    print_tables(bench, args, list(llamas), rss)
+    print_tables(bench, args, label, list(llamas), rss)
     for path in paths:
         print(f"wrote {os.path.relpath(path)}")
 
