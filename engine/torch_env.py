@@ -9,7 +9,7 @@ A user who chose a policy keeps it; a torch imported earlier by the application 
 
 PASSIVE alone parks an idle worker on a futex at once, and on these VMs waking a parked thread
 costs 50-400 us (a halted vCPU's exit): a parallel kernel call then takes as long on two threads
-as on one (benchmarks/RESULTS.md, "Threads"). With more than one model thread, workers therefore
+as on one (benchmarks/RESULTS.md, "1.56B Llama"). With more than one model thread, workers therefore
 spin ``GOMP_SPINCOUNT`` polls (~0.2 ms here: the gaps between one step's kernel calls) before
 parking: a step's calls find them awake, and between steps they still sleep. On a host where
 another process takes a core, the runner falls back to fewer threads (worker/thread_tuner.py).

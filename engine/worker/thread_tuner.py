@@ -4,7 +4,7 @@ Why: on these 2-core hosts the best thread count for a large model depends on wh
 On a quiet host a 1.56B decode step on two threads takes ~0.6x the time of one; when another
 process keeps a core busy, the second thread is descheduled for whole time slices and the step
 takes ~2-3x longer than on one thread, because every kernel call ends at a barrier waiting for it
-(benchmarks/RESULTS.md, "Threads"). No static count is right for both, so when the count is the
+(benchmarks/RESULTS.md, "1.56B Llama"). No static count is right for both, so when the count is the
 engine's own default (``EngineConfig.adapt_threads``) the runner asks this tuner before each step
 and tells it how long the step took.
 
