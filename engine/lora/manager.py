@@ -22,7 +22,7 @@ import torch
 
 from engine.lora.adapter import LoRAAdapter
 from engine.lora.config import LoRAConfig
-from engine.lora.layer import LoRABatch, LoRAWeights
+from engine.lora.layer import GroupedRows, LoRABatch, LoRAWeights
 from engine.lora.request import LoRARequest
 from engine.models.weights import pair_rows
 
@@ -152,6 +152,7 @@ class LoRAManager:
         self._step += 1
         ids = [r.lora_request.lora_int_id if r.lora_request is not None else 0 for r in requests]
         wanted = {lid: r.lora_request for lid, r in zip(ids, requests) if lid}
+        self.batch.grouped = None
         if not wanted:
             self.batch.groups = []
             return
@@ -165,6 +166,9 @@ class LoRAManager:
         for lid, start, n in zip(ids, first_rows, counts):
             if lid:
                 rows.setdefault(slot_of[lid], []).extend(range(start, start + n))
+        if len(rows) > 1:
+            self.batch.groups, self.batch.grouped = [], GroupedRows(rows, self._device)
+            return
         self.batch.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self._device)) for slot, r in rows.items()]
 
     def _slot_for(self, lid: int, req: LoRARequest, wanted: dict[int, LoRARequest]) -> int:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.core.kv_cache import KVCacheManager
-from engine.lora.layer import LoRABatch, LoRAWeights
+from engine.lora.layer import GroupedRows, LoRABatch, LoRAWeights
 from engine.lora.request import LoRARequest
 from engine.models.linear import Linear
 from tests.helpers.core_utils import make_request as make_core_request
@@ -104,6 +104,36 @@ def test_update_is_added_on_top_of_every_linear_method(method):
     expected = base.apply(x)
     expected[rows] += torch.cat([x[rows] @ a0.T @ b0.T, x[rows] @ a1.T @ b1.T], dim=1)
     torch.testing.assert_close(linear(x), expected)
+
+
+@pytest.mark.parametrize("slots", [(0, 2), (1, 2, 3)], ids=["apart", "consecutive"])
+def test_several_slots_in_one_step_each_update_only_their_rows(slots):
+    """The grouped path (one pair of batched products for all slots): uneven row counts, a slot
+    whose adapter has a lower rank than another's and skips one part, and rows with no adapter."""
+    torch.manual_seed(1)
+    batch = LoRABatch()
+    lora = LoRAWeights([32, 16], 64, slots=4, max_rank=8, dtype=torch.float32, device=torch.device("cpu"), batch=batch)
+    pairs = {}
+    for i, slot in enumerate(slots):
+        rank = 8 if i == 0 else 4
+        part = [(torch.randn(rank, 64), torch.randn(32, rank)), (torch.randn(rank, 64), torch.randn(16, rank))]
+        if i == 1:
+            part[1] = None  # this adapter leaves the second part alone
+        lora.set_slot(slot, rank, part)
+        pairs[slot] = part
+    x, y = torch.randn(9, 64), torch.randn(9, 48)
+    rows = {slots[0]: [0, 3, 4, 8], slots[1]: [6]}
+    if len(slots) > 2:
+        rows[slots[2]] = [1, 2]
+    batch.grouped = GroupedRows(rows, torch.device("cpu"))
+    expected = y.clone()
+    for slot, rs in rows.items():
+        for r in rs:
+            for (a, b), cols in zip(
+                [p or (torch.zeros(1, 64), torch.zeros(16, 1)) for p in pairs[slot]], (slice(0, 32), slice(32, 48))
+            ):
+                expected[r, cols] += x[r] @ a.T @ b.T
+    torch.testing.assert_close(lora.add_(x, y.clone()), expected, rtol=1e-5, atol=1e-4)
 
 
 def _write_config(path: str, **changes) -> None:
