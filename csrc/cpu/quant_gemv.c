@@ -385,8 +385,7 @@ static int gemm_order_rows(int type, const float *x, int64_t x_stride, int64_t m
  * balanced (8 rows: 4 + 4). Rows are independent sums: the split changes no value. */
 #define AVX512_PASS_MAX_M 6
 
-/* Rows of the next GEMV pass when m rows are left. */
-static int64_t pass_rows(int type, int isa, int64_t m) {
+int64_t quant_gemv_pass_rows(int type, int isa, int64_t m) {
     const int64_t most = isa == QUANT_ISA_AVX512_VNNI && quant_block_weights(type) == QUANT_BLOCK ? AVX512_PASS_MAX_M
                                                                                                   : QUANT_GEMV_MAX_M;
     const int64_t passes = (m + most - 1) / most;
@@ -422,10 +421,10 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
         return bw == QUANT_BLOCK ? gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y)
                                  : quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
-    for (int64_t r = 0, rows; r < m; r += rows) {
-        rows = pass_rows(type, isa, m - r);
-        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride, rows, w, n, k,
-                                 y + (size_t)r * (size_t)n);
+    const int64_t per = quant_gemv_pass_rows(type, isa, m);
+    for (int64_t r = 0; r < m; r += per) {
+        const int rc = gemv_pass(type, isa, x + (size_t)r * (size_t)x_stride, x_stride, m - r < per ? m - r : per, w,
+                                 n, k, y + (size_t)r * (size_t)n);
         if (rc) return rc;
     }
     return 0;

@@ -11,7 +11,8 @@
  *   Q4_0:  d_w (d_x sum(q_w q_x) - 8 s_x)          (w = d_w (q_w - 8))
  *   Q4_1:  d_w d_x sum(q_w q_x) + m_w s_x           (w = d_w q_w + m_w)
  * with s_x = d_x sum(q_x). All rows of x are multiplied with a weight block while it is in
- * registers, so W is read once per call for up to QUANT_GEMV_MAX_M rows.
+ * registers, so W is read once per pass of up to QUANT_GEMV_MAX_M rows (6 for these types on
+ * AVX-512, whose pass spills registers beyond: quant_gemv.c).
  *
  * Batches: on AVX-512 VNNI and AVX2, Q4_0, Q4_1 and Q8_0 from QUANT_GEMM_MIN_M rows run a tiled
  * int8 GEMM instead (quant_gemm.c: W repacked per call, 32 output rows at a time, into

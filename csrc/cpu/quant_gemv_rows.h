@@ -58,6 +58,10 @@ void quant_quantize_rows(int isa, const float *x, int64_t x_stride, int64_t m, i
 void quant_gemv_slice(int type, int isa, const act_t *a, int64_t m, const uint8_t *w, int64_t n, int64_t k, float *y,
                       int64_t ldy);
 
+/* quant_gemv.c: the rows of each GEMV pass (the last may take fewer) when quant_gemv runs m rows
+ * of this type as passes: at most QUANT_GEMV_MAX_M, fewer on AVX-512 (the passes balanced). */
+int64_t quant_gemv_pass_rows(int type, int isa, int64_t m);
+
 /* quant_gemv.c: whether quant_gemv runs m rows of this type on a tiled GEMM (quant_gemm.c,
  * quant_kgemm.c) rather than GEMV passes, for W of n rows of k and isa already capped. */
 int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k);

@@ -18,12 +18,14 @@
  * enough that the shares even out. One thread takes a whole pass over W per unit, as quant_gemv. */
 #define GEMV_UNIT 64
 
-/* One active expert: its rows r0 .. r0 + m - 1 in grouped order, whether they run the tiled GEMM,
- * and the index of its first work unit. */
+/* One active expert: its rows r0 .. r0 + m - 1 in grouped order, whether they run the tiled GEMM
+ * (else GEMV passes of `pass` rows, the last may take fewer), and the index of its first work unit. */
 typedef struct {
-    int64_t e, r0, m, first_unit;
+    int64_t e, r0, m, pass, first_unit;
     int tiled;
 } group_t;
+
+static inline int64_t passes_of(const group_t *g) { return (g->m + g->pass - 1) / g->pass; }
 
 /* Both activation layouts; the type's block size says which one is filled. */
 typedef struct {
@@ -36,11 +38,11 @@ static inline size_t up64(size_t b) { return (b + 63) / 64 * 64; }
 
 static int64_t units_of(const group_t *g, int64_t n, int64_t gemv_rows) {
     if (g->tiled) return (n + QUANT_GEMM_TILE - 1) / QUANT_GEMM_TILE;
-    return (g->m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M * ((n + gemv_rows - 1) / gemv_rows);
+    return passes_of(g) * ((n + gemv_rows - 1) / gemv_rows);
 }
 
 /* Work unit u of group g (u counted from the group's first): a tile of W's rows for all of g's rows
- * (tiled), or gemv_rows of W's rows for one pass of up to QUANT_GEMV_MAX_M of g's rows. */
+ * (tiled), or gemv_rows of W's rows for one pass of up to g->pass of g's rows. */
 static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64_t u, const uint8_t *we, int64_t n,
                      int64_t k, int64_t gemv_rows, void *tile, float *yg) {
     const size_t row_bytes = (size_t)(k / quant_block_weights(type)) * (size_t)quant_block_bytes(type);
@@ -63,9 +65,9 @@ static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64
 #else
     (void)tile;
 #endif
-    const int64_t passes = (g->m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M;
-    const int64_t r = u % passes * QUANT_GEMV_MAX_M, j0 = u / passes * gemv_rows;
-    const int64_t m = g->m - r < QUANT_GEMV_MAX_M ? g->m - r : QUANT_GEMV_MAX_M;
+    const int64_t passes = passes_of(g);
+    const int64_t r = u % passes * g->pass, j0 = u / passes * gemv_rows;
+    const int64_t m = g->m - r < g->pass ? g->m - r : g->pass;
     const int64_t cnt = n - j0 < gemv_rows ? n - j0 : gemv_rows;
     y += (size_t)r * (size_t)n + (size_t)j0;
     if (kquant) {
@@ -93,6 +95,7 @@ static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pa
         g->r0 = off[e];
         g->m = m;
         g->tiled = quant_gemm_runs(type, isa, m, n, k);
+        g->pass = quant_gemv_pass_rows(type, isa, m);
     }
     for (int64_t p = 0; p < pairs; p++) order[off[experts[p]]++] = p;
     return ng;
@@ -136,7 +139,7 @@ int quant_moe(int type, const float *x, int64_t x_stride, int64_t x_rows, const 
     size_t bytes = 0; /* W read by the call, for par_threads */
     for (int64_t i = 0; i < ng; i++) {
         sums |= groups[i].tiled && bw == QUANT_BLOCK && type != QUANT_GGML_Q4_1;
-        bytes += expert_bytes * (size_t)(groups[i].tiled ? 1 : (groups[i].m + QUANT_GEMV_MAX_M - 1) / QUANT_GEMV_MAX_M);
+        bytes += expert_bytes * (size_t)(groups[i].tiled ? 1 : passes_of(&groups[i]));
     }
     const int threads = par_threads(bytes, ng * ((n + GEMV_UNIT - 1) / GEMV_UNIT));
     const int64_t gemv_rows = threads > 1 ? GEMV_UNIT : n;

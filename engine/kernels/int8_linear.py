@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from engine.kernels.cpu import ffi, lib
+from engine.kernels.cpu import ffi, kernel_error, lib
 from engine.kernels.quant import activations, best_isa, output
 
 MAX_ROWS = 8 if lib is None else lib.INT8_GEMV_MAX_M
@@ -97,8 +97,6 @@ class Int8Linear:
             best_isa() if max_isa is None else max_isa,
             ffi.cast("float *", y.data_ptr()),
         )
-        if rc == -2:
-            raise MemoryError("int8_gemv: no memory for its activation scratch")
-        if rc != 0:
-            raise RuntimeError(f"int8_gemv rejected rows={rows}, out={self.out_features}, in={self.in_features}")
+        if rc:
+            raise kernel_error(rc, "int8_gemv", f"rows={rows}, out={self.out_features}, in={self.in_features}")
         return y

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from engine.kernels.cpu import available, ffi, lib
+from engine.kernels.cpu import available, ffi, kernel_error, lib
 
 _CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_HEAD_DIM = 256 if lib is None else lib.PAGED_ATTN_MAX_HEAD_DIM
@@ -92,12 +92,12 @@ def decode_attention(
         int(allow_avx512),
         ffi.cast("float *", out.data_ptr()),
     )
-    if rc == -2:
-        raise MemoryError("paged_decode_attention: no memory for its scratch buffers")
-    if rc != 0:
-        raise ValueError(
-            f"paged_decode_attention rejected its arguments: q {tuple(q.shape)}, cache "
-            f"{tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, heads {num_heads}/"
-            f"{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)"
+    if rc:
+        raise kernel_error(
+            rc,
+            "paged_decode_attention",
+            f"its arguments: q {tuple(q.shape)}, cache {tuple(kv_cache.shape)}, table {tuple(block_table.shape)}, "
+            f"heads {num_heads}/{num_kv_heads}x{head_dim} (a block id out of range or a length over the table?)",
+            ValueError,
         )
     return out if out_dtype == torch.float32 else out.to(out_dtype)

@@ -18,13 +18,13 @@ from typing import Optional
 
 import torch
 
-from engine.kernels.cpu import ffi, lib
+from engine.kernels.cpu import ffi, kernel_error, lib
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14  # gguf.GGMLQuantizationType numbers
 SUPPORTED_TYPES = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
 TYPE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 BLOCK = 32  # weights per block of Q4_0/Q4_1/Q8_0; see block_weights() for every type
-MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # rows of x per pass over W in the kernel
+MAX_ROWS = 8 if lib is None else lib.QUANT_GEMV_MAX_M  # the most rows of x a pass over W takes (fewer on AVX-512)
 # Up to this many rows run the kernel (ceil(rows / MAX_ROWS) passes over W); more dequantize
 # and run a float32 GEMM. At 64 rows on the default model's shapes the passes took less time than
 # dequantize + float32 GEMM (benchmarks/RESULTS.md, "Kernel choices"), and need no [out, in]
@@ -126,10 +126,8 @@ class QuantizedLinear:
             isa,
             ffi.cast("float *", y.data_ptr()),
         )
-        if rc == -2:
-            raise MemoryError("quant_gemv: no memory for its activation scratch")
-        if rc != 0:
-            raise RuntimeError(f"quant_gemv rejected rows={rows}, out={self.out_features}, in={self.in_features}")
+        if rc:
+            raise kernel_error(rc, "quant_gemv", f"rows={rows}, out={self.out_features}, in={self.in_features}")
         return y
 
     def matmul_row_invariant(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,11 +148,9 @@ class QuantizedLinear:
             self.in_features,
             ffi.cast("float *", y.data_ptr()),
         )
-        if rc == -2:
-            raise MemoryError("quant_gemv_row_invariant: no memory for its activation scratch")
-        if rc != 0:
-            raise RuntimeError(
-                f"quant_gemv_row_invariant rejected rows={rows}, out={self.out_features}, in={self.in_features}"
+        if rc:
+            raise kernel_error(
+                rc, "quant_gemv_row_invariant", f"rows={rows}, out={self.out_features}, in={self.in_features}"
             )
         return y
 

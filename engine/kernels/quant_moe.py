@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from engine.kernels import quant
-from engine.kernels.cpu import ffi, lib
+from engine.kernels.cpu import ffi, kernel_error, lib
 
 
 class QuantizedExperts:
@@ -74,10 +74,8 @@ class QuantizedExperts:
             quant.best_isa() if max_isa is None else max_isa,
             ffi.cast("float *", y.data_ptr()),
         )
-        if rc == -2:
-            raise MemoryError("quant_moe: no memory for its scratch")
-        if rc != 0:
-            raise ValueError(
-                f"quant_moe rejected a row past {tokens} tokens or an expert past {self.num_experts} experts"
+        if rc:
+            raise kernel_error(
+                rc, "quant_moe", f"a row past {tokens} tokens or an expert past {self.num_experts} experts", ValueError
             )
         return y

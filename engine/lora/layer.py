@@ -46,8 +46,9 @@ class GroupedRows:
             index += r + [r[0]] * (self.most - len(r))
             keep += [1.0] * len(r) + [0.0] * (self.most - len(r))
         self.index = torch.tensor(index, dtype=torch.long, device=device)
-        padded = any(k == 0.0 for k in keep)
-        self.keep = torch.tensor(keep, device=device).unsqueeze(1) if padded else None
+        self.keep = (
+            torch.tensor(keep, device=device).unsqueeze(1) if len(index) > sum(map(len, rows.values())) else None
+        )
 
 
 class LoRABatch:

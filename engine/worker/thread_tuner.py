@@ -10,18 +10,17 @@ and tells it how long the step took.
 
 How: steps are grouped by size (the power of two of their scheduled tokens: a decode step of 8
 sequences and a 512-token prefill differ in kind). Within a group the tuner keeps an exponential
-moving average of the seconds per step of the count it runs, and every ``period`` steps probes
-the other counts for ``PROBE_STEPS`` steps each, the first of which is not counted (it pays for
-waking or parking the pool's threads), nor is the first step back on the choice. A probed count's
-figure is its probe's mean alone (an older figure describes a host that may have changed); the
-faster count becomes the choice. A probe that confirms the
-choice doubles the period (up to ``MAX_PERIOD``: a settled host spends ~1% of its steps
-probing, and up to ``MAX_STRETCH`` times that period when the probed count lost by that factor:
-a count that makes steps 10x slower beside a busy process is not retried as often as one that
-lost by 10%); one that changes it resets the period. When the choice's own step time moves by more
-than ``DRIFT`` from what it was at the last probe (another process took or left a core), the
-next step probes at once: a change of host is followed within a few steps, and at the latest
-within ``MAX_PERIOD``.
+moving average of the seconds per step of the count it runs, and every ``period`` steps probes the
+other counts for ``PROBE_STEPS`` steps each, the first of which is not counted (it pays for waking
+or parking the pool's threads), nor is the first step back on the choice. A probed count's figure is
+its probe's mean alone (an older figure describes a host that may have changed); the faster count
+becomes the choice. A probe that confirms the choice doubles the period (up to ``MAX_PERIOD``: a
+settled host spends ~1% of its steps probing, and up to ``MAX_STRETCH`` times that period when the
+probed count lost by that factor: a count that makes steps 10x slower beside a busy process is not
+retried as often as one that lost by 10%); one that changes it resets the period. When the choice's
+own step time moves by more than ``DRIFT`` from what it was at the last probe (another process took
+or left a core), the next step probes at once: a change of host is followed within a few steps, and
+at the latest within ``MAX_PERIOD * MAX_STRETCH`` steps.
 """
 
 from __future__ import annotations
@@ -114,14 +113,14 @@ class ThreadTuner:
             old = group.ema.get(threads)
             group.ema[threads] = seconds if old is None else old + EMA_WEIGHT * (seconds - old)
         group.since_probe += 1
+        if not group.settled and group.since_probe >= PROBE_STEPS:  # a first figure, until a probe sets it
+            group.settled = group.ema.get(group.choice, 0.0)
 
     @staticmethod
     def _drifted(group: _Group) -> bool:
         now = group.ema.get(group.choice)
-        if now is None or group.since_probe < PROBE_STEPS:
+        if now is None or not group.settled or group.since_probe < PROBE_STEPS:
             return False
-        if not group.settled:
-            group.settled = now
         return abs(now - group.settled) > DRIFT * group.settled
 
     @staticmethod
