@@ -274,10 +274,15 @@ def test_unknown_response_ids_are_404_in_openai_shape(server, client):
 
 
 def test_background_response_is_polled_and_cancelled(server, client):
-    long = create(client, input="Go on", background=True, max_output_tokens=1500, extra_body={"ignore_eos": True})
-    assert long.status == "queued" and long.background
-    assert wait_for(lambda: client.responses.retrieve(long.id).status == "in_progress", 30)
-    cancelled = client.responses.cancel(long.id)
+    for _ in range(3):
+        long = create(client, input="Go on", background=True, max_output_tokens=1500, extra_body={"ignore_eos": True})
+        assert long.status == "queued" and long.background
+        assert wait_for(lambda: client.responses.retrieve(long.id).status == "in_progress", 30)
+        cancelled = client.responses.cancel(long.id)
+        # the dummy model writes 1500 tokens in about a second: a test process stalled on a busy
+        # host may send the cancel after the last one (the response is then "incomplete"): again
+        if cancelled.status != "incomplete":
+            break
     assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == "cancelled"
     assert wait_for(lambda: server.unfinished_in_core() == 0, 30)  # its engine request was aborted
 
