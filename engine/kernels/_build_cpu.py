@@ -20,6 +20,7 @@ _NAMES = (
     "quant_gemv",
     "quant_moe",
     "int8_gemv",
+    "lora_sgmv",
 )
 _HEADERS = [os.path.join(_CSRC, f"{name}.h") for name in _NAMES]
 _INTERNAL_HEADERS = (

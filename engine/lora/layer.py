@@ -5,17 +5,16 @@ method computed (dense torch, oneDNN, the C GEMV, GGUF blocks, int8): the base p
 once for the whole step, then each slot's adapter runs on its own rows only,
 ``y[rows] += (x[rows] @ A^T) @ B^T`` (vLLM's punica shrink and expand, grouped by slot).
 
-With several slots in a step their rows are laid out as ``[slots, most rows]`` (``GroupedRows``)
-and every slot's update is one pair of batched products, ``bmm(bmm(x[rows], A), B)``, over the
-slots' adapters side by side (a view of the weights when the step's slots are consecutive),
-then one index-add: five torch calls a projection whatever the number of slots, against four
-per slot (the gather, two products, the index-add), which at 4 slots was ~2,000 calls a step of
-the default model (benchmarks/RESULTS.md, "LoRA serving").
+In float32 on a CPU every slot's update is one call of the SGMV kernel
+(engine/kernels/lora_sgmv.py): it replaced five torch calls a projection (a gather, two batched
+GEMMs over the slots side by side, a mask, an index-add) that held 4 adapters to 0.72x of the
+base's throughput (benchmarks/RESULTS.md, "LoRA serving"). Elsewhere (bf16/fp16 activations, a
+GPU) torch runs each slot's products on its rows.
 
 A fused projection (q/k/v, gate/up) holds its parts side by side: part p of a slot's adapter
-takes columns ``[p * r, (p + 1) * r)`` of the shrink and writes its own output rows, so one
-shrink and one expand cover all parts (the expand's off-part blocks are zeros). A slot computes
-only the ``parts * r`` columns its adapter has, not the padded ``max_lora_rank``.
+takes columns ``[p * r, (p + 1) * r)`` of the shrink and writes its own output rows (the expand's
+off-part blocks are zeros, which the kernel skips). A slot computes only the ``parts * r``
+columns its adapter has, not the padded ``max_lora_rank``.
 """
 
 from __future__ import annotations
@@ -24,47 +23,43 @@ from typing import Optional
 
 import torch
 
-
-class GroupedRows:
-    """Several slots' rows of a step as a ``[len(slot_ids), most]`` grid of row indices (a slot
-    with fewer rows is padded with its first row, whose padded updates ``keep`` zeroes)."""
-
-    __slots__ = ("slot_ids", "slots", "index", "keep", "most")
-
-    def __init__(self, rows: dict[int, list[int]], device: torch.device) -> None:
-        self.slot_ids = sorted(rows)
-        lo, hi = self.slot_ids[0], self.slot_ids[-1]
-        consecutive = hi - lo + 1 == len(self.slot_ids)
-        # the weights of the step's slots: a view when they are consecutive, else a gather
-        self.slots: "slice | torch.Tensor" = (
-            slice(lo, hi + 1) if consecutive else torch.tensor(self.slot_ids, dtype=torch.long, device=device)
-        )
-        self.most = max(len(r) for r in rows.values())
-        index, keep = [], []
-        for slot in self.slot_ids:
-            r = rows[slot]
-            index += r + [r[0]] * (self.most - len(r))
-            keep += [1.0] * len(r) + [0.0] * (self.most - len(r))
-        self.index = torch.tensor(index, dtype=torch.long, device=device)
-        self.keep = (
-            torch.tensor(keep, device=device).unsqueeze(1) if len(index) > sum(map(len, rows.values())) else None
-        )
+from engine.kernels import lora_sgmv
 
 
 class LoRABatch:
-    """This step's rows per slot, shared by every projection. One slot: ``groups`` holds
-    ``(slot, rows)``, ``rows`` None when the slot has every row of the step; several: ``grouped``.
-    Set by the runner before the forward."""
+    """This step's rows of each slot, shared by every projection; set by the manager before the
+    forward. Each path's form of them is built by the step's first projection that needs it."""
 
-    __slots__ = ("groups", "grouped")
+    __slots__ = ("groups", "_segments", "_index")
 
     def __init__(self) -> None:
-        self.groups: list[tuple[int, Optional[torch.Tensor]]] = []
-        self.grouped: Optional[GroupedRows] = None
+        self.set([])
+
+    def set(self, groups: list[tuple[int, list[int]]]) -> None:
+        """``groups``: (slot, row indices) for each slot with rows this step; a row in one at most."""
+        self.groups = groups
+        self._segments: Optional[lora_sgmv.Segments] = None
+        self._index: Optional[list[tuple[int, Optional[torch.Tensor]]]] = None
+
+    def segments(self) -> lora_sgmv.Segments:
+        """The groups as the SGMV kernel reads them."""
+        if self._segments is None:
+            self._segments = lora_sgmv.Segments(self.groups)
+        return self._segments
+
+    def index(self, rows: int, device: torch.device) -> list[tuple[int, Optional[torch.Tensor]]]:
+        """The groups as torch's path reads them: each slot's rows as indices on ``device``, None
+        for a slot that has all ``rows`` rows in order (no gather)."""
+        if self._index is None:
+            self._index = [
+                (slot, None if rs == list(range(rows)) else torch.tensor(rs, dtype=torch.long, device=device))
+                for slot, rs in self.groups
+            ]
+        return self._index
 
 
 class LoRAWeights:
-    __slots__ = ("a_t", "b_t", "parts", "width", "batch")
+    __slots__ = ("a_t", "b_t", "parts", "width", "batch", "_sgmv")
 
     def __init__(
         self,
@@ -81,8 +76,13 @@ class LoRAWeights:
         self.a_t = torch.zeros(slots, in_features, cols, dtype=dtype, device=device)  # shrink, input-major
         self.b_t = torch.zeros(slots, cols, sum(parts), dtype=dtype, device=device)  # expand
         self.parts = parts
-        self.width = [0] * slots  # columns of each slot's shrink in use; 0: the adapter skips this projection
+        # columns of each slot's shrink in use (0: the adapter skips this projection); int32 on the
+        # CPU whatever the device, as the kernel reads it
+        self.width = torch.zeros(slots, dtype=torch.int32)
         self.batch = batch
+        self._sgmv = (
+            lora_sgmv.SGMV(self.a_t, self.b_t, self.width, parts) if lora_sgmv.supports(dtype, device) else None
+        )
 
     def set_slot(self, slot: int, rank: int, pairs: list[Optional[tuple[torch.Tensor, torch.Tensor]]]) -> None:
         """Part p's (A [r, in], B [out_p, r]) or None (that part untouched by the adapter)."""
@@ -105,11 +105,13 @@ class LoRAWeights:
 
     def add_(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the base projection of ``x``) plus each slot's update on its rows, in place."""
-        grouped = self.batch.grouped
-        if grouped is not None:
-            return self._add_grouped(x, y, grouped)
-        for slot, rows in self.batch.groups:
-            w = self.width[slot]
+        if not self.batch.groups:
+            return y
+        if self._sgmv is not None:
+            return self._sgmv.add_(x, y, self.batch.segments())
+        widths = self.width.tolist()
+        for slot, rows in self.batch.index(y.shape[0], y.device):
+            w = widths[slot]
             if not w:
                 continue
             a_t, b_t = self.a_t[slot, :, :w], self.b_t[slot, :w]
@@ -118,15 +120,3 @@ class LoRAWeights:
             else:
                 y.index_add_(0, rows, x.index_select(0, rows).mm(a_t).mm(b_t))
         return y
-
-    def _add_grouped(self, x: torch.Tensor, y: torch.Tensor, g: GroupedRows) -> torch.Tensor:
-        w = max(self.width[slot] for slot in g.slot_ids)
-        if not w:
-            return y
-        # columns past a slot's own width, and slots whose adapter skips this projection, are zeros
-        a_t, b_t = self.a_t[g.slots, :, :w], self.b_t[g.slots, :w]
-        xs = x.index_select(0, g.index).view(len(g.slot_ids), g.most, x.shape[1])
-        update = torch.bmm(torch.bmm(xs, a_t), b_t).view(-1, y.shape[1])
-        if g.keep is not None:
-            update.mul_(g.keep)
-        return y.index_add_(0, g.index, update)

@@ -18,11 +18,9 @@ import os
 from collections import OrderedDict
 from typing import Any, Optional
 
-import torch
-
 from engine.lora.adapter import LoRAAdapter
 from engine.lora.config import LoRAConfig
-from engine.lora.layer import GroupedRows, LoRABatch, LoRAWeights
+from engine.lora.layer import LoRABatch, LoRAWeights
 from engine.lora.request import LoRARequest
 from engine.models.weights import pair_rows
 
@@ -88,7 +86,6 @@ class LoRAManager:
         self._slots: list[Optional[int]] = [None] * config.max_loras  # lora_int_id in each slot
         self._slot_use: list[int] = [0] * config.max_loras  # the step each slot last ran in (LRU)
         self._step = 0
-        self._device = model.device
 
     # ------------------------------------------------------------------ adapters in memory
     def add_lora(self, req: LoRARequest) -> bool:
@@ -152,24 +149,17 @@ class LoRAManager:
         self._step += 1
         ids = [r.lora_request.lora_int_id if r.lora_request is not None else 0 for r in requests]
         wanted = {lid: r.lora_request for lid, r in zip(ids, requests) if lid}
-        self.batch.grouped = None
         if not wanted:
-            self.batch.groups = []
+            self.batch.set([])
             return
         if len(wanted) > len(self._slots):
             raise RuntimeError(f"{len(wanted)} LoRA adapters in one step, above max_loras={len(self._slots)}")
         slot_of = {lid: self._slot_for(lid, req, wanted) for lid, req in wanted.items()}
-        if len(wanted) == 1 and all(ids):  # every row runs the one adapter: no gather
-            self.batch.groups = [(slot_of[ids[0]], None)]
-            return
         rows: dict[int, list[int]] = {}
         for lid, start, n in zip(ids, first_rows, counts):
             if lid:
                 rows.setdefault(slot_of[lid], []).extend(range(start, start + n))
-        if len(rows) > 1:
-            self.batch.groups, self.batch.grouped = [], GroupedRows(rows, self._device)
-            return
-        self.batch.groups = [(slot, torch.tensor(r, dtype=torch.long, device=self._device)) for slot, r in rows.items()]
+        self.batch.set(list(rows.items()))
 
     def _slot_for(self, lid: int, req: LoRARequest, wanted: dict[int, LoRARequest]) -> int:
         if lid in self._slots:

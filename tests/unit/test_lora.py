@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.core.kv_cache import KVCacheManager
-from engine.lora.layer import GroupedRows, LoRABatch, LoRAWeights
+from engine.lora.layer import LoRABatch, LoRAWeights
 from engine.lora.request import LoRARequest
 from engine.models.linear import Linear
 from tests.helpers.core_utils import make_request as make_core_request
@@ -100,19 +100,24 @@ def test_update_is_added_on_top_of_every_linear_method(method):
     linear.lora = lora
     x = torch.randn(6, 64)
     rows = torch.tensor([1, 4])
-    batch.groups = [(1, rows)]
+    batch.set([(1, rows.tolist())])
     expected = base.apply(x)
     expected[rows] += torch.cat([x[rows] @ a0.T @ b0.T, x[rows] @ a1.T @ b1.T], dim=1)
     torch.testing.assert_close(linear(x), expected)
 
 
-@pytest.mark.parametrize("slots", [(0, 2), (1, 2, 3)], ids=["apart", "consecutive"])
-def test_several_slots_in_one_step_each_update_only_their_rows(slots):
-    """The grouped path (one pair of batched products for all slots): uneven row counts, a slot
-    whose adapter has a lower rank than another's and skips one part, and rows with no adapter."""
+@pytest.mark.parametrize(
+    "dtype, slots",
+    [(torch.float32, (0, 2, 3)), (torch.bfloat16, (0, 2, 3)), (torch.bfloat16, (1,))],
+    ids=["kernel", "torch", "torch-one-slot-every-row"],
+)
+def test_several_slots_in_one_step_each_update_only_their_rows(dtype, slots):
+    """float32 runs the SGMV kernel, bf16 torch's products per slot: uneven row counts, a slot
+    whose adapter has a lower rank than another's and skips one part, and rows with no adapter
+    (or one slot with every row, which torch runs without a gather)."""
     torch.manual_seed(1)
     batch = LoRABatch()
-    lora = LoRAWeights([32, 16], 64, slots=4, max_rank=8, dtype=torch.float32, device=torch.device("cpu"), batch=batch)
+    lora = LoRAWeights([32, 16], 64, slots=4, max_rank=8, dtype=dtype, device=torch.device("cpu"), batch=batch)
     pairs = {}
     for i, slot in enumerate(slots):
         rank = 8 if i == 0 else 4
@@ -122,18 +127,18 @@ def test_several_slots_in_one_step_each_update_only_their_rows(slots):
         lora.set_slot(slot, rank, part)
         pairs[slot] = part
     x, y = torch.randn(9, 64), torch.randn(9, 48)
-    rows = {slots[0]: [0, 3, 4, 8], slots[1]: [6]}
-    if len(slots) > 2:
-        rows[slots[2]] = [1, 2]
-    batch.grouped = GroupedRows(rows, torch.device("cpu"))
+    rows = {slots[0]: [0, 3, 4, 8], slots[1]: [6], slots[2]: [1, 2]} if len(slots) > 1 else {slots[0]: list(range(9))}
+    batch.set(list(rows.items()))
     expected = y.clone()
     for slot, rs in rows.items():
         for r in rs:
             for (a, b), cols in zip(
                 [p or (torch.zeros(1, 64), torch.zeros(16, 1)) for p in pairs[slot]], (slice(0, 32), slice(32, 48))
             ):
-                expected[r, cols] += x[r] @ a.T @ b.T
-    torch.testing.assert_close(lora.add_(x, y.clone()), expected, rtol=1e-5, atol=1e-4)
+                expected[r, cols] += x[r] @ a.T.to(dtype).float() @ b.T.to(dtype).float()
+    got = lora.add_(x.to(dtype), y.to(dtype)).float()
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=0.05, atol=0.5)
+    torch.testing.assert_close(got, expected, **tol)
 
 
 def _write_config(path: str, **changes) -> None:
