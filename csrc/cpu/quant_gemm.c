@@ -55,7 +55,7 @@ static const uint8_t zero_block[64];
 
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nb blocks each into the tile. */
 static AVX512G void repack_tile(const int type, const uint8_t *w, size_t row_bytes, int64_t nb, int cnt,
-                                uint8_t *tile) {
+                                int ahead, uint8_t *tile) {
     const size_t bb = (size_t)quant_block_bytes(type);
     const int qoff = type == QUANT_GGML_Q4_1 ? 4 : 2;
     const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
@@ -63,6 +63,7 @@ static AVX512G void repack_tile(const int type, const uint8_t *w, size_t row_byt
                                             _mm512_set1_epi32((int)row_bytes)); /* rows < 2^31 / 16 bytes: checked */
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *tb = tile + (size_t)b * TB_BYTES;
+        tile_prefetch_ahead(w, row_bytes, TILE, (size_t)b * bb, bb, ahead);
         float *dw = (float *)(tb + TB_W), *cw = dw + TILE;
         for (int h = 0; h < 2; h++) {
             const uint8_t *src[16];
@@ -172,7 +173,7 @@ void quant_gemm_avx512_rows(int type, const int8_t *xq, size_t q_stride, const f
     tile_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile_q4_0 : type == QUANT_GGML_Q4_1 ? tile_q4_1 : tile_q8_0;
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
-        repack_tile(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
+        repack_tile(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile_rows_ahead(j0, first, count, TILE), tile);
         const __mmask16 m0 = lanes_below(cnt), m1 = lanes_below(cnt - 16);
         for (int64_t r0 = 0; r0 < m; r0 += RMAX) {
             const int rr = m - r0 < RMAX ? (int)(m - r0) : RMAX;
@@ -213,12 +214,13 @@ static inline AVX2G __attribute__((always_inline)) void transpose4_avx2(const __
 
 /* repack_tile's layout, built 8 rows at a time; Q8_0's quants stay signed (no offset). */
 static AVX2G void repack_tile_avx2(const int type, const uint8_t *w, size_t row_bytes, int64_t nb, int cnt,
-                                   uint8_t *tile) {
+                                   int ahead, uint8_t *tile) {
     const size_t bb = (size_t)quant_block_bytes(type);
     const int qoff = type == QUANT_GGML_Q4_1 ? 4 : 2;
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *tb = tile + (size_t)b * TB_BYTES;
+        tile_prefetch_ahead(w, row_bytes, TILE, (size_t)b * bb, bb, ahead);
         float *dw = (float *)(tb + TB_W), *cw = dw + TILE;
         for (int q = 0; q < TILE / 8; q++) { /* rows 8q .. 8q + 7: 32 bytes at 32 q in each group's 128 */
             const uint8_t *src[8];
@@ -349,7 +351,7 @@ void quant_gemm_avx2_rows(int type, const int8_t *xq, size_t q_stride, const flo
     tile2_fn *const *fns = type == QUANT_GGML_Q4_0 ? tile2_q4_0 : type == QUANT_GGML_Q4_1 ? tile2_q4_1 : tile2_q8_0;
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
-        repack_tile_avx2(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile);
+        repack_tile_avx2(type, w + (size_t)j0 * row_bytes, row_bytes, nb, cnt, tile_rows_ahead(j0, first, count, TILE), tile);
         for (int h = 0; 16 * h < cnt; h++) {
             for (int64_t r0 = 0; r0 < m; r0 += RMAX2) {
                 const int rr = m - r0 < RMAX2 ? (int)(m - r0) : RMAX2;

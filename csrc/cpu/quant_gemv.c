@@ -394,18 +394,16 @@ int64_t quant_gemv_pass_rows(int type, int isa, int64_t m) {
 
 _Static_assert(QUANT_KGEMM_MIN_M == QUANT_GEMV_MAX_M + 1, "the K-quant GEMM starts past one GEMV pass");
 
-int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k) {
+int quant_gemm_runs(int type, int isa, int64_t m, int64_t k) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const int bw = quant_block_weights(type);
     const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    const int64_t from = n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE
-                         : bw == QUANT_BLOCK                     ? QUANT_GEMM_MIN_M
-                                                                 : QUANT_KGEMM_MIN_M;
+    const int64_t from = bw == QUANT_BLOCK ? QUANT_GEMM_MIN_M : QUANT_KGEMM_MIN_M;
     if (bw == QUANT_BLOCK) /* row_bytes: the AVX-512 gathers' offsets */
         return isa >= QUANT_ISA_AVX2 && row_bytes <= INT32_MAX / 16 && m >= from;
     return isa == QUANT_ISA_AVX512_VNNI && m >= from;
 #else
-    (void)type; (void)isa; (void)m; (void)n; (void)k;
+    (void)type; (void)isa; (void)m; (void)k;
     return 0;
 #endif
 }
@@ -417,7 +415,7 @@ int quant_gemv(int type, const float *x, int64_t x_stride, int64_t m, const uint
     int isa = quant_best_isa();
     if (max_isa < isa) isa = max_isa;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (quant_gemm_runs(type, isa, m, n, k))
+    if (quant_gemm_runs(type, isa, m, k))
         return bw == QUANT_BLOCK ? gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y)
                                  : quant_k_gemm(type, x, x_stride, m, w, n, k, y);
 #endif
@@ -437,8 +435,7 @@ int quant_gemv_row_invariant(int type, const float *x, int64_t x_stride, int64_t
     const int isa = quant_best_isa();
 #if defined(__x86_64__) && defined(__GNUC__)
     const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    const int64_t gemm_from = n * row_bytes > QUANT_GEMM_LARGE_BYTES ? QUANT_GEMM_MIN_M_LARGE : QUANT_GEMM_MIN_M;
-    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 && m < gemm_from)
+    if (isa == QUANT_ISA_AVX512_VNNI && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16 && m < QUANT_GEMM_MIN_M)
         return gemm_order_rows(type, x, x_stride, m, w, n, k, y);
     if (isa >= QUANT_ISA_AVX2 && bw == QUANT_BLOCK && row_bytes <= INT32_MAX / 16)
         return gemm_all_rows(type, isa, x, x_stride, m, w, n, k, y);

@@ -32,19 +32,17 @@
 
 #define QUANT_GEMV_MAX_M 8
 /* From this many rows, Q4_0, Q4_1 and Q8_0 on AVX-512 VNNI or AVX2 (the K-quants on AVX-512 VNNI)
- * run the tiled GEMM (quant_gemm.c, quant_kgemm.c),
- * which reads W once per call whatever the rows; for a W of over QUANT_GEMM_LARGE_BYTES (one
- * streamed from memory, the vocabulary projection) from QUANT_GEMM_MIN_M_LARGE rows, since its
- * per-call repacking of W costs more than the GEMV's passes below that (benchmarks/RESULTS.md,
- * "Quantized kernels"). */
+ * run the tiled GEMM (quant_gemm.c, quant_kgemm.c), which reads W once per call whatever the
+ * rows. A W streamed from memory once took the GEMV's passes up to 15 rows, while the GEMM's
+ * repack stalled on each row's first touch; with the next tile prefetched (quant_tile.h) the GEMM
+ * is faster from here at every size (Zen5, two threads, Q4_0 MLP-sized W from DRAM: 4 rows 4.8
+ * -> 3.8 ms, 8 rows 8.2 -> 4.5 ms; forced AVX2 7.5 -> 6.3, 13.7 -> 8.9). */
 #define QUANT_GEMM_MIN_M 4
 /* The K-quants' GEMM repacks more per weight (a decode and per-group scales), ~130 us a call at
  * 1536->576 on the Zen4, so it starts where the GEMV would take a second pass over W: up to 8
  * rows one pass was faster (148-157 against 160-183 us at 8 rows), from 12 the GEMM (177-199
  * against 231-257). */
 #define QUANT_KGEMM_MIN_M 9 /* QUANT_GEMV_MAX_M + 1 (cffi reads literal #defines only) */
-#define QUANT_GEMM_MIN_M_LARGE 16
-#define QUANT_GEMM_LARGE_BYTES 4194304 /* 4 MiB */
 
 /* The best variant this CPU runs (a QUANT_ISA_* value). */
 int quant_best_isa(void);

@@ -63,7 +63,7 @@ void quant_gemv_slice(int type, int isa, const act_t *a, int64_t m, const uint8_
 int64_t quant_gemv_pass_rows(int type, int isa, int64_t m);
 
 /* quant_gemv.c: whether quant_gemv runs m rows of this type on a tiled GEMM (quant_gemm.c,
- * quant_kgemm.c) rather than GEMV passes, for W of n rows of k and isa already capped. */
-int quant_gemm_runs(int type, int isa, int64_t m, int64_t n, int64_t k);
+ * quant_kgemm.c) rather than GEMV passes, for W rows of k and isa already capped. */
+int quant_gemm_runs(int type, int isa, int64_t m, int64_t k);
 
 #endif

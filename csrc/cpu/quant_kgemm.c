@@ -55,27 +55,35 @@ size_t quant_kgemm_tile_bytes(int64_t k) { return (size_t)(k / QK) * sizeof(ktil
 /* One repacked tile per thread: the tiles of W split over the pool (parallel.h). */
 size_t quant_kgemm_work_bytes(int64_t k) { return (size_t)par_max_threads() * quant_kgemm_tile_bytes(k); }
 
-/* Row j's super-block blk (NULL: a row past W's end, all zeros) into tile column j < TILE: all but u. */
+/* Row j's super-block blk (NULL: a row past W's end, all zeros) into tile column j < TILE: all but u.
+ * The scales go from the block (Q6_K) or from registers (Q4_K's unpacked 6-bit scales, as one
+ * 64-bit word each) straight into the tile, never through a small array on the stack: a vector
+ * load of scalars just stored there cannot be forwarded, and that stall was half of the repack
+ * (Zen5, Q4_K at 16 rows of x). */
 static inline AVX512KG __attribute__((always_inline)) void repack_scales(const int type, const uint8_t *blk,
                                                                                          int j, ktile_t *t) {
-    int sv[16] = {0}, nv[16] = {0};
-    float d = 0.0f, m = 0.0f;
-    const int ns = type == QUANT_GGML_Q6_K ? 16 : 8;
-    if (blk && type == QUANT_GGML_Q6_K) {
+    if (!blk) {
+        for (int g = 0; g < 16; g++) t->sc[g][j] = 0.0f;
+        for (int p = 0; p < 8; p++) t->nm[p][j] = 0;
+        t->mm[j] = 0.0f;
+    } else if (type == QUANT_GGML_Q6_K) {
         const int8_t *s8 = (const int8_t *)blk + 192;
-        for (int g = 0; g < 16; g++) sv[g] = nv[g] = s8[g];
-        d = half_f16c(blk + 208);
-        m = 32.0f * d;
-    } else if (blk) {
+        const float d = half_f16c(blk + 208);
+        for (int g = 0; g < 16; g++) t->sc[g][j] = d * (float)s8[g];
+        for (int p = 0; p < 8; p++)
+            t->nm[p][j] = (int32_t)((uint32_t)(uint16_t)s8[2 * p] | (uint32_t)(uint16_t)s8[2 * p + 1] << 16);
+        t->mm[j] = 32.0f * d;
+    } else {
         uint8_t s8[8], mn[8];
         k4_scales(blk + 4, s8, mn);
-        for (int g = 0; g < 8; g++) { sv[g] = s8[g]; nv[2 * g] = nv[2 * g + 1] = mn[g]; } /* a sub-block is 2 groups of 16 */
-        d = half_f16c(blk);
-        m = half_f16c(blk + 2);
+        uint64_t sv, mv; /* 8-byte loads of the 8-byte stores k4_scales made: forwarded */
+        memcpy(&sv, s8, 8);
+        memcpy(&mv, mn, 8);
+        const float d = half_f16c(blk);
+        for (int g = 0; g < 8; g++) t->sc[g][j] = d * (float)(uint8_t)(sv >> (8 * g)); /* 8 scales of 32 */
+        for (int p = 0; p < 8; p++) t->nm[p][j] = (int32_t)(((uint32_t)(uint8_t)(mv >> (8 * p))) * 0x10001u); /* a sub-block is 2 groups of 16 */
+        t->mm[j] = half_f16c(blk + 2);
     }
-    for (int g = 0; g < ns; g++) t->sc[g][j] = d * (float)sv[g];
-    for (int p = 0; p < 8; p++) t->nm[p][j] = (int32_t)((uint32_t)(uint16_t)nv[2 * p] | (uint32_t)(uint16_t)nv[2 * p + 1] << 16);
-    t->mm[j] = m;
 }
 
 /* The 32 rows of a tile are 32 streams a super-block apart, more than the hardware prefetcher
@@ -87,13 +95,14 @@ static inline __attribute__((always_inline)) void prefetch_next(const uint8_t *b
 
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nsb super-blocks each into the tile. */
 static AVX512KG void repack_ktile(const int type, const uint8_t *w, size_t row_bytes, int64_t nsb, int cnt,
-                                  ktile_t *tile) {
+                                  int ahead, ktile_t *tile) {
     const size_t bb = (size_t)quant_block_bytes(type);
     uint8_t rows[16 * QK] __attribute__((aligned(64)));
     const uint8_t *src[16];
     for (int l = 0; l < 16; l++) src[l] = rows + l * QK;
     for (int64_t b = 0; b < nsb; b++) {
         ktile_t *t = tile + b;
+        tile_prefetch_ahead(w, row_bytes, TILE, (size_t)b * bb, bb, ahead);
         for (int h = 0; h < 2; h++) {
             for (int l = 0; l < 16; l++) {
                 const int j = 16 * h + l;
@@ -201,7 +210,8 @@ void quant_kgemm_avx512_rows(int type, const actk_t *a, int64_t m, const uint8_t
     ktile_fn *const *fns = type == QUANT_GGML_Q4_K ? ktile_q4_k : type == QUANT_GGML_Q5_K ? ktile_q5_k : ktile_q6_k;
     for (int64_t j0 = first; j0 < first + count; j0 += TILE) {
         const int cnt = n - j0 < TILE ? (int)(n - j0) : TILE;
-        repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, (ktile_t *)tile);
+        repack_ktile(type, w + (size_t)j0 * row_bytes, row_bytes, a->nsb, cnt, tile_rows_ahead(j0, first, count, TILE),
+                     (ktile_t *)tile);
         const __mmask16 m0 = lanes_below(cnt), m1 = lanes_below(cnt - 16);
         for (int64_t r0 = 0; r0 < m; r0 += RMAX) {
             const int rr = m - r0 < RMAX ? (int)(m - r0) : RMAX;

@@ -81,7 +81,7 @@ static void run_unit(int type, int isa, const acts_t *x, const group_t *g, int64
 
 /* Pair order[i] is the i-th in expert order (stable); off[e] is expert e's first; returns the
  * number of active experts, as groups. */
-static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pairs, int64_t num_experts, int64_t n,
+static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pairs, int64_t num_experts,
                            int64_t k, int64_t *off, int64_t *order, group_t *groups) {
     memset(off, 0, (size_t)(num_experts + 1) * sizeof(int64_t));
     for (int64_t p = 0; p < pairs; p++) off[experts[p] + 1]++;
@@ -94,7 +94,7 @@ static int64_t group_pairs(int type, int isa, const int64_t *experts, int64_t pa
         g->e = e;
         g->r0 = off[e];
         g->m = m;
-        g->tiled = quant_gemm_runs(type, isa, m, n, k);
+        g->tiled = quant_gemm_runs(type, isa, m, k);
         g->pass = quant_gemv_pass_rows(type, isa, m);
     }
     for (int64_t p = 0; p < pairs; p++) order[off[experts[p]]++] = p;
@@ -134,7 +134,7 @@ int quant_moe(int type, const float *x, int64_t x_stride, int64_t x_rows, const 
     else quant_k_act_at(act_mem, pairs, k, &xa.ak);
     xa.xsum = (int32_t *)(act_mem + s_act);
 
-    const int64_t ng = group_pairs(type, isa, experts, pairs, num_experts, n, k, off, order, groups);
+    const int64_t ng = group_pairs(type, isa, experts, pairs, num_experts, k, off, order, groups);
     int sums = 0;
     size_t bytes = 0; /* W read by the call, for par_threads */
     for (int64_t i = 0; i < ng; i++) {

@@ -69,19 +69,20 @@ def _check(got: np.ndarray, x: np.ndarray, dense: np.ndarray, in_kernel: bool) -
 
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.parametrize("isa", [i for i in ISAS if i >= quant.ISA_AVX2])
-def test_large_weight_on_both_sides_of_the_gemm_threshold(qtype, isa):
-    """A W over QUANT_GEMM_LARGE_BYTES (as the vocabulary projection) takes the GEMM only from
-    QUANT_GEMM_MIN_M_LARGE rows: both sides of that switch match the reference."""
+def test_many_tiles_on_both_sides_of_the_gemm_threshold(qtype, isa):
+    """A W of many tiles (as the vocabulary projection: each thread's share prefetches its next
+    tile, the last share none) takes the GEMM from QUANT_GEMM_MIN_M rows: both sides of that
+    switch match the reference."""
     from engine.kernels.quant_blocks import random_blocks
 
     lib = quant.lib
     k = 128
-    n = lib.QUANT_GEMM_LARGE_BYTES // (k // 32 * quant.block_bytes(qtype)) + 40  # a short last tile
+    n = 4096 + 40  # a short last tile
     rng = np.random.default_rng(qtype)
     blocks = random_blocks(qtype, n, k, rng, scale=0.1)
     lin = QuantizedLinear(torch.from_numpy(blocks), qtype, n, k)
     dense = gguf.quants.dequantize(blocks, TYPES[qtype]).astype(np.float64)
-    for rows in (lib.QUANT_GEMM_MIN_M_LARGE - 1, lib.QUANT_GEMM_MIN_M_LARGE):
+    for rows in (lib.QUANT_GEMM_MIN_M - 1, lib.QUANT_GEMM_MIN_M):
         x = rng.standard_normal((rows, k)).astype(np.float32)
         got = lin.matmul(torch.from_numpy(x), max_isa=isa).double().numpy()
         _check(got, x, dense, in_kernel=True)

@@ -99,15 +99,16 @@ def test_matmul_writes_into_out_on_both_paths():
 
 @pytest.mark.parametrize("qtype", list(TYPES))
 @pytest.mark.skipif(quant.best_isa() < quant.ISA_AVX512_VNNI, reason="the K-quant GEMM needs AVX-512 VNNI")
-def test_large_weight_on_both_sides_of_the_gemm_threshold(qtype):
-    """A W over QUANT_GEMM_LARGE_BYTES (as a vocabulary projection) takes the tiled GEMM only from
-    QUANT_GEMM_MIN_M_LARGE rows, the GEMV's passes below: both sides match the reference."""
+def test_many_tiles_on_both_sides_of_the_gemm_threshold(qtype):
+    """A W of many tiles (as a vocabulary projection: each thread's share prefetches its next
+    tile, the last share none) takes the tiled GEMM from QUANT_KGEMM_MIN_M rows, the GEMV's
+    passes below: both sides match the reference."""
     lib = quant.lib
-    n = lib.QUANT_GEMM_LARGE_BYTES // quant.block_bytes(qtype) + 40  # k = 256: one super-block a row; a short last tile
+    n = 4096 + 40  # k = 256: one super-block a row; a short last tile
     lin, dense = _linear(qtype, n, 256, seed=qtype)
     dense = dense.astype(np.float64)
     rng = np.random.default_rng(qtype)
-    for rows in (lib.QUANT_GEMM_MIN_M_LARGE - 1, lib.QUANT_GEMM_MIN_M_LARGE):
+    for rows in (lib.QUANT_KGEMM_MIN_M - 1, lib.QUANT_KGEMM_MIN_M):
         x = rng.standard_normal((rows, 256)).astype(np.float32)
         got = lin.matmul(torch.from_numpy(x), max_isa=quant.ISA_AVX512_VNNI).double().numpy()
         want = _quantize_x(x) @ dense.T
