@@ -31,6 +31,12 @@ static inline void k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
 
 #define KBLOCK_F16C __attribute__((target("avx2,fma,f16c"), always_inline))
 #define KBLOCK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni"), always_inline))
+/* Loops over a super-block's chunks unrolled, so arrays of registers indexed by them stay in
+ * registers and a chunk's shifts are constants: at -O2 GCC kept them as loops, u[] and the scales
+ * went through the stack (a store and a reload per chunk in the GEMV's inner loop) and AVX2's
+ * shifts were computed. Unrolled, the Q4_K GEMV went from 20.4 to 27.9 GB/s on one Zen5 thread
+ * (its AVX2 path on the same core 16.5 -> 27.5; Q6_K 27.9 -> 33.5 and 18.6 -> 25.2). */
+#define KBLOCK_UNROLL _Pragma("GCC unroll 8")
 
 static inline KBLOCK_F16C float half_f16c(const uint8_t *p) {
     uint16_t h;
@@ -51,10 +57,10 @@ static inline KBLOCK_AVX512 __m512i halves16(int lo, int hi) {
 static inline KBLOCK_AVX512 void kblock_u_avx512(const int type, const uint8_t *blk, __m512i u[4]) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     if (type == QUANT_GGML_Q6_K) {
-        for (int h = 0; h < 2; h++) {
+        KBLOCK_UNROLL for (int h = 0; h < 2; h++) {
             const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
             const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-            for (int half = 0; half < 2; half++) {
+            KBLOCK_UNROLL for (int half = 0; half < 2; half++) {
                 const __m512i lo = _mm512_and_si512(half ? _mm512_srli_epi16(ql, 4) : ql, low4);
                 const __m512i hi = _mm512_slli_epi16(_mm512_srlv_epi16(qh, halves16(4 * half, 4 * half + 2)), 4);
                 u[2 * h + half] = _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
@@ -65,7 +71,7 @@ static inline KBLOCK_AVX512 void kblock_u_avx512(const int type, const uint8_t *
     const uint8_t *qs = blk + (type == QUANT_GGML_Q5_K ? 48 : 16);
     const __m512i qh = type == QUANT_GGML_Q5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                                : _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
+    KBLOCK_UNROLL for (int c = 0; c < 4; c++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), low4);
         if (type == QUANT_GGML_Q5_K)

@@ -219,7 +219,7 @@ static INLINE AVX2K void gemv_avx2_m(const int type, const actk_t *a, const int 
             }
             __m256i ia[QUANT_GEMV_MAX_M];
             UNROLL_M for (int r = 0; r < M; r++) ia[r] = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
+            KBLOCK_UNROLL for (int c = 0; c < 8; c++) {
                 if (type == QUANT_GGML_Q6_K && c % 4 == 0)
                     qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (c / 4)));
                 __m256i s;
@@ -267,7 +267,7 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
     kblock_u_avx512(type, blk, u);
     if (type == QUANT_GGML_Q6_K) {
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
-        for (int c = 0; c < 4; c++)
+        KBLOCK_UNROLL for (int c = 0; c < 4; c++)
             s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)q6_group_lanes[c]), _mm512_castsi256_si512(sc));
         *nm = sc;
         *dd = half_f16c(blk + 208);
@@ -277,7 +277,7 @@ static INLINE AVX512K void unpack_avx512(const int type, const uint8_t *blk, __m
     uint8_t sc[8], mn[8];
     k4_scales(blk + 4, sc, mn);
     const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-    for (int c = 0; c < 4; c++)
+    KBLOCK_UNROLL for (int c = 0; c < 4; c++)
         s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512((const void *)k4_sub_lanes[c]), sc16);
     *nm = dup_pairs16(mn);
     *dd = half_f16c(blk);
@@ -300,7 +300,7 @@ static INLINE AVX512K void gemv_avx512_m(const int type, const actk_t *a, const 
                 const size_t at = (size_t)(r * a->nsb + b);
                 const int8_t *xq = a->q + at * QK;
                 __m512i ia = _mm512_setzero_si512();
-                for (int c = 0; c < 4; c++)
+                KBLOCK_UNROLL for (int c = 0; c < 4; c++)
                     ia = _mm512_dpwssd_epi32(ia, _mm512_maddubs_epi16(u[c], _mm512_loadu_si512((const void *)(xq + 64 * c))),
                                              s[c]);
                 const __m256i nb = _mm256_madd_epi16(nm, _mm256_loadu_si256((const __m256i *)(a->bs + at * NG)));
