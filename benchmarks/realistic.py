@@ -16,7 +16,10 @@ greedy, ignore_eos) and the harness alternates them within each round. Scenarios
   time to first token p99.
 
 Then each server's peak RSS (its process tree). ``--compare "FLAGS"`` adds a ringllm server with
-extra ``serve`` flags (e.g. ``--num-threads 2``). A host with other work on it slows llama.cpp
+extra ``serve`` flags (e.g. ``--num-threads 2``). ``--peer-url URL`` adds any running
+OpenAI-compatible server as one more method, for vLLM, which cannot serve the GGUF on a CPU: its
+server on ``realistic_models.hf_model_path()`` (the same random weights, unquantized; its own
+dtype), with its own ratio column; its RSS is not measured from here. A host with other work on it slows llama.cpp
 at ``-t 2`` most (FACTS.md): say how loaded the host was, which the table's notes record.
 """
 
@@ -112,14 +115,18 @@ def print_tables(bench: Bench, args: argparse.Namespace, label: str, peers: list
             Column(f"{c} clients TTFT p99 ms", f"c={c}", "ttft_p99_ms", "{:.0f}"),
         ]
     print(bench.table(f"{label}: ringllm vs llama-server", columns))
-    print("\n| scenario | ringllm / best llama.cpp | best llama.cpp |\n|---|---|---|")
+    other = f" | ringllm / {args.peer_name}" if args.peer_url else ""
+    print(f"\n| scenario | ringllm / best llama.cpp | best llama.cpp{other} |\n|---|---|---{'|---' if other else ''}|")
     for column in columns:
-        if not column.higher_is_better:
+        if not column.higher_is_better or not bench.stat(column.scenario, RINGLLM, column.metric).n:
             continue
         best = best_peer(bench, column.scenario, column.metric, peers)
-        if best is not None and bench.stat(column.scenario, RINGLLM, column.metric).n:
-            ratio = bench.ratio(column.scenario, column.metric, RINGLLM, best)
-            print(f"| {column.header} | {ratio:.2f}x | {best} |")
+        cells = [f"{bench.ratio(column.scenario, column.metric, RINGLLM, best):.2f}x", best] if best else ["-", "-"]
+        if other:
+            measured = bench.stat(column.scenario, args.peer_name, column.metric).n
+            ratio = bench.ratio(column.scenario, column.metric, RINGLLM, args.peer_name) if measured else None
+            cells.append("-" if ratio is None else f"{ratio:.2f}x")
+        print(f"| {column.header} | {' | '.join(cells)} |")
     print("\n| server | peak RSS MiB |\n|---|---|")
     for method, mib in rss.items():
         print(f"| {method} | {mib:.0f} |")
@@ -153,6 +160,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         help="Serve this GGUF file instead of the 1.56B Llama (e.g. benchmarks.moe_model's MoE); "
         "its tokenizer is the Llama's HF directory's, so it must share SmolLM2's vocabulary.",
     )
+    parser.add_argument("--peer-url", help="A running OpenAI-compatible server to measure too (e.g. vLLM's).")
+    parser.add_argument("--peer-name", default="peer", help="The peer's method name in the tables.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=OUT_DIR, help="Folder for JSON and server logs.")
     args = parser.parse_args(argv)
@@ -205,6 +214,11 @@ def main(argv: Optional[list[str]] = None) -> None:
             add_cases(bench, method, server.url, SERVED_NAME, args, seeds, loop.run_until_complete, True)
         for method, (url, _) in llamas.items():
             add_cases(bench, method, url, peer_model(url), args, seeds, loop.run_until_complete, False)
+        if args.peer_url:
+            url = args.peer_url.rstrip("/")
+            model = peer_model(url)
+            bench.notes.append(f"{args.peer_name}: {url}, model {model!r}")
+            add_cases(bench, args.peer_name, url, model, args, seeds, loop.run_until_complete, True)
         for method, case in [(m, fn) for s, m, fn in bench.cases if s == "single"]:
             case()  # warm-up: first-request costs
         bench.run(rounds=args.rounds)
