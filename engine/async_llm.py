@@ -325,7 +325,7 @@ class AsyncLLM(EngineClient):
     ) -> "AsyncLLM":
         """``start_engine_loop``: start the output handler now (when called inside a running
         event loop); False leaves it to the first request."""
-        config, started = config_and_cores(engine_args, True)
+        config, started = config_and_cores(engine_args, True, sync_frontend=False)
         return cls(
             config,
             start_engine_loop=start_engine_loop,

@@ -52,7 +52,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, enable_multiprocessing: bool = False) -> "LLMEngine":
-        config, started = config_and_cores(engine_args, enable_multiprocessing)
+        config, started = config_and_cores(engine_args, enable_multiprocessing, sync_frontend=True)
         return cls(config, multiprocess_mode=enable_multiprocessing, _started=started)
 
     @classmethod

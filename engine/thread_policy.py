@@ -1,5 +1,6 @@
-"""How many threads the model gets by default: every core when a decode step is long, all but
-one when it is a few milliseconds.
+"""How many threads the model gets by default: every core when a decode step is long or the
+frontend waits while the core steps, all but one when steps are a few milliseconds and the
+frontend works beside them.
 
 The model's thread count sizes torch's OpenMP pool, which the quantized and activation kernels
 share (csrc/cpu/parallel.h). A decode step reads every weight once, so its length follows the bytes
@@ -12,6 +13,13 @@ of weights: one core streams ~10 GB/s of them here (benchmarks/RESULTS.md, "1.56
   the rule measured since the first releases (docs/ARCHITECTURE.md, "Threads on a small CPU").
 - A 1.56B model in Q4_0 (864 MiB) steps in ~90 ms on one core, 90% of it the GEMV: there the
   frontend's share and the hand-offs are a few percent, and the idle core is half the machine.
+
+- The sync frontends (``LLM``, ``LLMEngine``) run in their caller's thread, which blocks on the
+  output futex while the core steps and detokenizes between steps: no frontend work runs beside
+  a step, so the spare core only idles. The default model through ``LLM`` on a Zen5 (RESULTS.md,
+  "1.56B Llama"): one stream 139-148 tok/s on one thread, 174-194 on two; 64 x 128 offline
+  1014-1279 against 1240-1737. vLLM's CPU backend draws the same line: its server gives a core
+  to the frontend, its ``LLM`` does not.
 
 LONG_STEP_WEIGHT_BYTES sits between those two measured ends. ``num_threads`` (or
 ``RINGLLM_NUM_THREADS``) set explicitly always wins.
@@ -41,20 +49,23 @@ def model_weight_bytes(model: Optional[str]) -> int:
     return 0
 
 
-def default_num_threads(model: Optional[str] = None) -> int:
+def default_num_threads(model: Optional[str] = None, sync_frontend: bool = False) -> int:
     """The model's threads when ``num_threads`` is not given: ``RINGLLM_NUM_THREADS`` if set, else
-    every core for a model of at least LONG_STEP_WEIGHT_BYTES, else all cores but one."""
+    every core for a model of at least LONG_STEP_WEIGHT_BYTES or behind a sync frontend, else all
+    cores but one."""
     from engine import envs
 
     if envs.RINGLLM_NUM_THREADS:
         return envs.RINGLLM_NUM_THREADS
     cores = os.cpu_count() or 2
-    return cores if model_weight_bytes(model) >= LONG_STEP_WEIGHT_BYTES else max(1, cores - 1)
+    if sync_frontend or model_weight_bytes(model) >= LONG_STEP_WEIGHT_BYTES:
+        return cores
+    return max(1, cores - 1)
 
 
-def model_threads(num_threads: Optional[int], model: Optional[str]) -> int:
-    """``num_threads`` as given (EngineArgs), else the default for ``model``."""
-    return num_threads if num_threads is not None else default_num_threads(model)
+def model_threads(num_threads: Optional[int], model: Optional[str], sync_frontend: bool = False) -> int:
+    """``num_threads`` as given (EngineArgs), else the default for ``model`` behind this frontend."""
+    return num_threads if num_threads is not None else default_num_threads(model, sync_frontend)
 
 
 def threads_adapt(num_threads: Optional[int], chosen: int) -> bool:

@@ -37,13 +37,15 @@ def make_client(
 
 
 def config_and_cores(
-    engine_args: EngineArgs, multiprocess_mode: bool
+    engine_args: EngineArgs, multiprocess_mode: bool, sync_frontend: bool
 ) -> tuple[EngineConfig, Optional[list[CoreProcess]]]:
     """The EngineConfig, derived here once, with the core processes already started on it when
     there are to be any: they import torch and load the model while this process reads the
-    tokenizer (the frontend's caller builds it under ``stopped_on_error``)."""
+    tokenizer (the frontend's caller builds it under ``stopped_on_error``). ``sync_frontend``: the
+    caller waits while the core steps (LLMEngine), so the model's default threads take every core
+    (engine/thread_policy.py)."""
     configure_logging()
-    config = engine_args.create_engine_config()
+    config = engine_args.create_engine_config(sync_frontend)
     if not multiprocess_mode:
         return config, None
     return config, start_cores(config, config.parallel_config.frontend_engine_indices)

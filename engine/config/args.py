@@ -96,8 +96,10 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
 
-    def create_engine_config(self) -> EngineConfig:
-        return create_engine_config(self)
+    def create_engine_config(self, sync_frontend: bool = False) -> EngineConfig:
+        """``sync_frontend``: for ``LLM``/``LLMEngine``, whose caller waits while the core steps, so
+        the model's default threads take every core (engine/thread_policy.py)."""
+        return create_engine_config(self, sync_frontend)
 
     @classmethod
     def from_cli_args(cls, args: Any) -> "EngineArgs":

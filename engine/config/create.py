@@ -32,7 +32,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 TRANSPORTS = ("shm", "zmq")
 
 
-def create_engine_config(args: EngineArgs) -> EngineConfig:
+def create_engine_config(args: EngineArgs, sync_frontend: bool = False) -> EngineConfig:
     # 1) what needs no model (milliseconds): a value wrong on its face never reads a model file
     if args.load_format not in LOAD_FORMATS:
         raise bad_value("load_format", f"one of {LOAD_FORMATS}", args.load_format)
@@ -66,7 +66,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
             "enable_lora: the compiled graphs do not carry the adapters' per-row updates; drop "
             "compilation_config or set its mode to 0"
         )
-    num_threads = positive_int("num_threads", model_threads(args.num_threads, args.model), 1, 1024)
+    num_threads = positive_int("num_threads", model_threads(args.num_threads, args.model, sync_frontend), 1, 1024)
 
     # 2) the model's files, read once here (the core reads none of them for its config)
     device = device_config.resolve_device(args.device)

@@ -31,7 +31,7 @@ def test_the_default_count_of_a_large_model_adapts_and_changes_no_token(tiny_mod
     fixed, none = _run(tiny_model_dir, num_threads=1)
     assert none == {}
     # The tiny model stands in for one whose weights make the policy give every core.
-    monkeypatch.setattr(thread_policy, "default_num_threads", lambda model=None: 2)
+    monkeypatch.setattr(thread_policy, "default_num_threads", lambda model=None, sync_frontend=False: 2)
     adapted, choices = _run(tiny_model_dir, num_threads=None)
     assert adapted == fixed
     assert choices and set(choices.values()) <= {1, 2}
@@ -40,7 +40,7 @@ def test_the_default_count_of_a_large_model_adapts_and_changes_no_token(tiny_mod
 
 @pytest.mark.parametrize("explicit", ["arg", "env"])
 def test_a_count_the_user_gave_is_kept(tiny_model_dir, monkeypatch, explicit):
-    monkeypatch.setattr(thread_policy, "default_num_threads", lambda model=None: 2)
+    monkeypatch.setattr(thread_policy, "default_num_threads", lambda model=None, sync_frontend=False: 2)
     if explicit == "env":
         monkeypatch.setenv("RINGLLM_NUM_THREADS", "2")
         _, choices = _run(tiny_model_dir, num_threads=None)

@@ -37,6 +37,14 @@ def test_a_large_gguf_gets_every_core_and_a_small_one_leaves_one(tmp_path):
     assert model_threads(None, small) == max(1, CORES - 1)
 
 
+def test_a_sync_frontend_gives_every_model_every_core(tmp_path):
+    """LLM's caller waits while the core steps: no frontend work to leave a core for."""
+    small = _sparse(tmp_path / "small.gguf", LONG_STEP_WEIGHT_BYTES - 1)
+    assert model_threads(None, small, sync_frontend=True) == CORES
+    assert default_num_threads(None, sync_frontend=True) == CORES
+    assert model_threads(1, small, sync_frontend=True) == 1  # given: kept
+
+
 def test_an_hf_directory_counts_its_weight_files(tmp_path):
     for i in range(2):
         _sparse(tmp_path / f"model-0000{i}.safetensors", LONG_STEP_WEIGHT_BYTES // 2)
