@@ -346,24 +346,27 @@ class OpenAIServing:
             response = web.StreamResponse(headers=_SSE_HEADERS)
             try:
                 await response.prepare(request)
-                async with self.time_limit(deadline):
-                    if first is not None:
-                        await response.write(framing.event(first))
-                    async for event in events:
-                        await response.write(framing.event(event))
+                try:
+                    async with self.time_limit(deadline):
+                        if first is not None:
+                            await response.write(framing.event(first))
+                        async for event in events:
+                            await response.write(framing.event(event))
+                except ConnectionResetError:
+                    raise
+                except Exception as exc:
+                    error = to_openai_error(exc)
+                    logger.info("stream %s ended with an error: %s", request.path, error.message)
+                    # the same rules as every other error body (public_errors.py)
+                    await response.write(framing.error(public_error(error)))
+                if framing.end:
+                    await response.write(framing.end)
+                await response.write_eof()
             except ConnectionResetError:
-                # The client is gone: nobody to tell, and nothing to log above debug (a client
-                # that hangs up is routine). Leaving closes ``events``, which aborts its requests.
+                # The client is gone, at any write up to the last: nobody to tell, and nothing to
+                # log above debug (a client that hangs up is routine). Leaving closes ``events``,
+                # which aborts its requests.
                 logger.debug("client left %s before its stream ended", request.path)
-                return response
-            except Exception as exc:
-                error = to_openai_error(exc)
-                logger.info("stream %s ended with an error: %s", request.path, error.message)
-                # the same rules as every other error body (public_errors.py)
-                await response.write(framing.error(public_error(error)))
-            if framing.end:
-                await response.write(framing.end)
-            await response.write_eof()
             return response
 
 
