@@ -398,10 +398,9 @@ int quant_gemm_runs(int type, int isa, int64_t m, int64_t k) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const int bw = quant_block_weights(type);
     const int64_t row_bytes = k / bw * quant_block_bytes(type);
-    const int64_t from = bw == QUANT_BLOCK ? QUANT_GEMM_MIN_M : QUANT_KGEMM_MIN_M;
     if (bw == QUANT_BLOCK) /* row_bytes: the AVX-512 gathers' offsets */
-        return isa >= QUANT_ISA_AVX2 && row_bytes <= INT32_MAX / 16 && m >= from;
-    return isa == QUANT_ISA_AVX512_VNNI && m >= from;
+        return isa >= QUANT_ISA_AVX2 && row_bytes <= INT32_MAX / 16 && m >= QUANT_GEMM_MIN_M;
+    return isa == QUANT_ISA_AVX512_VNNI && m >= QUANT_KGEMM_MIN_M;
 #else
     (void)type; (void)isa; (void)m; (void)k;
     return 0;

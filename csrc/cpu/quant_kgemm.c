@@ -86,13 +86,6 @@ static inline AVX512KG __attribute__((always_inline)) void repack_scales(const i
     }
 }
 
-/* The 32 rows of a tile are 32 streams a super-block apart, more than the hardware prefetcher
- * follows: a row's next super-block is asked for while this one is decoded (the first load of a
- * block was 75% of the repack before). */
-static inline __attribute__((always_inline)) void prefetch_next(const uint8_t *blk, size_t bb) {
-    for (size_t line = 0; line < bb + 63; line += 64) _mm_prefetch((const char *)blk + bb + line, _MM_HINT_T0);
-}
-
 /* W rows [0, cnt) (cnt <= TILE; rows beyond are zeros) of nsb super-blocks each into the tile. */
 static AVX512KG void repack_ktile(const int type, const uint8_t *w, size_t row_bytes, int64_t nsb, int cnt,
                                   int ahead, ktile_t *tile) {
@@ -108,10 +101,7 @@ static AVX512KG void repack_ktile(const int type, const uint8_t *w, size_t row_b
                 const int j = 16 * h + l;
                 const uint8_t *blk = j < cnt ? w + (size_t)j * row_bytes + (size_t)b * bb : NULL;
                 __m512i u[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-                if (blk) {
-                    if (b + 1 < nsb) prefetch_next(blk, bb);
-                    kblock_u_avx512(type, blk, u);
-                }
+                if (blk) kblock_u_avx512(type, blk, u);
                 repack_scales(type, blk, j, t);
                 for (int c = 0; c < 4; c++) _mm512_store_si512((void *)(rows + l * QK + 64 * c), u[c]);
             }

@@ -1,7 +1,8 @@
-/* The AVX-512 transpose that both tiled int8 GEMMs (quant_gemm.c: 32-weight blocks; quant_kgemm.c:
- * K-quant super-blocks) repack W with: 16 rows of W become, per group of 4 consecutive weights,
- * one register of 16 rows x 4 bytes, the layout vpdpbusd multiplies against a broadcast dword
- * of x. Not part of the cffi interface; x86-64 with GCC or Clang only. */
+/* What both tiled int8 GEMMs (quant_gemm.c: 32-weight blocks; quant_kgemm.c: K-quant super-blocks)
+ * repack W with: the AVX-512 transpose (16 rows of W become, per group of 4 consecutive weights,
+ * one register of 16 rows x 4 bytes, the layout vpdpbusd multiplies against a broadcast dword of
+ * x), and the prefetch of the next tile's rows (any ISA). Not part of the cffi interface; x86-64
+ * with GCC or Clang only. */
 #ifndef RINGLLM_QUANT_TILE_H
 #define RINGLLM_QUANT_TILE_H
 
